@@ -1,0 +1,93 @@
+//! Traffic classes. The ids are stable: they index pinned maps and appear in dashboards.
+
+/// Number of traffic classes; the size of every per-class map.
+pub const NUM_CLASSES: usize = 7;
+
+/// A traffic class (design brief §3). The discriminant is the class id.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Class {
+    /// Not a protected service: passed untouched, counted.
+    Other = 0,
+    /// A TLS ClientHello with no verified resumption offer.
+    TlsNew = 1,
+    /// A TLS ClientHello offering a session the server issued.
+    TlsResumed = 2,
+    /// Later packets of a TLS connection.
+    TlsFlow = 3,
+    /// A SIP request seen for the first time.
+    SipOriginal = 4,
+    /// A SIP request whose transaction was already seen.
+    SipRetransmission = 5,
+    /// SIP responses, ACK, CANCEL, BYE and in-dialog requests: never dropped.
+    SipExempt = 6,
+}
+
+impl Class {
+    /// Every class, in id order.
+    pub const ALL: [Class; NUM_CLASSES] = [
+        Class::Other,
+        Class::TlsNew,
+        Class::TlsResumed,
+        Class::TlsFlow,
+        Class::SipOriginal,
+        Class::SipRetransmission,
+        Class::SipExempt,
+    ];
+
+    /// The class id, the index into per-class maps.
+    #[inline(always)]
+    pub const fn id(self) -> u32 {
+        self as u32
+    }
+
+    /// The class with this id.
+    pub const fn from_id(id: u32) -> Option<Class> {
+        if (id as usize) < NUM_CLASSES {
+            Some(Self::ALL[id as usize])
+        } else {
+            None
+        }
+    }
+
+    /// The class's stable name, as used by the CLI, the config file and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Class::Other => "other",
+            Class::TlsNew => "tls-new",
+            Class::TlsResumed => "tls-resumed",
+            Class::TlsFlow => "tls-flow",
+            Class::SipOriginal => "sip-original",
+            Class::SipRetransmission => "sip-retransmission",
+            Class::SipExempt => "sip-exempt",
+        }
+    }
+
+    /// Looks a class up by its name.
+    pub fn from_name(name: &str) -> Option<Class> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// Whether admission limits may be set on this class. `other` is not a protected service and
+    /// `sip-exempt` finishes work that was already admitted, so neither is ever limited.
+    pub const fn is_limitable(self) -> bool {
+        !matches!(self, Class::Other | Class::SipExempt)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_stable_and_round_trip() {
+        for (i, c) in Class::ALL.iter().enumerate() {
+            assert_eq!(c.id() as usize, i);
+            assert_eq!(Class::from_id(i as u32), Some(*c));
+            assert_eq!(Class::from_name(c.name()), Some(*c));
+        }
+        assert_eq!(Class::from_id(NUM_CLASSES as u32), None);
+        assert_eq!(Class::from_name("tls"), None);
+        assert_eq!(Class::SipExempt.id(), 6);
+    }
+}

@@ -1,0 +1,20 @@
+//! Types shared by the gateway's eBPF programs and its userspace daemon, and the packet parsers and
+//! classifiers that both of them run.
+//!
+//! Everything here is `no_std` and allocation-free so that the same code is compiled into the eBPF
+//! object and into the userspace unit tests and fuzzers. Map value types are `#[repr(C)]` with
+//! explicit padding fields, so their layout is the same on both sides and their BTF shows every
+//! byte.
+#![no_std]
+#![deny(missing_docs)]
+
+pub mod bytes;
+pub mod class;
+pub mod classify;
+pub mod maps;
+pub mod packet;
+
+#[cfg(feature = "user")]
+mod pod;
+
+pub use class::{Class, NUM_CLASSES};

@@ -1,0 +1,331 @@
+//! Key and value types of the maps shared by the eBPF programs and the daemon.
+//!
+//! Every type is `#[repr(C)]` with explicit padding fields and no implicit padding (checked by the
+//! tests below), so the kernel, the daemon and `bpftool` (through BTF) agree on every byte.
+
+use crate::class::NUM_CLASSES;
+
+/// Map names, as declared in the eBPF object and used as pin file names.
+pub mod names {
+    /// Per-class, per-CPU packet and admission counters ([`super::ClassStats`]).
+    pub const CLASS_STATS: &str = "CLASS_STATS";
+    /// Per-class admission limits ([`super::ClassPolicy`]).
+    pub const CLASS_POLICY: &str = "CLASS_POLICY";
+    /// Per-class admission state ([`super::ClassState`]).
+    pub const CLASS_STATE: &str = "CLASS_STATE";
+    /// Protected services, keyed by [`super::ServiceKey`].
+    pub const SERVICES: &str = "SERVICES";
+    /// Per-CPU parser counters ([`super::DatapathCounters`]).
+    pub const DP_COUNTERS: &str = "DP_COUNTERS";
+    /// Datapath-wide settings ([`super::DatapathConfig`]).
+    pub const DP_CONFIG: &str = "DP_CONFIG";
+
+    /// Every map the gateway pins, in a fixed order.
+    pub const ALL: [&str; 6] = [
+        CLASS_STATS,
+        CLASS_POLICY,
+        CLASS_STATE,
+        SERVICES,
+        DP_COUNTERS,
+        DP_CONFIG,
+    ];
+}
+
+/// Program names in the eBPF object.
+pub mod programs {
+    /// The XDP ingress classifier.
+    pub const XDP: &str = "gateway_xdp";
+    /// The same classifier as a TC ingress program (fallback hook).
+    pub const TC_INGRESS: &str = "gateway_tc_ingress";
+    /// A bare `XDP_PASS` program, the baseline of the per-packet cost benchmark.
+    pub const XDP_BARE_PASS: &str = "gateway_bare_pass";
+}
+
+/// Maximum number of protected services (entries of the services map).
+pub const MAX_SERVICES: u32 = 256;
+
+/// Per-class counters. One copy per CPU; userspace sums them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    /// Packets classified into this class.
+    pub packets: u64,
+    /// Bytes of those packets (whole frames).
+    pub bytes: u64,
+    /// Packets (or, for classes with a notion of connection or request, admissions) let through.
+    pub admitted: u64,
+    /// Dropped because the class's backlog was at its limit.
+    pub dropped_backlog: u64,
+    /// Dropped because the class's rate limit was exceeded.
+    pub dropped_rate: u64,
+    /// Rejected actively (for TCP, answered with a reset).
+    pub rejected: u64,
+}
+
+impl ClassStats {
+    /// Adds another CPU's counters to these.
+    pub fn accumulate(&mut self, other: &ClassStats) {
+        self.packets += other.packets;
+        self.bytes += other.bytes;
+        self.admitted += other.admitted;
+        self.dropped_backlog += other.dropped_backlog;
+        self.dropped_rate += other.dropped_rate;
+        self.rejected += other.rejected;
+    }
+}
+
+/// [`ClassPolicy::flags`]: the backlog limit is in force.
+pub const POLICY_LIMIT_BACKLOG: u64 = 1 << 0;
+/// [`ClassPolicy::flags`]: the rate limit is in force.
+pub const POLICY_LIMIT_RATE: u64 = 1 << 1;
+
+/// Admission limits of one class. A limit applies only when its flag is set, so that a limit of
+/// zero ("admit nothing") is distinct from "no limit".
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassPolicy {
+    /// Maximum backlog (admitted minus completed).
+    pub backlog_limit: u64,
+    /// Sustained admissions per second (GCRA emission interval = 1 s / rate).
+    pub rate_per_sec: u64,
+    /// Admissions allowed in a burst above the sustained rate.
+    pub burst: u64,
+    /// `POLICY_*` bits.
+    pub flags: u64,
+}
+
+/// Admission state of one class, shared by all CPUs and updated atomically.
+///
+/// The backlog is `admitted - completed`: both only ever grow, the datapath increments `admitted`
+/// and whoever sees a completion increments `completed`, so there is no read-modify-write race.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassState {
+    /// Admissions so far (monotonic).
+    pub admitted: u64,
+    /// Completions so far (monotonic).
+    pub completed: u64,
+    /// GCRA theoretical arrival time, in nanoseconds of `bpf_ktime_get_ns`.
+    pub gcra_tat_ns: u64,
+    /// Reserved, zero.
+    pub reserved: u64,
+}
+
+impl ClassState {
+    /// Current backlog: admitted minus completed (never negative).
+    pub const fn backlog(&self) -> u64 {
+        self.admitted.saturating_sub(self.completed)
+    }
+}
+
+/// IP protocol number of TCP.
+pub const IPPROTO_TCP: u8 = 6;
+/// IP protocol number of UDP.
+pub const IPPROTO_UDP: u8 = 17;
+
+/// Key of the services map: the L4 protocol and destination port of a protected service.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    /// Destination port, host byte order.
+    pub port: u16,
+    /// `IPPROTO_TCP` or `IPPROTO_UDP`.
+    pub proto: u8,
+    /// Padding, zero.
+    pub pad: u8,
+}
+
+impl ServiceKey {
+    /// A key for `proto`/`port`.
+    pub const fn new(proto: u8, port: u16) -> Self {
+        ServiceKey {
+            port,
+            proto,
+            pad: 0,
+        }
+    }
+}
+
+/// What kind of protected service a port carries.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ServiceKind {
+    /// TLS over TCP.
+    Tls = 1,
+    /// SIP (over UDP; SIP over TCP is counted but not classified).
+    Sip = 2,
+}
+
+impl ServiceKind {
+    /// The kind with this numeric id.
+    pub const fn from_id(id: u32) -> Option<ServiceKind> {
+        match id {
+            1 => Some(ServiceKind::Tls),
+            2 => Some(ServiceKind::Sip),
+            _ => None,
+        }
+    }
+
+    /// Name used by the CLI and the config file.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ServiceKind::Tls => "tls",
+            ServiceKind::Sip => "sip",
+        }
+    }
+}
+
+/// Value of the services map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceValue {
+    /// A [`ServiceKind`] id.
+    pub kind: u32,
+    /// Reserved, zero.
+    pub flags: u32,
+}
+
+/// [`DatapathConfig::flags`]: drop IP fragments instead of passing them.
+pub const CONFIG_DROP_FRAGMENTS: u64 = 1 << 0;
+/// [`DatapathConfig::flags`]: drop packets whose headers cannot be parsed within the bounds
+/// instead of passing them.
+pub const CONFIG_DROP_UNPARSEABLE: u64 = 1 << 1;
+
+/// How the program is attached, as recorded by the loader in [`DatapathConfig::attach_mode`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachMode {
+    /// Not recorded.
+    Unknown = 0,
+    /// Native (driver) XDP.
+    Native = 1,
+    /// Generic (SKB) XDP.
+    Generic = 2,
+    /// TC ingress (tcx).
+    Tc = 3,
+}
+
+impl AttachMode {
+    /// The mode with this numeric id.
+    pub const fn from_id(id: u32) -> AttachMode {
+        match id {
+            1 => AttachMode::Native,
+            2 => AttachMode::Generic,
+            3 => AttachMode::Tc,
+            _ => AttachMode::Unknown,
+        }
+    }
+
+    /// Name used by the CLI, status output and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            AttachMode::Unknown => "unknown",
+            AttachMode::Native => "native",
+            AttachMode::Generic => "generic",
+            AttachMode::Tc => "tc",
+        }
+    }
+}
+
+/// Datapath-wide settings, the single entry of the `DP_CONFIG` array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DatapathConfig {
+    /// `CONFIG_*` bits.
+    pub flags: u64,
+    /// The [`AttachMode`] the loader used (informational; the program does not read it).
+    pub attach_mode: u32,
+    /// Interface index the program is attached to (informational).
+    pub ifindex: u32,
+}
+
+/// Parser counters, the single entry of the per-CPU `DP_COUNTERS` array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DatapathCounters {
+    /// Every packet the program saw.
+    pub packets: u64,
+    /// Not IPv4 or IPv6 (ARP, LLDP, ...), passed.
+    pub not_ip: u64,
+    /// Frames that ended inside a header.
+    pub truncated: u64,
+    /// Headers with impossible fields (IPv4 IHL < 5, TCP data offset < 5, wrong IP version).
+    pub malformed: u64,
+    /// IPv4 or IPv6 fragments.
+    pub fragments: u64,
+    /// Headers beyond the parser's bounds (too many VLAN tags or IPv6 extension headers, ESP).
+    pub unparseable: u64,
+    /// Packets dropped by the fragment or unparseable policy.
+    pub policy_dropped: u64,
+    /// Frames carrying at least one VLAN tag.
+    pub vlan: u64,
+    /// IPv6 packets.
+    pub ipv6: u64,
+    /// IPv4 packets carrying options.
+    pub ipv4_options: u64,
+}
+
+impl DatapathCounters {
+    /// Adds another CPU's counters to these.
+    pub fn accumulate(&mut self, o: &DatapathCounters) {
+        self.packets += o.packets;
+        self.not_ip += o.not_ip;
+        self.truncated += o.truncated;
+        self.malformed += o.malformed;
+        self.fragments += o.fragments;
+        self.unparseable += o.unparseable;
+        self.policy_dropped += o.policy_dropped;
+        self.vlan += o.vlan;
+        self.ipv6 += o.ipv6;
+        self.ipv4_options += o.ipv4_options;
+    }
+}
+
+/// Compile-time check that per-class arrays cover every class.
+const _: () = assert!(NUM_CLASSES == 7);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    /// Sum of field sizes equals the struct size: no implicit padding anywhere.
+    #[test]
+    fn no_implicit_padding() {
+        assert_eq!(size_of::<ClassStats>(), 6 * 8);
+        assert_eq!(size_of::<ClassPolicy>(), 4 * 8);
+        assert_eq!(size_of::<ClassState>(), 4 * 8);
+        assert_eq!(size_of::<ServiceKey>(), 2 + 1 + 1);
+        assert_eq!(size_of::<ServiceValue>(), 4 + 4);
+        assert_eq!(size_of::<DatapathConfig>(), 8 + 4 + 4);
+        assert_eq!(size_of::<DatapathCounters>(), 10 * 8);
+    }
+
+    #[test]
+    fn backlog_is_admitted_minus_completed() {
+        let s = ClassState {
+            admitted: 10,
+            completed: 7,
+            ..Default::default()
+        };
+        assert_eq!(s.backlog(), 3);
+        let s = ClassState {
+            admitted: 1,
+            completed: 2,
+            ..Default::default()
+        };
+        assert_eq!(s.backlog(), 0);
+    }
+
+    #[test]
+    fn kinds_and_modes_round_trip() {
+        for k in [ServiceKind::Tls, ServiceKind::Sip] {
+            assert_eq!(ServiceKind::from_id(k as u32), Some(k));
+        }
+        assert_eq!(ServiceKind::from_id(0), None);
+        for m in [AttachMode::Native, AttachMode::Generic, AttachMode::Tc] {
+            assert_eq!(AttachMode::from_id(m as u32), m);
+        }
+        assert_eq!(AttachMode::from_id(99), AttachMode::Unknown);
+    }
+}

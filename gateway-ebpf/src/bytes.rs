@@ -1,0 +1,83 @@
+//! [`PacketBytes`] over the XDP and TC contexts.
+//!
+//! XDP reads packet memory directly. `data` and `data_end` are read once with `read_volatile` so
+//! the compiler cannot re-derive them, every offset is first capped by a constant
+//! ([`MAX_READ_OFFSET`]) and then the whole read is checked against `data_end`: the two checks the
+//! verifier needs to accept a variable offset into the packet.
+//!
+//! TC copies bytes out with `bpf_skb_load_bytes`, which also works on non-linear skbs.
+
+use aya_ebpf::programs::{TcContext, XdpContext};
+use gateway_common::bytes::{MAX_READ_OFFSET, PacketBytes};
+
+/// Packet bytes of an XDP frame.
+pub struct XdpBytes {
+    start: usize,
+    end: usize,
+}
+
+impl XdpBytes {
+    /// Captures the frame bounds of `ctx`.
+    #[inline(always)]
+    pub fn new(ctx: &XdpContext) -> Self {
+        // SAFETY: ctx.ctx points at the kernel's xdp_md for the whole program run.
+        let (start, end) = unsafe {
+            (
+                core::ptr::read_volatile(&(*ctx.ctx).data) as usize,
+                core::ptr::read_volatile(&(*ctx.ctx).data_end) as usize,
+            )
+        };
+        XdpBytes { start, end }
+    }
+
+    /// Length of the frame in bytes.
+    #[inline(always)]
+    pub fn len(&self) -> u64 {
+        (self.end - self.start) as u64
+    }
+}
+
+impl PacketBytes for XdpBytes {
+    #[inline(always)]
+    fn read<const N: usize>(&self, offset: usize, out: &mut [u8; N]) -> bool {
+        if offset > MAX_READ_OFFSET {
+            return false;
+        }
+        let p = self.start + offset;
+        if p + N > self.end {
+            return false;
+        }
+        // SAFETY: [p, p + N) was checked to lie inside the frame.
+        *out = unsafe { core::ptr::read_unaligned(p as *const [u8; N]) };
+        true
+    }
+}
+
+/// Packet bytes of a TC skb.
+pub struct SkbBytes<'a> {
+    ctx: &'a TcContext,
+}
+
+impl<'a> SkbBytes<'a> {
+    /// Wraps `ctx`.
+    #[inline(always)]
+    pub fn new(ctx: &'a TcContext) -> Self {
+        SkbBytes { ctx }
+    }
+}
+
+impl PacketBytes for SkbBytes<'_> {
+    #[inline(always)]
+    fn read<const N: usize>(&self, offset: usize, out: &mut [u8; N]) -> bool {
+        if offset > MAX_READ_OFFSET {
+            return false;
+        }
+        match self.ctx.load::<[u8; N]>(offset) {
+            Ok(bytes) => {
+                *out = bytes;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}

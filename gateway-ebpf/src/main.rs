@@ -1,0 +1,21 @@
+//! The gateway's eBPF programs: the XDP ingress classifier, the same logic as a TC ingress
+//! classifier (the fallback hook), and a bare `XDP_PASS` program used as the baseline of the
+//! per-packet cost benchmark.
+#![no_std]
+#![no_main]
+
+mod bytes;
+mod datapath;
+mod maps;
+mod tc;
+mod xdp;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

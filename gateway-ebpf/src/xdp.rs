@@ -1,0 +1,24 @@
+//! XDP programs.
+
+use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+
+use crate::{
+    bytes::XdpBytes,
+    datapath::{Verdict, process},
+};
+
+/// The ingress classifier at the NIC.
+#[xdp]
+pub fn gateway_xdp(ctx: XdpContext) -> u32 {
+    let bytes = XdpBytes::new(&ctx);
+    match process(&bytes, bytes.len()) {
+        Verdict::Pass => xdp_action::XDP_PASS,
+        Verdict::Drop => xdp_action::XDP_DROP,
+    }
+}
+
+/// A program that passes everything and does nothing else: the benchmark's baseline.
+#[xdp]
+pub fn gateway_bare_pass(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}

@@ -35,7 +35,10 @@ impl PacketBytes for SliceBytes<'_> {
         if offset > MAX_READ_OFFSET {
             return false;
         }
-        match offset.checked_add(N).and_then(|end| self.0.get(offset..end)) {
+        match offset
+            .checked_add(N)
+            .and_then(|end| self.0.get(offset..end))
+        {
             Some(src) => {
                 out.copy_from_slice(src);
                 true

@@ -103,7 +103,10 @@ mod tests {
     fn sip_methods() {
         let udp = t(IPPROTO_UDP);
         for (msg, class) in [
-            (&b"INVITE sip:bob@example.com SIP/2.0\r\n"[..], Class::SipOriginal),
+            (
+                &b"INVITE sip:bob@example.com SIP/2.0\r\n"[..],
+                Class::SipOriginal,
+            ),
             (b"OPTIONS sip:a SIP/2.0\r\n", Class::SipOriginal),
             (b"SIP/2.0 200 OK\r\n", Class::SipExempt),
             (b"ACK sip:bob@example.com SIP/2.0\r\n", Class::SipExempt),
@@ -122,7 +125,11 @@ mod tests {
             );
         }
         assert_eq!(
-            classify(&SliceBytes(b"SIP/2.0 200 OK"), &t(IPPROTO_TCP), ServiceKind::Sip),
+            classify(
+                &SliceBytes(b"SIP/2.0 200 OK"),
+                &t(IPPROTO_TCP),
+                ServiceKind::Sip
+            ),
             Class::Other
         );
     }

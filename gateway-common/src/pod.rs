@@ -1,8 +1,7 @@
 //! `aya::Pod` for the map types, so the daemon can read and write them through aya's typed maps.
 
 use crate::maps::{
-    ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, ServiceKey,
-    ServiceValue,
+    ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, ServiceKey, ServiceValue,
 };
 
 // SAFETY: every type is #[repr(C)], Copy, made only of integers, and has no implicit padding

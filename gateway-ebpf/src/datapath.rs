@@ -1,6 +1,8 @@
 //! The per-packet logic shared by the XDP and TC ingress programs: parse, look the destination up
 //! in the services map, classify, count, and apply the fragment / unparseable policy.
 
+use aya_ebpf::EbpfContext;
+use aya_log_ebpf::debug;
 use gateway_common::{
     Class,
     bytes::PacketBytes,
@@ -22,9 +24,10 @@ pub enum Verdict {
     Drop,
 }
 
-/// Classifies and counts one frame of `len` bytes.
+/// Classifies and counts one frame of `len` bytes. `ctx` is only used for aya-log records, which
+/// are compiled in at debug level and off unless the loader raises the level.
 #[inline(always)]
-pub fn process<B: PacketBytes>(b: &B, len: u64) -> Verdict {
+pub fn process<C: EbpfContext, B: PacketBytes>(ctx: &C, b: &B, len: u64) -> Verdict {
     let pkt = parse(b);
     let flags = DP_CONFIG.get(0).map_or(0, |c| c.flags);
     let counters = DP_COUNTERS.get_ptr_mut(0);
@@ -62,7 +65,8 @@ pub fn process<B: PacketBytes>(b: &B, len: u64) -> Verdict {
             count(counters, |c| c.truncated += 1);
             (Class::Other, Verdict::Pass)
         }
-        Outcome::Malformed { .. } => {
+        Outcome::Malformed { offset } => {
+            debug!(ctx, "malformed header at offset {}", offset);
             count(counters, |c| c.malformed += 1);
             (Class::Other, Verdict::Pass)
         }
@@ -70,7 +74,11 @@ pub fn process<B: PacketBytes>(b: &B, len: u64) -> Verdict {
             count(counters, |c| c.fragments += 1);
             (Class::Other, policy(flags & CONFIG_DROP_FRAGMENTS != 0))
         }
-        Outcome::Unparseable { .. } => {
+        Outcome::Unparseable { offset } => {
+            debug!(
+                ctx,
+                "headers beyond the parser's bounds at offset {}", offset
+            );
             count(counters, |c| c.unparseable += 1);
             (Class::Other, policy(flags & CONFIG_DROP_UNPARSEABLE != 0))
         }

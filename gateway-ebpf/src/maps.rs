@@ -27,8 +27,7 @@ pub static CLASS_STATE: Array<ClassState, NUM_CLASSES> = Array::new();
 
 /// Protected services by (L4 protocol, destination port).
 #[btf_map]
-pub static SERVICES: HashMap<ServiceKey, ServiceValue, { MAX_SERVICES as usize }> =
-    HashMap::new();
+pub static SERVICES: HashMap<ServiceKey, ServiceValue, { MAX_SERVICES as usize }> = HashMap::new();
 
 /// Parser counters, per CPU.
 #[btf_map]

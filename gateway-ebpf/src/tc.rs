@@ -15,7 +15,7 @@ use crate::{
 #[classifier]
 pub fn gateway_tc_ingress(ctx: TcContext) -> i32 {
     let len = u64::from(ctx.len());
-    match process(&SkbBytes::new(&ctx), len) {
+    match process(&ctx, &SkbBytes::new(&ctx), len) {
         Verdict::Pass => TC_ACT_OK,
         Verdict::Drop => TC_ACT_SHOT,
     }

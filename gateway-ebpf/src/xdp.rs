@@ -11,7 +11,7 @@ use crate::{
 #[xdp]
 pub fn gateway_xdp(ctx: XdpContext) -> u32 {
     let bytes = XdpBytes::new(&ctx);
-    match process(&bytes, bytes.len()) {
+    match process(&ctx, &bytes, bytes.len()) {
         Verdict::Pass => xdp_action::XDP_PASS,
         Verdict::Drop => xdp_action::XDP_DROP,
     }

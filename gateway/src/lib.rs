@@ -1,0 +1,16 @@
+//! The `gateway` daemon and CLI: loads the eBPF datapath, attaches and pins it per interface,
+//! and manages its services, policies and counters through the pinned maps.
+#![deny(missing_docs)]
+
+pub mod caps;
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod daemon;
+pub mod loader;
+pub mod maps;
+pub mod output;
+pub mod pins;
+
+/// The compiled eBPF object (built from source or the committed copy, see `build.rs`).
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gateway"));

@@ -1,1 +1,295 @@
-fn main() {}
+//! Project tasks: `cargo xtask setup | build-ebpf [--check] | test | demo | bench`.
+
+mod source_hash;
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+/// Debian packages the build, the tests, the demo and the benchmarks use.
+const APT_PACKAGES: &[&str] = &[
+    "clang",
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "libzstd-dev",
+    "zlib1g-dev",
+    "bpftool",
+    "iproute2",
+    "util-linux",
+    "sip-tester",
+    "kamailio",
+    "nginx",
+    "openssl",
+    "curl",
+    "tcpdump",
+];
+
+const USAGE: &str = "usage: cargo xtask <setup | build-ebpf [--check] | test | demo | bench>";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("setup") => setup(),
+        Some("build-ebpf") => build_ebpf(args.iter().any(|a| a == "--check")),
+        Some("test") => setup().and_then(|()| test()),
+        Some("demo") => setup().and_then(|()| demo()),
+        Some("bench") => setup().and_then(|()| bench()),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("+ {cmd:?}");
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn succeeds(cmd: &mut Command) -> bool {
+    cmd.output().is_ok_and(|o| o.status.success())
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+/// Installs, idempotently, what a fresh machine lacks.
+fn setup() -> Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            !Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", p])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        })
+        .collect();
+    if !missing.is_empty() {
+        run(Command::new("apt-get").args(["update", "-q"]))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+    if !succeeds(Command::new("rustup").args(["run", "nightly", "rustc", "--version"])) {
+        bail!("no nightly toolchain: `rustup toolchain install nightly` (the eBPF build needs it)");
+    }
+    let has_src = Command::new("rustup")
+        .args(["component", "list", "--toolchain", "nightly", "--installed"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("rust-src"));
+    if !has_src {
+        run(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
+    }
+    if !succeeds(Command::new("bpf-linker").arg("--version")) {
+        run(cargo()
+            .args([
+                "install",
+                "bpf-linker",
+                "--locked",
+                "--no-default-features",
+                "--features",
+                "llvm-22",
+            ])
+            .env("LLVM_PREFIX", "/usr/lib/llvm-22"))?;
+    }
+    // Generic XDP, tcx and bpffs need nothing more; make sure the default bpffs is mounted.
+    if !Path::new("/sys/fs/bpf").join(".").exists()
+        || !succeeds(Command::new("mountpoint").args(["-q", "/sys/fs/bpf"]))
+    {
+        let _ = Command::new("mount")
+            .args(["-t", "bpf", "bpf", "/sys/fs/bpf"])
+            .status();
+    }
+    eprintln!("setup: everything is installed");
+    Ok(())
+}
+
+/// Builds the eBPF object from source and commits it with its source hash; with `--check`, fails
+/// when the committed object is stale instead.
+fn build_ebpf(check: bool) -> Result<()> {
+    let root = root();
+    let current = source_hash::source_hash(&root)?;
+    let committed = source_hash::committed_hash(&root);
+    let target_dir = root.join("target/ebpf");
+    let mut flags = std::ffi::OsString::new();
+    for (i, f) in [
+        "--cfg=bpf_target_arch=\"x86_64\"",
+        "-Cdebuginfo=2",
+        "-Clink-arg=--btf",
+    ]
+    .iter()
+    .enumerate()
+    {
+        if i > 0 {
+            flags.push("\x1f");
+        }
+        flags.push(f);
+    }
+    run(Command::new("rustup")
+        .args([
+            "run",
+            "nightly",
+            "cargo",
+            "build",
+            "--package",
+            "gateway-ebpf",
+            "--bins",
+        ])
+        .args([
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+        ])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .env("CARGO_ENCODED_RUSTFLAGS", flags)
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .current_dir(&root))?;
+    let built = target_dir.join("bpfel-unknown-none/release/gateway");
+    if check {
+        if committed.as_deref() != Some(current.as_str()) {
+            bail!(
+                "the committed eBPF object is stale: sources hash {current}, committed {}; run \
+                 `cargo xtask build-ebpf` and commit gateway-ebpf/prebuilt/",
+                committed.as_deref().unwrap_or("none")
+            );
+        }
+        eprintln!(
+            "build-ebpf: the eBPF sources compile and the committed object is current ({current})"
+        );
+        return Ok(());
+    }
+    let obj = root.join(source_hash::OBJECT);
+    std::fs::create_dir_all(obj.parent().expect("prebuilt dir"))?;
+    std::fs::copy(&built, &obj)?;
+    std::fs::write(root.join(source_hash::OBJECT_HASH), format!("{current}\n"))?;
+    eprintln!("build-ebpf: wrote {} for sources {current}", obj.display());
+    Ok(())
+}
+
+/// `cargo SUBCOMMAND` for the eBPF crate on the bpf target, with the flags aya-build uses.
+fn ebpf_cargo(subcommand: &str) -> Command {
+    let mut flags = std::ffi::OsString::new();
+    for (i, f) in [
+        "--cfg=bpf_target_arch=\"x86_64\"",
+        "-Cdebuginfo=2",
+        "-Clink-arg=--btf",
+    ]
+    .iter()
+    .enumerate()
+    {
+        if i > 0 {
+            flags.push("\x1f");
+        }
+        flags.push(f);
+    }
+    let mut c = Command::new("rustup");
+    c.args([
+        "run",
+        "nightly",
+        "cargo",
+        subcommand,
+        "--package",
+        "gateway-ebpf",
+        "--bins",
+    ])
+    .args([
+        "--release",
+        "--target",
+        "bpfel-unknown-none",
+        "-Z",
+        "build-std=core",
+    ])
+    .arg("--target-dir")
+    .arg(root().join("target/ebpf"))
+    .env("CARGO_ENCODED_RUSTFLAGS", flags)
+    .env_remove("RUSTC")
+    .env_remove("RUSTC_WORKSPACE_WRAPPER")
+    .current_dir(root());
+    c
+}
+
+/// fmt, clippy, the eBPF freshness check, unit and integration tests.
+fn test() -> Result<()> {
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    // The eBPF crate is linted for its own target: checked for the host together with the rest,
+    // feature unification would hand it gateway-common's `user` feature and with it std.
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--exclude",
+        "gateway-ebpf",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    run(ebpf_cargo("clippy").args(["--", "-D", "warnings"]))?;
+    build_ebpf(true)?;
+    // Integration tests create network namespaces; keep their number in flight small.
+    run(cargo().args(["test", "--workspace", "--", "--test-threads=2"]))?;
+    Ok(())
+}
+
+fn demo() -> Result<()> {
+    run(cargo().args(["build", "--package", "gateway"]))?;
+    run(cargo().args([
+        "run",
+        "--quiet",
+        "--package",
+        "gateway-tests",
+        "--bin",
+        "demo",
+    ]))
+}
+
+fn bench() -> Result<()> {
+    run(cargo().args(["build", "--release", "--package", "gateway"]))?;
+    run(cargo().args([
+        "run",
+        "--release",
+        "--quiet",
+        "--package",
+        "gateway-tests",
+        "--bin",
+        "bench",
+    ]))
+}

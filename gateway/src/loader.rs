@@ -1,0 +1,374 @@
+//! Loads the eBPF object, attaches it to an interface and pins the link and maps, replaces the
+//! program of an existing attachment through its pinned link, and detaches.
+//!
+//! Replacing goes through `bpf_link_update` on the pinned link: the link id stays the same and the
+//! device never runs without a program (no detach-then-attach, which would bounce a native-XDP
+//! device). The maps are pinned by name, so a replacement program adopts the existing counters,
+//! policies and services.
+
+use std::path::{Path, PathBuf};
+
+use aya::{
+    Ebpf, EbpfError, EbpfLoader,
+    pin::PinError,
+    programs::{
+        LinkOrder, ProgramError, SchedClassifier, TcAttachType, Xdp, XdpMode,
+        links::{FdLink, LinkError, PinnedLink},
+        tc::{SchedClassifierLink, TcAttachOptions},
+        xdp::XdpLink,
+    },
+};
+use gateway_common::maps::{AttachMode, DatapathConfig, names, programs};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::{
+    EBPF_OBJECT,
+    caps::{self, CapsError, Need},
+    maps::{Maps, MapsError},
+    pins::{self, PinDir, PinsError},
+};
+
+/// The hook an attach asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ModeRequest {
+    /// Native (driver) XDP.
+    #[default]
+    Native,
+    /// Generic (SKB) XDP.
+    Generic,
+    /// TC ingress (tcx link).
+    Tc,
+    /// Native XDP, falling back to generic XDP when the driver refuses (reported).
+    Auto,
+}
+
+impl ModeRequest {
+    /// The single mode this request demands, `None` for `auto`.
+    pub const fn exact(self) -> Option<AttachMode> {
+        match self {
+            ModeRequest::Native => Some(AttachMode::Native),
+            ModeRequest::Generic => Some(AttachMode::Generic),
+            ModeRequest::Tc => Some(AttachMode::Tc),
+            ModeRequest::Auto => None,
+        }
+    }
+}
+
+/// Errors of loading, attaching and detaching.
+#[derive(Debug, Error)]
+pub enum LoaderError {
+    /// No such network interface.
+    #[error("unknown interface '{0}'")]
+    UnknownInterface(String),
+    /// A capability is missing.
+    #[error(transparent)]
+    Caps(#[from] CapsError),
+    /// The pin directory is unusable.
+    #[error(transparent)]
+    Pins(#[from] PinsError),
+    /// The interface is attached in another mode; changing it needs a detach.
+    #[error(
+        "interface '{iface}' is attached in {attached} mode; `gateway detach --iface {iface}` first to change to {requested}"
+    )]
+    ModeMismatch {
+        /// Interface name.
+        iface: String,
+        /// Mode in use.
+        attached: &'static str,
+        /// Mode asked for.
+        requested: &'static str,
+    },
+    /// The object could not be loaded.
+    #[error("loading the eBPF object: {0}")]
+    Load(#[from] EbpfError),
+    /// A program could not be loaded or attached.
+    #[error("{what}: {source}")]
+    Program {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: ProgramError,
+    },
+    /// The pinned link could not be used.
+    #[error("pinned link: {0}")]
+    Link(#[from] LinkError),
+    /// The link could not be pinned.
+    #[error("pinning the link: {0}")]
+    Pin(#[from] PinError),
+    /// Map access failed.
+    #[error(transparent)]
+    Maps(#[from] MapsError),
+}
+
+impl LoaderError {
+    /// Whether the error is the caller's input (exit code 2) rather than a system failure.
+    pub fn is_input_error(&self) -> bool {
+        match self {
+            LoaderError::UnknownInterface(_)
+            | LoaderError::Caps(_)
+            | LoaderError::ModeMismatch { .. } => true,
+            LoaderError::Pins(p) => !matches!(p, PinsError::Io { .. }),
+            _ => false,
+        }
+    }
+}
+
+fn program_err(what: impl Into<String>) -> impl FnOnce(ProgramError) -> LoaderError {
+    let what = what.into();
+    move |source| LoaderError::Program { what, source }
+}
+
+/// What to attach, where.
+#[derive(Clone, Debug)]
+pub struct AttachOptions {
+    /// Interface name.
+    pub iface: String,
+    /// Hook to use.
+    pub mode: ModeRequest,
+    /// bpffs root of the pin directories.
+    pub root: PathBuf,
+    /// aya-log level compiled into the loaded program (0 off, 1 error ... 5 trace).
+    pub ebpf_log_level: u8,
+}
+
+/// The result of an attach.
+pub struct Attachment {
+    /// Interface name.
+    pub iface: String,
+    /// Hook in use.
+    pub mode: AttachMode,
+    /// Kernel id of the (pinned) link.
+    pub link_id: u32,
+    /// Kernel id of the program now running.
+    pub program_id: u32,
+    /// Whether an existing attachment's program was replaced through its link.
+    pub replaced: bool,
+    /// Why native XDP was refused, when `auto` fell back to generic XDP.
+    pub fallback_reason: Option<String>,
+    /// The loaded object (its maps are pinned; keep it for aya-log).
+    pub ebpf: Ebpf,
+}
+
+/// Resolves an interface name to its index.
+pub fn ifindex(iface: &str) -> Result<u32, LoaderError> {
+    nix::net::if_::if_nametoindex(iface).map_err(|_| LoaderError::UnknownInterface(iface.into()))
+}
+
+/// Attaches the datapath to `opts.iface`, or replaces the program of an existing attachment.
+///
+/// On failure nothing new is left behind: a pin directory this call created is removed again.
+pub fn attach(opts: &AttachOptions) -> Result<Attachment, LoaderError> {
+    let ifindex = ifindex(&opts.iface)?;
+    caps::require(Need::Attach)?;
+    pins::check_bpffs(&opts.root)?;
+    let pd = PinDir::new(&opts.root, &opts.iface);
+    if pd.is_attached() {
+        return replace(&pd, opts);
+    }
+    let created = pd.create()?;
+    fresh(&pd, ifindex, opts).inspect_err(|_| {
+        if created {
+            let _ = pd.remove();
+        }
+    })
+}
+
+/// Removes the attachment of `iface`: unpins the link (which detaches the program) and the maps.
+pub fn detach(root: &Path, iface: &str) -> Result<(), LoaderError> {
+    caps::require(Need::Attach)?;
+    pins::check_bpffs(root)?;
+    let pd = PinDir::new(root, iface);
+    if !pd.is_attached() {
+        return Err(PinsError::NotAttached {
+            iface: iface.into(),
+            root: root.into(),
+        }
+        .into());
+    }
+    pd.remove()?;
+    Ok(())
+}
+
+fn load(pd: &PinDir, log_level: u8) -> Result<Ebpf, LoaderError> {
+    let mut loader = EbpfLoader::new();
+    for name in names::ALL {
+        loader.map_pin_path(name, pd.map(name));
+    }
+    loader.override_global("AYA_LOG_LEVEL", &log_level, false);
+    Ok(loader.load(EBPF_OBJECT)?)
+}
+
+fn xdp(ebpf: &mut Ebpf) -> Result<&mut Xdp, LoaderError> {
+    let prog: &mut Xdp = ebpf
+        .program_mut(programs::XDP)
+        .expect("object has the XDP program")
+        .try_into()
+        .map_err(program_err("XDP program"))?;
+    prog.load()
+        .map_err(program_err("loading the XDP program"))?;
+    Ok(prog)
+}
+
+fn tc(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, LoaderError> {
+    let prog: &mut SchedClassifier = ebpf
+        .program_mut(programs::TC_INGRESS)
+        .expect("object has the TC program")
+        .try_into()
+        .map_err(program_err("TC program"))?;
+    prog.load().map_err(program_err("loading the TC program"))?;
+    Ok(prog)
+}
+
+fn fresh(pd: &PinDir, ifindex: u32, opts: &AttachOptions) -> Result<Attachment, LoaderError> {
+    let mut ebpf = load(pd, opts.ebpf_log_level)?;
+    let iface = &opts.iface;
+    let mut fallback_reason = None;
+    let (mode, link): (AttachMode, FdLink) = match opts.mode {
+        ModeRequest::Tc => {
+            let prog = tc(&mut ebpf)?;
+            let what = format!("attaching tc ingress to {iface}");
+            let id = prog
+                .attach_with_options(
+                    iface,
+                    TcAttachType::Ingress,
+                    TcAttachOptions::TcxOrder(LinkOrder::default()),
+                )
+                .map_err(program_err(what.clone()))?;
+            let link = prog.take_link(id).map_err(program_err(what.clone()))?;
+            (AttachMode::Tc, link.try_into().map_err(LoaderError::Link)?)
+        }
+        request => {
+            let prog = xdp(&mut ebpf)?;
+            let (mode, id) = match request {
+                ModeRequest::Generic => (
+                    AttachMode::Generic,
+                    prog.attach_to_if_index(ifindex, XdpMode::Skb)
+                        .map_err(program_err(format!("attaching generic XDP to {iface}")))?,
+                ),
+                ModeRequest::Auto => match prog.attach_to_if_index(ifindex, XdpMode::Driver) {
+                    Ok(id) => (AttachMode::Native, id),
+                    Err(native) => {
+                        fallback_reason = Some(native.to_string());
+                        (
+                            AttachMode::Generic,
+                            prog.attach_to_if_index(ifindex, XdpMode::Skb)
+                                .map_err(program_err(format!(
+                                    "attaching generic XDP to {iface} (native failed: {native})"
+                                )))?,
+                        )
+                    }
+                },
+                _ => (
+                    AttachMode::Native,
+                    prog.attach_to_if_index(ifindex, XdpMode::Driver)
+                        .map_err(program_err(format!(
+                            "attaching native XDP to {iface} (use --mode auto to fall back to generic)"
+                        )))?,
+                ),
+            };
+            let link = prog
+                .take_link(id)
+                .map_err(program_err("taking the XDP link"))?;
+            (mode, link.try_into().map_err(LoaderError::Link)?)
+        }
+    };
+    let info = link.info()?;
+    // From here the pin holds the link; our fd closes when `link` goes out of scope.
+    let _pinned = link.pin(pd.link())?;
+    record_mode(pd, mode, ifindex)?;
+    Ok(Attachment {
+        iface: iface.clone(),
+        mode,
+        link_id: info.id(),
+        program_id: info.program_id(),
+        replaced: false,
+        fallback_reason,
+        ebpf,
+    })
+}
+
+fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<Attachment, LoaderError> {
+    let recorded = AttachMode::from_id(Maps::open(pd)?.config()?.attach_mode);
+    if let Some(requested) = opts.mode.exact()
+        && requested != recorded
+    {
+        return Err(LoaderError::ModeMismatch {
+            iface: opts.iface.clone(),
+            attached: recorded.name(),
+            requested: requested.name(),
+        });
+    }
+    let link: FdLink = PinnedLink::from_pin(pd.link())?.into();
+    let mut ebpf = load(pd, opts.ebpf_log_level)?;
+    let what = format!("replacing the program on {} through its link", opts.iface);
+    match recorded {
+        AttachMode::Tc => {
+            let prog = tc(&mut ebpf)?;
+            let id = prog
+                .attach_to_link(SchedClassifierLink::try_from(link)?)
+                .map_err(program_err(what.clone()))?;
+            drop(prog.take_link(id).map_err(program_err(what))?);
+        }
+        _ => {
+            let prog = xdp(&mut ebpf)?;
+            let id = prog
+                .attach_to_link(XdpLink::try_from(link)?)
+                .map_err(program_err(what.clone()))?;
+            drop(prog.take_link(id).map_err(program_err(what))?);
+        }
+    }
+    let info = FdLink::from(PinnedLink::from_pin(pd.link())?).info()?;
+    Ok(Attachment {
+        iface: opts.iface.clone(),
+        mode: recorded,
+        link_id: info.id(),
+        program_id: info.program_id(),
+        replaced: true,
+        fallback_reason: None,
+        ebpf,
+    })
+}
+
+fn record_mode(pd: &PinDir, mode: AttachMode, ifindex: u32) -> Result<(), LoaderError> {
+    let mut maps = Maps::open(pd)?;
+    let cfg = maps.config()?;
+    maps.set_config(DatapathConfig {
+        attach_mode: mode as u32,
+        ifindex,
+        ..cfg
+    })?;
+    Ok(())
+}
+
+/// Facts about an existing attachment, read from its pins.
+#[derive(Debug, Serialize)]
+pub struct AttachmentInfo {
+    /// Interface name.
+    pub iface: String,
+    /// Hook in use.
+    pub mode: &'static str,
+    /// Interface index recorded at attach.
+    pub ifindex: u32,
+    /// Kernel id of the link.
+    pub link_id: u32,
+    /// Kernel id of the running program.
+    pub program_id: u32,
+    /// Pin directory.
+    pub pin_dir: String,
+}
+
+/// Reads the facts of the attachment pinned in `pd`.
+pub fn info(pd: &PinDir) -> Result<AttachmentInfo, LoaderError> {
+    let cfg = Maps::open(pd)?.config()?;
+    let info = FdLink::from(PinnedLink::from_pin(pd.link())?).info()?;
+    Ok(AttachmentInfo {
+        iface: pd.iface.clone(),
+        mode: AttachMode::from_id(cfg.attach_mode).name(),
+        ifindex: cfg.ifindex,
+        link_id: info.id(),
+        program_id: info.program_id(),
+        pin_dir: pd.dir.display().to_string(),
+    })
+}

@@ -1,0 +1,185 @@
+//! Typed access to the pinned maps of one interface.
+
+use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
+use gateway_common::{
+    Class, NUM_CLASSES,
+    maps::{
+        ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, ServiceKey,
+        ServiceValue, names,
+    },
+};
+use thiserror::Error;
+
+use crate::pins::PinDir;
+
+/// Errors of map access.
+#[derive(Debug, Error)]
+pub enum MapsError {
+    /// A pinned map could not be opened.
+    #[error("cannot open pinned map {path}: {source}")]
+    Open {
+        /// Pin path.
+        path: String,
+        /// The error.
+        source: MapError,
+    },
+    /// A map operation failed.
+    #[error("map {map}: {source}")]
+    Op {
+        /// Map name.
+        map: &'static str,
+        /// The error.
+        source: MapError,
+    },
+    /// The services map is full.
+    #[error("the services map is full ({0} entries)")]
+    ServicesFull(u32),
+}
+
+fn op(map: &'static str) -> impl FnOnce(MapError) -> MapsError {
+    move |source| MapsError::Op { map, source }
+}
+
+/// Handles to every gateway map of one interface.
+pub struct Maps {
+    stats: PerCpuArray<MapData, ClassStats>,
+    policy: Array<MapData, ClassPolicy>,
+    state: Array<MapData, ClassState>,
+    services: HashMap<MapData, ServiceKey, ServiceValue>,
+    counters: PerCpuArray<MapData, DatapathCounters>,
+    config: Array<MapData, DatapathConfig>,
+}
+
+fn open(pins: &PinDir, name: &'static str) -> Result<Map, MapsError> {
+    let path = pins.map(name);
+    let err = |source| MapsError::Open {
+        path: path.display().to_string(),
+        source,
+    };
+    let data = MapData::from_pin(&path).map_err(err)?;
+    Map::from_map_data(data).map_err(err)
+}
+
+impl Maps {
+    /// Opens the maps pinned in `pins`.
+    pub fn open(pins: &PinDir) -> Result<Self, MapsError> {
+        Ok(Maps {
+            stats: open(pins, names::CLASS_STATS)?
+                .try_into()
+                .map_err(op(names::CLASS_STATS))?,
+            policy: open(pins, names::CLASS_POLICY)?
+                .try_into()
+                .map_err(op(names::CLASS_POLICY))?,
+            state: open(pins, names::CLASS_STATE)?
+                .try_into()
+                .map_err(op(names::CLASS_STATE))?,
+            services: open(pins, names::SERVICES)?
+                .try_into()
+                .map_err(op(names::SERVICES))?,
+            counters: open(pins, names::DP_COUNTERS)?
+                .try_into()
+                .map_err(op(names::DP_COUNTERS))?,
+            config: open(pins, names::DP_CONFIG)?
+                .try_into()
+                .map_err(op(names::DP_CONFIG))?,
+        })
+    }
+
+    /// Per-class counters summed over CPUs, in class id order.
+    pub fn class_stats(&self) -> Result<[ClassStats; NUM_CLASSES], MapsError> {
+        let mut out = [ClassStats::default(); NUM_CLASSES];
+        for (i, slot) in out.iter_mut().enumerate() {
+            let per_cpu = self
+                .stats
+                .get(&(i as u32), 0)
+                .map_err(op(names::CLASS_STATS))?;
+            for v in per_cpu.iter() {
+                slot.accumulate(v);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Parser counters summed over CPUs.
+    pub fn counters(&self) -> Result<DatapathCounters, MapsError> {
+        let mut out = DatapathCounters::default();
+        for v in self
+            .counters
+            .get(&0, 0)
+            .map_err(op(names::DP_COUNTERS))?
+            .iter()
+        {
+            out.accumulate(v);
+        }
+        Ok(out)
+    }
+
+    /// Admission state of every class.
+    pub fn class_state(&self) -> Result<[ClassState; NUM_CLASSES], MapsError> {
+        let mut out = [ClassState::default(); NUM_CLASSES];
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = self
+                .state
+                .get(&(i as u32), 0)
+                .map_err(op(names::CLASS_STATE))?;
+        }
+        Ok(out)
+    }
+
+    /// The policy of one class.
+    pub fn policy(&self, class: Class) -> Result<ClassPolicy, MapsError> {
+        self.policy
+            .get(&class.id(), 0)
+            .map_err(op(names::CLASS_POLICY))
+    }
+
+    /// Replaces the policy of one class.
+    pub fn set_policy(&mut self, class: Class, policy: ClassPolicy) -> Result<(), MapsError> {
+        self.policy
+            .set(class.id(), policy, 0)
+            .map_err(op(names::CLASS_POLICY))
+    }
+
+    /// Every protected service, sorted.
+    pub fn services(&self) -> Result<Vec<(ServiceKey, ServiceValue)>, MapsError> {
+        let mut out = self
+            .services
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(op(names::SERVICES))?;
+        out.sort_by_key(|(k, _)| *k);
+        Ok(out)
+    }
+
+    /// Adds or replaces a service.
+    pub fn add_service(&mut self, key: ServiceKey, value: ServiceValue) -> Result<(), MapsError> {
+        self.services.insert(key, value, 0).map_err(|e| match e {
+            MapError::SyscallError(ref s) if s.io_error.raw_os_error() == Some(libc::E2BIG) => {
+                MapsError::ServicesFull(gateway_common::maps::MAX_SERVICES)
+            }
+            e => op(names::SERVICES)(e),
+        })
+    }
+
+    /// Removes a service; returns whether it was there.
+    pub fn remove_service(&mut self, key: ServiceKey) -> Result<bool, MapsError> {
+        match self.services.remove(&key) {
+            Ok(()) => Ok(true),
+            Err(MapError::KeyNotFound) => Ok(false),
+            Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(false)
+            }
+            Err(e) => Err(op(names::SERVICES)(e)),
+        }
+    }
+
+    /// Datapath-wide settings.
+    pub fn config(&self) -> Result<DatapathConfig, MapsError> {
+        self.config.get(&0, 0).map_err(op(names::DP_CONFIG))
+    }
+
+    /// Replaces the datapath-wide settings.
+    pub fn set_config(&mut self, config: DatapathConfig) -> Result<(), MapsError> {
+        self.config.set(0, config, 0).map_err(op(names::DP_CONFIG))
+    }
+}

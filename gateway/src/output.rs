@@ -1,0 +1,161 @@
+//! Human and JSON renderings of what the commands show.
+
+use gateway_common::{
+    Class,
+    maps::{ClassPolicy, ClassState, ClassStats, DatapathCounters, ServiceKey, ServiceValue},
+};
+use serde_json::{Value, json};
+
+use crate::{
+    config::{PolicyConfig, Proto},
+    loader::AttachmentInfo,
+};
+
+/// Everything `gateway stats` shows for one interface.
+pub struct StatsView<'a> {
+    /// The attachment.
+    pub info: &'a AttachmentInfo,
+    /// Per-class counters, by class id.
+    pub classes: &'a [ClassStats],
+    /// Per-class admission state, by class id.
+    pub state: &'a [ClassState],
+    /// Parser counters.
+    pub counters: &'a DatapathCounters,
+}
+
+impl StatsView<'_> {
+    /// JSON rendering.
+    pub fn json(&self) -> Value {
+        let classes: Vec<Value> = Class::ALL
+            .iter()
+            .map(|c| {
+                let s = &self.classes[c.id() as usize];
+                let st = &self.state[c.id() as usize];
+                json!({
+                    "id": c.id(), "name": c.name(), "packets": s.packets, "bytes": s.bytes,
+                    "admitted": s.admitted, "dropped_backlog": s.dropped_backlog,
+                    "dropped_rate": s.dropped_rate, "rejected": s.rejected,
+                    "backlog": st.backlog(),
+                })
+            })
+            .collect();
+        let c = self.counters;
+        json!({
+            "iface": self.info.iface, "mode": self.info.mode,
+            "link_id": self.info.link_id, "program_id": self.info.program_id,
+            "classes": classes,
+            "datapath": {
+                "packets": c.packets, "not_ip": c.not_ip, "truncated": c.truncated,
+                "malformed": c.malformed, "fragments": c.fragments,
+                "unparseable": c.unparseable, "policy_dropped": c.policy_dropped,
+                "vlan": c.vlan, "ipv6": c.ipv6, "ipv4_options": c.ipv4_options,
+            },
+        })
+    }
+
+    /// Table rendering.
+    pub fn table(&self) -> String {
+        let i = self.info;
+        let mut out = format!(
+            "{} ({} mode, link {}, program {})\n{:<20}{:>12}{:>14}{:>12}{:>14}{:>12}{:>10}{:>9}\n",
+            i.iface,
+            i.mode,
+            i.link_id,
+            i.program_id,
+            "class",
+            "packets",
+            "bytes",
+            "admitted",
+            "drop-backlog",
+            "drop-rate",
+            "rejected",
+            "backlog"
+        );
+        for c in Class::ALL {
+            let s = &self.classes[c.id() as usize];
+            out += &format!(
+                "{:<20}{:>12}{:>14}{:>12}{:>14}{:>12}{:>10}{:>9}\n",
+                c.name(),
+                s.packets,
+                s.bytes,
+                s.admitted,
+                s.dropped_backlog,
+                s.dropped_rate,
+                s.rejected,
+                self.state[c.id() as usize].backlog()
+            );
+        }
+        let c = self.counters;
+        out += &format!(
+            "datapath: packets {} not-ip {} truncated {} malformed {} fragments {} unparseable {} \
+             policy-dropped {} vlan {} ipv6 {} ipv4-options {}\n",
+            c.packets,
+            c.not_ip,
+            c.truncated,
+            c.malformed,
+            c.fragments,
+            c.unparseable,
+            c.policy_dropped,
+            c.vlan,
+            c.ipv6,
+            c.ipv4_options
+        );
+        out
+    }
+}
+
+fn limit(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+/// `policy show` rows: (class, policy, state).
+pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> String {
+    if as_json {
+        let v: Vec<Value> = rows
+            .iter()
+            .map(|(c, p, s)| {
+                let p = PolicyConfig::from_map(p);
+                json!({"class": c.name(), "backlog_limit": p.backlog, "rate": p.rate,
+                       "burst": p.burst, "backlog": s.backlog(),
+                       "admitted_total": s.admitted, "completed_total": s.completed})
+            })
+            .collect();
+        return Value::Array(v).to_string();
+    }
+    let mut out = format!(
+        "{:<20}{:>14}{:>12}{:>10}{:>10}\n",
+        "class", "backlog-limit", "rate/s", "burst", "backlog"
+    );
+    for (c, p, s) in rows {
+        let p = PolicyConfig::from_map(p);
+        out += &format!(
+            "{:<20}{:>14}{:>12}{:>10}{:>10}\n",
+            c.name(),
+            limit(p.backlog),
+            limit(p.rate),
+            limit(p.burst),
+            s.backlog()
+        );
+    }
+    out
+}
+
+/// `service list` rows.
+pub fn services(rows: &[(ServiceKey, ServiceValue)], as_json: bool) -> String {
+    let kind = |v: &ServiceValue| {
+        gateway_common::maps::ServiceKind::from_id(v.kind).map_or("unknown", |k| k.name())
+    };
+    let proto = |k: &ServiceKey| Proto::from_number(k.proto).map_or("?", Proto::name);
+    if as_json {
+        let v: Vec<Value> = rows
+            .iter()
+            .map(|(k, v)| json!({"kind": kind(v), "proto": proto(k), "port": k.port}))
+            .collect();
+        return Value::Array(v).to_string();
+    }
+    let mut out = format!("{:<6}{:<6}{:>6}\n", "kind", "proto", "port");
+    for (k, v) in rows {
+        out += &format!("{:<6}{:<6}{:>6}\n", kind(v), proto(k), k.port);
+    }
+    out
+}

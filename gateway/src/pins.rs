@@ -1,0 +1,173 @@
+//! Where the gateway pins its objects: one directory per interface under a bpffs root.
+//!
+//! ```text
+//! <root>/<iface>/link            the XDP or tcx link (bpf_link), kept across daemon restarts
+//! <root>/<iface>/<MAP_NAME>      every map of gateway_common::maps::names::ALL
+//! ```
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use nix::sys::statfs::{BPF_FS_MAGIC, statfs};
+use thiserror::Error;
+
+/// The default bpffs root.
+pub const DEFAULT_ROOT: &str = "/sys/fs/bpf/gateway";
+
+/// Errors about the pin directory.
+#[derive(Debug, Error)]
+pub enum PinsError {
+    /// The root (or the nearest existing ancestor) is not on a bpf filesystem.
+    #[error(
+        "{0} is not on a bpf filesystem: mount one (mount -t bpf bpf /sys/fs/bpf) or pass --bpffs DIR"
+    )]
+    NotBpffs(PathBuf),
+    /// Nothing is attached on this interface under this root.
+    #[error("no gateway attachment for interface '{iface}' under {root}")]
+    NotAttached {
+        /// Interface name.
+        iface: String,
+        /// bpffs root.
+        root: PathBuf,
+    },
+    /// No attachment at all under the root, or more than one where one was needed.
+    #[error("{0}")]
+    Ambiguous(String),
+    /// A filesystem operation failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path operated on.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> PinsError + '_ {
+    move |source| PinsError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Checks that `root` lives on bpffs: the root itself if it exists, else its nearest existing
+/// ancestor (the root is created on first attach).
+pub fn check_bpffs(root: &Path) -> Result<(), PinsError> {
+    let mut p = root;
+    loop {
+        if p.exists() {
+            let fs = statfs(p).map_err(|e| io_err(p)(e.into()))?;
+            return if fs.filesystem_type() == BPF_FS_MAGIC {
+                Ok(())
+            } else {
+                Err(PinsError::NotBpffs(root.to_path_buf()))
+            };
+        }
+        match p.parent() {
+            Some(parent) => p = parent,
+            None => return Err(PinsError::NotBpffs(root.to_path_buf())),
+        }
+    }
+}
+
+/// The pin directory of one interface.
+#[derive(Clone, Debug)]
+pub struct PinDir {
+    /// Interface name.
+    pub iface: String,
+    /// `<root>/<iface>`.
+    pub dir: PathBuf,
+}
+
+impl PinDir {
+    /// The pin directory of `iface` under `root`.
+    pub fn new(root: &Path, iface: &str) -> Self {
+        PinDir {
+            iface: iface.to_owned(),
+            dir: root.join(iface),
+        }
+    }
+
+    /// Path of the pinned link.
+    pub fn link(&self) -> PathBuf {
+        self.dir.join("link")
+    }
+
+    /// Path of a pinned map.
+    pub fn map(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Whether a link is pinned here.
+    pub fn is_attached(&self) -> bool {
+        self.link().exists()
+    }
+
+    /// Creates the directory; returns whether it had to be created.
+    pub fn create(&self) -> Result<bool, PinsError> {
+        if self.dir.is_dir() {
+            return Ok(false);
+        }
+        fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
+        Ok(true)
+    }
+
+    /// Removes every pin and the directory itself.
+    pub fn remove(&self) -> Result<(), PinsError> {
+        match fs::remove_dir_all(&self.dir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&self.dir)(e)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Every interface with a pinned link under `root`, sorted by name.
+pub fn attached(root: &Path) -> Result<Vec<PinDir>, PinsError> {
+    let entries = match fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err(root)(e)),
+    };
+    let mut out: Vec<PinDir> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .map(|name| PinDir::new(root, &name))
+        .filter(PinDir::is_attached)
+        .collect();
+    out.sort_by(|a, b| a.iface.cmp(&b.iface));
+    Ok(out)
+}
+
+/// The pin directory to operate on: `iface` when given (it must be attached), else the only
+/// attached interface.
+pub fn select(root: &Path, iface: Option<&str>) -> Result<PinDir, PinsError> {
+    check_bpffs(root)?;
+    if let Some(iface) = iface {
+        let pd = PinDir::new(root, iface);
+        return if pd.is_attached() {
+            Ok(pd)
+        } else {
+            Err(PinsError::NotAttached {
+                iface: iface.to_owned(),
+                root: root.to_path_buf(),
+            })
+        };
+    }
+    let mut all = attached(root)?;
+    match all.len() {
+        1 => Ok(all.remove(0)),
+        0 => Err(PinsError::Ambiguous(format!(
+            "no interface is attached under {}: run `gateway attach --iface IF`",
+            root.display()
+        ))),
+        _ => Err(PinsError::Ambiguous(format!(
+            "several interfaces are attached ({}): pass --iface",
+            all.iter()
+                .map(|p| p.iface.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}

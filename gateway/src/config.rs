@@ -118,17 +118,49 @@ pub struct Interfaces(pub Vec<Interface>);
 
 impl<'de> Deserialize<'de> for Interfaces {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let list = Vec::<Interface>::deserialize(d)?;
-        for (i, a) in list.iter().enumerate() {
-            if let Some(j) = list[..i].iter().position(|b| b.name == a.name) {
-                return Err(D::Error::custom(format!(
-                    "duplicate interface '{}' (entries {j} and {i})",
-                    a.name
-                )));
-            }
-        }
-        Ok(Interfaces(list))
+        unique_seq(
+            d,
+            |i: &Interface| i.name.clone(),
+            |i, j, k| format!("duplicate interface '{}' (entries {j} and {k})", i.name),
+        )
+        .map(Interfaces)
     }
+}
+
+/// Deserializes a sequence whose elements must have distinct keys, refusing a duplicate as soon
+/// as it is read, so the error carries its line.
+fn unique_seq<'de, D, T, K>(
+    d: D,
+    key: fn(&T) -> K,
+    describe: fn(&T, usize, usize) -> String,
+) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+    K: PartialEq,
+{
+    struct Visitor<T, K> {
+        key: fn(&T) -> K,
+        describe: fn(&T, usize, usize) -> String,
+    }
+    impl<'de, T: Deserialize<'de>, K: PartialEq> serde::de::Visitor<'de> for Visitor<T, K> {
+        type Value = Vec<T>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a sequence")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let mut out: Vec<T> = Vec::new();
+            while let Some(item) = seq.next_element::<T>()? {
+                let k = (self.key)(&item);
+                if let Some(j) = out.iter().position(|o| (self.key)(o) == k) {
+                    return Err(A::Error::custom((self.describe)(&item, j, out.len())));
+                }
+                out.push(item);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Visitor { key, describe })
 }
 
 /// Transport protocol of a service.
@@ -241,17 +273,14 @@ pub struct Services(pub Vec<Service>);
 
 impl<'de> Deserialize<'de> for Services {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let list = Vec::<Service>::deserialize(d)?;
-        for (i, a) in list.iter().enumerate() {
-            if let Some(j) = list[..i].iter().position(|b| b.key() == a.key()) {
-                return Err(D::Error::custom(format!(
-                    "duplicate service {}/{} (services[{j}] and services[{i}])",
-                    a.proto().name(),
-                    a.port.0
-                )));
-            }
-        }
-        Ok(Services(list))
+        unique_seq(d, Service::key, |s, j, k| {
+            format!(
+                "duplicate service {}/{} (services[{j}] and services[{k}])",
+                s.proto().name(),
+                s.port.0
+            )
+        })
+        .map(Services)
     }
 }
 
@@ -507,7 +536,8 @@ mod tests {
         assert!(e.contains("port 70000 out of range"), "{e}");
         let e = err("policy:\n  tls-new:\n    rate: -1\n");
         assert!(e.contains("rate -1 out of range"), "{e}");
-        assert!(e.contains("policy.tls-new.rate"), "{e}");
+        assert!(e.contains("policy.tls-new"), "{e}");
+        assert!(e.contains("line 3"), "{e}");
     }
 
     #[test]

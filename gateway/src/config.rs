@@ -80,10 +80,13 @@ fn default_bpffs() -> PathBuf {
 impl Config {
     /// Parses YAML; `origin` names the source in errors.
     pub fn parse(yaml: &str, origin: &str) -> Result<Self, ConfigError> {
-        serde_norway::from_str(yaml).map_err(|source| ConfigError::Invalid {
+        let invalid = |source| ConfigError::Invalid {
             origin: origin.into(),
             source,
-        })
+        };
+        let config = serde_norway::from_str(yaml).map_err(invalid)?;
+        serde_norway::from_str::<DuplicateCheck>(yaml).map_err(invalid)?;
+        Ok(config)
     }
 
     /// Reads and parses a file.
@@ -113,54 +116,97 @@ pub struct Interface {
 }
 
 /// The interface list; names are unique.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(transparent)]
 pub struct Interfaces(pub Vec<Interface>);
 
-impl<'de> Deserialize<'de> for Interfaces {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        unique_seq(
-            d,
-            |i: &Interface| i.name.clone(),
-            |i, j, k| format!("duplicate interface '{}' (entries {j} and {k})", i.name),
-        )
-        .map(Interfaces)
-    }
+/// The duplicate check, a second pass over a document that already parsed: every element of
+/// `interfaces` and `services` is read through a map visitor that refuses a key seen before. An
+/// error raised inside a visitor is the only kind serde_norway gives a position, so this pass
+/// names the duplicate's own line.
+#[derive(Deserialize)]
+struct DuplicateCheck {
+    #[serde(default, deserialize_with = "unique_interfaces")]
+    #[allow(dead_code)]
+    interfaces: (),
+    #[serde(default, deserialize_with = "unique_services")]
+    #[allow(dead_code)]
+    services: (),
 }
 
-/// Deserializes a sequence whose elements must have distinct keys, refusing a duplicate as soon
-/// as it is read, so the error carries its line.
-fn unique_seq<'de, D, T, K>(
-    d: D,
-    key: fn(&T) -> K,
-    describe: fn(&T, usize, usize) -> String,
-) -> Result<Vec<T>, D::Error>
+fn unique_interfaces<'de, D: Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    unique_seq(
+        d,
+        |i: &Interface| i.name.clone(),
+        |i, j, k| format!("duplicate interface '{}' (entries {j} and {k})", i.name),
+    )
+}
+
+fn unique_services<'de, D: Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    unique_seq(d, Service::key, |s, j, k| {
+        format!(
+            "duplicate service {}/{} (services[{j}] and services[{k}])",
+            s.proto().name(),
+            s.port.0
+        )
+    })
+}
+
+type Describe<T> = fn(&T, usize, usize) -> String;
+
+fn unique_seq<'de, D, T, K>(d: D, key: fn(&T) -> K, describe: Describe<T>) -> Result<(), D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de>,
     K: PartialEq,
 {
-    struct Visitor<T, K> {
+    struct Element<'a, T, K> {
+        seen: &'a [T],
         key: fn(&T) -> K,
-        describe: fn(&T, usize, usize) -> String,
+        describe: Describe<T>,
     }
-    impl<'de, T: Deserialize<'de>, K: PartialEq> serde::de::Visitor<'de> for Visitor<T, K> {
-        type Value = Vec<T>;
+    impl<'de, T: Deserialize<'de>, K: PartialEq> serde::de::DeserializeSeed<'de> for Element<'_, T, K> {
+        type Value = T;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    impl<'de, T: Deserialize<'de>, K: PartialEq> serde::de::Visitor<'de> for Element<'_, T, K> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a mapping")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            let item = T::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+            let k = (self.key)(&item);
+            match self.seen.iter().position(|o| (self.key)(o) == k) {
+                Some(j) => Err(A::Error::custom((self.describe)(&item, j, self.seen.len()))),
+                None => Ok(item),
+            }
+        }
+    }
+    struct Seq<T, K> {
+        key: fn(&T) -> K,
+        describe: Describe<T>,
+    }
+    impl<'de, T: Deserialize<'de>, K: PartialEq> serde::de::Visitor<'de> for Seq<T, K> {
+        type Value = ();
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("a sequence")
         }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
-            let mut out: Vec<T> = Vec::new();
-            while let Some(item) = seq.next_element::<T>()? {
-                let k = (self.key)(&item);
-                if let Some(j) = out.iter().position(|o| (self.key)(o) == k) {
-                    return Err(A::Error::custom((self.describe)(&item, j, out.len())));
-                }
-                out.push(item);
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            let mut seen: Vec<T> = Vec::new();
+            while let Some(item) = seq.next_element_seed(Element {
+                seen: &seen,
+                key: self.key,
+                describe: self.describe,
+            })? {
+                seen.push(item);
             }
-            Ok(out)
+            Ok(())
         }
     }
-    d.deserialize_seq(Visitor { key, describe })
+    d.deserialize_seq(Seq { key, describe })
 }
 
 /// Transport protocol of a service.
@@ -268,21 +314,9 @@ impl Service {
 }
 
 /// The service list; (proto, port) pairs are unique.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(transparent)]
 pub struct Services(pub Vec<Service>);
-
-impl<'de> Deserialize<'de> for Services {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        unique_seq(d, Service::key, |s, j, k| {
-            format!(
-                "duplicate service {}/{} (services[{j}] and services[{k}])",
-                s.proto().name(),
-                s.port.0
-            )
-        })
-        .map(Services)
-    }
-}
 
 /// A bounded count.
 fn bounded<'de, D: Deserializer<'de>>(d: D, what: &str, max: u64) -> Result<Option<u64>, D::Error> {
@@ -546,7 +580,8 @@ mod tests {
             "services:\n  - {kind: sip, port: 5060}\n  - {kind: tls, port: 443}\n  - {kind: sip, port: 5060, proto: udp}\n",
         );
         assert!(e.contains("duplicate service udp/5060"), "{e}");
-        assert!(e.contains("line"), "{e}");
+        assert!(e.contains("services[2]"), "{e}");
+        assert!(e.contains("line 4"), "{e}");
         let e = err("policy:\n  tls-old: {rate: 5}\n");
         assert!(e.contains("unknown class 'tls-old'"), "{e}");
         assert!(e.contains("tls-resumed"), "{e}");

@@ -191,7 +191,9 @@ pub fn detach(root: &Path, iface: &str) -> Result<(), LoaderError> {
     Ok(())
 }
 
-fn load(pd: &PinDir, log_level: u8) -> Result<Ebpf, LoaderError> {
+/// Loads the eBPF object with every map pinned in `pd` (opening the pins that exist, creating the
+/// rest). No program is loaded into the kernel or attached yet.
+pub fn load_pinned(pd: &PinDir, log_level: u8) -> Result<Ebpf, LoaderError> {
     let mut loader = EbpfLoader::new();
     for name in names::ALL {
         loader.map_pin_path(name, pd.map(name));
@@ -222,7 +224,7 @@ fn tc(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, LoaderError> {
 }
 
 fn fresh(pd: &PinDir, ifindex: u32, opts: &AttachOptions) -> Result<Attachment, LoaderError> {
-    let mut ebpf = load(pd, opts.ebpf_log_level)?;
+    let mut ebpf = load_pinned(pd, opts.ebpf_log_level)?;
     let iface = &opts.iface;
     let mut fallback_reason = None;
     let (mode, link): (AttachMode, FdLink) = match opts.mode {
@@ -301,7 +303,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<Attachment, LoaderError>
         });
     }
     let link: FdLink = PinnedLink::from_pin(pd.link())?.into();
-    let mut ebpf = load(pd, opts.ebpf_log_level)?;
+    let mut ebpf = load_pinned(pd, opts.ebpf_log_level)?;
     let what = format!("replacing the program on {} through its link", opts.iface);
     match recorded {
         AttachMode::Tc => {

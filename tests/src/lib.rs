@@ -1,1 +1,44 @@
+//! Test harness: network namespaces joined by a veth pair with a dedicated bpffs, the `gateway`
+//! binary run inside them, crafted frames, and `BPF_PROG_TEST_RUN` access to the real program.
+//!
+//! Every address used lives inside namespaces the harness created; nothing leaves the machine.
 
+pub mod frames;
+pub mod netns;
+pub mod testrun;
+
+use std::path::PathBuf;
+
+/// Whether the tests that need root can run. Prints the reason when they cannot; under CI
+/// (`CI` set) a missing root is a failure, not a skip.
+pub fn have_root(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test}: CI must run as root (these tests attach eBPF programs)"
+    );
+    eprintln!("SKIP {test}: needs root (CAP_BPF, CAP_NET_ADMIN, namespaces): not running as uid 0");
+    false
+}
+
+/// The `gateway` binary built next to this test binary (`cargo xtask test` builds it).
+pub fn gateway_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("GATEWAY_BIN") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test> or target/<profile>/<bin>
+    let mut dir = exe.parent().expect("exe dir").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let bin = dir.join("gateway");
+    assert!(
+        bin.exists(),
+        "{} not built: run `cargo build -p gateway` (cargo xtask test does)",
+        bin.display()
+    );
+    bin
+}

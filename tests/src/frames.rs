@@ -1,0 +1,213 @@
+//! Crafted Ethernet frames with known header boundaries, for `BPF_PROG_TEST_RUN` and for the
+//! userspace parser, so both can be held to the same expectations.
+
+/// 802.1Q tag protocol id.
+pub const TPID_8021Q: u16 = 0x8100;
+/// 802.1ad (QinQ outer) tag protocol id.
+pub const TPID_8021AD: u16 = 0x88a8;
+
+/// IPv6 extension header numbers.
+pub mod ext {
+    /// Hop-by-hop options.
+    pub const HOP_BY_HOP: u8 = 0;
+    /// Routing.
+    pub const ROUTING: u8 = 43;
+    /// Fragment.
+    pub const FRAGMENT: u8 = 44;
+    /// Authentication header.
+    pub const AH: u8 = 51;
+    /// Destination options.
+    pub const DEST_OPTS: u8 = 60;
+}
+
+/// Network layer of a frame.
+#[derive(Clone, Debug)]
+pub enum Ip {
+    /// IPv4 with optional options (padded to 4 bytes) and a flags/fragment-offset field.
+    V4 {
+        /// Option bytes.
+        options: Vec<u8>,
+        /// The flags + fragment offset field.
+        frag: u16,
+    },
+    /// IPv6 with extension headers: (type, total length in bytes, a multiple of 8; AH: of 4).
+    V6 {
+        /// Extension headers in order.
+        ext: Vec<(u8, usize)>,
+    },
+}
+
+/// A frame description.
+#[derive(Clone, Debug)]
+pub struct Frame {
+    /// VLAN tag protocol ids, outermost first.
+    pub vlans: Vec<u16>,
+    /// Network layer.
+    pub ip: Ip,
+    /// 6 (TCP) or 17 (UDP) or anything else.
+    pub proto: u8,
+    /// Source port.
+    pub src_port: u16,
+    /// Destination port.
+    pub dst_port: u16,
+    /// TCP flags.
+    pub tcp_flags: u8,
+    /// Transport payload.
+    pub payload: Vec<u8>,
+}
+
+impl Frame {
+    /// A UDP/IPv4 frame.
+    pub fn udp(dst_port: u16, payload: &[u8]) -> Self {
+        Frame {
+            vlans: Vec::new(),
+            ip: Ip::V4 {
+                options: Vec::new(),
+                frag: 0x4000,
+            },
+            proto: 17,
+            src_port: 40000,
+            dst_port,
+            tcp_flags: 0,
+            payload: payload.to_vec(),
+        }
+    }
+
+    /// A TCP/IPv4 frame (PSH|ACK).
+    pub fn tcp(dst_port: u16, payload: &[u8]) -> Self {
+        Frame {
+            proto: 6,
+            tcp_flags: 0x18,
+            ..Frame::udp(dst_port, payload)
+        }
+    }
+
+    /// Adds a VLAN tag inside the existing ones.
+    pub fn vlan(mut self, tpid: u16) -> Self {
+        self.vlans.push(tpid);
+        self
+    }
+
+    /// Switches to IPv6 with these extension headers.
+    pub fn ipv6(mut self, ext: &[(u8, usize)]) -> Self {
+        self.ip = Ip::V6 { ext: ext.to_vec() };
+        self
+    }
+
+    /// Adds IPv4 options (NOPs then End, padded to a multiple of 4).
+    pub fn ipv4_options(mut self, len: usize) -> Self {
+        let mut options = vec![1u8; len];
+        if let Some(last) = options.last_mut() {
+            *last = 0;
+        }
+        options.resize(len.div_ceil(4) * 4, 0);
+        if let Ip::V4 { options: o, .. } = &mut self.ip {
+            *o = options;
+        }
+        self
+    }
+
+    /// Sets the IPv4 flags/fragment-offset field.
+    pub fn ipv4_frag(mut self, field: u16) -> Self {
+        if let Ip::V4 { frag, .. } = &mut self.ip {
+            *frag = field;
+        }
+        self
+    }
+
+    /// The frame's bytes and the offsets at which each header starts (and the payload, and the
+    /// end), in order.
+    pub fn build_with_boundaries(&self) -> (Vec<u8>, Vec<usize>) {
+        let mut f = Vec::new();
+        let mut marks = vec![0];
+        f.extend_from_slice(&[0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2]);
+        for tpid in &self.vlans {
+            f.extend_from_slice(&tpid.to_be_bytes());
+            f.extend_from_slice(&[0x00, 0x64]);
+        }
+        let l4 = self.l4();
+        match &self.ip {
+            Ip::V4 { options, frag } => {
+                f.extend_from_slice(&0x0800u16.to_be_bytes());
+                marks.push(f.len());
+                let hlen = 20 + options.len();
+                let total = (hlen + l4.len()) as u16;
+                f.push(0x40 | (hlen / 4) as u8);
+                f.push(0);
+                f.extend_from_slice(&total.to_be_bytes());
+                f.extend_from_slice(&[0x12, 0x34]);
+                f.extend_from_slice(&frag.to_be_bytes());
+                f.extend_from_slice(&[64, self.proto, 0, 0]);
+                f.extend_from_slice(&[10, 99, 0, 2, 10, 99, 0, 1]);
+                f.extend_from_slice(options);
+            }
+            Ip::V6 { ext } => {
+                f.extend_from_slice(&0x86ddu16.to_be_bytes());
+                marks.push(f.len());
+                let ext_len: usize = ext.iter().map(|e| e.1).sum();
+                f.extend_from_slice(&[0x60, 0, 0, 0]);
+                f.extend_from_slice(&((ext_len + l4.len()) as u16).to_be_bytes());
+                f.push(ext.first().map_or(self.proto, |e| e.0));
+                f.push(64);
+                f.extend_from_slice(&[0xfd, 0, 0, 0x99, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+                f.extend_from_slice(&[0xfd, 0, 0, 0x99, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+                for (i, (kind, len)) in ext.iter().enumerate() {
+                    marks.push(f.len());
+                    let next = ext.get(i + 1).map_or(self.proto, |e| e.0);
+                    let len_field = if *kind == ext::AH {
+                        len / 4 - 2
+                    } else {
+                        len / 8 - 1
+                    };
+                    f.push(next);
+                    f.push(if *kind == ext::FRAGMENT {
+                        0
+                    } else {
+                        len_field as u8
+                    });
+                    f.resize(f.len() + len - 2, 0);
+                }
+            }
+        }
+        marks.push(f.len());
+        let l4_header = l4.len() - self.payload.len();
+        f.extend_from_slice(&l4[..l4_header]);
+        marks.push(f.len());
+        f.extend_from_slice(&self.payload);
+        marks.push(f.len());
+        (f, marks)
+    }
+
+    /// The frame's bytes.
+    pub fn build(&self) -> Vec<u8> {
+        self.build_with_boundaries().0
+    }
+
+    fn l4(&self) -> Vec<u8> {
+        let mut h = Vec::new();
+        h.extend_from_slice(&self.src_port.to_be_bytes());
+        h.extend_from_slice(&self.dst_port.to_be_bytes());
+        match self.proto {
+            6 => {
+                h.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0]);
+                h.push(5 << 4);
+                h.push(self.tcp_flags);
+                h.extend_from_slice(&[0xff, 0xff, 0, 0, 0, 0]);
+            }
+            17 => {
+                h.extend_from_slice(&((8 + self.payload.len()) as u16).to_be_bytes());
+                h.extend_from_slice(&[0, 0]);
+            }
+            _ => {}
+        }
+        h.extend_from_slice(&self.payload);
+        h
+    }
+}
+
+/// The first bytes of a TLS ClientHello record.
+pub fn client_hello_head() -> Vec<u8> {
+    let mut h = vec![22, 3, 1, 0, 200, 1, 0, 0, 196, 3, 3];
+    h.resize(64, 0xab);
+    h
+}

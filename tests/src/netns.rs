@@ -1,0 +1,277 @@
+//! A pair of network namespaces joined by a veth pair, with a private bpffs mount, removed again
+//! by `Drop` even when the test panics.
+
+use std::{
+    fs::File,
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use nix::{
+    mount::{MntFlags, MsFlags, mount, umount2},
+    sched::{CloneFlags, setns},
+};
+
+/// Address of the gateway side (inside the test's own namespace).
+pub const GW_V4: &str = "10.99.0.1";
+/// Address of the peer side (inside the test's own namespace).
+pub const PEER_V4: &str = "10.99.0.2";
+/// IPv6 address of the gateway side.
+pub const GW_V6: &str = "fd00:99::1";
+/// IPv6 address of the peer side.
+pub const PEER_V6: &str = "fd00:99::2";
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+fn unique() -> String {
+    format!(
+        "{}x{}",
+        std::process::id() % 100_000,
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Runs a command and returns its output; panics if it cannot be spawned.
+pub fn sh(program: &str, args: &[&str]) -> Output {
+    Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"))
+}
+
+/// Runs a command that must succeed.
+pub fn must(program: &str, args: &[&str]) {
+    let out = sh(program, args);
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A private bpffs mount in a temporary directory, unmounted on drop.
+pub struct Bpffs {
+    mount: PathBuf,
+}
+
+impl Bpffs {
+    /// Mounts a fresh bpffs.
+    pub fn new() -> Self {
+        let mount_dir = std::env::temp_dir().join(format!("gwt-bpffs-{}", unique()));
+        std::fs::create_dir_all(&mount_dir).expect("mkdir bpffs");
+        mount(
+            Some("bpf"),
+            &mount_dir,
+            Some("bpf"),
+            MsFlags::empty(),
+            None::<&str>,
+        )
+        .expect("mount bpffs");
+        Bpffs { mount: mount_dir }
+    }
+
+    /// The gateway's pin root inside this mount.
+    pub fn root(&self) -> PathBuf {
+        self.mount.join("gateway")
+    }
+}
+
+impl Default for Bpffs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = umount2(&self.mount, MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_dir(&self.mount);
+    }
+}
+
+/// Two namespaces, `gw` (where the gateway attaches) and `peer` (where clients run), joined by a
+/// veth pair with IPv4 and IPv6 addresses, plus a private bpffs.
+pub struct TestNet {
+    /// Gateway namespace name.
+    pub gw_ns: String,
+    /// Peer namespace name.
+    pub peer_ns: String,
+    /// The gateway's veth end (in `gw_ns`).
+    pub gw_if: String,
+    /// The peer's veth end (in `peer_ns`).
+    pub peer_if: String,
+    /// Pin storage.
+    pub bpffs: Bpffs,
+}
+
+impl TestNet {
+    /// Creates the namespaces, the veth pair and the bpffs.
+    pub fn new() -> Self {
+        let id = unique();
+        let net = TestNet {
+            gw_ns: format!("gwt{id}g"),
+            peer_ns: format!("gwt{id}p"),
+            gw_if: format!("gv{id}a"),
+            peer_if: format!("gv{id}b"),
+            bpffs: Bpffs::new(),
+        };
+        // From here on Drop cleans up whatever was made.
+        must("ip", &["netns", "add", &net.gw_ns]);
+        must("ip", &["netns", "add", &net.peer_ns]);
+        must(
+            "ip",
+            &[
+                "link",
+                "add",
+                &net.gw_if,
+                "netns",
+                &net.gw_ns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &net.peer_if,
+                "netns",
+                &net.peer_ns,
+            ],
+        );
+        for (ns, ifname, v4, v6) in [
+            (&net.gw_ns, &net.gw_if, GW_V4, GW_V6),
+            (&net.peer_ns, &net.peer_if, PEER_V4, PEER_V6),
+        ] {
+            must(
+                "ip",
+                &["-n", ns, "addr", "add", &format!("{v4}/24"), "dev", ifname],
+            );
+            must(
+                "ip",
+                &[
+                    "-n",
+                    ns,
+                    "addr",
+                    "add",
+                    &format!("{v6}/64"),
+                    "dev",
+                    ifname,
+                    "nodad",
+                ],
+            );
+            must("ip", &["-n", ns, "link", "set", ifname, "up"]);
+            must("ip", &["-n", ns, "link", "set", "lo", "up"]);
+        }
+        net
+    }
+
+    /// The pin root.
+    pub fn root(&self) -> PathBuf {
+        self.bpffs.root()
+    }
+
+    /// The pin directory of the gateway's veth.
+    pub fn pin_dir(&self) -> PathBuf {
+        self.root().join(&self.gw_if)
+    }
+
+    /// Runs `gateway --bpffs <root> ARGS` in the gateway namespace.
+    pub fn gateway(&self, args: &[&str]) -> Output {
+        self.gateway_command(args).output().expect("run gateway")
+    }
+
+    /// The command `gateway --bpffs <root> ARGS` in the gateway namespace, to spawn.
+    pub fn gateway_command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.gw_ns])
+            .arg(crate::gateway_bin())
+            .arg("--bpffs")
+            .arg(self.root())
+            .args(args);
+        c
+    }
+
+    /// Runs `gateway ARGS` that must succeed; returns stdout.
+    pub fn gateway_ok(&self, args: &[&str]) -> String {
+        let out = self.gateway(args);
+        assert!(
+            out.status.success(),
+            "gateway {args:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs a command in a namespace.
+    pub fn exec(&self, ns: &str, program: &str, args: &[&str]) -> Output {
+        let mut all = vec!["netns", "exec", ns, program];
+        all.extend_from_slice(args);
+        sh("ip", &all)
+    }
+
+    /// Runs `f` on a thread inside the gateway namespace (sockets it creates live there).
+    pub fn in_gw<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        in_netns(&self.gw_ns, f)
+    }
+
+    /// Runs `f` on a thread inside the peer namespace.
+    pub fn in_peer<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        in_netns(&self.peer_ns, f)
+    }
+
+    /// `gateway stats --json` of the gateway's veth.
+    pub fn stats(&self) -> serde_json::Value {
+        let out = self.gateway_ok(&["stats", "--iface", &self.gw_if, "--json"]);
+        serde_json::from_str(&out).expect("stats JSON")
+    }
+
+    /// The XDP program id on the gateway's veth according to iproute2, if any.
+    pub fn xdp_prog_id(&self) -> Option<u64> {
+        let out = self.exec(
+            &self.gw_ns,
+            "ip",
+            &["-j", "-d", "link", "show", &self.gw_if],
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ip -j JSON");
+        v[0]["xdp"]["prog"]["id"].as_u64()
+    }
+}
+
+impl Default for TestNet {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth end in it, and with it the pair.
+        let _ = sh("ip", &["netns", "del", &self.gw_ns]);
+        let _ = sh("ip", &["netns", "del", &self.peer_ns]);
+    }
+}
+
+/// Runs `f` on a new thread that has joined network namespace `ns`.
+pub fn in_netns<R: Send>(ns: &str, f: impl FnOnce() -> R + Send) -> R {
+    let path = Path::new("/var/run/netns").join(ns);
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let file = File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            setns(file, CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+/// Per-class counter `field` of `class` in a `gateway stats --json` document.
+pub fn class_counter(stats: &serde_json::Value, class: &str, field: &str) -> u64 {
+    stats["classes"]
+        .as_array()
+        .expect("classes")
+        .iter()
+        .find(|c| c["name"] == class)
+        .unwrap_or_else(|| panic!("class {class} missing"))[field]
+        .as_u64()
+        .expect("number")
+}

@@ -121,13 +121,13 @@ pub enum PolicyAction {
         #[arg(value_parser = parse_limitable_class)]
         class: Class,
         /// Maximum backlog (admitted minus completed).
-        #[arg(long, value_parser = clap::value_parser!(u64).range(0..=config::MAX_BACKLOG))]
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=config::MAX_BACKLOG))]
         backlog: Option<u64>,
         /// Sustained admissions per second.
-        #[arg(long, value_parser = clap::value_parser!(u64).range(0..=config::MAX_RATE))]
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=config::MAX_RATE))]
         rate: Option<u64>,
         /// Admissions allowed in a burst above the rate.
-        #[arg(long, value_parser = clap::value_parser!(u64).range(0..=config::MAX_BURST))]
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=config::MAX_BURST))]
         burst: Option<u64>,
         /// Which attachment.
         #[command(flatten)]

@@ -1,6 +1,6 @@
 //! The `gateway` binary: parses the command line and runs the command.
 
-use std::process::ExitCode;
+use std::{io::IsTerminal as _, process::ExitCode};
 
 use clap::Parser as _;
 use gateway::{cli::Cli, commands};
@@ -27,6 +27,7 @@ fn main() -> ExitCode {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,

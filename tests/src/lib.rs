@@ -3,6 +3,7 @@
 //!
 //! Every address used lives inside namespaces the harness created; nothing leaves the machine.
 
+pub mod daemon;
 pub mod frames;
 pub mod netns;
 pub mod testrun;

@@ -264,6 +264,8 @@ fn test() -> Result<()> {
     ]))?;
     run(ebpf_cargo("clippy").args(["--", "-D", "warnings"]))?;
     build_ebpf(true)?;
+    // The integration tests run the `gateway` binary: build it first so it is never stale.
+    run(cargo().args(["build", "--package", "gateway"]))?;
     // Integration tests create network namespaces; keep their number in flight small.
     run(cargo().args(["test", "--workspace", "--", "--test-threads=2"]))?;
     Ok(())

@@ -1,0 +1,118 @@
+//! A `gateway run` daemon spawned in the gateway namespace, with its log lines collected so tests
+//! can wait for what it says instead of sleeping.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Child, ExitStatus, Stdio},
+    sync::mpsc::{Receiver, RecvTimeoutError, channel},
+    time::{Duration, Instant},
+};
+
+use nix::{
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
+
+use crate::netns::TestNet;
+
+/// A running daemon; killed on drop if still running.
+pub struct Daemon {
+    child: Child,
+    lines: Receiver<String>,
+    /// Every line logged so far.
+    pub log: Vec<String>,
+}
+
+impl Daemon {
+    /// Spawns `gateway run ARGS` in the gateway namespace and waits (at most `timeout`) for it to
+    /// log "gateway ready". Panics with its log if it exits or times out first.
+    pub fn start(net: &TestNet, args: &[&str], timeout: Duration) -> Daemon {
+        let mut all = vec!["run"];
+        all.extend_from_slice(args);
+        let mut child = net
+            .gateway_command(&all)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn gateway run");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut d = Daemon {
+            child,
+            lines,
+            log: Vec::new(),
+        };
+        d.wait_for("gateway ready", timeout);
+        d
+    }
+
+    /// Waits until a log line contains `needle`; returns that line.
+    pub fn wait_for(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.log.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!(
+                        "no {needle:?} within {timeout:?}; log:\n{}",
+                        self.log.join("\n")
+                    )
+                }
+                Err(RecvTimeoutError::Disconnected) => panic!(
+                    "daemon exited before {needle:?} ({:?}); log:\n{}",
+                    self.child.try_wait(),
+                    self.log.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Sends SIGTERM and waits (at most `timeout`) for the exit; returns the status.
+    pub fn terminate(mut self, timeout: Duration) -> (ExitStatus, Vec<String>) {
+        // `ip netns exec` execs the gateway, so the child's pid is the daemon's.
+        kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM).expect("SIGTERM");
+        let deadline = Instant::now() + timeout;
+        loop {
+            // Drain the log as it arrives; the channel closes when the daemon's stderr does.
+            match self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(line) => self.log.push(line),
+                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!(
+                        "daemon still running after SIGTERM; log:\n{}",
+                        self.log.join("\n")
+                    )
+                }
+            }
+        }
+        let status = self.child.wait().expect("wait");
+        (status, std::mem::take(&mut self.log))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

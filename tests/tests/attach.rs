@@ -1,0 +1,320 @@
+//! The datapath attached to a veth in a namespace, with real UDP and TCP traffic from a peer
+//! namespace: per-class counters, bpftool's view of the maps, replacement through the pinned link,
+//! detach, the TC hook and mode fallback.
+
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream, UdpSocket},
+    time::{Duration, Instant},
+};
+
+use gateway_tests::{
+    frames::client_hello_head,
+    have_root,
+    netns::{GW_V4, GW_V6, TestNet, class_counter, sh},
+};
+
+const INVITE: &[u8] =
+    b"INVITE sip:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bK77\r\n\r\n";
+
+fn send_udp(net: &TestNet, dst: &str, port: u16, payload: &[u8], n: usize) {
+    let dst = format!("{dst}:{port}");
+    net.in_peer(|| {
+        let s = UdpSocket::bind("[::]:0").expect("bind");
+        for _ in 0..n {
+            s.send_to(payload, &dst).expect("send");
+        }
+    });
+}
+
+/// One TCP connection to the gateway namespace on `port`: the client sends a ClientHello-looking
+/// record, waits for the server's one-byte answer, then sends application data and closes.
+fn tls_like_connection(net: &TestNet, port: u16) {
+    let listener = net.in_gw(|| TcpListener::bind(("0.0.0.0", port)).expect("listen"));
+    let server = std::thread::spawn(move || {
+        let (mut c, _) = listener.accept().expect("accept");
+        let mut hello = vec![0u8; client_hello_head().len()];
+        c.read_exact(&mut hello).expect("hello");
+        c.write_all(b"k").expect("answer");
+        let mut rest = Vec::new();
+        c.read_to_end(&mut rest).expect("rest");
+        rest.len()
+    });
+    net.in_peer(|| {
+        let mut s = TcpStream::connect((GW_V4, port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(&client_hello_head()).expect("write hello");
+        let mut k = [0u8; 1];
+        s.read_exact(&mut k).expect("server answer");
+        s.write_all(&[23, 3, 3, 0, 3, 1, 2, 3]).expect("write data");
+    });
+    assert_eq!(server.join().expect("server"), 8, "server read the data");
+}
+
+fn status_json(net: &TestNet) -> serde_json::Value {
+    serde_json::from_str(&net.gateway_ok(&["status", "--json"])).expect("status JSON")
+}
+
+#[test]
+fn native_xdp_counts_real_udp_and_tcp_per_class() {
+    if !have_root("native_xdp_counts_real_udp_and_tcp_per_class") {
+        return;
+    }
+    let net = TestNet::new();
+    let out = net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    assert!(out.contains("native mode"), "{out}");
+    net.gateway_ok(&["service", "add", "sip", "5060"]);
+    net.gateway_ok(&["service", "add", "tls", "443"]);
+
+    send_udp(&net, GW_V4, 5060, INVITE, 5);
+    send_udp(&net, &format!("[{GW_V6}]"), 5060, INVITE, 2);
+    send_udp(&net, GW_V4, 5060, b"SIP/2.0 200 OK\r\n\r\n", 3);
+    send_udp(
+        &net,
+        GW_V4,
+        5060,
+        b"BYE sip:bob@example.com SIP/2.0\r\n\r\n",
+        1,
+    );
+    send_udp(&net, GW_V4, 9999, INVITE, 4);
+    tls_like_connection(&net, 443);
+
+    let s = net.stats();
+    assert_eq!(s["mode"], "native");
+    assert_eq!(class_counter(&s, "sip-original", "packets"), 7);
+    assert_eq!(class_counter(&s, "sip-original", "admitted"), 7);
+    assert_eq!(class_counter(&s, "sip-exempt", "packets"), 4);
+    assert_eq!(
+        class_counter(&s, "tls-new", "packets"),
+        1,
+        "exactly one ClientHello"
+    );
+    // SYN, the ACKs and the data segment, the FIN.
+    assert!(class_counter(&s, "tls-flow", "packets") >= 4, "{s}");
+    assert!(class_counter(&s, "other", "packets") >= 4, "{s}");
+    assert_eq!(class_counter(&s, "sip-retransmission", "packets"), 0);
+    let total: u64 = s["classes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["packets"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, s["datapath"]["packets"].as_u64().unwrap());
+    assert!(s["datapath"]["ipv6"].as_u64().unwrap() >= 2);
+}
+
+/// Every key name in a JSON document.
+fn keys(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                out.push(k.clone());
+                keys(v, out);
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| keys(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn bpftool_map_dump_shows_field_names() {
+    if !have_root("bpftool_map_dump_shows_field_names") {
+        return;
+    }
+    let net = TestNet::new();
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    net.gateway_ok(&["service", "add", "tls", "8443"]);
+    net.gateway_ok(&["policy", "set", "tls-new", "--backlog", "7"]);
+    send_udp(&net, GW_V4, 9999, b"x", 1);
+    for (map, fields) in [
+        (
+            "CLASS_STATS",
+            &[
+                "packets",
+                "bytes",
+                "admitted",
+                "dropped_backlog",
+                "dropped_rate",
+                "rejected",
+            ][..],
+        ),
+        (
+            "CLASS_POLICY",
+            &["backlog_limit", "rate_per_sec", "burst", "flags"],
+        ),
+        ("CLASS_STATE", &["admitted", "completed", "gcra_tat_ns"]),
+        ("SERVICES", &["port", "proto", "kind"]),
+        ("DP_COUNTERS", &["truncated", "fragments", "unparseable"]),
+        ("DP_CONFIG", &["flags", "attach_mode", "ifindex"]),
+    ] {
+        let pin = net.pin_dir().join(map);
+        let out = sh(
+            "bpftool",
+            &["-j", "map", "dump", "pinned", pin.to_str().unwrap()],
+        );
+        assert!(
+            out.status.success(),
+            "bpftool {map}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
+        let mut names = Vec::new();
+        keys(&v, &mut names);
+        for f in fields {
+            assert!(names.iter().any(|n| n == f), "{map}: no field {f} in {v}");
+        }
+        if map == "CLASS_POLICY" {
+            let tls_new = &v[1]["formatted"]["value"];
+            assert_eq!(tls_new["backlog_limit"], 7, "{v}");
+        }
+    }
+}
+
+#[test]
+fn reattach_replaces_the_program_through_the_same_link_and_keeps_the_maps() {
+    if !have_root("reattach_replaces_the_program") {
+        return;
+    }
+    let net = TestNet::new();
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    net.gateway_ok(&["service", "add", "sip", "5060"]);
+    send_udp(&net, GW_V4, 5060, INVITE, 3);
+    let first = status_json(&net)[0].clone();
+    assert_eq!(
+        Some(first["program_id"].as_u64().unwrap()),
+        net.xdp_prog_id()
+    );
+
+    let out = net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    assert!(out.starts_with("replaced program"), "{out}");
+    let second = status_json(&net)[0].clone();
+    assert_eq!(second["link_id"], first["link_id"], "same link");
+    assert_ne!(second["program_id"], first["program_id"], "new program");
+    assert_eq!(
+        Some(second["program_id"].as_u64().unwrap()),
+        net.xdp_prog_id()
+    );
+    // The new program adopted the pinned maps: services and counters survived.
+    let s = net.stats();
+    assert_eq!(class_counter(&s, "sip-original", "packets"), 3);
+    send_udp(&net, GW_V4, 5060, INVITE, 2);
+    assert_eq!(class_counter(&net.stats(), "sip-original", "packets"), 5);
+    // The old program is gone from the kernel once nothing references it.
+    let old = first["program_id"].to_string();
+    wait_until("old program freed", || {
+        !sh("bpftool", &["prog", "show", "id", &old])
+            .status
+            .success()
+    });
+}
+
+/// Polls `cond` until it holds, for at most five seconds (kernel objects are freed after an RCU
+/// grace period, not synchronously).
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn detach_leaves_no_program_and_no_pins() {
+    if !have_root("detach_leaves_no_program_and_no_pins") {
+        return;
+    }
+    let net = TestNet::new();
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    let info = status_json(&net)[0].clone();
+    assert!(net.xdp_prog_id().is_some());
+    net.gateway_ok(&["detach", "--iface", &net.gw_if]);
+    assert_eq!(net.xdp_prog_id(), None, "no XDP program on the interface");
+    assert!(!net.pin_dir().exists(), "pin directory removed");
+    let (prog, link) = (info["program_id"].to_string(), info["link_id"].to_string());
+    wait_until("program and link freed", || {
+        !sh("bpftool", &["prog", "show", "id", &prog])
+            .status
+            .success()
+            && !sh("bpftool", &["link", "show", "id", &link])
+                .status
+                .success()
+    });
+    let out = net.gateway(&["detach", "--iface", &net.gw_if]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "detaching twice is an input error"
+    );
+}
+
+#[test]
+fn tc_hook_counts_traffic_and_refuses_a_silent_mode_change() {
+    if !have_root("tc_hook_counts_traffic") {
+        return;
+    }
+    let net = TestNet::new();
+    let out = net.gateway_ok(&["attach", "--iface", &net.gw_if, "--mode", "tc"]);
+    assert!(out.contains("tc mode"), "{out}");
+    assert_eq!(net.xdp_prog_id(), None, "tc mode attaches no XDP program");
+    net.gateway_ok(&["service", "add", "sip", "5060"]);
+    send_udp(&net, GW_V4, 5060, INVITE, 4);
+    send_udp(
+        &net,
+        GW_V4,
+        5060,
+        b"ACK sip:bob@example.com SIP/2.0\r\n\r\n",
+        2,
+    );
+    let s = net.stats();
+    assert_eq!(s["mode"], "tc");
+    assert_eq!(class_counter(&s, "sip-original", "packets"), 4);
+    assert_eq!(class_counter(&s, "sip-exempt", "packets"), 2);
+
+    let link = status_json(&net)[0]["link_id"].clone();
+    let out = net.gateway_ok(&["attach", "--iface", &net.gw_if, "--mode", "tc"]);
+    assert!(out.starts_with("replaced program"), "{out}");
+    assert_eq!(status_json(&net)[0]["link_id"], link);
+
+    let out = net.gateway(&["attach", "--iface", &net.gw_if, "--mode", "native"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("attached in tc mode"), "{err}");
+    assert_eq!(net.xdp_prog_id(), None);
+
+    net.gateway_ok(&["detach", "--iface", &net.gw_if]);
+    let link = link.to_string();
+    wait_until("tcx link freed", || {
+        !sh("bpftool", &["link", "show", "id", &link])
+            .status
+            .success()
+    });
+}
+
+#[test]
+fn native_failure_leaves_nothing_and_auto_falls_back_with_a_report() {
+    if !have_root("native_failure_leaves_nothing") {
+        return;
+    }
+    let net = TestNet::new();
+    // Loopback has no native XDP.
+    let out = net.gateway(&["attach", "--iface", "lo"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a refusal of the system, not of the input"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--mode auto"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!net.root().join("lo").exists(), "nothing half-attached");
+
+    let out = net.gateway(&["attach", "--iface", "lo", "--mode", "auto"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("generic mode"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("native XDP refused"));
+    let s: serde_json::Value =
+        serde_json::from_str(&net.gateway_ok(&["stats", "--iface", "lo", "--json"])).unwrap();
+    assert_eq!(s["mode"], "generic");
+    net.gateway_ok(&["detach", "--iface", "lo"]);
+}

@@ -1,0 +1,176 @@
+//! Bad input: each a one-line error naming what is wrong, exit code 2, and nothing left behind.
+
+use std::process::Output;
+
+use gateway_tests::{gateway_bin, have_root, netns::TestNet};
+
+/// Asserts exit code 2 and a single stderr line containing every `needle`.
+fn refused(out: &Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    for n in needles {
+        assert!(err.contains(n), "{n:?} not in: {err}");
+    }
+}
+
+fn gateway(args: &[&str]) -> Output {
+    std::process::Command::new(gateway_bin())
+        .args(args)
+        .output()
+        .expect("run gateway")
+}
+
+fn write_config(name: &str, yaml: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("gwt-{}-{name}.yaml", std::process::id()));
+    std::fs::write(&p, yaml).unwrap();
+    p
+}
+
+#[test]
+fn bad_configs_are_refused_with_field_and_line() {
+    for (name, yaml, needles) in [
+        (
+            "type",
+            "services:\n  - kind: tls\n    port: [443]\n",
+            &["services[0].port", "line 3"][..],
+        ),
+        (
+            "unknown",
+            "interfaces:\n  - name: eth0\n    mod: native\n",
+            &["unknown field `mod`", "interfaces[0]", "line 3"],
+        ),
+        (
+            "duplicate",
+            "services:\n  - {kind: sip, port: 5060}\n  - {kind: sip, port: 5060}\n",
+            &["duplicate service udp/5060", "line 3"],
+        ),
+        (
+            "class",
+            "policy:\n  tls-newest: {rate: 1}\n",
+            &["unknown class 'tls-newest'", "tls-new, tls-resumed"],
+        ),
+        (
+            "range",
+            "policy:\n  tls-new: {backlog: 99999999999}\n",
+            &["backlog 99999999999 out of range", "policy.tls-new"],
+        ),
+        (
+            "mode",
+            "interfaces:\n  - {name: x, mode: turbo}\n",
+            &["unknown variant `turbo`", "line 2"],
+        ),
+    ] {
+        let path = write_config(name, yaml);
+        refused(
+            &gateway(&["config", "check", path.to_str().unwrap()]),
+            needles,
+        );
+        std::fs::remove_file(path).unwrap();
+    }
+    let out = gateway(&["config", "check", "/nonexistent/gateway.yaml"]);
+    refused(&out, &["/nonexistent/gateway.yaml"]);
+    let ok = write_config("ok", include_str!("../../deploy/gateway.example.yaml"));
+    let out = gateway(&["config", "check", ok.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_file(ok).unwrap();
+}
+
+#[test]
+fn bad_arguments_are_refused_before_touching_anything() {
+    refused(
+        &gateway(&["policy", "set", "tls-old", "--rate", "1"]),
+        &["unknown class 'tls-old'", "valid: other, tls-new"],
+    );
+    refused(
+        &gateway(&["policy", "set", "sip-exempt", "--rate", "1"]),
+        &["never limited"],
+    );
+    refused(
+        &gateway(&["policy", "set", "tls-new", "--backlog", "-1"]),
+        &["--backlog"],
+    );
+    refused(
+        &gateway(&["policy", "set", "tls-new", "--rate", "100000001"]),
+        &["100000001", "--rate"],
+    );
+    refused(&gateway(&["service", "add", "tls", "0"]), &["<PORT>"]);
+    refused(&gateway(&["service", "add", "tls", "70000"]), &["70000"]);
+    refused(
+        &gateway(&["attach", "--iface", "x", "--mode", "turbo"]),
+        &["turbo"],
+    );
+}
+
+#[test]
+fn system_facing_input_errors() {
+    if !have_root("system_facing_input_errors") {
+        return;
+    }
+    let net = TestNet::new();
+    refused(
+        &net.gateway(&["attach", "--iface", "nosuch0"]),
+        &["unknown interface 'nosuch0'"],
+    );
+    // A directory that is not on bpffs.
+    let not_bpffs = std::env::temp_dir().join(format!("gwt-notbpffs-{}", std::process::id()));
+    std::fs::create_dir_all(&not_bpffs).unwrap();
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &net.gw_ns])
+        .arg(gateway_bin())
+        .args([
+            "--bpffs",
+            not_bpffs.to_str().unwrap(),
+            "attach",
+            "--iface",
+            &net.gw_if,
+        ])
+        .output()
+        .unwrap();
+    refused(&out, &["not on a bpf filesystem"]);
+    assert_eq!(net.xdp_prog_id(), None);
+    std::fs::remove_dir(&not_bpffs).unwrap();
+    // Nothing attached yet.
+    refused(&net.gateway(&["stats"]), &["no interface is attached"]);
+    refused(
+        &net.gateway(&["stats", "--iface", &net.gw_if]),
+        &["no gateway attachment for interface"],
+    );
+    // An unprivileged user gets the capability named.
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &net.gw_ns,
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+        ])
+        .args(["--clear-groups", "--inh-caps=-all"])
+        .arg(gateway_bin())
+        .args(["--bpffs", net.root().to_str().unwrap(), "stats"])
+        .output()
+        .unwrap();
+    refused(&out, &["missing capability CAP_BPF"]);
+    // A bad config given to `run` is refused whole: nothing attached, nothing applied.
+    net.gateway_ok(&["detach", "--iface", &net.gw_if]);
+    let cfg = write_config(
+        "run",
+        &format!(
+            "interfaces:\n  - name: {}\nservices:\n  - {{kind: sip, port: 5060}}\n  - {{kind: tls, port: 5060, proto: udp}}\n",
+            net.gw_if
+        ),
+    );
+    refused(
+        &net.gateway(&["run", "--config", cfg.to_str().unwrap()]),
+        &["duplicate service udp/5060"],
+    );
+    assert_eq!(net.xdp_prog_id(), None);
+    assert!(!net.pin_dir().exists());
+    std::fs::remove_file(cfg).unwrap();
+}

@@ -1,0 +1,140 @@
+//! `gateway run`: attaches per the config, applies it, serves, and on SIGTERM detaches or leaves
+//! the datapath per `on_exit`; a restart adopts the pinned attachment through its link.
+
+use std::{net::UdpSocket, time::Duration};
+
+use gateway_tests::{
+    daemon::Daemon,
+    have_root,
+    netns::{GW_V4, TestNet, class_counter},
+};
+
+const STARTUP: Duration = Duration::from_secs(20);
+const SHUTDOWN: Duration = Duration::from_secs(10);
+
+fn config(net: &TestNet, on_exit: &str) -> std::path::PathBuf {
+    let yaml = format!(
+        "interfaces:\n  - name: {}\n    mode: native\nservices:\n  - {{kind: tls, port: 8443}}\n  - {{kind: sip, port: 5062}}\npolicy:\n  tls-new: {{backlog: 10, rate: 50, burst: 5}}\ndatapath:\n  fragments: drop\non_exit: {on_exit}\n",
+        net.gw_if
+    );
+    let p = std::env::temp_dir().join(format!(
+        "gwt-daemon-{}-{}.yaml",
+        std::process::id(),
+        net.gw_if
+    ));
+    std::fs::write(&p, yaml).unwrap();
+    p
+}
+
+#[test]
+fn run_applies_the_config_and_detaches_on_sigterm() {
+    if !have_root("run_applies_the_config_and_detaches_on_sigterm") {
+        return;
+    }
+    let net = TestNet::new();
+    // A stale service added by hand is replaced by the config's.
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    net.gateway_ok(&["service", "add", "sip", "7777"]);
+    let cfg = config(&net, "detach");
+    let daemon = Daemon::start(&net, &["--config", cfg.to_str().unwrap()], STARTUP);
+    assert!(
+        daemon.log.iter().any(|l| l.contains("adopted attachment")),
+        "{:?}",
+        daemon.log
+    );
+
+    let services: serde_json::Value =
+        serde_json::from_str(&net.gateway_ok(&["service", "list", "--json"])).unwrap();
+    assert_eq!(
+        services,
+        serde_json::json!([
+            {"kind": "sip", "proto": "udp", "port": 5062},
+            {"kind": "tls", "proto": "tcp", "port": 8443},
+        ]),
+        "exactly the config's services, sorted by port"
+    );
+    let policy: serde_json::Value =
+        serde_json::from_str(&net.gateway_ok(&["policy", "show", "--json"])).unwrap();
+    assert_eq!(policy[0]["class"], "tls-new");
+    assert_eq!(policy[0]["backlog_limit"], 10);
+    assert_eq!(policy[0]["rate"], 50);
+    assert_eq!(policy[1]["backlog_limit"], serde_json::Value::Null);
+
+    net.in_peer(|| {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        for _ in 0..3 {
+            s.send_to(b"OPTIONS sip:x SIP/2.0\r\n\r\n", (GW_V4, 5062))
+                .unwrap();
+        }
+    });
+    assert_eq!(class_counter(&net.stats(), "sip-original", "packets"), 3);
+
+    let (status, log) = daemon.terminate(SHUTDOWN);
+    assert!(status.success(), "{status}: {log:?}");
+    assert!(log.iter().any(|l| l.contains("SIGTERM")), "{log:?}");
+    assert_eq!(net.xdp_prog_id(), None, "detached on exit");
+    assert!(!net.pin_dir().exists());
+    std::fs::remove_file(cfg).unwrap();
+}
+
+#[test]
+fn keep_on_exit_leaves_protection_and_a_restart_adopts_the_same_link() {
+    if !have_root("keep_on_exit_leaves_protection") {
+        return;
+    }
+    let net = TestNet::new();
+    let cfg = config(&net, "keep");
+    let daemon = Daemon::start(&net, &["--config", cfg.to_str().unwrap()], STARTUP);
+    assert!(
+        daemon.log.iter().any(|l| l.contains(" attached")),
+        "{:?}",
+        daemon.log
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&net.gateway_ok(&["status", "--json"])).unwrap();
+    let (link, prog) = (
+        status[0]["link_id"].clone(),
+        status[0]["program_id"].clone(),
+    );
+    let (exit, log) = daemon.terminate(SHUTDOWN);
+    assert!(exit.success(), "{log:?}");
+    assert_eq!(
+        net.xdp_prog_id(),
+        prog.as_u64(),
+        "still protecting after exit"
+    );
+
+    let daemon = Daemon::start(&net, &["--config", cfg.to_str().unwrap()], STARTUP);
+    assert!(
+        daemon.log.iter().any(|l| l.contains("adopted attachment")),
+        "{:?}",
+        daemon.log
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&net.gateway_ok(&["status", "--json"])).unwrap();
+    assert_eq!(
+        status[0]["link_id"], link,
+        "same link: replaced, never detached"
+    );
+    assert_ne!(status[0]["program_id"], prog);
+    let (exit, _) = daemon.terminate(SHUTDOWN);
+    assert!(exit.success());
+    net.gateway_ok(&["detach", "--iface", &net.gw_if]);
+    std::fs::remove_file(cfg).unwrap();
+}
+
+#[test]
+fn embedded_default_serves_on_a_given_interface() {
+    if !have_root("embedded_default_serves") {
+        return;
+    }
+    let net = TestNet::new();
+    let daemon = Daemon::start(&net, &["--iface", &net.gw_if], STARTUP);
+    let services = net.gateway_ok(&["service", "list"]);
+    assert!(services.contains("tls   tcp      443"), "{services}");
+    assert!(services.contains("sip   udp     5060"), "{services}");
+    let (exit, log) = daemon.terminate(SHUTDOWN);
+    assert!(exit.success(), "{log:?}");
+    // The embedded default is a sandbox default: it leaves nothing behind.
+    assert_eq!(net.xdp_prog_id(), None);
+}

@@ -13,19 +13,23 @@ pub mod names {
     pub const CLASS_POLICY: &str = "CLASS_POLICY";
     /// Per-class admission state ([`super::ClassState`]).
     pub const CLASS_STATE: &str = "CLASS_STATE";
-    /// Protected services, keyed by [`super::ServiceKey`].
+    /// Protected services, keyed by [`super::ServiceKey`]: the operator-facing source of truth.
     pub const SERVICES: &str = "SERVICES";
+    /// The datapath's index of [`SERVICES`]: one byte of service kind per (protocol, port), see
+    /// [`super::service_port_index`].
+    pub const SERVICE_PORTS: &str = "SERVICE_PORTS";
     /// Per-CPU parser counters ([`super::DatapathCounters`]).
     pub const DP_COUNTERS: &str = "DP_COUNTERS";
     /// Datapath-wide settings ([`super::DatapathConfig`]).
     pub const DP_CONFIG: &str = "DP_CONFIG";
 
     /// Every map the gateway pins, in a fixed order.
-    pub const ALL: [&str; 6] = [
+    pub const ALL: [&str; 7] = [
         CLASS_STATS,
         CLASS_POLICY,
         CLASS_STATE,
         SERVICES,
+        SERVICE_PORTS,
         DP_COUNTERS,
         DP_CONFIG,
     ];
@@ -43,6 +47,22 @@ pub mod programs {
 
 /// Maximum number of protected services (entries of the services map).
 pub const MAX_SERVICES: u32 = 256;
+
+/// Entries of the `SERVICE_PORTS` array: every port of TCP, then every port of UDP.
+pub const SERVICE_PORT_ENTRIES: u32 = 2 * 65536;
+
+/// Index of (`proto`, `port`) in the `SERVICE_PORTS` array, whose byte holds the
+/// [`ServiceKind`] id (0: not protected). The datapath reads this array rather than the hash map:
+/// an array lookup is inlined by the verifier, so traffic to unprotected ports costs no hash
+/// lookup. `None` for protocols other than TCP and UDP.
+#[inline(always)]
+pub const fn service_port_index(proto: u8, port: u16) -> Option<u32> {
+    match proto {
+        IPPROTO_TCP => Some(port as u32),
+        IPPROTO_UDP => Some(65536 + port as u32),
+        _ => None,
+    }
+}
 
 /// Per-class counters. One copy per CPU; userspace sums them.
 #[repr(C)]
@@ -239,12 +259,11 @@ pub struct DatapathConfig {
     pub ifindex: u32,
 }
 
-/// Parser counters, the single entry of the per-CPU `DP_COUNTERS` array.
+/// Parser counters, the single entry of the per-CPU `DP_COUNTERS` array. Touched only when a
+/// packet has something to count here (the total is the sum of the per-class packet counts).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DatapathCounters {
-    /// Every packet the program saw.
-    pub packets: u64,
     /// Not IPv4 or IPv6 (ARP, LLDP, ...), passed.
     pub not_ip: u64,
     /// Frames that ended inside a header.
@@ -268,7 +287,6 @@ pub struct DatapathCounters {
 impl DatapathCounters {
     /// Adds another CPU's counters to these.
     pub fn accumulate(&mut self, o: &DatapathCounters) {
-        self.packets += o.packets;
         self.not_ip += o.not_ip;
         self.truncated += o.truncated;
         self.malformed += o.malformed;
@@ -298,7 +316,7 @@ mod tests {
         assert_eq!(size_of::<ServiceKey>(), 2 + 1 + 1);
         assert_eq!(size_of::<ServiceValue>(), 4 + 4);
         assert_eq!(size_of::<DatapathConfig>(), 8 + 4 + 4);
-        assert_eq!(size_of::<DatapathCounters>(), 10 * 8);
+        assert_eq!(size_of::<DatapathCounters>(), 9 * 8);
     }
 
     #[test]
@@ -315,6 +333,18 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(s.backlog(), 0);
+    }
+
+    #[test]
+    fn service_port_indexes_are_distinct_and_in_range() {
+        assert_eq!(service_port_index(IPPROTO_TCP, 0), Some(0));
+        assert_eq!(service_port_index(IPPROTO_TCP, 443), Some(443));
+        assert_eq!(service_port_index(IPPROTO_UDP, 443), Some(65536 + 443));
+        assert_eq!(
+            service_port_index(IPPROTO_UDP, u16::MAX),
+            Some(SERVICE_PORT_ENTRIES - 1)
+        );
+        assert_eq!(service_port_index(1, 443), None);
     }
 
     #[test]

@@ -3,8 +3,13 @@
 //! The parser never reads beyond [`crate::bytes::MAX_READ_OFFSET`], follows at most
 //! [`MAX_VLAN_TAGS`] VLAN tags and [`MAX_IPV6_EXT_HEADERS`] IPv6 extension headers, and refuses to
 //! look for a transport header past [`MAX_L4_OFFSET`]. Anything it cannot follow within those
-//! bounds is reported as [`Outcome::Unparseable`], never guessed at: the caller decides by policy
+//! bounds is reported as [`Kind::Unparseable`], never guessed at: the caller decides by policy
 //! what to do with it, and it is never counted as a protected class.
+//!
+//! The result is a plain struct, zero-initialized and then filled in, not an enum with payloads:
+//! an enum's unused payload bytes are undefined, and LLVM filled them with whatever register was
+//! at hand, the packet pointer included, which the verifier refuses. [`Packet::outcome`] gives
+//! userspace the enum view.
 
 use crate::bytes::PacketBytes;
 
@@ -43,7 +48,7 @@ pub enum IpVersion {
 }
 
 /// The transport header of a TCP or UDP packet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Transport {
     /// `6` (TCP) or `17` (UDP).
     pub proto: u8,
@@ -58,6 +63,46 @@ pub struct Transport {
 }
 
 /// What the parser found.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Kind {
+    /// Not IPv4 or IPv6.
+    #[default]
+    NotIp,
+    /// The frame ends inside the header at [`Packet::offset`].
+    Truncated,
+    /// The header at [`Packet::offset`] has an impossible field.
+    Malformed,
+    /// An IPv4 or IPv6 fragment; ports are not looked at.
+    Fragment,
+    /// Headers that cannot be followed within the parser's bounds, from [`Packet::offset`].
+    Unparseable,
+    /// An IP packet that is neither TCP nor UDP; [`Packet::proto`] says what.
+    OtherL4,
+    /// A TCP or UDP packet; [`Packet::transport`] holds its header.
+    Transport,
+}
+
+/// Result of parsing one frame. Every field is defined on every path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Packet {
+    /// What was found.
+    pub kind: Kind,
+    /// For `Truncated`, `Malformed` and `Unparseable`: offset of the header concerned.
+    pub offset: u16,
+    /// IP protocol (or IPv6 next header) number, when known.
+    pub proto: u8,
+    /// Number of VLAN tags in front of the network header.
+    pub vlan_tags: u8,
+    /// 4 or 6 when the frame carries IP, else 0.
+    pub ip_version: u8,
+    /// Whether an IPv4 header carries options.
+    pub ipv4_options: bool,
+    /// The transport header, for `Transport` (zero otherwise).
+    pub transport: Transport,
+}
+
+/// The parser's finding as an enum, for userspace code and tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// Not IPv4 or IPv6.
@@ -72,7 +117,7 @@ pub enum Outcome {
         /// Offset of the offending header.
         offset: u16,
     },
-    /// An IPv4 or IPv6 fragment; ports are not looked at.
+    /// An IPv4 or IPv6 fragment.
     Fragment,
     /// Headers that cannot be followed within the parser's bounds, starting at `offset`.
     Unparseable {
@@ -88,32 +133,45 @@ pub enum Outcome {
     Transport(Transport),
 }
 
-/// Result of parsing one frame: what was found plus facts the counters record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Packet {
-    /// Number of VLAN tags in front of the network header.
-    pub vlan_tags: u8,
-    /// IP version, when the frame carries IP.
-    pub ip: Option<IpVersion>,
-    /// Whether an IPv4 header carries options.
-    pub ipv4_options: bool,
-    /// What the parser found.
-    pub outcome: Outcome,
+impl Packet {
+    /// The IP version, when the frame carries IP.
+    pub const fn ip(&self) -> Option<IpVersion> {
+        match self.ip_version {
+            4 => Some(IpVersion::V4),
+            6 => Some(IpVersion::V6),
+            _ => None,
+        }
+    }
+
+    /// The finding as an enum (not for eBPF code paths: see the module docs).
+    pub const fn outcome(&self) -> Outcome {
+        let offset = self.offset;
+        match self.kind {
+            Kind::NotIp => Outcome::NotIp,
+            Kind::Truncated => Outcome::Truncated { offset },
+            Kind::Malformed => Outcome::Malformed { offset },
+            Kind::Fragment => Outcome::Fragment,
+            Kind::Unparseable => Outcome::Unparseable { offset },
+            Kind::OtherL4 => Outcome::OtherL4 { proto: self.proto },
+            Kind::Transport => Outcome::Transport(self.transport),
+        }
+    }
+
+    #[inline(always)]
+    fn stop(&mut self, kind: Kind, offset: usize) {
+        self.kind = kind;
+        self.offset = offset as u16;
+    }
 }
 
 /// Parses the headers of an Ethernet frame.
 #[inline(always)]
 pub fn parse<B: PacketBytes>(b: &B) -> Packet {
-    let mut pkt = Packet {
-        vlan_tags: 0,
-        ip: None,
-        ipv4_options: false,
-        outcome: Outcome::NotIp,
-    };
+    let mut pkt = Packet::default();
     let mut off = ETH_HLEN - 2;
     let mut et = [0u8; 2];
     if !b.read(off, &mut et) {
-        pkt.outcome = truncated(0);
+        pkt.stop(Kind::Truncated, 0);
         return pkt;
     }
     let mut ethertype = u16::from_be_bytes(et);
@@ -124,25 +182,25 @@ pub fn parse<B: PacketBytes>(b: &B) -> Packet {
         // A tag is 2 bytes of TCI followed by the next ethertype.
         off += 4;
         if !b.read(off, &mut et) {
-            pkt.outcome = truncated(off - 2);
+            pkt.stop(Kind::Truncated, off - 2);
             return pkt;
         }
         ethertype = u16::from_be_bytes(et);
         pkt.vlan_tags += 1;
     }
     let l3 = off + 2;
-    pkt.outcome = match ethertype {
-        ETH_P_8021Q | ETH_P_8021AD => Outcome::Unparseable { offset: l3 as u16 },
+    match ethertype {
+        ETH_P_8021Q | ETH_P_8021AD => pkt.stop(Kind::Unparseable, l3),
         ETH_P_IP => {
-            pkt.ip = Some(IpVersion::V4);
-            parse_ipv4(b, l3, &mut pkt.ipv4_options)
+            pkt.ip_version = 4;
+            parse_ipv4(b, l3, &mut pkt);
         }
         ETH_P_IPV6 => {
-            pkt.ip = Some(IpVersion::V6);
-            parse_ipv6(b, l3)
+            pkt.ip_version = 6;
+            parse_ipv6(b, l3, &mut pkt);
         }
-        _ => Outcome::NotIp,
-    };
+        _ => pkt.kind = Kind::NotIp,
+    }
     pkt
 }
 
@@ -155,53 +213,47 @@ fn present<B: PacketBytes>(b: &B, offset: usize) -> bool {
 }
 
 #[inline(always)]
-const fn truncated(offset: usize) -> Outcome {
-    Outcome::Truncated {
-        offset: offset as u16,
-    }
-}
-
-#[inline(always)]
-fn parse_ipv4<B: PacketBytes>(b: &B, off: usize, has_options: &mut bool) -> Outcome {
+fn parse_ipv4<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
     let mut h = [0u8; 20];
     if !b.read(off, &mut h) {
-        return truncated(off);
+        return pkt.stop(Kind::Truncated, off);
     }
     if h[0] >> 4 != 4 {
-        return Outcome::Malformed { offset: off as u16 };
+        return pkt.stop(Kind::Malformed, off);
     }
     let hlen = ((h[0] & 0x0f) as usize) * 4;
     let total_len = u16::from_be_bytes([h[2], h[3]]) as usize;
     if hlen < 20 || total_len < hlen {
-        return Outcome::Malformed { offset: off as u16 };
+        return pkt.stop(Kind::Malformed, off);
     }
     if hlen > 20 {
-        *has_options = true;
+        pkt.ipv4_options = true;
         // The options must be present: read the header's last two bytes.
         if !present(b, off + hlen - 2) {
-            return truncated(off);
+            return pkt.stop(Kind::Truncated, off);
         }
     }
+    pkt.proto = h[9];
     let frag = u16::from_be_bytes([h[6], h[7]]);
     // More-fragments flag or a non-zero fragment offset.
     if frag & 0x3fff != 0 {
-        return Outcome::Fragment;
+        return pkt.stop(Kind::Fragment, off);
     }
-    parse_transport(b, h[9], off + hlen)
+    parse_transport(b, off + hlen, pkt);
 }
 
 #[inline(always)]
-fn parse_ipv6<B: PacketBytes>(b: &B, off: usize) -> Outcome {
+fn parse_ipv6<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
     let mut h = [0u8; 8];
     if !b.read(off, &mut h) {
-        return truncated(off);
+        return pkt.stop(Kind::Truncated, off);
     }
     if h[0] >> 4 != 6 {
-        return Outcome::Malformed { offset: off as u16 };
+        return pkt.stop(Kind::Malformed, off);
     }
     // The addresses must be there too.
     if !present(b, off + 38) {
-        return truncated(off);
+        return pkt.stop(Kind::Truncated, off);
     }
     let mut next = h[6];
     let mut off = off + 40;
@@ -209,11 +261,11 @@ fn parse_ipv6<B: PacketBytes>(b: &B, off: usize) -> Outcome {
         let len = match next {
             IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DEST_OPTS | IPV6_AH => {
                 if off > MAX_L4_OFFSET {
-                    return Outcome::Unparseable { offset: off as u16 };
+                    return pkt.stop(Kind::Unparseable, off);
                 }
                 let mut e = [0u8; 2];
                 if !b.read(off, &mut e) {
-                    return truncated(off);
+                    return pkt.stop(Kind::Truncated, off);
                 }
                 let len = if next == IPV6_AH {
                     (e[1] as usize + 2) * 4
@@ -223,63 +275,75 @@ fn parse_ipv6<B: PacketBytes>(b: &B, off: usize) -> Outcome {
                 next = e[0];
                 len
             }
-            IPV6_FRAGMENT => return Outcome::Fragment,
-            IPV6_ESP => return Outcome::Unparseable { offset: off as u16 },
+            IPV6_FRAGMENT => {
+                pkt.proto = next;
+                return pkt.stop(Kind::Fragment, off);
+            }
+            IPV6_ESP => {
+                pkt.proto = next;
+                return pkt.stop(Kind::Unparseable, off);
+            }
             _ => break,
         };
         off += len;
     }
+    pkt.proto = next;
     match next {
         IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DEST_OPTS | IPV6_AH | IPV6_FRAGMENT | IPV6_ESP => {
-            Outcome::Unparseable { offset: off as u16 }
+            pkt.stop(Kind::Unparseable, off)
         }
-        IPV6_NO_NEXT => Outcome::OtherL4 { proto: next },
-        _ => parse_transport(b, next, off),
+        IPV6_NO_NEXT => pkt.kind = Kind::OtherL4,
+        _ => parse_transport(b, off, pkt),
     }
 }
 
 #[inline(always)]
-fn parse_transport<B: PacketBytes>(b: &B, proto: u8, off: usize) -> Outcome {
+fn parse_transport<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
+    let proto = pkt.proto;
     if proto != PROTO_TCP && proto != PROTO_UDP {
-        return Outcome::OtherL4 { proto };
+        pkt.kind = Kind::OtherL4;
+        return;
     }
     if off > MAX_L4_OFFSET {
-        return Outcome::Unparseable { offset: off as u16 };
+        return pkt.stop(Kind::Unparseable, off);
     }
     if proto == PROTO_UDP {
         let mut h = [0u8; 8];
         if !b.read(off, &mut h) {
-            return truncated(off);
+            return pkt.stop(Kind::Truncated, off);
         }
         let udp_len = u16::from_be_bytes([h[4], h[5]]) as usize;
         if udp_len < 8 {
-            return Outcome::Malformed { offset: off as u16 };
+            return pkt.stop(Kind::Malformed, off);
         }
-        return Outcome::Transport(Transport {
+        pkt.kind = Kind::Transport;
+        pkt.transport = Transport {
             proto,
             src_port: u16::from_be_bytes([h[0], h[1]]),
             dst_port: u16::from_be_bytes([h[2], h[3]]),
             payload_offset: (off + 8) as u16,
             tcp_flags: 0,
-        });
+        };
+        return;
     }
     let mut h = [0u8; 14];
     if !b.read(off, &mut h) {
-        return truncated(off);
+        return pkt.stop(Kind::Truncated, off);
     }
     let hlen = ((h[12] >> 4) as usize) * 4;
     if hlen < 20 {
-        return Outcome::Malformed { offset: off as u16 };
+        return pkt.stop(Kind::Malformed, off);
     }
     // The whole header, options included, must be present.
     if !present(b, off + hlen - 2) {
-        return truncated(off);
+        return pkt.stop(Kind::Truncated, off);
     }
-    Outcome::Transport(Transport {
+    pkt.kind = Kind::Transport;
+    pkt.transport = Transport {
         proto,
         src_port: u16::from_be_bytes([h[0], h[1]]),
         dst_port: u16::from_be_bytes([h[2], h[3]]),
         payload_offset: (off + hlen) as u16,
         tcp_flags: h[13],
-    })
+    };
 }

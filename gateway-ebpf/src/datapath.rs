@@ -8,12 +8,13 @@ use gateway_common::{
     bytes::PacketBytes,
     classify::classify,
     maps::{
-        CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, DatapathCounters, ServiceKey, ServiceKind,
+        CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, DatapathCounters, ServiceKind,
+        service_port_index,
     },
-    packet::{Outcome, parse},
+    packet::{Kind, parse},
 };
 
-use crate::maps::{CLASS_STATS, DP_CONFIG, DP_COUNTERS, SERVICES};
+use crate::maps::{CLASS_STATS, DP_CONFIG, DP_COUNTERS, SERVICE_PORTS};
 
 /// What to do with a packet.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -29,62 +30,63 @@ pub enum Verdict {
 #[inline(always)]
 pub fn process<C: EbpfContext, B: PacketBytes>(ctx: &C, b: &B, len: u64) -> Verdict {
     let pkt = parse(b);
-    let flags = DP_CONFIG.get(0).map_or(0, |c| c.flags);
-    let counters = DP_COUNTERS.get_ptr_mut(0);
-    count(counters, |c| {
-        c.packets += 1;
-        if pkt.vlan_tags > 0 {
-            c.vlan += 1;
-        }
-        if matches!(pkt.ip, Some(gateway_common::packet::IpVersion::V6)) {
-            c.ipv6 += 1;
-        }
-        if pkt.ipv4_options {
-            c.ipv4_options += 1;
-        }
-    });
+    // The parser counters are looked up only when there is something to count, so plain IPv4
+    // traffic pays for one per-CPU lookup (its class's counters) and no more.
+    if pkt.vlan_tags > 0 || pkt.ipv4_options || pkt.ip_version == 6 {
+        count(|c| {
+            if pkt.vlan_tags > 0 {
+                c.vlan += 1;
+            }
+            if pkt.ip_version == 6 {
+                c.ipv6 += 1;
+            }
+            if pkt.ipv4_options {
+                c.ipv4_options += 1;
+            }
+        });
+    }
 
-    let (class, verdict) = match pkt.outcome {
-        Outcome::Transport(t) => {
-            // SAFETY: the value is copied out at once; no reference is kept across helper calls.
-            let kind = unsafe { SERVICES.get(ServiceKey::new(t.proto, t.dst_port)) }
-                .and_then(|v| ServiceKind::from_id(v.kind));
+    let (class, verdict) = match pkt.kind {
+        Kind::Transport => {
+            let t = &pkt.transport;
+            let kind = service_port_index(t.proto, t.dst_port)
+                .and_then(|i| SERVICE_PORTS.get(i))
+                .and_then(|k| ServiceKind::from_id(u32::from(*k)));
             let class = match kind {
-                Some(kind) => classify(b, &t, kind),
+                Some(kind) => classify(b, t, kind),
                 None => Class::Other,
             };
             (class, Verdict::Pass)
         }
-        Outcome::NotIp | Outcome::OtherL4 { .. } => {
-            if matches!(pkt.outcome, Outcome::NotIp) {
-                count(counters, |c| c.not_ip += 1);
-            }
+        Kind::NotIp => {
+            count(|c| c.not_ip += 1);
             (Class::Other, Verdict::Pass)
         }
-        Outcome::Truncated { .. } => {
-            count(counters, |c| c.truncated += 1);
+        Kind::OtherL4 => (Class::Other, Verdict::Pass),
+        Kind::Truncated => {
+            count(|c| c.truncated += 1);
             (Class::Other, Verdict::Pass)
         }
-        Outcome::Malformed { offset } => {
-            debug!(ctx, "malformed header at offset {}", offset);
-            count(counters, |c| c.malformed += 1);
+        Kind::Malformed => {
+            debug!(ctx, "malformed header at offset {}", pkt.offset);
+            count(|c| c.malformed += 1);
             (Class::Other, Verdict::Pass)
         }
-        Outcome::Fragment => {
-            count(counters, |c| c.fragments += 1);
-            (Class::Other, policy(flags & CONFIG_DROP_FRAGMENTS != 0))
+        Kind::Fragment => {
+            count(|c| c.fragments += 1);
+            (Class::Other, policy(CONFIG_DROP_FRAGMENTS))
         }
-        Outcome::Unparseable { offset } => {
+        Kind::Unparseable => {
             debug!(
                 ctx,
-                "headers beyond the parser's bounds at offset {}", offset
+                "headers beyond the parser's bounds at offset {}", pkt.offset
             );
-            count(counters, |c| c.unparseable += 1);
-            (Class::Other, policy(flags & CONFIG_DROP_UNPARSEABLE != 0))
+            count(|c| c.unparseable += 1);
+            (Class::Other, policy(CONFIG_DROP_UNPARSEABLE))
         }
     };
     if verdict == Verdict::Drop {
-        count(counters, |c| c.policy_dropped += 1);
+        count(|c| c.policy_dropped += 1);
     }
     if let Some(s) = CLASS_STATS.get_ptr_mut(class.id()) {
         // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
@@ -99,14 +101,20 @@ pub fn process<C: EbpfContext, B: PacketBytes>(ctx: &C, b: &B, len: u64) -> Verd
     verdict
 }
 
+/// Drop when the datapath config has `flag` set. Only fragments and unparseable packets consult
+/// the config, so other traffic never pays for its lookup.
 #[inline(always)]
-fn policy(drop: bool) -> Verdict {
-    if drop { Verdict::Drop } else { Verdict::Pass }
+fn policy(flag: u64) -> Verdict {
+    if DP_CONFIG.get(0).is_some_and(|c| c.flags & flag != 0) {
+        Verdict::Drop
+    } else {
+        Verdict::Pass
+    }
 }
 
 #[inline(always)]
-fn count(counters: Option<*mut DatapathCounters>, f: impl FnOnce(&mut DatapathCounters)) {
-    if let Some(c) = counters {
+fn count(f: impl FnOnce(&mut DatapathCounters)) {
+    if let Some(c) = DP_COUNTERS.get_ptr_mut(0) {
         // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
         f(unsafe { &mut *c });
     }

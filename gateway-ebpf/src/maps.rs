@@ -9,7 +9,7 @@ use gateway_common::{
     NUM_CLASSES,
     maps::{
         ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, MAX_SERVICES,
-        ServiceKey, ServiceValue,
+        SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue,
     },
 };
 
@@ -25,9 +25,15 @@ pub static CLASS_POLICY: Array<ClassPolicy, NUM_CLASSES> = Array::new();
 #[btf_map]
 pub static CLASS_STATE: Array<ClassState, NUM_CLASSES> = Array::new();
 
-/// Protected services by (L4 protocol, destination port).
+/// Protected services by (L4 protocol, destination port): the operator-facing list. The programs
+/// never read it; userspace keeps [`SERVICE_PORTS`] in step with it.
 #[btf_map]
 pub static SERVICES: HashMap<ServiceKey, ServiceValue, { MAX_SERVICES as usize }> = HashMap::new();
+
+/// Service kind per (protocol, port), indexed by `service_port_index`: the datapath's view of
+/// [`SERVICES`], an array so the lookup is inlined.
+#[btf_map]
+pub static SERVICE_PORTS: Array<u8, { SERVICE_PORT_ENTRIES as usize }> = Array::new();
 
 /// Parser counters, per CPU.
 #[btf_map]

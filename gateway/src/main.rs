@@ -32,7 +32,18 @@ fn main() -> ExitCode {
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gateway: error: {e}");
+            // One line. A kernel refusal can carry the verifier's whole log: that goes to the debug
+            // log, and the line keeps its first and last sentences.
+            let text = e.to_string();
+            let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+            let first = lines.next().unwrap_or_default();
+            match lines.next_back() {
+                Some(last) => {
+                    tracing::debug!("{text}");
+                    eprintln!("gateway: error: {first} ... {last} (full log: RUST_LOG=debug)");
+                }
+                None => eprintln!("gateway: error: {first}"),
+            }
             ExitCode::from(e.exit_code() as u8)
         }
     }

@@ -12,6 +12,12 @@ use thiserror::Error;
 
 use crate::pins::PinDir;
 
+/// The `SERVICE_PORTS` index function for one protocol.
+fn service_port_index(proto: u8) -> Option<impl Fn(u16) -> u32> {
+    gateway_common::maps::service_port_index(proto, 0)
+        .map(|_| move |port| gateway_common::maps::service_port_index(proto, port).unwrap_or(0))
+}
+
 /// Errors of map access.
 #[derive(Debug, Error)]
 pub enum MapsError {
@@ -31,6 +37,9 @@ pub enum MapsError {
         /// The error.
         source: MapError,
     },
+    /// A service on a protocol other than TCP or UDP.
+    #[error("IP protocol {0} cannot carry a service (tcp or udp only)")]
+    Protocol(u8),
     /// The services map is full.
     #[error("the services map is full ({0} entries)")]
     ServicesFull(u32),
@@ -46,6 +55,7 @@ pub struct Maps {
     policy: Array<MapData, ClassPolicy>,
     state: Array<MapData, ClassState>,
     services: HashMap<MapData, ServiceKey, ServiceValue>,
+    service_ports: Array<MapData, u8>,
     counters: PerCpuArray<MapData, DatapathCounters>,
     config: Array<MapData, DatapathConfig>,
 }
@@ -76,6 +86,9 @@ impl Maps {
             services: open(pins, names::SERVICES)?
                 .try_into()
                 .map_err(op(names::SERVICES))?,
+            service_ports: open(pins, names::SERVICE_PORTS)?
+                .try_into()
+                .map_err(op(names::SERVICE_PORTS))?,
             counters: open(pins, names::DP_COUNTERS)?
                 .try_into()
                 .map_err(op(names::DP_COUNTERS))?,
@@ -151,18 +164,27 @@ impl Maps {
         Ok(out)
     }
 
-    /// Adds or replaces a service.
+    /// Adds or replaces a service: first in the services map (the list operators see; this is
+    /// where a full map is refused), then in the datapath's port index.
     pub fn add_service(&mut self, key: ServiceKey, value: ServiceValue) -> Result<(), MapsError> {
+        let index = service_port_index(key.proto).ok_or(MapsError::Protocol(key.proto))?;
         self.services.insert(key, value, 0).map_err(|e| match e {
             MapError::SyscallError(ref s) if s.io_error.raw_os_error() == Some(libc::E2BIG) => {
                 MapsError::ServicesFull(gateway_common::maps::MAX_SERVICES)
             }
             e => op(names::SERVICES)(e),
-        })
+        })?;
+        self.service_ports
+            .set(index(key.port), value.kind as u8, 0)
+            .map_err(op(names::SERVICE_PORTS))
     }
 
-    /// Removes a service; returns whether it was there.
+    /// Removes a service (from the datapath's port index first); returns whether it was there.
     pub fn remove_service(&mut self, key: ServiceKey) -> Result<bool, MapsError> {
+        let index = service_port_index(key.proto).ok_or(MapsError::Protocol(key.proto))?;
+        self.service_ports
+            .set(index(key.port), 0, 0)
+            .map_err(op(names::SERVICE_PORTS))?;
         match self.services.remove(&key) {
             Ok(()) => Ok(true),
             Err(MapError::KeyNotFound) => Ok(false),

@@ -24,6 +24,11 @@ pub struct StatsView<'a> {
 }
 
 impl StatsView<'_> {
+    /// Every packet the program saw: the sum of the per-class counts.
+    pub fn total_packets(&self) -> u64 {
+        self.classes.iter().map(|c| c.packets).sum()
+    }
+
     /// JSON rendering.
     pub fn json(&self) -> Value {
         let classes: Vec<Value> = Class::ALL
@@ -40,12 +45,13 @@ impl StatsView<'_> {
             })
             .collect();
         let c = self.counters;
+        let packets = self.total_packets();
         json!({
             "iface": self.info.iface, "mode": self.info.mode,
             "link_id": self.info.link_id, "program_id": self.info.program_id,
             "classes": classes,
             "datapath": {
-                "packets": c.packets, "not_ip": c.not_ip, "truncated": c.truncated,
+                "packets": packets, "not_ip": c.not_ip, "truncated": c.truncated,
                 "malformed": c.malformed, "fragments": c.fragments,
                 "unparseable": c.unparseable, "policy_dropped": c.policy_dropped,
                 "vlan": c.vlan, "ipv6": c.ipv6, "ipv4_options": c.ipv4_options,
@@ -89,7 +95,7 @@ impl StatsView<'_> {
         out += &format!(
             "datapath: packets {} not-ip {} truncated {} malformed {} fragments {} unparseable {} \
              policy-dropped {} vlan {} ipv6 {} ipv4-options {}\n",
-            c.packets,
+            self.total_packets(),
             c.not_ip,
             c.truncated,
             c.malformed,

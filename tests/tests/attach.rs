@@ -93,13 +93,6 @@ fn native_xdp_counts_real_udp_and_tcp_per_class() {
     assert!(class_counter(&s, "tls-flow", "packets") >= 4, "{s}");
     assert!(class_counter(&s, "other", "packets") >= 4, "{s}");
     assert_eq!(class_counter(&s, "sip-retransmission", "packets"), 0);
-    let total: u64 = s["classes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["packets"].as_u64().unwrap())
-        .sum();
-    assert_eq!(total, s["datapath"]["packets"].as_u64().unwrap());
     assert!(s["datapath"]["ipv6"].as_u64().unwrap() >= 2);
 }
 
@@ -145,6 +138,7 @@ fn bpftool_map_dump_shows_field_names() {
         ),
         ("CLASS_STATE", &["admitted", "completed", "gcra_tat_ns"]),
         ("SERVICES", &["port", "proto", "kind"]),
+        ("SERVICE_PORTS", &["key", "value"]),
         ("DP_COUNTERS", &["truncated", "fragments", "unparseable"]),
         ("DP_CONFIG", &["flags", "attach_mode", "ifindex"]),
     ] {

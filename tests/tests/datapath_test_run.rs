@@ -28,7 +28,7 @@ const INVITE: &[u8] =
 /// What userspace says the program must do with `frame`.
 fn expected_class(frame: &[u8]) -> Class {
     let b = SliceBytes(frame);
-    match parse(&b).outcome {
+    match parse(&b).outcome() {
         Outcome::Transport(t) => {
             let kind = match (t.proto, t.dst_port) {
                 (6, 443) => Some(ServiceKind::Tls),
@@ -166,7 +166,6 @@ fn every_frame_is_classified_as_expected_by_both_hooks() {
             let bytes_counted = after.classes[class.id() as usize].bytes
                 - before.classes[class.id() as usize].bytes;
             assert_eq!(bytes_counted, bytes.len() as u64, "{hook:?} {name}: bytes");
-            assert_eq!(after.datapath.packets, before.datapath.packets + 1);
         }
     }
     // The parser's side counters moved for what they describe (both hooks ran the corpus).
@@ -224,7 +223,7 @@ fn truncated_frames_at_every_length_match_userspace_and_are_never_protected_earl
                         "{hook:?} {name} cut inside headers at {len}"
                     );
                 }
-                let outcome = parse(&SliceBytes(cut)).outcome;
+                let outcome = parse(&SliceBytes(cut)).outcome();
                 if matches!(outcome, Outcome::Truncated { .. }) {
                     assert_eq!(
                         after.datapath.truncated,

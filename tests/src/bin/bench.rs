@@ -1,1 +1,113 @@
-fn main() {}
+//! `cargo xtask bench`: per-packet cost of the datapath against a bare XDP_PASS program, measured
+//! with BPF_PROG_TEST_RUN repeat in the same run, and the daemon's resident memory at idle.
+//!
+//! Every figure is a ratio against a baseline measured in the same run, interleaved in rounds so
+//! that drift in machine load affects both sides alike; the median round is reported.
+
+use std::time::Duration;
+
+use gateway_tests::{
+    daemon::Daemon,
+    frames::{Frame, client_hello_head},
+    have_root,
+    netns::TestNet,
+    testrun::{Hook, TestProgram},
+};
+
+const REPEAT: u32 = 5_000_000;
+const ROUNDS: usize = 9;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    if !have_root("bench") {
+        std::process::exit(1);
+    }
+    let prog = TestProgram::new();
+    let invite =
+        b"INVITE sip:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bK1\r\n\r\n";
+    let cases = [
+        ("non-service UDP (other)", Frame::udp(9999, invite).build()),
+        (
+            "non-service TCP (other)",
+            Frame::tcp(80, &[0u8; 64]).build(),
+        ),
+        (
+            "SIP INVITE (sip-original)",
+            Frame::udp(5060, invite).build(),
+        ),
+        (
+            "TLS ClientHello (tls-new)",
+            Frame::tcp(443, &client_hello_head()).build(),
+        ),
+        (
+            "TLS segment (tls-flow)",
+            Frame::tcp(443, &[23u8, 3, 3, 0, 64]).build(),
+        ),
+        (
+            "IPv6 + 2 ext headers, other",
+            Frame::udp(9999, invite).ipv6(&[(0, 8), (60, 8)]).build(),
+        ),
+    ];
+    println!(
+        "# Datapath cost per packet\n\nBPF_PROG_TEST_RUN with repeat {REPEAT}, wall time of the \
+         syscall / repeat; {ROUNDS} rounds, each running the gateway and the bare program back to \
+         back; medians, and the ratio is the median of the per-round ratios.\n"
+    );
+    println!("| packet | gateway_xdp ns | bare XDP_PASS ns | ratio (min..max) |");
+    println!("|---|---:|---:|---:|");
+    for (name, frame) in &cases {
+        let (mut ours, mut bare, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            let o = timed(&prog, Hook::Xdp, frame);
+            let b = timed(&prog, Hook::BarePass, frame);
+            ours.push(o);
+            bare.push(b);
+            ratios.push(o / b);
+        }
+        let lo = ratios.iter().copied().fold(f64::MAX, f64::min);
+        let hi = ratios.iter().copied().fold(0.0, f64::max);
+        println!(
+            "| {name} | {:.1} | {:.1} | {:.2}x ({lo:.2}..{hi:.2}) |",
+            median(ours),
+            median(bare),
+            median(ratios)
+        );
+    }
+
+    let net = TestNet::new();
+    let daemon = Daemon::start(&net, &["--iface", &net.gw_if], Duration::from_secs(30));
+    let pid = daemon_pid(&net);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let rss_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    println!("\n# Daemon at idle\n\n| figure | value | target |\n|---|---:|---:|");
+    println!(
+        "| resident memory (VmRSS) | {:.1} MB | < 30 MB |",
+        rss_kb as f64 / 1024.0
+    );
+    let (exit, _) = daemon.terminate(Duration::from_secs(10));
+    assert!(exit.success());
+}
+
+/// Nanoseconds per run of `hook` on `frame`, from the wall time of one repeated test run.
+fn timed(prog: &TestProgram, hook: Hook, frame: &[u8]) -> f64 {
+    let start = std::time::Instant::now();
+    prog.run(hook, frame, REPEAT);
+    start.elapsed().as_nanos() as f64 / f64::from(REPEAT)
+}
+
+/// The pid of the `gateway run` process in the test's gateway namespace.
+fn daemon_pid(net: &TestNet) -> u32 {
+    let out = net.exec(&net.gw_ns, "pgrep", &["-n", "-f", "gateway.*run"]);
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("daemon pid")
+}

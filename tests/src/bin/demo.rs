@@ -1,1 +1,165 @@
-fn main() {}
+//! `cargo xtask demo`: the gateway's main job on namespaces of its own. `gateway run` with the
+//! embedded default config protects a veth; an `openssl s_server` sits behind it; from a peer
+//! namespace `openssl s_client` makes real TLS handshakes and a SIP client sends requests and
+//! responses; the per-class counters are shown before and after.
+
+use std::{
+    net::{TcpStream, UdpSocket},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use gateway_tests::{
+    daemon::Daemon,
+    have_root,
+    netns::{GW_V4, TestNet, must},
+};
+
+/// Kills the TLS server when the demo ends, however it ends.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn main() {
+    if !have_root("demo") {
+        std::process::exit(1);
+    }
+    let net = TestNet::new();
+    println!(
+        "== namespaces {} (gateway, {}) <-> {} (clients, {})",
+        net.gw_ns, net.gw_if, net.peer_ns, net.peer_if
+    );
+
+    let dir = std::env::temp_dir().join(format!("gateway-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    must(
+        "openssl",
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            key.to_str().unwrap(),
+            "-out",
+            cert.to_str().unwrap(),
+            "-subj",
+            "/CN=gateway-demo",
+            "-days",
+            "1",
+        ],
+    );
+    let _server = Server(
+        Command::new("ip")
+            .args([
+                "netns", "exec", &net.gw_ns, "openssl", "s_server", "-quiet", "-accept", "443",
+            ])
+            .args([
+                "-cert",
+                cert.to_str().unwrap(),
+                "-key",
+                key.to_str().unwrap(),
+                "-www",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("openssl s_server"),
+    );
+    // Wait (bounded) until the server listens.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while net.in_gw(|| TcpStream::connect(("127.0.0.1", 443)).is_err()) {
+        assert!(Instant::now() < deadline, "openssl s_server did not start");
+        std::thread::yield_now();
+    }
+
+    println!(
+        "== gateway run --iface {} (embedded default config)",
+        net.gw_if
+    );
+    let daemon = Daemon::start(&net, &["--iface", &net.gw_if], Duration::from_secs(30));
+    for line in &daemon.log {
+        println!("   {line}");
+    }
+    println!(
+        "\n== gateway service list\n{}",
+        net.gateway_ok(&["service", "list"])
+    );
+    println!(
+        "== gateway stats (before traffic)\n{}",
+        net.gateway_ok(&["stats"])
+    );
+
+    println!("== 3 TLS handshakes: openssl s_client -> {GW_V4}:443");
+    for _ in 0..3 {
+        let out = net.exec(
+            &net.peer_ns,
+            "sh",
+            &[
+                "-c",
+                &format!("openssl s_client -connect {GW_V4}:443 -brief </dev/null 2>&1"),
+            ],
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        let proto = text
+            .lines()
+            .find(|l| l.contains("Protocol version"))
+            .unwrap_or("no handshake");
+        println!("   {}", proto.trim());
+    }
+    println!("== SIP over UDP -> {GW_V4}:5060: 10 INVITE, 3 responses, 2 BYE");
+    net.in_peer(|| {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        let send = |msg: &[u8], n| (0..n).for_each(|_| drop(s.send_to(msg, (GW_V4, 5060))));
+        send(
+            b"INVITE sip:bob@demo SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bKdemo\r\n\r\n",
+            10,
+        );
+        send(b"SIP/2.0 200 OK\r\n\r\n", 3);
+        send(b"BYE sip:bob@demo SIP/2.0\r\n\r\n", 2);
+    });
+
+    println!(
+        "\n== gateway stats (after traffic)\n{}",
+        net.gateway_ok(&["stats"])
+    );
+    let pin = net.pin_dir().join("CLASS_STATS");
+    println!(
+        "== the same counters through bpftool (class 4, sip-original, per CPU):\n   bpftool map lookup pinned {} key 4 0 0 0",
+        pin.display()
+    );
+    let out = gateway_tests::netns::sh(
+        "bpftool",
+        &[
+            "map",
+            "lookup",
+            "pinned",
+            pin.to_str().unwrap(),
+            "key",
+            "4",
+            "0",
+            "0",
+            "0",
+        ],
+    );
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    let (status, log) = daemon.terminate(Duration::from_secs(10));
+    for line in log
+        .iter()
+        .filter(|l| l.contains("SIGTERM") || l.contains("detached"))
+    {
+        println!("   {line}");
+    }
+    println!("== gateway exited ({status}); namespaces removed");
+    let _ = std::fs::remove_dir_all(&dir);
+}

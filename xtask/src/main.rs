@@ -267,8 +267,59 @@ fn test() -> Result<()> {
     // The integration tests run the `gateway` binary: build it first so it is never stale.
     run(cargo().args(["build", "--package", "gateway"]))?;
     // Integration tests create network namespaces; keep their number in flight small.
-    run(cargo().args(["test", "--workspace", "--", "--test-threads=2"]))?;
+    let (passed, failed, ignored) = run_tests(cargo().args([
+        "test",
+        "--workspace",
+        "--exclude",
+        "gateway-ebpf",
+        "--",
+        "--test-threads=2",
+    ]))?;
+    // The plain closing line: the sum over every test binary (the last binary alone may be one
+    // with no tests, such as the doc tests).
+    println!("tests: {passed} passed, {failed} failed, {ignored} skipped");
+    if failed > 0 {
+        bail!("{failed} test(s) failed");
+    }
+    if passed == 0 {
+        bail!("no test ran");
+    }
     Ok(())
+}
+
+/// Runs `cargo test`, echoing its output, and adds up its `test result:` lines.
+fn run_tests(cmd: &mut Command) -> Result<(u64, u64, u64)> {
+    use std::io::{BufRead as _, BufReader};
+    eprintln!("+ {cmd:?}");
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
+    let (mut passed, mut failed, mut ignored) = (0, 0, 0);
+    for line in BufReader::new(child.stdout.take().expect("stdout")).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            for part in rest.split(['.', ';']) {
+                let mut words = part.split_whitespace();
+                if let (Some(n), Some(what)) = (words.next(), words.next())
+                    && let Ok(n) = n.parse::<u64>()
+                {
+                    match what {
+                        "passed" => passed += n,
+                        "failed" => failed += n,
+                        "ignored" => ignored += n,
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() && failed == 0 {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok((passed, failed, ignored))
 }
 
 fn demo() -> Result<()> {

@@ -27,11 +27,16 @@ impl Daemon {
     /// Spawns `gateway run ARGS` in the gateway namespace and waits (at most `timeout`) for it to
     /// log "gateway ready". Panics with its log if it exits or times out first.
     pub fn start(net: &TestNet, args: &[&str], timeout: Duration) -> Daemon {
+        Self::start_logging(net, args, "info", timeout)
+    }
+
+    /// [`Daemon::start`] with `RUST_LOG` set to `filter`.
+    pub fn start_logging(net: &TestNet, args: &[&str], filter: &str, timeout: Duration) -> Daemon {
         let mut all = vec!["run"];
         all.extend_from_slice(args);
         let mut child = net
             .gateway_command(&all)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", filter)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

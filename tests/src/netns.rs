@@ -264,6 +264,44 @@ pub fn in_netns<R: Send>(ns: &str, f: impl FnOnce() -> R + Send) -> R {
     })
 }
 
+/// Sends raw Ethernet frames out of `ifname` with an AF_PACKET socket. Call it inside the
+/// namespace that holds the interface (see [`TestNet::in_peer`]).
+pub fn send_raw_frames(ifname: &str, frames: &[Vec<u8>]) {
+    let name = std::ffi::CString::new(ifname).unwrap();
+    // SAFETY: plain socket syscalls on a descriptor this function owns and closes.
+    unsafe {
+        let ifindex = libc::if_nametoindex(name.as_ptr());
+        assert!(ifindex != 0, "no interface {ifname}");
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
+        assert!(
+            fd >= 0,
+            "AF_PACKET socket: {}",
+            std::io::Error::last_os_error()
+        );
+        let mut addr: libc::sockaddr_ll = std::mem::zeroed();
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_ifindex = ifindex as i32;
+        addr.sll_halen = 6;
+        for f in frames {
+            let n = libc::sendto(
+                fd,
+                f.as_ptr().cast(),
+                f.len(),
+                0,
+                (&raw const addr).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            );
+            assert_eq!(
+                n,
+                f.len() as isize,
+                "sendto: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        libc::close(fd);
+    }
+}
+
 /// Per-class counter `field` of `class` in a `gateway stats --json` document.
 pub fn class_counter(stats: &serde_json::Value, class: &str, field: &str) -> u64 {
     stats["classes"]

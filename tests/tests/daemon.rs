@@ -5,8 +5,9 @@ use std::{net::UdpSocket, time::Duration};
 
 use gateway_tests::{
     daemon::Daemon,
+    frames::Frame,
     have_root,
-    netns::{GW_V4, TestNet, class_counter},
+    netns::{GW_V4, TestNet, class_counter, send_raw_frames},
 };
 
 const STARTUP: Duration = Duration::from_secs(20);
@@ -137,4 +138,39 @@ fn embedded_default_serves_on_a_given_interface() {
     assert!(exit.success(), "{log:?}");
     // The embedded default is a sandbox default: it leaves nothing behind.
     assert_eq!(net.xdp_prog_id(), None);
+}
+
+#[test]
+fn ebpf_log_records_reach_the_daemon_log() {
+    if !have_root("ebpf_log_records_reach_the_daemon_log") {
+        return;
+    }
+    let net = TestNet::new();
+    let cfg =
+        std::env::temp_dir().join(format!("gwt-log-{}-{}.yaml", std::process::id(), net.gw_if));
+    std::fs::write(
+        &cfg,
+        format!(
+            "interfaces:\n  - name: {}\ndatapath:\n  ebpf_log_level: debug\non_exit: detach\n",
+            net.gw_if
+        ),
+    )
+    .unwrap();
+    let mut daemon = Daemon::start_logging(
+        &net,
+        &["--config", cfg.to_str().unwrap()],
+        "info,gateway_ebpf=debug,gateway=debug",
+        STARTUP,
+    );
+    // An IPv4 header whose IHL says 4 words (< 5): malformed at offset 14.
+    let mut frame = Frame::udp(5060, b"x").build();
+    frame[14] = 0x44;
+    let peer_if = net.peer_if.clone();
+    net.in_peer(|| send_raw_frames(&peer_if, &[frame]));
+    let line = daemon.wait_for("malformed header at offset 14", STARTUP);
+    assert!(line.contains("DEBUG"), "{line}");
+    assert_eq!(net.stats()["datapath"]["malformed"], 1);
+    let (exit, _) = daemon.terminate(SHUTDOWN);
+    assert!(exit.success());
+    std::fs::remove_file(cfg).unwrap();
 }

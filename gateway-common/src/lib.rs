@@ -8,11 +8,17 @@
 #![no_std]
 #![deny(missing_docs)]
 
+#[cfg(any(test, feature = "testing"))]
+extern crate alloc;
+
 pub mod bytes;
 pub mod class;
 pub mod classify;
 pub mod maps;
 pub mod packet;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+pub mod tls;
 
 #[cfg(feature = "user")]
 mod pod;

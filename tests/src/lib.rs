@@ -7,6 +7,7 @@ pub mod daemon;
 pub mod frames;
 pub mod netns;
 pub mod testrun;
+pub mod tls;
 
 use std::path::PathBuf;
 

@@ -1,0 +1,569 @@
+//! A resumable TLS ClientHello parser: new session, or which resumption it offers.
+//!
+//! The hello is parsed field by field by a small state machine whose whole state is a `Copy`
+//! struct ([`HelloState`]). It reads only through [`PacketBytes`], consumes one segment at a time,
+//! and can stop at any byte and resume with the next in-order TCP segment. Post-quantum key shares
+//! make hellos of 1.5 to 1.8 KB, so the pre_shared_key extension usually sits in the second
+//! segment. Each [`HelloState::step`] either consumes at least one byte or completes a field, and
+//! a segment is given at most [`MAX_STEPS`] steps, so the work per segment is bounded.
+//!
+//! What counts as an offer:
+//! - TLS 1.3 (supported_versions lists 0x0304): only the pre_shared_key extension (41), which must
+//!   be the last extension. The legacy session id is random padding in middlebox-compatibility
+//!   mode and is ignored.
+//! - TLS 1.2 and earlier: a non-empty session_ticket extension (35), else a non-empty session id.
+//!
+//! The key of an offer is its first [`KEY_LEN`] bytes. Anything that is not a well-formed
+//! ClientHello, including an SSLv2 hello, a hello split over several TLS records, a length that
+//! lies, an extension walk past the end or a pre_shared_key that is not last, is
+//! [`Verdict::Malformed`]. That is never a resumption.
+
+use crate::bytes::PacketBytes;
+
+/// Bytes of an offered session id, ticket or PSK identity used as its key.
+pub const KEY_LEN: usize = 16;
+/// Steps given to one segment.
+pub const MAX_STEPS: usize = 160;
+/// supported_versions entries examined; the rest of the list is skipped.
+pub const MAX_VERSIONS: u8 = 16;
+
+const TLS13: u16 = 0x0304;
+const EXT_SESSION_TICKET: u16 = 35;
+const EXT_PRE_SHARED_KEY: u16 = 41;
+const EXT_SUPPORTED_VERSIONS: u16 = 43;
+
+const FLAG_TICKET: u8 = 1 << 0;
+const FLAG_PSK: u8 = 1 << 1;
+const FLAG_TLS13: u8 = 1 << 2;
+
+/// The parser's verdict.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Verdict {
+    /// More bytes are needed.
+    #[default]
+    Pending = 0,
+    /// A complete ClientHello without a resumption offer.
+    New = 1,
+    /// A complete ClientHello offering resumption: see [`HelloState::offer`].
+    Offer = 2,
+    /// Not a well-formed ClientHello.
+    Malformed = 3,
+}
+
+/// The resumption a hello offers.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Offer {
+    /// None.
+    #[default]
+    None = 0,
+    /// TLS 1.2 session id resumption.
+    SessionId = 1,
+    /// TLS 1.2 session ticket (RFC 5077).
+    Ticket = 2,
+    /// TLS 1.3 pre-shared key.
+    Psk = 3,
+}
+
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Step {
+    #[default]
+    Record = 0,
+    Handshake,
+    Version,
+    Random,
+    SidLen,
+    Sid,
+    SidRest,
+    CipherSuitesLen,
+    CipherSuites,
+    CompressionLen,
+    Compression,
+    ExtensionsLen,
+    ExtHeader,
+    ExtSkip,
+    Ticket,
+    TicketRest,
+    VersionsLen,
+    VersionEntry,
+    VersionsRest,
+    PskHead,
+    PskIdentity,
+    PskRest,
+}
+
+impl Step {
+    const fn from_u8(v: u8) -> Step {
+        match v {
+            0 => Step::Record,
+            1 => Step::Handshake,
+            2 => Step::Version,
+            3 => Step::Random,
+            4 => Step::SidLen,
+            5 => Step::Sid,
+            6 => Step::SidRest,
+            7 => Step::CipherSuitesLen,
+            8 => Step::CipherSuites,
+            9 => Step::CompressionLen,
+            10 => Step::Compression,
+            11 => Step::ExtensionsLen,
+            12 => Step::ExtHeader,
+            13 => Step::ExtSkip,
+            14 => Step::Ticket,
+            15 => Step::TicketRest,
+            16 => Step::VersionsLen,
+            17 => Step::VersionEntry,
+            18 => Step::VersionsRest,
+            19 => Step::PskHead,
+            20 => Step::PskIdentity,
+            _ => Step::PskRest,
+        }
+    }
+
+    /// Whether the step skips `need` bytes (rather than reading them).
+    const fn skips(self) -> bool {
+        matches!(
+            self,
+            Step::Random
+                | Step::SidRest
+                | Step::CipherSuites
+                | Step::Compression
+                | Step::ExtSkip
+                | Step::TicketRest
+                | Step::VersionsRest
+                | Step::PskRest
+        )
+    }
+}
+
+/// Where a TCP segment's payload is, in the packet and in the TLS stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// Offset of the payload in the packet.
+    pub offset: usize,
+    /// Payload length.
+    pub len: u32,
+    /// Offset of the payload's first byte in the stream (0 for the segment that starts the hello).
+    pub stream_offset: u32,
+}
+
+/// The parser's whole state: kept per flow between segments. `#[repr(C)]`, no implicit padding.
+/// Start from [`HelloState::new`] (or `default()`), which expects the record header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HelloState {
+    /// Stream bytes consumed so far. For a malformed hello, where parsing stopped.
+    pub consumed: u32,
+    /// Stream offset where the handshake message ends.
+    pub hs_end: u32,
+    /// Bytes left in the current field (read) or run of bytes (skip).
+    pub need: u32,
+    /// Bytes of the extension block after the current extension.
+    pub ext_left: u32,
+    /// Data length of the current extension.
+    pub ext_len: u16,
+    /// Current step.
+    step: u8,
+    /// Bytes of the current field read so far.
+    acc_len: u8,
+    /// A [`Verdict`].
+    pub verdict: u8,
+    /// An [`Offer`], once the verdict is `Offer`.
+    pub offer: u8,
+    /// `FLAG_*` bits.
+    flags: u8,
+    /// Length of the legacy session id.
+    pub sid_len: u8,
+    /// Length of the ticket or PSK identity seen.
+    ext_key_len: u16,
+    /// supported_versions entries left / examined.
+    versions_left: u8,
+    versions_seen: u8,
+    /// The current field's bytes.
+    acc: [u8; KEY_LEN],
+    /// The session id's first bytes.
+    sid_key: [u8; KEY_LEN],
+    /// The ticket's or the PSK identity's first bytes.
+    ext_key: [u8; KEY_LEN],
+}
+
+/// TLS record header length.
+const RECORD_HEADER: u32 = 5;
+
+impl Default for HelloState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HelloState {
+    /// The state before the first byte: expecting the record header.
+    pub const fn new() -> Self {
+        HelloState {
+            consumed: 0,
+            hs_end: 0,
+            need: RECORD_HEADER,
+            ext_left: 0,
+            ext_len: 0,
+            step: Step::Record as u8,
+            acc_len: 0,
+            verdict: Verdict::Pending as u8,
+            offer: Offer::None as u8,
+            flags: 0,
+            sid_len: 0,
+            ext_key_len: 0,
+            versions_left: 0,
+            versions_seen: 0,
+            acc: [0; KEY_LEN],
+            sid_key: [0; KEY_LEN],
+            ext_key: [0; KEY_LEN],
+        }
+    }
+
+    /// The verdict so far.
+    pub const fn verdict(&self) -> Verdict {
+        match self.verdict {
+            1 => Verdict::New,
+            2 => Verdict::Offer,
+            3 => Verdict::Malformed,
+            _ => Verdict::Pending,
+        }
+    }
+
+    /// The resumption offered, for [`Verdict::Offer`].
+    pub const fn offer(&self) -> Offer {
+        match self.offer {
+            1 => Offer::SessionId,
+            2 => Offer::Ticket,
+            3 => Offer::Psk,
+            _ => Offer::None,
+        }
+    }
+
+    /// Whether the hello announced TLS 1.3.
+    pub const fn tls13(&self) -> bool {
+        self.flags & FLAG_TLS13 != 0
+    }
+
+    /// The key of the offer: its first [`KEY_LEN`] bytes. `None` when there is no offer or the
+    /// offered value is shorter than the key (such an offer can never be verified).
+    pub fn offer_key(&self) -> Option<[u8; KEY_LEN]> {
+        match self.offer() {
+            Offer::SessionId if self.sid_len as usize >= KEY_LEN => Some(self.sid_key),
+            Offer::Ticket | Offer::Psk if self.ext_key_len as usize >= KEY_LEN => {
+                Some(self.ext_key)
+            }
+            _ => None,
+        }
+    }
+
+    /// Feeds `seg`, at most [`MAX_STEPS`] steps. Returns the verdict so far. A segment that does
+    /// not start exactly where the previous one ended makes the hello malformed.
+    #[inline(always)]
+    pub fn feed<B: PacketBytes>(&mut self, b: &B, seg: &Segment) -> Verdict {
+        if self.verdict() == Verdict::Pending && seg.stream_offset != self.consumed {
+            self.malformed();
+        }
+        for _ in 0..MAX_STEPS {
+            if self.step(b, seg) {
+                break;
+            }
+        }
+        if self.verdict() == Verdict::Pending
+            && self.consumed < seg.stream_offset.saturating_add(seg.len)
+        {
+            // Out of steps inside the segment: too many fields to follow.
+            self.malformed();
+        }
+        self.verdict()
+    }
+
+    /// One step: consumes bytes of `seg` for the current field. Returns `true` when nothing more
+    /// can be done with this segment (a verdict was reached, or the segment is used up).
+    #[inline(always)]
+    pub fn step<B: PacketBytes>(&mut self, b: &B, seg: &Segment) -> bool {
+        if self.verdict != Verdict::Pending as u8 {
+            return true;
+        }
+        let seg_end = seg.stream_offset.saturating_add(seg.len);
+        if self.consumed < seg.stream_offset || self.consumed >= seg_end {
+            return true;
+        }
+        let avail = seg_end - self.consumed;
+        let step = Step::from_u8(self.step);
+        if step.skips() {
+            let n = if self.need < avail { self.need } else { avail };
+            self.consumed += n;
+            self.need -= n;
+            if self.need == 0 {
+                self.after_skip(step);
+            }
+            return false;
+        }
+        // Read up to KEY_LEN bytes of the current field into `acc`.
+        let at = seg.offset + (self.consumed - seg.stream_offset) as usize;
+        let want = self.need - self.acc_len as u32;
+        let n = if want < avail { want } else { avail };
+        for i in 0..KEY_LEN {
+            if i as u32 >= n {
+                break;
+            }
+            let mut byte = [0u8; 1];
+            if !b.read(at + i, &mut byte) {
+                self.malformed();
+                return true;
+            }
+            let slot = (self.acc_len as usize + i) & (KEY_LEN - 1);
+            self.acc[slot] = byte[0];
+        }
+        self.acc_len += n as u8;
+        self.consumed += n;
+        if self.acc_len as u32 == self.need {
+            self.acc_len = 0;
+            self.need = 0;
+            self.on_field(step);
+        }
+        false
+    }
+
+    #[inline(always)]
+    fn malformed(&mut self) {
+        self.verdict = Verdict::Malformed as u8;
+    }
+
+    /// Continues with `step` over `n` bytes, if they fit in the handshake message.
+    #[inline(always)]
+    fn expect(&mut self, step: Step, n: u32) {
+        if self.hs_end != 0 && self.consumed + n > self.hs_end {
+            return self.malformed();
+        }
+        self.step = step as u8;
+        self.need = n;
+        if n == 0 {
+            if step.skips() {
+                self.after_skip(step);
+            } else {
+                self.malformed();
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn be16(&self) -> u16 {
+        u16::from_be_bytes([self.acc[0], self.acc[1]])
+    }
+
+    #[inline(always)]
+    fn on_field(&mut self, step: Step) {
+        match step {
+            Step::Record => {
+                let record_len = u16::from_be_bytes([self.acc[3], self.acc[4]]) as u32;
+                // Handshake record, SSL 3 / TLS major version.
+                if self.acc[0] != 22 || self.acc[1] != 3 || record_len < 4 {
+                    return self.malformed();
+                }
+                // Remember the record length until the handshake header.
+                self.hs_end = 5 + record_len;
+                self.expect(Step::Handshake, 4);
+            }
+            Step::Handshake => {
+                let len = u32::from_be_bytes([0, self.acc[1], self.acc[2], self.acc[3]]);
+                // A ClientHello, wholly inside this record.
+                if self.acc[0] != 1 || 9 + len > self.hs_end {
+                    return self.malformed();
+                }
+                self.hs_end = 9 + len;
+                self.expect(Step::Version, 2);
+            }
+            Step::Version => {
+                if self.acc[0] != 3 {
+                    return self.malformed();
+                }
+                self.expect(Step::Random, 32);
+            }
+            Step::SidLen => {
+                let len = self.acc[0];
+                if len > 32 {
+                    return self.malformed();
+                }
+                self.sid_len = len;
+                if len == 0 {
+                    self.expect(Step::CipherSuitesLen, 2);
+                } else {
+                    self.expect(Step::Sid, u32::from(len.min(KEY_LEN as u8)));
+                }
+            }
+            Step::Sid => {
+                self.sid_key = self.acc;
+                self.expect(
+                    Step::SidRest,
+                    u32::from(self.sid_len.saturating_sub(KEY_LEN as u8)),
+                );
+            }
+            Step::CipherSuitesLen => {
+                let len = self.be16();
+                if len < 2 || !len.is_multiple_of(2) {
+                    return self.malformed();
+                }
+                self.expect(Step::CipherSuites, u32::from(len));
+            }
+            Step::CompressionLen => {
+                if self.acc[0] == 0 {
+                    return self.malformed();
+                }
+                self.expect(Step::Compression, u32::from(self.acc[0]));
+            }
+            Step::ExtensionsLen => {
+                let len = u32::from(self.be16());
+                if self.consumed + len != self.hs_end {
+                    return self.malformed();
+                }
+                self.ext_left = len;
+                self.next_extension();
+            }
+            Step::ExtHeader => {
+                let kind = self.be16();
+                let len = u16::from_be_bytes([self.acc[2], self.acc[3]]);
+                // pre_shared_key must be the last extension.
+                if self.flags & FLAG_PSK != 0 || u32::from(len) + 4 > self.ext_left {
+                    return self.malformed();
+                }
+                self.ext_left -= 4 + u32::from(len);
+                self.ext_len = len;
+                match kind {
+                    EXT_SESSION_TICKET if len > 0 => {
+                        self.flags |= FLAG_TICKET;
+                        self.ext_key_len = len;
+                        self.expect(Step::Ticket, u32::from(len.min(KEY_LEN as u16)));
+                    }
+                    EXT_SUPPORTED_VERSIONS => self.expect(Step::VersionsLen, 1),
+                    EXT_PRE_SHARED_KEY => self.expect(Step::PskHead, 4),
+                    _ => self.expect(Step::ExtSkip, u32::from(len)),
+                }
+            }
+            Step::Ticket => {
+                self.ext_key = self.acc;
+                self.expect(
+                    Step::TicketRest,
+                    u32::from(self.ext_len.saturating_sub(KEY_LEN as u16)),
+                );
+            }
+            Step::VersionsLen => {
+                let list = u16::from(self.acc[0]);
+                if list + 1 != self.ext_len || list < 2 || !list.is_multiple_of(2) {
+                    return self.malformed();
+                }
+                self.versions_left = (list / 2) as u8;
+                self.versions_seen = 0;
+                self.expect(Step::VersionEntry, 2);
+            }
+            Step::VersionEntry => {
+                if self.be16() == TLS13 {
+                    self.flags |= FLAG_TLS13;
+                }
+                self.versions_left -= 1;
+                self.versions_seen += 1;
+                if self.versions_left == 0 {
+                    self.next_extension();
+                } else if self.versions_seen >= MAX_VERSIONS {
+                    self.expect(Step::VersionsRest, u32::from(self.versions_left) * 2);
+                } else {
+                    self.expect(Step::VersionEntry, 2);
+                }
+            }
+            Step::PskHead => {
+                let identities = self.be16();
+                let identity = u16::from_be_bytes([self.acc[2], self.acc[3]]);
+                // identities <identity, ticket age(4)>..., then binders.
+                if identity == 0 || identity + 6 > identities || identities + 2 > self.ext_len {
+                    return self.malformed();
+                }
+                self.ext_key_len = identity;
+                self.expect(Step::PskIdentity, u32::from(identity.min(KEY_LEN as u16)));
+            }
+            Step::PskIdentity => {
+                self.ext_key = self.acc;
+                self.flags |= FLAG_PSK;
+                let read = self.ext_key_len.min(KEY_LEN as u16);
+                self.expect(Step::PskRest, u32::from(self.ext_len - 4 - read));
+            }
+            // Skips finish in `after_skip`.
+            _ => self.malformed(),
+        }
+    }
+
+    #[inline(always)]
+    fn after_skip(&mut self, step: Step) {
+        match step {
+            Step::Random => self.expect(Step::SidLen, 1),
+            Step::SidRest => self.expect(Step::CipherSuitesLen, 2),
+            Step::CipherSuites => self.expect(Step::CompressionLen, 1),
+            Step::Compression => {
+                if self.consumed == self.hs_end {
+                    self.finish();
+                } else {
+                    self.expect(Step::ExtensionsLen, 2);
+                }
+            }
+            Step::PskRest => {
+                // pre_shared_key must be the last extension.
+                if self.ext_left != 0 {
+                    return self.malformed();
+                }
+                self.finish();
+            }
+            _ => self.next_extension(),
+        }
+    }
+
+    #[inline(always)]
+    fn next_extension(&mut self) {
+        if self.ext_left == 0 {
+            self.finish();
+        } else {
+            self.expect(Step::ExtHeader, 4);
+        }
+    }
+
+    #[inline(always)]
+    fn finish(&mut self) {
+        let offer = if self.flags & FLAG_TLS13 != 0 {
+            if self.flags & FLAG_PSK != 0 {
+                Offer::Psk
+            } else {
+                Offer::None
+            }
+        } else if self.flags & FLAG_TICKET != 0 {
+            Offer::Ticket
+        } else if self.sid_len > 0 {
+            Offer::SessionId
+        } else {
+            Offer::None
+        };
+        self.offer = offer as u8;
+        self.verdict = if offer == Offer::None {
+            Verdict::New
+        } else {
+            Verdict::Offer
+        } as u8;
+    }
+}
+
+/// Parses a whole ClientHello held in one buffer (userspace convenience).
+pub fn parse_hello(data: &[u8]) -> HelloState {
+    let mut st = HelloState::default();
+    st.feed(
+        &crate::bytes::SliceBytes(data),
+        &Segment {
+            offset: 0,
+            len: data.len() as u32,
+            stream_offset: 0,
+        },
+    );
+    st
+}
+
+#[cfg(test)]
+mod tests;

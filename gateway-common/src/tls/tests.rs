@@ -1,0 +1,280 @@
+use alloc::vec::Vec;
+
+use super::*;
+use crate::{bytes::SliceBytes, testing::HelloBuilder};
+
+fn key(fill: u8) -> Vec<u8> {
+    (0..32).map(|i| fill.wrapping_add(i)).collect()
+}
+
+/// Feeds `data` split at the given points, as consecutive segments.
+fn feed_split(data: &[u8], cuts: &[usize]) -> HelloState {
+    let mut st = HelloState::default();
+    let mut start = 0;
+    for &end in cuts.iter().chain([&data.len()]) {
+        let seg = &data[start..end];
+        st.feed(
+            &SliceBytes(seg),
+            &Segment {
+                offset: 0,
+                len: seg.len() as u32,
+                stream_offset: start as u32,
+            },
+        );
+        start = end;
+    }
+    st
+}
+
+#[test]
+fn verdicts() {
+    let cases: [(HelloBuilder, Verdict, Offer); 7] = [
+        (HelloBuilder::default(), Verdict::New, Offer::None),
+        (
+            HelloBuilder {
+                session_id: key(1),
+                ..Default::default()
+            },
+            Verdict::Offer,
+            Offer::SessionId,
+        ),
+        (
+            HelloBuilder {
+                session_id: key(1),
+                ticket: Some(key(2)),
+                ..Default::default()
+            },
+            Verdict::Offer,
+            Offer::Ticket,
+        ),
+        (
+            HelloBuilder {
+                ticket: Some(Vec::new()),
+                ..Default::default()
+            },
+            Verdict::New,
+            Offer::None,
+        ),
+        // TLS 1.3: the session id means nothing.
+        (HelloBuilder::tls13(), Verdict::New, Offer::None),
+        (
+            HelloBuilder {
+                psk_identity: Some(key(3)),
+                ..HelloBuilder::tls13()
+            },
+            Verdict::Offer,
+            Offer::Psk,
+        ),
+        (
+            HelloBuilder {
+                psk_identity: Some(key(3)),
+                versions_after_key_share: true,
+                ..HelloBuilder::tls13()
+            },
+            Verdict::Offer,
+            Offer::Psk,
+        ),
+    ];
+    for (i, (b, verdict, offer)) in cases.iter().enumerate() {
+        let st = parse_hello(&b.build());
+        assert_eq!(st.verdict(), *verdict, "case {i}: {st:?}");
+        assert_eq!(st.offer(), *offer, "case {i}");
+    }
+}
+
+#[test]
+fn offer_keys_are_the_first_bytes() {
+    let st = parse_hello(
+        &HelloBuilder {
+            session_id: key(9),
+            ..Default::default()
+        }
+        .build(),
+    );
+    assert_eq!(st.offer_key().unwrap()[..], key(9)[..KEY_LEN]);
+    let st = parse_hello(
+        &HelloBuilder {
+            psk_identity: Some(key(40)),
+            ..HelloBuilder::tls13()
+        }
+        .build(),
+    );
+    assert_eq!(st.offer_key().unwrap()[..], key(40)[..KEY_LEN]);
+    // Too short to be verified.
+    let st = parse_hello(
+        &HelloBuilder {
+            session_id: key(1)[..8].to_vec(),
+            ..Default::default()
+        }
+        .build(),
+    );
+    assert_eq!(st.offer(), Offer::SessionId);
+    assert_eq!(st.offer_key(), None);
+}
+
+#[test]
+fn every_split_point_gives_the_same_verdict() {
+    let hellos = [
+        HelloBuilder {
+            session_id: key(1),
+            ticket: Some(key(2)),
+            key_share_len: 1248,
+            ..Default::default()
+        },
+        HelloBuilder {
+            psk_identity: Some(key(3)),
+            versions_after_key_share: true,
+            ..HelloBuilder::tls13()
+        },
+    ];
+    for b in &hellos {
+        let data = b.build();
+        assert!(data.len() > 1300, "post-quantum sized");
+        let whole = parse_hello(&data);
+        for cut in 1..data.len() {
+            assert_eq!(feed_split(&data, &[cut]), whole, "cut at {cut}");
+        }
+        // Three segments.
+        for cut in (1..data.len() - 1).step_by(97) {
+            assert_eq!(feed_split(&data, &[cut, cut + 1]), whole, "cuts at {cut}");
+        }
+    }
+}
+
+#[test]
+fn prefixes_are_pending_never_offers() {
+    let data = HelloBuilder {
+        psk_identity: Some(key(3)),
+        ..HelloBuilder::tls13()
+    }
+    .build();
+    for len in 0..data.len() {
+        let st = parse_hello(&data[..len]);
+        assert_eq!(st.verdict(), Verdict::Pending, "prefix {len}");
+    }
+}
+
+#[test]
+fn a_gap_or_overlap_between_segments_is_malformed() {
+    let data = HelloBuilder::tls13().build();
+    let mut st = HelloState::default();
+    let first = &data[..100];
+    st.feed(
+        &SliceBytes(first),
+        &Segment {
+            offset: 0,
+            len: 100,
+            stream_offset: 0,
+        },
+    );
+    assert_eq!(st.verdict(), Verdict::Pending);
+    let later = &data[150..];
+    st.feed(
+        &SliceBytes(later),
+        &Segment {
+            offset: 0,
+            len: later.len() as u32,
+            stream_offset: 150,
+        },
+    );
+    assert_eq!(st.verdict(), Verdict::Malformed);
+}
+
+#[test]
+fn bad_input_is_malformed_never_an_offer() {
+    let good = HelloBuilder {
+        psk_identity: Some(key(3)),
+        ..HelloBuilder::tls13()
+    }
+    .build();
+    let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
+    // SSLv2-style hello.
+    cases.push((
+        "sslv2",
+        alloc::vec![0x80, 0x2e, 0x01, 0x03, 0x01, 0x00, 0x15],
+    ));
+    cases.push(("http", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()));
+    let mut c = good.clone();
+    c[5] = 2; // ServerHello
+    cases.push(("not a client hello", c));
+    let mut c = good.clone();
+    c[3] = 0;
+    c[4] = 40; // record shorter than the handshake message
+    cases.push(("handshake across records", c));
+    let mut c = good.clone();
+    c[43] = 33; // session id length > 32
+    cases.push(("session id too long", c));
+    // Lying extensions length.
+    let ext_len_at = 5 + 4 + 2 + 32 + 1 + 32 + 2 + 8 + 2;
+    let mut c = good.clone();
+    c[ext_len_at + 1] ^= 0x10;
+    cases.push(("extensions length", c));
+    // An extension whose length runs past the block.
+    let mut c = good.clone();
+    c[ext_len_at + 2 + 2] = 0xff;
+    cases.push(("extension past the end", c));
+    // pre_shared_key not last.
+    let mut psk_first = HelloBuilder {
+        psk_identity: Some(key(3)),
+        padding_extensions: alloc::vec![],
+        ..HelloBuilder::tls13()
+    }
+    .build();
+    psk_first.extend_from_slice(&[0, 21, 0, 0]);
+    let total = psk_first.len();
+    // Patch record, handshake and extensions lengths for the extra empty extension.
+    let rec = (total - 5) as u16;
+    psk_first[3..5].copy_from_slice(&rec.to_be_bytes());
+    let hs = (total - 9) as u32;
+    psk_first[6..9].copy_from_slice(&hs.to_be_bytes()[1..]);
+    let exts = u16::from_be_bytes([psk_first[ext_len_at], psk_first[ext_len_at + 1]]) + 4;
+    psk_first[ext_len_at..ext_len_at + 2].copy_from_slice(&exts.to_be_bytes());
+    cases.push(("psk not last", psk_first));
+    for (name, data) in cases {
+        let st = parse_hello(&data);
+        assert_eq!(st.verdict(), Verdict::Malformed, "{name}: {st:?}");
+        assert_eq!(st.offer_key(), None, "{name}");
+    }
+    // Zero-length extensions are fine.
+    let st = parse_hello(
+        &HelloBuilder {
+            padding_extensions: alloc::vec![(0xfafa, 0), (21, 0)],
+            ..HelloBuilder::tls13()
+        }
+        .build(),
+    );
+    assert_eq!(st.verdict(), Verdict::New);
+}
+
+/// xorshift64*, for reproducible mutations.
+fn rng(state: &mut u64) -> u64 {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+#[test]
+fn mutations_never_panic_and_splitting_never_changes_the_verdict() {
+    let base = HelloBuilder {
+        session_id: key(1),
+        ticket: Some(key(2)),
+        psk_identity: Some(key(3)),
+        ..HelloBuilder::tls13()
+    }
+    .build();
+    let mut s = 0x1234_5678_9abc_def0u64;
+    for _ in 0..3000 {
+        let mut data = base.clone();
+        for _ in 0..1 + rng(&mut s) % 6 {
+            let at = (rng(&mut s) as usize) % data.len();
+            data[at] = rng(&mut s) as u8;
+        }
+        let whole = parse_hello(&data);
+        let cut = 1 + (rng(&mut s) as usize) % (data.len() - 1);
+        assert_eq!(feed_split(&data, &[cut]).verdict(), whole.verdict());
+        if whole.verdict() == Verdict::Offer {
+            assert!(whole.offer() != Offer::None);
+        }
+    }
+}

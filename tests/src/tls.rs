@@ -1,0 +1,196 @@
+//! Real TLS clients and servers for tests: openssl's s_server and s_client, curl, and a loopback
+//! listener that captures the first TLS record a client sends (its ClientHello).
+
+use std::{
+    io::Read,
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+/// A self-signed certificate and key in a temporary directory, removed on drop.
+pub struct Cert {
+    dir: PathBuf,
+}
+
+impl Cert {
+    /// Generates a P-256 certificate for CN=gateway-test.
+    pub fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "gwt-cert-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = Cert { dir };
+        let out = Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+            ])
+            .args([
+                "-nodes",
+                "-subj",
+                "/CN=gateway-test",
+                "-days",
+                "1",
+                "-keyout",
+            ])
+            .arg(c.key())
+            .arg("-out")
+            .arg(c.cert())
+            .output()
+            .expect("openssl req");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        c
+    }
+
+    /// Certificate path.
+    pub fn cert(&self) -> PathBuf {
+        self.dir.join("cert.pem")
+    }
+
+    /// Key path.
+    pub fn key(&self) -> PathBuf {
+        self.dir.join("key.pem")
+    }
+
+    /// A path in the same temporary directory.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+impl Default for Cert {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Cert {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A child process killed on drop.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits (at most ten seconds) until `connect` succeeds.
+pub fn wait_listening(mut connect: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !connect() {
+        assert!(Instant::now() < deadline, "server did not start listening");
+        std::thread::yield_now();
+    }
+}
+
+/// `openssl s_server` on 127.0.0.1:`port` with `extra` options, started by `prefix` (for example
+/// `ip netns exec NS`), once it accepts connections.
+pub fn s_server(prefix: &[&str], cert: &Cert, port: u16, extra: &[&str]) -> Proc {
+    let mut cmd = if let [first, rest @ ..] = prefix {
+        let mut c = Command::new(first);
+        c.args(rest).arg("openssl");
+        c
+    } else {
+        Command::new("openssl")
+    };
+    cmd.args(["s_server", "-quiet", "-www", "-accept", &port.to_string()])
+        .arg("-cert")
+        .arg(cert.cert())
+        .arg("-key")
+        .arg(cert.key())
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    Proc(cmd.spawn().expect("openssl s_server"))
+}
+
+/// Runs `openssl s_client -connect ADDR ARGS </dev/null` (with `prefix`); returns its output.
+pub fn s_client(prefix: &[&str], addr: &str, args: &[&str]) -> String {
+    s_client_input(prefix, addr, args, b"")
+}
+
+/// [`s_client`] writing `input` to its stdin (then EOF). Sending `GET / HTTP/1.0` to an
+/// `s_server -www` makes the server answer and close, so the client has read everything the
+/// server sent, TLS 1.3 session tickets included, by the time it exits.
+pub fn s_client_input(prefix: &[&str], addr: &str, args: &[&str], input: &[u8]) -> String {
+    use std::io::Write as _;
+    let mut all: Vec<&str> = prefix.to_vec();
+    all.extend_from_slice(&["openssl", "s_client", "-connect", addr]);
+    all.extend_from_slice(args);
+    let mut child = Command::new(all[0])
+        .args(&all[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("openssl s_client");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let _ = stdin.write_all(input);
+    drop(stdin);
+    let out = child.wait_with_output().expect("openssl s_client");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Accepts one connection on a loopback listener and returns the first TLS record the client
+/// sends, while `client` runs (on another thread) against `addr`.
+pub fn capture_hello(client: impl FnOnce(String) + Send) -> Vec<u8> {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::scope(|s| {
+        s.spawn(move || client(addr));
+        let (mut c, _) = listener.accept().unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut head = [0u8; 5];
+        c.read_exact(&mut head).unwrap();
+        let len = u16::from_be_bytes([head[3], head[4]]) as usize;
+        let mut rec = head.to_vec();
+        rec.resize(5 + len, 0);
+        c.read_exact(&mut rec[5..]).unwrap();
+        rec
+    })
+}
+
+/// A free loopback TCP port (bound and released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Whether something accepts on 127.0.0.1:`port`.
+pub fn accepts(port: u16) -> bool {
+    TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
+/// Whether `path` exists and is not empty.
+pub fn non_empty(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.len() > 0)
+}

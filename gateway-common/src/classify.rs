@@ -1,10 +1,11 @@
 //! Service-level classification of a parsed packet into a traffic [`Class`].
 //!
-//! This is the foundation's first cut: it looks only at the first bytes of the transport payload.
-//! A ClientHello is `tls-new` (no resumption is ever trusted here, so nothing is privileged); SIP
-//! responses and the ACK, BYE and CANCEL methods are `sip-exempt`; every other datagram to a SIP
-//! port is `sip-original`. Traffic that does not fit the service's transport (SIP over TCP, TLS
-//! over UDP) is `other`, passed and counted.
+//! Stateless classification by the first bytes of the transport payload. SIP responses and the
+//! ACK, BYE and CANCEL methods are `sip-exempt`; every other datagram to a SIP port is
+//! `sip-original`. TLS is stateful (flows, multi-segment hellos, issued sessions) and is
+//! classified by the datapath with [`crate::tls`]; here a TLS port only yields `tls-flow` for TCP.
+//! Traffic that does not fit the service's transport (SIP over TCP, TLS over UDP) is `other`,
+//! passed and counted.
 
 use crate::{
     bytes::PacketBytes,
@@ -13,30 +14,13 @@ use crate::{
     packet::Transport,
 };
 
-/// TLS record content type of a handshake record.
-const TLS_HANDSHAKE: u8 = 22;
-/// Handshake message type of a ClientHello.
-const TLS_CLIENT_HELLO: u8 = 1;
-
-/// Classifies a packet of a protected service.
+/// Classifies a packet of a protected service (statelessly; see the module docs for TLS).
 #[inline(always)]
 pub fn classify<B: PacketBytes>(b: &B, t: &Transport, kind: ServiceKind) -> Class {
     match kind {
-        ServiceKind::Tls if t.proto == IPPROTO_TCP => classify_tls(b, t.payload_offset as usize),
+        ServiceKind::Tls if t.proto == IPPROTO_TCP => Class::TlsFlow,
         ServiceKind::Sip if t.proto == IPPROTO_UDP => classify_sip(b, t.payload_offset as usize),
         _ => Class::Other,
-    }
-}
-
-/// A TCP segment to a TLS port: a ClientHello record starts a connection, anything else belongs to
-/// one.
-#[inline(always)]
-fn classify_tls<B: PacketBytes>(b: &B, off: usize) -> Class {
-    let mut h = [0u8; 6];
-    if b.read(off, &mut h) && h[0] == TLS_HANDSHAKE && h[1] == 3 && h[5] == TLS_CLIENT_HELLO {
-        Class::TlsNew
-    } else {
-        Class::TlsFlow
     }
 }
 
@@ -74,23 +58,16 @@ mod tests {
             dst_port: 443,
             payload_offset: 0,
             tcp_flags: 0x18,
+            seq: 0,
+            ack: 0,
         }
     }
 
     #[test]
-    fn tls_client_hello_is_new_and_other_segments_are_flow() {
+    fn tls_ports_are_stateful_and_only_tcp() {
         let hello = [22u8, 3, 1, 0, 200, 1, 0, 0, 196];
         assert_eq!(
             classify(&SliceBytes(&hello), &t(IPPROTO_TCP), ServiceKind::Tls),
-            Class::TlsNew
-        );
-        let app_data = [23u8, 3, 3, 0, 10, 0, 0];
-        assert_eq!(
-            classify(&SliceBytes(&app_data), &t(IPPROTO_TCP), ServiceKind::Tls),
-            Class::TlsFlow
-        );
-        assert_eq!(
-            classify(&SliceBytes(&[]), &t(IPPROTO_TCP), ServiceKind::Tls),
             Class::TlsFlow
         );
         assert_eq!(

@@ -22,9 +22,15 @@ pub mod names {
     pub const DP_COUNTERS: &str = "DP_COUNTERS";
     /// Datapath-wide settings ([`super::DatapathConfig`]).
     pub const DP_CONFIG: &str = "DP_CONFIG";
+    /// TLS connections by 4-tuple ([`super::FlowKey`] to [`super::TlsFlow`]).
+    pub const TLS_FLOWS: &str = "TLS_FLOWS";
+    /// Keys of the sessions the server issued ([`super::IssuedKey`] to [`super::IssuedValue`]).
+    pub const TLS_ISSUED: &str = "TLS_ISSUED";
+    /// Per-CPU TLS counters ([`super::TlsCounters`]).
+    pub const TLS_COUNTERS: &str = "TLS_COUNTERS";
 
     /// Every map the gateway pins, in a fixed order.
-    pub const ALL: [&str; 7] = [
+    pub const ALL: [&str; 10] = [
         CLASS_STATS,
         CLASS_POLICY,
         CLASS_STATE,
@@ -32,6 +38,9 @@ pub mod names {
         SERVICE_PORTS,
         DP_COUNTERS,
         DP_CONFIG,
+        TLS_FLOWS,
+        TLS_ISSUED,
+        TLS_COUNTERS,
     ];
 }
 
@@ -299,6 +308,108 @@ impl DatapathCounters {
     }
 }
 
+/// Entries of the TLS flow table (LRU: the least recently used flow is evicted when full).
+pub const MAX_TLS_FLOWS: u32 = 65536;
+/// Entries of the issued-sessions table (LRU).
+pub const MAX_TLS_ISSUED: u32 = 65536;
+
+/// A TCP connection as seen from its client: addresses (IPv4 as IPv4-mapped IPv6) and ports.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    /// Client address.
+    pub saddr: [u8; 16],
+    /// Server address.
+    pub daddr: [u8; 16],
+    /// Client port, host order.
+    pub sport: u16,
+    /// Server port, host order.
+    pub dport: u16,
+    /// Padding, zero.
+    pub pad: u32,
+}
+
+/// [`TlsFlow::state`]: the ClientHello is still arriving.
+pub const FLOW_PENDING: u8 = 0;
+/// [`TlsFlow::state`]: admitted; later packets are `tls-flow`.
+pub const FLOW_ADMITTED: u8 = 1;
+/// [`TlsFlow::state`]: rejected; later packets are dropped.
+pub const FLOW_REJECTED: u8 = 2;
+
+/// State of one TLS connection.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TlsFlow {
+    /// The ClientHello parser's state (while pending) and its result.
+    pub hello: crate::tls::HelloState,
+    /// TCP sequence number of the hello's first byte.
+    pub hello_seq: u32,
+    /// TCP sequence number the next in-order segment must carry.
+    pub next_seq: u32,
+    /// `FLOW_*`.
+    pub state: u8,
+    /// The class the connection was admitted or rejected in.
+    pub class: u8,
+    /// Whether its completion was counted.
+    pub completed: u8,
+    /// Segments the hello took.
+    pub segments: u8,
+}
+
+/// Key of the issued-sessions map: the first `KEY_LEN` bytes of a session id, ticket or PSK
+/// identity the server issued.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IssuedKey {
+    /// The bytes.
+    pub key: [u8; crate::tls::KEY_LEN],
+}
+
+/// Value of the issued-sessions map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IssuedValue {
+    /// What was issued: 1 session id, 2 ticket, 3 TLS 1.3 PSK identity (an `Offer` id).
+    pub kind: u32,
+    /// Reserved, zero.
+    pub flags: u32,
+    /// When it was published, `CLOCK_MONOTONIC` nanoseconds (informational).
+    pub issued_ns: u64,
+}
+
+/// TLS counters, the single entry of the per-CPU `TLS_COUNTERS` array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TlsCounters {
+    /// ClientHellos decided (admitted or rejected).
+    pub hellos: u64,
+    /// Hellos that offered a resumption whose key the server never issued (classed tls-new).
+    pub unverified_offers: u64,
+    /// Hellos that took more than one segment.
+    pub multi_segment: u64,
+    /// Hellos that were not well formed (classed tls-new).
+    pub malformed: u64,
+    /// Hellos whose next segment did not arrive in order (classed tls-new).
+    pub out_of_order: u64,
+    /// Packets of rejected connections, dropped.
+    pub rejected_flow_packets: u64,
+    /// Admitted connections seen to finish their handshake or close.
+    pub completions: u64,
+}
+
+impl TlsCounters {
+    /// Adds another CPU's counters to these.
+    pub fn accumulate(&mut self, o: &TlsCounters) {
+        self.hellos += o.hellos;
+        self.unverified_offers += o.unverified_offers;
+        self.multi_segment += o.multi_segment;
+        self.malformed += o.malformed;
+        self.out_of_order += o.out_of_order;
+        self.rejected_flow_packets += o.rejected_flow_packets;
+        self.completions += o.completions;
+    }
+}
+
 /// Compile-time check that per-class arrays cover every class.
 const _: () = assert!(NUM_CLASSES == 7);
 
@@ -317,6 +428,18 @@ mod tests {
         assert_eq!(size_of::<ServiceValue>(), 4 + 4);
         assert_eq!(size_of::<DatapathConfig>(), 8 + 4 + 4);
         assert_eq!(size_of::<DatapathCounters>(), 9 * 8);
+        assert_eq!(size_of::<FlowKey>(), 16 + 16 + 2 + 2 + 4);
+        assert_eq!(
+            size_of::<crate::tls::HelloState>(),
+            4 * 4 + 2 + 6 + 2 + 2 + 3 * 16
+        );
+        assert_eq!(
+            size_of::<TlsFlow>(),
+            size_of::<crate::tls::HelloState>() + 4 + 4 + 4
+        );
+        assert_eq!(size_of::<IssuedKey>(), 16);
+        assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8);
+        assert_eq!(size_of::<TlsCounters>(), 7 * 8);
     }
 
     #[test]

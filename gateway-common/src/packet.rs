@@ -60,7 +60,20 @@ pub struct Transport {
     pub payload_offset: u16,
     /// TCP flags byte (FIN 0x01, SYN 0x02, RST 0x04, PSH 0x08, ACK 0x10); zero for UDP.
     pub tcp_flags: u8,
+    /// TCP sequence number; zero for UDP.
+    pub seq: u32,
+    /// TCP acknowledgment number; zero for UDP.
+    pub ack: u32,
 }
+
+/// TCP FIN flag.
+pub const TCP_FIN: u8 = 0x01;
+/// TCP SYN flag.
+pub const TCP_SYN: u8 = 0x02;
+/// TCP RST flag.
+pub const TCP_RST: u8 = 0x04;
+/// TCP ACK flag.
+pub const TCP_ACK: u8 = 0x10;
 
 /// What the parser found.
 #[repr(u8)]
@@ -98,8 +111,19 @@ pub struct Packet {
     pub ip_version: u8,
     /// Whether an IPv4 header carries options.
     pub ipv4_options: bool,
+    /// Offset of the IP header (0 when not IP).
+    pub l3_offset: u16,
+    /// Offset just past the IP datagram, per its length field (Ethernet padding excluded).
+    pub ip_end: u16,
     /// The transport header, for `Transport` (zero otherwise).
     pub transport: Transport,
+}
+
+impl Packet {
+    /// Bytes of transport payload, per the IP length (0 when the frame is shorter than that).
+    pub const fn payload_len(&self) -> u16 {
+        self.ip_end.saturating_sub(self.transport.payload_offset)
+    }
 }
 
 /// The parser's finding as an enum, for userspace code and tests.
@@ -226,6 +250,8 @@ fn parse_ipv4<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
     if hlen < 20 || total_len < hlen {
         return pkt.stop(Kind::Malformed, off);
     }
+    pkt.l3_offset = off as u16;
+    pkt.ip_end = (off + total_len) as u16;
     if hlen > 20 {
         pkt.ipv4_options = true;
         // The options must be present: read the header's last two bytes.
@@ -255,6 +281,8 @@ fn parse_ipv6<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
     if !present(b, off + 38) {
         return pkt.stop(Kind::Truncated, off);
     }
+    pkt.l3_offset = off as u16;
+    pkt.ip_end = (off + 40 + u16::from_be_bytes([h[4], h[5]]) as usize) as u16;
     let mut next = h[6];
     let mut off = off + 40;
     for _ in 0..MAX_IPV6_EXT_HEADERS {
@@ -323,6 +351,8 @@ fn parse_transport<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
             dst_port: u16::from_be_bytes([h[2], h[3]]),
             payload_offset: (off + 8) as u16,
             tcp_flags: 0,
+            seq: 0,
+            ack: 0,
         };
         return;
     }
@@ -345,5 +375,7 @@ fn parse_transport<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
         dst_port: u16::from_be_bytes([h[2], h[3]]),
         payload_offset: (off + hlen) as u16,
         tcp_flags: h[13],
+        seq: u32::from_be_bytes([h[4], h[5], h[6], h[7]]),
+        ack: u32::from_be_bytes([h[8], h[9], h[10], h[11]]),
     };
 }

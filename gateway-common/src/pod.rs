@@ -1,7 +1,8 @@
 //! `aya::Pod` for the map types, so the daemon can read and write them through aya's typed maps.
 
 use crate::maps::{
-    ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, ServiceKey, ServiceValue,
+    ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
+    IssuedValue, ServiceKey, ServiceValue, TlsCounters, TlsFlow,
 };
 
 // SAFETY: every type is #[repr(C)], Copy, made only of integers, and has no implicit padding
@@ -13,3 +14,8 @@ unsafe impl aya::Pod for ServiceKey {}
 unsafe impl aya::Pod for ServiceValue {}
 unsafe impl aya::Pod for DatapathConfig {}
 unsafe impl aya::Pod for DatapathCounters {}
+unsafe impl aya::Pod for FlowKey {}
+unsafe impl aya::Pod for TlsFlow {}
+unsafe impl aya::Pod for IssuedKey {}
+unsafe impl aya::Pod for IssuedValue {}
+unsafe impl aya::Pod for TlsCounters {}

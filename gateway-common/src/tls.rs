@@ -263,18 +263,32 @@ impl HelloState {
     /// not start exactly where the previous one ended makes the hello malformed.
     #[inline(always)]
     pub fn feed<B: PacketBytes>(&mut self, b: &B, seg: &Segment) -> Verdict {
-        if self.verdict() == Verdict::Pending && seg.stream_offset != self.consumed {
-            self.malformed();
-        }
+        self.begin_segment(seg);
         for _ in 0..MAX_STEPS {
             if self.step(b, seg) {
                 break;
             }
         }
+        self.end_segment(seg)
+    }
+
+    /// Before the steps of a segment: a segment that does not start where the previous one ended
+    /// makes the hello malformed. (Drivers that run the steps themselves, like the eBPF program
+    /// with `bpf_loop`, call this, the steps, then [`HelloState::end_segment`].)
+    #[inline(always)]
+    pub fn begin_segment(&mut self, seg: &Segment) {
+        if self.verdict() == Verdict::Pending && seg.stream_offset != self.consumed {
+            self.malformed();
+        }
+    }
+
+    /// After the steps of a segment: a hello still pending with bytes of the segment left ran out
+    /// of steps (too many fields to follow) and is malformed. Returns the verdict.
+    #[inline(always)]
+    pub fn end_segment(&mut self, seg: &Segment) -> Verdict {
         if self.verdict() == Verdict::Pending
             && self.consumed < seg.stream_offset.saturating_add(seg.len)
         {
-            // Out of steps inside the segment: too many fields to follow.
             self.malformed();
         }
         self.verdict()

@@ -44,7 +44,9 @@ impl PacketBytes for XdpBytes {
             return false;
         }
         let p = self.start + offset;
-        if p + N > self.end {
+        // Through the barrier, `p + N > end` stays that comparison: for N = 1 LLVM turned it into
+        // `p >= end`, from which the verifier proves no readable byte.
+        if opaque((p + N) as u64) as usize > self.end {
             return false;
         }
         // SAFETY: [p, p + N) was checked to lie inside the frame.
@@ -80,4 +82,18 @@ impl PacketBytes for SkbBytes<'_> {
             Err(_) => false,
         }
     }
+}
+
+/// Returns `v` unchanged, hiding it from LLVM's optimizer but not from the verifier, which sees a
+/// register move that keeps its type and bounds. Used where LLVM would otherwise rewrite a check
+/// into a form the verifier cannot use: checks written after it stay on this register. (An empty
+/// asm block would do for LLVM, but it left two line_info records on one instruction, which the
+/// kernel refuses.)
+#[inline(always)]
+pub fn opaque(mut v: u64) -> u64 {
+    // SAFETY: a register-to-itself move.
+    unsafe {
+        core::arch::asm!("{0} = {0}", inout(reg) v, options(nomem, nostack, preserves_flags))
+    };
+    v
 }

@@ -8,13 +8,16 @@ use gateway_common::{
     bytes::PacketBytes,
     classify::classify,
     maps::{
-        CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, DatapathCounters, ServiceKind,
+        CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, DatapathCounters, IPPROTO_TCP, ServiceKind,
         service_port_index,
     },
     packet::{Kind, parse},
 };
 
-use crate::maps::{CLASS_STATS, DP_CONFIG, DP_COUNTERS, SERVICE_PORTS};
+use crate::{
+    maps::{CLASS_STATS, DP_CONFIG, DP_COUNTERS, SERVICE_PORTS},
+    tls::{CopyOut, tls_packet},
+};
 
 /// What to do with a packet.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -25,10 +28,10 @@ pub enum Verdict {
     Drop,
 }
 
-/// Classifies and counts one frame of `len` bytes. `ctx` is only used for aya-log records, which
-/// are compiled in at debug level and off unless the loader raises the level.
+/// Classifies and counts one frame of `len` bytes. `ctx` serves aya-log records (compiled in at
+/// debug level, off unless the loader raises the level) and copies of TLS payloads.
 #[inline(always)]
-pub fn process<C: EbpfContext, B: PacketBytes>(ctx: &C, b: &B, len: u64) -> Verdict {
+pub fn process<C: EbpfContext + CopyOut, B: PacketBytes>(ctx: &C, b: &B, len: u64) -> Verdict {
     let pkt = parse(b);
     // The parser counters are looked up only when there is something to count, so plain IPv4
     // traffic pays for one per-CPU lookup (its class's counters) and no more.
@@ -52,11 +55,11 @@ pub fn process<C: EbpfContext, B: PacketBytes>(ctx: &C, b: &B, len: u64) -> Verd
             let kind = service_port_index(t.proto, t.dst_port)
                 .and_then(|i| SERVICE_PORTS.get(i))
                 .and_then(|k| ServiceKind::from_id(u32::from(*k)));
-            let class = match kind {
-                Some(kind) => classify(b, t, kind),
-                None => Class::Other,
-            };
-            (class, Verdict::Pass)
+            match kind {
+                Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => tls_packet(ctx, b, &pkt),
+                Some(kind) => (classify(b, t, kind), Verdict::Pass),
+                None => (Class::Other, Verdict::Pass),
+            }
         }
         Kind::NotIp => {
             count(|c| c.not_ip += 1);

@@ -3,11 +3,17 @@
 //! per-packet cost benchmark.
 #![no_std]
 #![no_main]
+// Atomic adds on shared map values (the bpf target has no atomic types).
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
+// A value barrier for the verifier's sake (see tls::opaque).
+#![feature(asm_experimental_arch)]
 
 mod bytes;
 mod datapath;
 mod maps;
 mod tc;
+mod tls;
 mod xdp;
 
 #[cfg(not(test))]

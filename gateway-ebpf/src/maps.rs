@@ -2,14 +2,15 @@
 //! pins them per interface under the names in `gateway_common::maps::names`.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
 use gateway_common::{
     NUM_CLASSES,
     maps::{
-        ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, MAX_SERVICES,
-        SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue,
+        ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
+        IssuedValue, MAX_SERVICES, MAX_TLS_FLOWS, MAX_TLS_ISSUED, SERVICE_PORT_ENTRIES, ServiceKey,
+        ServiceValue, TlsCounters, TlsFlow,
     },
 };
 
@@ -42,3 +43,20 @@ pub static DP_COUNTERS: PerCpuArray<DatapathCounters, 1> = PerCpuArray::new();
 /// Datapath-wide settings.
 #[btf_map]
 pub static DP_CONFIG: Array<DatapathConfig, 1> = Array::new();
+
+/// TLS connections by 4-tuple: hello parse state while pending, then the decision.
+#[btf_map]
+pub static TLS_FLOWS: LruHashMap<FlowKey, TlsFlow, { MAX_TLS_FLOWS as usize }> = LruHashMap::new();
+
+/// Keys of the sessions the server issued, published by userspace.
+#[btf_map]
+pub static TLS_ISSUED: LruHashMap<IssuedKey, IssuedValue, { MAX_TLS_ISSUED as usize }> =
+    LruHashMap::new();
+
+/// TLS counters, per CPU.
+#[btf_map]
+pub static TLS_COUNTERS: PerCpuArray<TlsCounters, 1> = PerCpuArray::new();
+
+/// Per-CPU scratch space of the ClientHello parser (not pinned).
+#[btf_map]
+pub static TLS_SCRATCH: PerCpuArray<crate::tls::Scratch, 1> = PerCpuArray::new();

@@ -75,6 +75,12 @@ pub enum Command {
         #[command(subcommand)]
         action: ServiceAction,
     },
+    /// TLS: the keys of issued sessions the datapath verifies resumption offers against.
+    Tls {
+        /// TLS subcommand.
+        #[command(subcommand)]
+        action: TlsAction,
+    },
     /// Run the daemon: attach (or adopt) per the config, apply it, serve until SIGTERM/SIGINT.
     Run {
         /// Configuration file [default: the embedded default, see `gateway config default`].
@@ -183,6 +189,87 @@ pub enum ServiceAction {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `tls` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum TlsAction {
+    /// Issued session keys (filled by the TLS proxy; by hand for tests and other servers).
+    Issued {
+        /// Issued subcommand.
+        #[command(subcommand)]
+        action: IssuedAction,
+    },
+}
+
+/// What was issued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum IssuedKind {
+    /// A TLS 1.2 session id.
+    SessionId,
+    /// A TLS 1.2 session ticket.
+    Ticket,
+    /// A TLS 1.3 PSK identity (ticket).
+    Psk,
+}
+
+/// `tls issued` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum IssuedAction {
+    /// Publish a key: the first 16 bytes (32 hex digits, or more: the rest is ignored) of an
+    /// issued session id, ticket or PSK identity.
+    Add {
+        /// The bytes, in hex.
+        #[arg(value_parser = parse_key)]
+        key: gateway_common::maps::IssuedKey,
+        /// What was issued.
+        #[arg(long, value_enum, default_value_t = IssuedKind::SessionId)]
+        kind: IssuedKind,
+        /// Which attachment.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Withdraw a key.
+    Del {
+        /// The bytes, in hex.
+        #[arg(value_parser = parse_key)]
+        key: gateway_common::maps::IssuedKey,
+        /// Which attachment.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// List published keys.
+    List {
+        /// Which attachment.
+        #[command(flatten)]
+        target: Target,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Count published keys.
+    Count {
+        /// Which attachment.
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+fn parse_key(s: &str) -> Result<gateway_common::maps::IssuedKey, String> {
+    let len = gateway_common::tls::KEY_LEN;
+    if s.len() < 2 * len || !s.len().is_multiple_of(2) {
+        return Err(format!(
+            "need at least {} hex digits (the first {len} bytes), got {}",
+            2 * len,
+            s.len()
+        ));
+    }
+    let mut key = gateway_common::maps::IssuedKey::default();
+    for (i, b) in key.key.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
+            .map_err(|_| format!("not hex at digit {}: {s}", 2 * i))?;
+    }
+    Ok(key)
 }
 
 /// `config` subcommands.

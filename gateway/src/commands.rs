@@ -10,7 +10,10 @@ use thiserror::Error;
 
 use crate::{
     caps::{self, CapsError, Need},
-    cli::{Cli, Command, ConfigAction, PolicyAction, ServiceAction},
+    cli::{
+        Cli, Command, ConfigAction, IssuedAction, IssuedKind, PolicyAction, ServiceAction,
+        TlsAction,
+    },
     config::{Config, ConfigError, PolicyConfig},
     daemon::{self, DaemonError},
     loader::{self, AttachOptions, LoaderError},
@@ -142,11 +145,13 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
                 let classes = maps.class_stats()?;
                 let state = maps.class_state()?;
                 let counters = maps.counters()?;
+                let tls = maps.tls_counters()?;
                 let view = StatsView {
                     info: &info,
                     classes: &classes,
                     state: &state,
                     counters: &counters,
+                    tls: &tls,
                 };
                 if json {
                     println!("{}", view.json());
@@ -164,6 +169,9 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
         }
         Command::Policy { action } => policy(&root(&bpffs), action)?,
         Command::Service { action } => service(&root(&bpffs), action)?,
+        Command::Tls {
+            action: TlsAction::Issued { action },
+        } => issued(&root(&bpffs), action)?,
         Command::Run {
             config,
             iface,
@@ -317,4 +325,74 @@ fn service(root: &std::path::Path, action: ServiceAction) -> Result<(), CommandE
         }
     }
     Ok(())
+}
+
+fn issued(root: &std::path::Path, action: IssuedAction) -> Result<(), CommandError> {
+    use gateway_common::maps::IssuedValue;
+    let hex = |k: &gateway_common::maps::IssuedKey| {
+        k.key.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    match action {
+        IssuedAction::Add { key, kind, target } => {
+            let (pd, mut maps) = open(root, target.iface.as_deref())?;
+            let kind = match kind {
+                IssuedKind::SessionId => gateway_common::tls::Offer::SessionId,
+                IssuedKind::Ticket => gateway_common::tls::Offer::Ticket,
+                IssuedKind::Psk => gateway_common::tls::Offer::Psk,
+            };
+            maps.add_issued(
+                key,
+                IssuedValue {
+                    kind: kind as u32,
+                    flags: 0,
+                    issued_ns: monotonic_ns(),
+                },
+            )?;
+            println!("published {} on {}", hex(&key), pd.iface);
+        }
+        IssuedAction::Del { key, target } => {
+            let (pd, mut maps) = open(root, target.iface.as_deref())?;
+            if !maps.remove_issued(&key)? {
+                return Err(CommandError::Usage(format!(
+                    "{} is not published on {}",
+                    hex(&key),
+                    pd.iface
+                )));
+            }
+            println!("withdrew {} on {}", hex(&key), pd.iface);
+        }
+        IssuedAction::List { target, json } => {
+            let (_, maps) = open(root, target.iface.as_deref())?;
+            let rows = maps.issued()?;
+            let kind = |v: &IssuedValue| match v.kind {
+                1 => "session-id",
+                2 => "ticket",
+                3 => "psk",
+                _ => "unknown",
+            };
+            if json {
+                let v: Vec<serde_json::Value> = rows
+                    .iter()
+                    .map(|(k, v)| serde_json::json!({"key": hex(k), "kind": kind(v)}))
+                    .collect();
+                println!("{}", serde_json::Value::Array(v));
+            } else {
+                for (k, v) in rows {
+                    println!("{} {}", hex(&k), kind(&v));
+                }
+            }
+        }
+        IssuedAction::Count { target } => {
+            let (_, maps) = open(root, target.iface.as_deref())?;
+            println!("{}", maps.issued()?.len());
+        }
+    }
+    Ok(())
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds, the clock of `bpf_ktime_get_ns`.
+fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0)
 }

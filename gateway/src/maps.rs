@@ -4,8 +4,8 @@ use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
-        ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, ServiceKey,
-        ServiceValue, names,
+        ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
+        IssuedValue, ServiceKey, ServiceValue, TlsCounters, TlsFlow, names,
     },
 };
 use thiserror::Error;
@@ -58,6 +58,9 @@ pub struct Maps {
     service_ports: Array<MapData, u8>,
     counters: PerCpuArray<MapData, DatapathCounters>,
     config: Array<MapData, DatapathConfig>,
+    tls_flows: HashMap<MapData, FlowKey, TlsFlow>,
+    tls_issued: HashMap<MapData, IssuedKey, IssuedValue>,
+    tls_counters: PerCpuArray<MapData, TlsCounters>,
 }
 
 fn open(pins: &PinDir, name: &'static str) -> Result<Map, MapsError> {
@@ -95,6 +98,15 @@ impl Maps {
             config: open(pins, names::DP_CONFIG)?
                 .try_into()
                 .map_err(op(names::DP_CONFIG))?,
+            tls_flows: open(pins, names::TLS_FLOWS)?
+                .try_into()
+                .map_err(op(names::TLS_FLOWS))?,
+            tls_issued: open(pins, names::TLS_ISSUED)?
+                .try_into()
+                .map_err(op(names::TLS_ISSUED))?,
+            tls_counters: open(pins, names::TLS_COUNTERS)?
+                .try_into()
+                .map_err(op(names::TLS_COUNTERS))?,
         })
     }
 
@@ -203,5 +215,70 @@ impl Maps {
     /// Replaces the datapath-wide settings.
     pub fn set_config(&mut self, config: DatapathConfig) -> Result<(), MapsError> {
         self.config.set(0, config, 0).map_err(op(names::DP_CONFIG))
+    }
+
+    /// TLS counters summed over CPUs.
+    pub fn tls_counters(&self) -> Result<TlsCounters, MapsError> {
+        let mut out = TlsCounters::default();
+        for v in self
+            .tls_counters
+            .get(&0, 0)
+            .map_err(op(names::TLS_COUNTERS))?
+            .iter()
+        {
+            out.accumulate(v);
+        }
+        Ok(out)
+    }
+
+    /// Publishes an issued session key.
+    pub fn add_issued(&mut self, key: IssuedKey, value: IssuedValue) -> Result<(), MapsError> {
+        self.tls_issued
+            .insert(key, value, 0)
+            .map_err(op(names::TLS_ISSUED))
+    }
+
+    /// Withdraws an issued session key; returns whether it was there.
+    pub fn remove_issued(&mut self, key: &IssuedKey) -> Result<bool, MapsError> {
+        match self.tls_issued.remove(key) {
+            Ok(()) => Ok(true),
+            Err(MapError::KeyNotFound) => Ok(false),
+            Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(false)
+            }
+            Err(e) => Err(op(names::TLS_ISSUED)(e)),
+        }
+    }
+
+    /// Every published key, sorted.
+    pub fn issued(&self) -> Result<Vec<(IssuedKey, IssuedValue)>, MapsError> {
+        let mut out = self
+            .tls_issued
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(op(names::TLS_ISSUED))?;
+        out.sort_by_key(|(k, _)| *k);
+        Ok(out)
+    }
+
+    /// Every tracked TLS connection.
+    pub fn tls_flows(&self) -> Result<Vec<(FlowKey, TlsFlow)>, MapsError> {
+        self.tls_flows
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(op(names::TLS_FLOWS))
+    }
+
+    /// Forgets every tracked TLS connection.
+    pub fn clear_tls_flows(&mut self) -> Result<(), MapsError> {
+        let keys = self
+            .tls_flows
+            .keys()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(op(names::TLS_FLOWS))?;
+        for k in keys {
+            let _ = self.tls_flows.remove(&k);
+        }
+        Ok(())
     }
 }

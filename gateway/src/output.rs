@@ -2,7 +2,10 @@
 
 use gateway_common::{
     Class,
-    maps::{ClassPolicy, ClassState, ClassStats, DatapathCounters, ServiceKey, ServiceValue},
+    maps::{
+        ClassPolicy, ClassState, ClassStats, DatapathCounters, ServiceKey, ServiceValue,
+        TlsCounters,
+    },
 };
 use serde_json::{Value, json};
 
@@ -21,6 +24,8 @@ pub struct StatsView<'a> {
     pub state: &'a [ClassState],
     /// Parser counters.
     pub counters: &'a DatapathCounters,
+    /// TLS counters.
+    pub tls: &'a TlsCounters,
 }
 
 impl StatsView<'_> {
@@ -55,6 +60,13 @@ impl StatsView<'_> {
                 "malformed": c.malformed, "fragments": c.fragments,
                 "unparseable": c.unparseable, "policy_dropped": c.policy_dropped,
                 "vlan": c.vlan, "ipv6": c.ipv6, "ipv4_options": c.ipv4_options,
+            },
+            "tls": {
+                "hellos": self.tls.hellos, "unverified_offers": self.tls.unverified_offers,
+                "multi_segment_hellos": self.tls.multi_segment,
+                "malformed_hellos": self.tls.malformed, "out_of_order_hellos": self.tls.out_of_order,
+                "rejected_flow_packets": self.tls.rejected_flow_packets,
+                "completions": self.tls.completions,
             },
         })
     }
@@ -105,6 +117,18 @@ impl StatsView<'_> {
             c.vlan,
             c.ipv6,
             c.ipv4_options
+        );
+        let t = self.tls;
+        out += &format!(
+            "tls: hellos {} unverified-offers {} multi-segment {} malformed {} out-of-order {} \
+             rejected-flow-packets {} completions {}\n",
+            t.hellos,
+            t.unverified_offers,
+            t.multi_segment,
+            t.malformed,
+            t.out_of_order,
+            t.rejected_flow_packets,
+            t.completions
         );
         out
     }

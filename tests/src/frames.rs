@@ -52,6 +52,8 @@ pub struct Frame {
     pub dst_port: u16,
     /// TCP flags.
     pub tcp_flags: u8,
+    /// TCP sequence number.
+    pub seq: u32,
     /// Transport payload.
     pub payload: Vec<u8>,
 }
@@ -69,6 +71,7 @@ impl Frame {
             src_port: 40000,
             dst_port,
             tcp_flags: 0,
+            seq: 1,
             payload: payload.to_vec(),
         }
     }
@@ -80,6 +83,24 @@ impl Frame {
             tcp_flags: 0x18,
             ..Frame::udp(dst_port, payload)
         }
+    }
+
+    /// Sets the source port.
+    pub fn from_port(mut self, port: u16) -> Self {
+        self.src_port = port;
+        self
+    }
+
+    /// Sets the TCP sequence number.
+    pub fn seq(mut self, seq: u32) -> Self {
+        self.seq = seq;
+        self
+    }
+
+    /// Sets the TCP flags.
+    pub fn flags(mut self, flags: u8) -> Self {
+        self.tcp_flags = flags;
+        self
     }
 
     /// Adds a VLAN tag inside the existing ones.
@@ -189,7 +210,8 @@ impl Frame {
         h.extend_from_slice(&self.dst_port.to_be_bytes());
         match self.proto {
             6 => {
-                h.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0]);
+                h.extend_from_slice(&self.seq.to_be_bytes());
+                h.extend_from_slice(&[0, 0, 0, 0]);
                 h.push(5 << 4);
                 h.push(self.tcp_flags);
                 h.extend_from_slice(&[0xff, 0xff, 0, 0, 0, 0]);
@@ -205,9 +227,18 @@ impl Frame {
     }
 }
 
-/// The first bytes of a TLS ClientHello record.
+/// The first 64 bytes of a TLS ClientHello record (the rest of the hello missing).
 pub fn client_hello_head() -> Vec<u8> {
-    let mut h = vec![22, 3, 1, 0, 200, 1, 0, 0, 196, 3, 3];
-    h.resize(64, 0xab);
+    let mut h = client_hello();
+    h.truncate(64);
     h
+}
+
+/// A complete small TLS 1.3 ClientHello without a resumption offer.
+pub fn client_hello() -> Vec<u8> {
+    gateway_common::testing::HelloBuilder {
+        key_share_len: 32,
+        ..gateway_common::testing::HelloBuilder::tls13()
+    }
+    .build()
 }

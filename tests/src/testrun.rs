@@ -3,12 +3,19 @@
 
 use aya::{
     Ebpf,
-    programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
+    programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
 use gateway::{loader, maps::Maps, pins::PinDir};
 use gateway_common::{
     Class, NUM_CLASSES,
-    maps::{ClassStats, DatapathCounters, ServiceKey, ServiceKind, ServiceValue, programs},
+    bytes::SliceBytes,
+    classify::classify,
+    maps::{
+        ClassStats, DatapathCounters, IPPROTO_TCP, ServiceKey, ServiceKind, ServiceValue,
+        TlsCounters, programs,
+    },
+    packet::{Kind, parse},
+    tls::{HelloState, KEY_LEN, Segment, Verdict},
 };
 
 use crate::netns::Bpffs;
@@ -39,6 +46,8 @@ pub struct Counters {
     pub classes: [ClassStats; NUM_CLASSES],
     /// Parser counters.
     pub datapath: DatapathCounters,
+    /// TLS counters.
+    pub tls: TlsCounters,
 }
 
 impl Counters {
@@ -108,7 +117,7 @@ impl TestProgram {
         hook: Hook,
         frame: &[u8],
         repeat: u32,
-    ) -> Result<(u32, f64), aya::programs::ProgramError> {
+    ) -> Result<(u32, f64), ProgramError> {
         let opts = TestRunOptions {
             data_in: Some(frame),
             repeat,
@@ -137,11 +146,21 @@ impl TestProgram {
         Ok((r.return_value, r.duration.as_nanos() as f64))
     }
 
+    /// [`TestProgram::run`] on a connection the program has never seen: forgets every TLS flow
+    /// first, so frames that share a 4-tuple do not continue each other's connections.
+    pub fn run_fresh(&mut self, hook: Hook, frame: &[u8]) -> Result<(u32, f64), ProgramError> {
+        self.maps.clear_tls_flows().expect("clear flows");
+        let left = self.maps.tls_flows().expect("flows");
+        assert!(left.is_empty(), "flows left after clearing: {left:?}");
+        self.try_run(hook, frame, 1)
+    }
+
     /// Every counter now.
     pub fn counters(&self) -> Counters {
         Counters {
             classes: self.maps.class_stats().unwrap(),
             datapath: self.maps.counters().unwrap(),
+            tls: self.maps.tls_counters().unwrap(),
         }
     }
 }
@@ -149,5 +168,50 @@ impl TestProgram {
 impl Default for TestProgram {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// The class the program must give `frame` on a connection it has never seen, with tcp/443 (tls)
+/// and udp/5060 (sip) protected and `issued` the published session keys: a model of the datapath
+/// written with the same gateway-common code, for holding the kernel to it.
+pub fn expected_class(frame: &[u8], issued: &[[u8; KEY_LEN]]) -> Class {
+    let b = SliceBytes(frame);
+    let pkt = parse(&b);
+    if pkt.kind != Kind::Transport {
+        return Class::Other;
+    }
+    let t = pkt.transport;
+    let kind = match (t.proto, t.dst_port) {
+        (6, 443) => ServiceKind::Tls,
+        (17, 5060) => ServiceKind::Sip,
+        _ => return Class::Other,
+    };
+    if kind != ServiceKind::Tls || t.proto != IPPROTO_TCP {
+        return classify(&b, &t, kind);
+    }
+    // A new TLS connection: only a payload starting a handshake record opens a flow.
+    let start = t.payload_offset as usize;
+    let payload_len = pkt.payload_len() as usize;
+    if payload_len == 0 || frame.get(start) != Some(&22) {
+        return Class::TlsFlow;
+    }
+    // The program copies min(payload, 2048) bytes; a copy past the frame fails.
+    let copied = payload_len.min(2048);
+    let Some(bytes) = frame.get(start..start + copied) else {
+        return Class::TlsFlow;
+    };
+    let mut st = HelloState::new();
+    st.feed(
+        &SliceBytes(bytes),
+        &Segment {
+            offset: 0,
+            len: payload_len as u32,
+            stream_offset: 0,
+        },
+    );
+    match st.verdict() {
+        Verdict::Pending => Class::TlsFlow,
+        Verdict::Offer if st.offer_key().is_some_and(|k| issued.contains(&k)) => Class::TlsResumed,
+        _ => Class::TlsNew,
     }
 }

@@ -9,7 +9,7 @@ use std::{
 };
 
 use gateway_tests::{
-    frames::client_hello_head,
+    frames::client_hello,
     have_root,
     netns::{GW_V4, GW_V6, TestNet, class_counter, sh},
 };
@@ -33,7 +33,7 @@ fn tls_like_connection(net: &TestNet, port: u16) {
     let listener = net.in_gw(|| TcpListener::bind(("0.0.0.0", port)).expect("listen"));
     let server = std::thread::spawn(move || {
         let (mut c, _) = listener.accept().expect("accept");
-        let mut hello = vec![0u8; client_hello_head().len()];
+        let mut hello = vec![0u8; client_hello().len()];
         c.read_exact(&mut hello).expect("hello");
         c.write_all(b"k").expect("answer");
         let mut rest = Vec::new();
@@ -43,7 +43,7 @@ fn tls_like_connection(net: &TestNet, port: u16) {
     net.in_peer(|| {
         let mut s = TcpStream::connect((GW_V4, port)).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s.write_all(&client_hello_head()).expect("write hello");
+        s.write_all(&client_hello()).expect("write hello");
         let mut k = [0u8; 1];
         s.read_exact(&mut k).expect("server answer");
         s.write_all(&[23, 3, 3, 0, 3, 1, 2, 3]).expect("write data");

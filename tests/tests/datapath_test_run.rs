@@ -5,16 +5,15 @@
 use gateway_common::{
     Class,
     bytes::SliceBytes,
-    classify::classify,
     maps::{
         CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, DatapathConfig, ServiceKey, ServiceKind,
     },
     packet::{Outcome, parse},
 };
 use gateway_tests::{
-    frames::{Frame, TPID_8021AD, TPID_8021Q, client_hello_head, ext},
+    frames::{Frame, TPID_8021AD, TPID_8021Q, client_hello, client_hello_head, ext},
     have_root,
-    testrun::{Hook, TestProgram},
+    testrun::{self, Hook, TestProgram},
 };
 
 const XDP_DROP: u32 = 1;
@@ -25,25 +24,14 @@ const TC_ACT_SHOT: u32 = 2;
 const INVITE: &[u8] =
     b"INVITE sip:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bK1\r\n\r\n";
 
-/// What userspace says the program must do with `frame`.
+/// What userspace says the program must do with `frame` (no published sessions).
 fn expected_class(frame: &[u8]) -> Class {
-    let b = SliceBytes(frame);
-    match parse(&b).outcome() {
-        Outcome::Transport(t) => {
-            let kind = match (t.proto, t.dst_port) {
-                (6, 443) => Some(ServiceKind::Tls),
-                (17, 5060) => Some(ServiceKind::Sip),
-                _ => None,
-            };
-            kind.map_or(Class::Other, |k| classify(&b, &t, k))
-        }
-        _ => Class::Other,
-    }
+    testrun::expected_class(frame, &[])
 }
 
 /// A named corpus with the class each full frame must get.
 fn corpus() -> Vec<(&'static str, Frame, Class)> {
-    let hello = client_hello_head();
+    let hello = client_hello();
     vec![
         (
             "udp sip invite",
@@ -57,6 +45,11 @@ fn corpus() -> Vec<(&'static str, Frame, Class)> {
         ),
         ("udp other port", Frame::udp(9999, INVITE), Class::Other),
         ("tcp tls hello", Frame::tcp(443, &hello), Class::TlsNew),
+        (
+            "tcp tls hello, first bytes",
+            Frame::tcp(443, &client_hello_head()),
+            Class::TlsFlow,
+        ),
         (
             "tcp tls data",
             Frame::tcp(443, &[23, 3, 3, 0, 4, 1, 2, 3, 4]),
@@ -149,13 +142,13 @@ fn every_frame_is_classified_as_expected_by_both_hooks() {
     if !have_root("every_frame_is_classified_as_expected_by_both_hooks") {
         return;
     }
-    let prog = TestProgram::new();
+    let mut prog = TestProgram::new();
     for hook in [Hook::Xdp, Hook::Tc] {
         for (name, frame, class) in corpus() {
             let bytes = frame.build();
             assert_eq!(expected_class(&bytes), class, "userspace parser on {name}");
             let before = prog.counters();
-            let (action, _) = prog.run(hook, &bytes, 1);
+            let (action, _) = prog.run_fresh(hook, &bytes).unwrap();
             let after = prog.counters();
             assert_eq!(action, pass_action(hook), "{hook:?} {name}: action");
             assert_eq!(
@@ -186,7 +179,7 @@ fn truncated_frames_at_every_length_match_userspace_and_are_never_protected_earl
     if !have_root("truncated_frames_at_every_length") {
         return;
     }
-    let prog = TestProgram::new();
+    let mut prog = TestProgram::new();
     for hook in [Hook::Xdp, Hook::Tc] {
         for (name, frame, _) in corpus() {
             let (bytes, marks) = frame.build_with_boundaries();
@@ -198,7 +191,7 @@ fn truncated_frames_at_every_length_match_userspace_and_are_never_protected_earl
             for len in 14..bytes.len() {
                 let cut = &bytes[..len];
                 let before = prog.counters();
-                let action = match prog.try_run(hook, cut, 1) {
+                let action = match prog.run_fresh(hook, cut) {
                     Ok((action, _)) => action,
                     Err(e) => {
                         assert!(
@@ -339,7 +332,7 @@ fn mutated_frames_agree_with_userspace_and_never_crash() {
     if !have_root("mutated_frames_agree_with_userspace") {
         return;
     }
-    let prog = TestProgram::new();
+    let mut prog = TestProgram::new();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let corpus = corpus();
     for i in 0..4000 {
@@ -351,7 +344,7 @@ fn mutated_frames_agree_with_userspace_and_never_crash() {
         }
         let hook = if i % 2 == 0 { Hook::Xdp } else { Hook::Tc };
         let before = prog.counters();
-        let (action, _) = prog.run(hook, &bytes, 1);
+        let (action, _) = prog.run_fresh(hook, &bytes).unwrap();
         let got = prog.counters().class_since(&before);
         assert_eq!(
             action,

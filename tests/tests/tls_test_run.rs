@@ -1,0 +1,248 @@
+//! TLS classification through the real program (BPF_PROG_TEST_RUN, XDP and TC): verified
+//! resumption, hellos split over segments, out-of-order fallback, flow packets and the backlog.
+
+use gateway_common::{
+    Class,
+    maps::{IssuedKey, IssuedValue},
+    packet::TCP_FIN as TCP_FIN_FLAG,
+    testing::HelloBuilder,
+    tls::parse_hello,
+};
+use gateway_tests::{
+    frames::Frame,
+    have_root,
+    testrun::{Hook, TestProgram},
+};
+
+fn key(fill: u8) -> Vec<u8> {
+    (0..32).map(|i| fill.wrapping_add(i)).collect()
+}
+
+fn publish(prog: &mut TestProgram, hello: &[u8]) {
+    let key = parse_hello(hello).offer_key().expect("an offer with a key");
+    prog.maps
+        .add_issued(IssuedKey { key }, IssuedValue::default())
+        .unwrap();
+}
+
+/// Runs one frame; returns the class it was counted in.
+fn class_of(prog: &TestProgram, hook: Hook, frame: &[u8]) -> Option<Class> {
+    let before = prog.counters();
+    prog.run(hook, frame, 1);
+    prog.counters().class_since(&before)
+}
+
+fn offers() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        (
+            "tls1.2 session id",
+            HelloBuilder {
+                session_id: key(1),
+                ..Default::default()
+            }
+            .build(),
+        ),
+        (
+            "tls1.2 ticket",
+            HelloBuilder {
+                session_id: key(2),
+                ticket: Some(key(3)),
+                ..Default::default()
+            }
+            .build(),
+        ),
+        (
+            "tls1.3 psk",
+            HelloBuilder {
+                psk_identity: Some(key(4)),
+                key_share_len: 32,
+                ..HelloBuilder::tls13()
+            }
+            .build(),
+        ),
+    ]
+}
+
+#[test]
+fn an_offer_is_resumed_only_when_its_key_was_issued() {
+    if !have_root("an_offer_is_resumed_only_when_its_key_was_issued") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    for hook in [Hook::Xdp, Hook::Tc] {
+        for (i, (name, hello)) in offers().into_iter().enumerate() {
+            let port = 20000 + i as u16 + if hook == Hook::Tc { 100 } else { 0 };
+            let unpublished = Frame::tcp(443, &hello).from_port(port).build();
+            let before = prog.counters();
+            assert_eq!(
+                class_of(&prog, hook, &unpublished),
+                Some(Class::TlsNew),
+                "{hook:?} {name}"
+            );
+            assert_eq!(
+                prog.counters().tls.unverified_offers,
+                before.tls.unverified_offers + 1,
+                "{name}"
+            );
+            publish(&mut prog, &hello);
+            let again = Frame::tcp(443, &hello).from_port(port + 50).build();
+            assert_eq!(
+                class_of(&prog, hook, &again),
+                Some(Class::TlsResumed),
+                "{hook:?} {name}"
+            );
+        }
+        prog.maps.clear_tls_flows().unwrap();
+        for (k, _) in prog.maps.issued().unwrap() {
+            assert!(prog.maps.remove_issued(&k).unwrap());
+        }
+    }
+    // TLS 1.3's session id is not an offer, even when that id was published.
+    let hello = HelloBuilder {
+        key_share_len: 32,
+        ..HelloBuilder::tls13()
+    }
+    .build();
+    let sid: [u8; 16] = HelloBuilder::tls13().session_id[..16].try_into().unwrap();
+    prog.maps
+        .add_issued(IssuedKey { key: sid }, IssuedValue::default())
+        .unwrap();
+    let frame = Frame::tcp(443, &hello).from_port(30000).build();
+    assert_eq!(class_of(&prog, Hook::Xdp, &frame), Some(Class::TlsNew));
+}
+
+/// The PQ-sized TLS 1.3 hello with its PSK in the second segment.
+fn split_hello() -> (Vec<u8>, usize) {
+    let hello = HelloBuilder {
+        psk_identity: Some(key(9)),
+        versions_after_key_share: true,
+        ..HelloBuilder::tls13()
+    }
+    .build();
+    assert!(hello.len() > 1300);
+    (hello, 1000)
+}
+
+#[test]
+fn a_hello_over_two_segments_is_decided_when_the_evidence_arrives() {
+    if !have_root("a_hello_over_two_segments") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let (hello, cut) = split_hello();
+    publish(&mut prog, &hello);
+    for (hook, port) in [(Hook::Xdp, 40001), (Hook::Tc, 40002)] {
+        let first = Frame::tcp(443, &hello[..cut])
+            .from_port(port)
+            .seq(7000)
+            .build();
+        let second = Frame::tcp(443, &hello[cut..])
+            .from_port(port)
+            .seq(7000 + cut as u32)
+            .build();
+        let before = prog.counters();
+        assert_eq!(
+            class_of(&prog, hook, &first),
+            Some(Class::TlsFlow),
+            "{hook:?} first"
+        );
+        assert_eq!(
+            prog.counters().tls.multi_segment,
+            before.tls.multi_segment + 1
+        );
+        assert_eq!(
+            prog.counters().tls.hellos,
+            before.tls.hellos,
+            "not decided yet"
+        );
+        assert_eq!(
+            class_of(&prog, hook, &second),
+            Some(Class::TlsResumed),
+            "{hook:?} second"
+        );
+        assert_eq!(prog.counters().tls.hellos, before.tls.hellos + 1);
+        // Later packets of the connection cost a lookup and are tls-flow.
+        let data = Frame::tcp(443, &[23, 3, 3, 0, 1, 0])
+            .from_port(port)
+            .seq(7000 + hello.len() as u32)
+            .build();
+        assert_eq!(class_of(&prog, hook, &data), Some(Class::TlsFlow));
+    }
+    // Without the key published: the same split hello is tls-new.
+    let mut fresh = TestProgram::new();
+    let first = Frame::tcp(443, &hello[..cut]).from_port(1).seq(5).build();
+    let second = Frame::tcp(443, &hello[cut..])
+        .from_port(1)
+        .seq(5 + cut as u32)
+        .build();
+    class_of(&fresh, Hook::Xdp, &first);
+    assert_eq!(class_of(&fresh, Hook::Xdp, &second), Some(Class::TlsNew));
+    assert_eq!(fresh.counters().tls.unverified_offers, 1);
+    fresh.maps.clear_tls_flows().unwrap();
+}
+
+#[test]
+fn an_out_of_order_segment_falls_back_to_new() {
+    if !have_root("an_out_of_order_segment_falls_back_to_new") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let (hello, cut) = split_hello();
+    publish(&mut prog, &hello);
+    for (hook, port) in [(Hook::Xdp, 41001), (Hook::Tc, 41002)] {
+        let first = Frame::tcp(443, &hello[..cut])
+            .from_port(port)
+            .seq(100)
+            .build();
+        // The second segment, but with a gap before it.
+        let late = Frame::tcp(443, &hello[cut..])
+            .from_port(port)
+            .seq(100 + cut as u32 + 1448)
+            .build();
+        class_of(&prog, hook, &first);
+        let before = prog.counters();
+        assert_eq!(
+            class_of(&prog, hook, &late),
+            Some(Class::TlsNew),
+            "{hook:?}"
+        );
+        assert_eq!(
+            prog.counters().tls.out_of_order,
+            before.tls.out_of_order + 1
+        );
+    }
+    prog.maps.clear_tls_flows().unwrap();
+}
+
+#[test]
+fn the_backlog_is_admitted_minus_completed() {
+    if !have_root("the_backlog_is_admitted_minus_completed") {
+        return;
+    }
+    let prog = TestProgram::new();
+    let hello = HelloBuilder::default().build();
+    let backlog =
+        |p: &TestProgram| p.maps.class_state().unwrap()[Class::TlsNew.id() as usize].backlog();
+    // Three connections admitted.
+    for port in [1u16, 2, 3] {
+        let f = Frame::tcp(443, &hello).from_port(port).seq(10).build();
+        assert_eq!(class_of(&prog, Hook::Xdp, &f), Some(Class::TlsNew));
+    }
+    assert_eq!(backlog(&prog), 3);
+    // One sends its second flight (a ChangeCipherSpec record), one closes, one stays in handshake.
+    let ccs = Frame::tcp(443, &[20, 3, 3, 0, 1, 1])
+        .from_port(1)
+        .seq(10 + hello.len() as u32);
+    class_of(&prog, Hook::Xdp, &ccs.build());
+    let fin = Frame::tcp(443, &[])
+        .from_port(2)
+        .flags(TCP_FIN_FLAG | 0x10)
+        .seq(10 + hello.len() as u32);
+    class_of(&prog, Hook::Tc, &fin.build());
+    assert_eq!(backlog(&prog), 1);
+    // A completion is counted once.
+    class_of(&prog, Hook::Xdp, &ccs.build());
+    class_of(&prog, Hook::Xdp, &fin.build());
+    assert_eq!(backlog(&prog), 1);
+    assert_eq!(prog.counters().tls.completions, 2);
+}

@@ -28,9 +28,11 @@ pub mod names {
     pub const TLS_ISSUED: &str = "TLS_ISSUED";
     /// Per-CPU TLS counters ([`super::TlsCounters`]).
     pub const TLS_COUNTERS: &str = "TLS_COUNTERS";
+    /// Rejected TLS connections, for the daemon to tear down ([`super::RejectEvent`]).
+    pub const TLS_REJECTS: &str = "TLS_REJECTS";
 
     /// Every map the gateway pins, in a fixed order.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 11] = [
         CLASS_STATS,
         CLASS_POLICY,
         CLASS_STATE,
@@ -41,6 +43,7 @@ pub mod names {
         TLS_FLOWS,
         TLS_ISSUED,
         TLS_COUNTERS,
+        TLS_REJECTS,
     ];
 }
 
@@ -102,6 +105,10 @@ impl ClassStats {
         self.rejected += other.rejected;
     }
 }
+
+/// Largest burst a policy may carry; the datapath clamps to it, so `burst * interval` (interval at
+/// most 1e9 ns) always fits in a u64.
+pub const MAX_BURST: u64 = 10_000_000;
 
 /// [`ClassPolicy::flags`]: the backlog limit is in force.
 pub const POLICY_LIMIT_BACKLOG: u64 = 1 << 0;
@@ -410,6 +417,29 @@ impl TlsCounters {
     }
 }
 
+/// Bytes of the `TLS_REJECTS` ring buffer.
+pub const TLS_REJECTS_BYTES: u32 = 64 * 1024;
+
+/// [`RejectEvent::reason`]: the class's backlog was at its limit.
+pub const REJECT_BACKLOG: u8 = 1;
+/// [`RejectEvent::reason`]: the class's rate limit was exceeded.
+pub const REJECT_RATE: u8 = 2;
+
+/// A connection the datapath rejected: the daemon destroys the server's socket for it, which
+/// also resets the client.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RejectEvent {
+    /// The connection.
+    pub key: FlowKey,
+    /// Its class.
+    pub class: u8,
+    /// `REJECT_*`.
+    pub reason: u8,
+    /// Padding, zero.
+    pub pad: [u8; 6],
+}
+
 /// Compile-time check that per-class arrays cover every class.
 const _: () = assert!(NUM_CLASSES == 7);
 
@@ -440,6 +470,7 @@ mod tests {
         assert_eq!(size_of::<IssuedKey>(), 16);
         assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8);
         assert_eq!(size_of::<TlsCounters>(), 7 * 8);
+        assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
     }
 
     #[test]

@@ -88,9 +88,6 @@ pub fn process<C: EbpfContext + CopyOut, B: PacketBytes>(ctx: &C, b: &B, len: u6
             (Class::Other, policy(CONFIG_DROP_UNPARSEABLE))
         }
     };
-    if verdict == Verdict::Drop {
-        count(|c| c.policy_dropped += 1);
-    }
     if let Some(s) = CLASS_STATS.get_ptr_mut(class.id()) {
         // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
         unsafe {
@@ -104,11 +101,12 @@ pub fn process<C: EbpfContext + CopyOut, B: PacketBytes>(ctx: &C, b: &B, len: u6
     verdict
 }
 
-/// Drop when the datapath config has `flag` set. Only fragments and unparseable packets consult
-/// the config, so other traffic never pays for its lookup.
+/// Drop (and count it) when the datapath config has `flag` set. Only fragments and unparseable
+/// packets consult the config, so other traffic never pays for its lookup.
 #[inline(always)]
 fn policy(flag: u64) -> Verdict {
     if DP_CONFIG.get(0).is_some_and(|c| c.flags & flag != 0) {
+        count(|c| c.policy_dropped += 1);
         Verdict::Drop
     } else {
         Verdict::Pass

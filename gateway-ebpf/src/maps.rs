@@ -2,15 +2,15 @@
 //! pins them per interface under the names in `gateway_common::maps::names`.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     macros::btf_map,
 };
 use gateway_common::{
     NUM_CLASSES,
     maps::{
         ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
-        IssuedValue, MAX_SERVICES, MAX_TLS_FLOWS, MAX_TLS_ISSUED, SERVICE_PORT_ENTRIES, ServiceKey,
-        ServiceValue, TlsCounters, TlsFlow,
+        IssuedValue, MAX_SERVICES, MAX_TLS_FLOWS, MAX_TLS_ISSUED, RejectEvent,
+        SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue, TLS_REJECTS_BYTES, TlsCounters, TlsFlow,
     },
 };
 
@@ -60,3 +60,7 @@ pub static TLS_COUNTERS: PerCpuArray<TlsCounters, 1> = PerCpuArray::new();
 /// Per-CPU scratch space of the ClientHello parser (not pinned).
 #[btf_map]
 pub static TLS_SCRATCH: PerCpuArray<crate::tls::Scratch, 1> = PerCpuArray::new();
+
+/// Rejected TLS connections, for the daemon to tear down.
+#[btf_map]
+pub static TLS_REJECTS: RingBuf<RejectEvent, { TLS_REJECTS_BYTES as usize }> = RingBuf::new();

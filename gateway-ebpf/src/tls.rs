@@ -25,7 +25,11 @@ use aya_ebpf::{
 use gateway_common::{
     Class,
     bytes::{MAX_READ_OFFSET, PacketBytes},
-    maps::{FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED, FlowKey, IssuedKey, TlsCounters, TlsFlow},
+    maps::{
+        FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED, FlowKey, IssuedKey, MAX_BURST,
+        POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, REJECT_BACKLOG, REJECT_RATE, RejectEvent,
+        TlsCounters, TlsFlow,
+    },
     packet::{Packet, TCP_FIN, TCP_RST},
     tls::{HelloState, MAX_STEPS, Segment, Verdict},
 };
@@ -33,14 +37,19 @@ use gateway_common::{
 use crate::{
     bytes::opaque,
     datapath::Verdict as Action,
-    maps::{CLASS_STATE, TLS_COUNTERS, TLS_FLOWS, TLS_ISSUED, TLS_SCRATCH},
+    maps::{
+        CLASS_POLICY, CLASS_STATE, CLASS_STATS, TLS_COUNTERS, TLS_FLOWS, TLS_ISSUED, TLS_REJECTS,
+        TLS_SCRATCH,
+    },
 };
 
 /// Bytes of a segment the parser looks at; the rest of a longer segment makes the hello
 /// malformed (never resumed).
 pub const SCRATCH_LEN: usize = 2048;
 
-/// Per-CPU parser scratch: a copy of the segment's payload and the live parser state.
+/// Per-CPU scratch: a copy of the segment's payload, the live parser state, and the flow key and
+/// new flow record. They live here rather than on the stack, which is 512 bytes for the program
+/// and its callback together.
 #[repr(C)]
 pub struct Scratch {
     /// Payload bytes, in the first half; the second half is slack so that an index masked with
@@ -52,6 +61,10 @@ pub struct Scratch {
     stream_offset: u32,
     /// The parser.
     state: HelloState,
+    /// The packet's connection.
+    key: FlowKey,
+    /// A flow record being created.
+    flow: TlsFlow,
 }
 
 /// Copies packet bytes out, for either hook.
@@ -118,19 +131,16 @@ extern "C" fn hello_step(_index: u64, _ctx: *mut c_void) -> i64 {
     i64::from(s.state.step(&bytes, &seg))
 }
 
-/// Runs the parser over one segment's payload, continuing `state`. Returns the new state, or
-/// `None` when the scratch space is unavailable.
+/// Runs the parser over one segment's payload, continuing from `s.state` (which it updates).
+/// Returns `false` when the payload could not be copied.
 #[inline(always)]
 fn parse_segment<C: CopyOut>(
     ctx: &C,
-    state: &HelloState,
+    s: &mut Scratch,
     payload_offset: u32,
     payload_len: u32,
     stream_offset: u32,
-) -> Option<HelloState> {
-    let s = TLS_SCRATCH.get_ptr_mut(0)?;
-    // SAFETY: per-CPU slot, used only by this program run.
-    let s = unsafe { &mut *s };
+) -> bool {
     let len = if payload_len > SCRATCH_LEN as u32 {
         SCRATCH_LEN as u64
     } else {
@@ -141,11 +151,10 @@ fn parse_segment<C: CopyOut>(
     // zero-extended copy; either way the verifier refused the size as possibly zero.
     let len = opaque(len);
     if len == 0 || !ctx.copy_out(payload_offset, s.buf.as_mut_ptr(), len) {
-        return None;
+        return false;
     }
     s.len = len as u32;
     s.stream_offset = stream_offset;
-    s.state = *state;
     let seg = Segment {
         offset: 0,
         len: payload_len,
@@ -162,7 +171,7 @@ fn parse_segment<C: CopyOut>(
         );
     }
     s.state.end_segment(&seg);
-    Some(s.state)
+    true
 }
 
 #[inline(always)]
@@ -173,10 +182,10 @@ fn count(f: impl FnOnce(&mut TlsCounters)) {
     }
 }
 
-/// The connection's key, client first.
+/// Writes the connection's key, client first, into `key`.
 #[inline(always)]
-fn flow_key<B: PacketBytes>(b: &B, pkt: &Packet) -> Option<FlowKey> {
-    let mut key = FlowKey {
+fn flow_key<B: PacketBytes>(b: &B, pkt: &Packet, key: &mut FlowKey) -> bool {
+    *key = FlowKey {
         sport: pkt.transport.src_port,
         dport: pkt.transport.dst_port,
         ..FlowKey::default()
@@ -185,7 +194,7 @@ fn flow_key<B: PacketBytes>(b: &B, pkt: &Packet) -> Option<FlowKey> {
     if pkt.ip_version == 4 {
         let mut a = [0u8; 8];
         if !b.read(l3 + 12, &mut a) {
-            return None;
+            return false;
         }
         key.saddr[10] = 0xff;
         key.saddr[11] = 0xff;
@@ -193,18 +202,10 @@ fn flow_key<B: PacketBytes>(b: &B, pkt: &Packet) -> Option<FlowKey> {
         key.daddr[11] = 0xff;
         key.saddr[12..16].copy_from_slice(&a[..4]);
         key.daddr[12..16].copy_from_slice(&a[4..]);
+        true
     } else {
-        let mut a = [0u8; 16];
-        if !b.read(l3 + 8, &mut a) {
-            return None;
-        }
-        key.saddr = a;
-        if !b.read(l3 + 24, &mut a) {
-            return None;
-        }
-        key.daddr = a;
+        b.read(l3 + 8, &mut key.saddr) && b.read(l3 + 24, &mut key.daddr)
     }
-    Some(key)
 }
 
 /// Classifies a TCP packet to a TLS port.
@@ -212,11 +213,16 @@ fn flow_key<B: PacketBytes>(b: &B, pkt: &Packet) -> Option<FlowKey> {
 pub fn tls_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (Class, Action) {
     let t = &pkt.transport;
     let payload_len = u32::from(pkt.payload_len());
-    let Some(key) = flow_key(b, pkt) else {
+    let Some(s) = TLS_SCRATCH.get_ptr_mut(0) else {
         return (Class::TlsFlow, Action::Pass);
     };
+    // SAFETY: per-CPU slot, used only by this program run (and its bpf_loop callback).
+    let s = unsafe { &mut *s };
+    if !flow_key(b, pkt, &mut s.key) {
+        return (Class::TlsFlow, Action::Pass);
+    }
     // SAFETY: the flow entry is only touched by packets of its own connection.
-    if let Some(f) = TLS_FLOWS.get_ptr_mut(&key).map(|f| unsafe { &mut *f }) {
+    if let Some(f) = TLS_FLOWS.get_ptr_mut(&s.key).map(|f| unsafe { &mut *f }) {
         match f.state {
             FLOW_ADMITTED => {
                 track_completion(f, b, pkt, payload_len);
@@ -232,48 +238,43 @@ pub fn tls_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
         if payload_len == 0 {
             return (Class::TlsFlow, Action::Pass);
         }
-        let hello = if t.seq != f.next_seq {
+        f.segments = f.segments.saturating_add(1);
+        s.state = f.hello;
+        let in_order = t.seq == f.next_seq;
+        if !in_order {
             count(|c| c.out_of_order += 1);
-            None
-        } else {
-            parse_segment(
+        }
+        if !in_order
+            || !parse_segment(
                 ctx,
-                &f.hello,
+                s,
                 u32::from(t.payload_offset),
                 payload_len,
                 t.seq.wrapping_sub(f.hello_seq),
             )
-        };
-        f.segments = f.segments.saturating_add(1);
-        let Some(hello) = hello else {
+        {
             // Out of order or unreadable: decided as a new session.
-            let mut fallback = f.hello;
-            fallback.verdict = Verdict::New as u8;
-            return decide(f, &fallback);
-        };
-        f.hello = hello;
+            f.hello.verdict = Verdict::New as u8;
+            return decide(&s.key, f);
+        }
+        f.hello = s.state;
         f.next_seq = t.seq.wrapping_add(payload_len);
-        if hello.verdict() == Verdict::Pending {
+        if f.hello.verdict() == Verdict::Pending {
             return (Class::TlsFlow, Action::Pass);
         }
-        return decide(f, &hello);
+        return decide(&s.key, f);
     }
     // A connection we do not know: a hello opens a flow, anything else passes as tls-flow.
     let mut first = [0u8; 1];
     if payload_len == 0 || !b.read(t.payload_offset as usize, &mut first) || first[0] != 22 {
         return (Class::TlsFlow, Action::Pass);
     }
-    let Some(hello) = parse_segment(
-        ctx,
-        &HelloState::new(),
-        u32::from(t.payload_offset),
-        payload_len,
-        0,
-    ) else {
+    s.state = HelloState::new();
+    if !parse_segment(ctx, s, u32::from(t.payload_offset), payload_len, 0) {
         return (Class::TlsFlow, Action::Pass);
-    };
-    let mut flow = TlsFlow {
-        hello,
+    }
+    s.flow = TlsFlow {
+        hello: s.state,
         hello_seq: t.seq,
         next_seq: t.seq.wrapping_add(payload_len),
         state: FLOW_PENDING,
@@ -281,22 +282,22 @@ pub fn tls_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
         completed: 0,
         segments: 1,
     };
-    if hello.verdict() == Verdict::Pending {
+    let result = if s.flow.hello.verdict() == Verdict::Pending {
         count(|c| c.multi_segment += 1);
-        let _ = TLS_FLOWS.insert(&key, &flow, 0);
-        return (Class::TlsFlow, Action::Pass);
-    }
-    let result = decide(&mut flow, &hello);
-    let _ = TLS_FLOWS.insert(&key, &flow, 0);
+        (Class::TlsFlow, Action::Pass)
+    } else {
+        decide(&s.key, &mut s.flow)
+    };
+    let _ = TLS_FLOWS.insert(&s.key, &s.flow, 0);
     result
 }
 
-/// Decides a complete hello: its class, then admission.
+/// Decides the complete hello in `f`: its class, then admission against the class's limits.
 #[inline(always)]
-fn decide(f: &mut TlsFlow, hello: &HelloState) -> (Class, Action) {
+fn decide(key: &FlowKey, f: &mut TlsFlow) -> (Class, Action) {
     count(|c| c.hellos += 1);
-    let class = match hello.verdict() {
-        Verdict::Offer => match hello.offer_key() {
+    let class = match f.hello.verdict() {
+        Verdict::Offer => match f.hello.offer_key() {
             // SAFETY: the value is only tested for presence.
             Some(key) if unsafe { TLS_ISSUED.get(&IssuedKey { key }) }.is_some() => {
                 Class::TlsResumed
@@ -313,17 +314,93 @@ fn decide(f: &mut TlsFlow, hello: &HelloState) -> (Class, Action) {
         _ => Class::TlsNew,
     };
     f.class = class as u8;
-    f.state = FLOW_ADMITTED;
-    admit(class);
-    (class, Action::Pass)
+    match admission(class) {
+        None => {
+            f.state = FLOW_ADMITTED;
+            (class, Action::Pass)
+        }
+        Some(reason) => {
+            f.state = FLOW_REJECTED;
+            reject(key, class, reason);
+            (class, Action::Drop)
+        }
+    }
 }
 
-/// Counts an admission in the class's backlog.
+/// Admits a connection in `class` (counting it into the backlog), or says why not: the backlog
+/// (admitted minus completed) is at the limit, or the GCRA rate limiter has no room.
+///
+/// GCRA (RFC 7415's leaky bucket): emission interval `T = 1 s / rate`, tolerance
+/// `tau = burst * T`; a connection conforms when the theoretical arrival time is at most `tau`
+/// ahead of now, and then advances it by `T`. A rate of zero admits nothing. The TAT update is a
+/// plain store: two CPUs admitting at the same instant can both pass, so the limiter may admit
+/// one more per racing CPU, never fewer.
 #[inline(always)]
-fn admit(class: Class) {
-    if let Some(st) = CLASS_STATE.get_ptr_mut(class.id()) {
-        // SAFETY: the entry is shared across CPUs; only atomic adds touch the counter.
-        unsafe { atomic_add(&raw mut (*st).admitted, 1) };
+fn admission(class: Class) -> Option<u8> {
+    let st = CLASS_STATE.get_ptr_mut(class.id())?;
+    if let Some(p) = CLASS_POLICY.get(class.id()) {
+        if p.flags & POLICY_LIMIT_BACKLOG != 0 {
+            // SAFETY: reads of counters other CPUs add to atomically.
+            let (admitted, completed) = unsafe {
+                (
+                    core::ptr::read_volatile(&raw const (*st).admitted),
+                    core::ptr::read_volatile(&raw const (*st).completed),
+                )
+            };
+            if admitted.saturating_sub(completed) >= p.backlog_limit {
+                return Some(REJECT_BACKLOG);
+            }
+        }
+        if p.flags & POLICY_LIMIT_RATE != 0 {
+            if p.rate_per_sec == 0 {
+                return Some(REJECT_RATE);
+            }
+            let interval = 1_000_000_000 / p.rate_per_sec;
+            let burst = if p.burst > MAX_BURST {
+                MAX_BURST
+            } else {
+                p.burst
+            };
+            let tolerance = burst * interval;
+            let now = now_ns();
+            // SAFETY: see the race note above.
+            let tat = unsafe { core::ptr::read_volatile(&raw const (*st).gcra_tat_ns) };
+            let tat = if tat < now { now } else { tat };
+            if tat - now > tolerance {
+                return Some(REJECT_RATE);
+            }
+            unsafe { core::ptr::write_volatile(&raw mut (*st).gcra_tat_ns, tat + interval) };
+        }
+    }
+    // SAFETY: the entry is shared across CPUs; only atomic adds touch the counter.
+    unsafe { atomic_add(&raw mut (*st).admitted, 1) };
+    None
+}
+
+/// Counts a rejection by reason and tells the daemon, which destroys the server's socket for the
+/// connection (and with it sends the client a reset).
+#[inline(always)]
+fn reject(key: &FlowKey, class: Class, reason: u8) {
+    if let Some(s) = CLASS_STATS.get_ptr_mut(class.id()) {
+        // SAFETY: per-CPU slot.
+        unsafe {
+            (*s).rejected += 1;
+            if reason == REJECT_BACKLOG {
+                (*s).dropped_backlog += 1;
+            } else {
+                (*s).dropped_rate += 1;
+            }
+        }
+    }
+    // A full ring buffer loses the event, not the rejection: the connection is still dropped.
+    if let Some(mut entry) = TLS_REJECTS.reserve(0) {
+        entry.write(RejectEvent {
+            key: *key,
+            class: class as u8,
+            reason,
+            pad: [0; 6],
+        });
+        entry.submit(0);
     }
 }
 
@@ -367,11 +444,7 @@ fn track_completion<B: PacketBytes>(f: &mut TlsFlow, b: &B, pkt: &Packet, payloa
 
 /// Nanoseconds of `CLOCK_MONOTONIC`.
 #[inline(always)]
-#[allow(dead_code)]
 pub fn now_ns() -> u64 {
     // SAFETY: no arguments.
     unsafe { bpf_ktime_get_ns() }
 }
-
-#[allow(dead_code)]
-const _: () = assert!(FLOW_REJECTED != FLOW_PENDING);

@@ -26,7 +26,7 @@ pub const MAX_BACKLOG: u64 = 10_000_000;
 /// Largest accepted rate, per second.
 pub const MAX_RATE: u64 = 100_000_000;
 /// Largest accepted burst.
-pub const MAX_BURST: u64 = 10_000_000;
+pub const MAX_BURST: u64 = gateway_common::maps::MAX_BURST;
 
 /// Errors of loading a configuration.
 #[derive(Debug, Error)]

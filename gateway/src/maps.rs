@@ -49,6 +49,22 @@ fn op(map: &'static str) -> impl FnOnce(MapError) -> MapsError {
     move |source| MapsError::Op { map, source }
 }
 
+/// The reject-event ring buffer of one interface (a single consumer should read it: the daemon).
+pub fn open_rejects(pins: &PinDir) -> Result<aya::maps::RingBuf<MapData>, MapsError> {
+    open(pins, names::TLS_REJECTS)?
+        .try_into()
+        .map_err(op(names::TLS_REJECTS))
+}
+
+/// Decodes a reject event read from the ring buffer.
+pub fn decode_reject(bytes: &[u8]) -> Option<gateway_common::maps::RejectEvent> {
+    if bytes.len() < core::mem::size_of::<gateway_common::maps::RejectEvent>() {
+        return None;
+    }
+    // SAFETY: RejectEvent is Pod (any bytes are a value) and the length was checked.
+    Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr().cast()) })
+}
+
 /// Handles to every gateway map of one interface.
 pub struct Maps {
     stats: PerCpuArray<MapData, ClassStats>,

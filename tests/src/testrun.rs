@@ -34,6 +34,8 @@ pub enum Hook {
 /// A loaded datapath with pinned maps.
 pub struct TestProgram {
     ebpf: Ebpf,
+    /// Where the maps are pinned.
+    pub pins: PinDir,
     /// Typed access to its maps.
     pub maps: Maps,
     _bpffs: Bpffs,
@@ -98,6 +100,7 @@ impl TestProgram {
         }
         TestProgram {
             ebpf,
+            pins: pd,
             maps,
             _bpffs: bpffs,
         }

@@ -246,3 +246,133 @@ fn the_backlog_is_admitted_minus_completed() {
     assert_eq!(backlog(&prog), 1);
     assert_eq!(prog.counters().tls.completions, 2);
 }
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+
+fn set_policy(prog: &mut TestProgram, class: Class, p: gateway::config::PolicyConfig) {
+    prog.maps.set_policy(class, p.to_map()).unwrap();
+}
+
+#[test]
+fn over_its_limits_a_new_connection_is_rejected_and_remembered() {
+    if !have_root("over_its_limits_a_new_connection_is_rejected") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let mut rejects = gateway::maps::open_rejects(&prog.pins).unwrap();
+    let hello = HelloBuilder::default().build();
+    let resumable = HelloBuilder {
+        session_id: key(7),
+        ..Default::default()
+    }
+    .build();
+    publish(&mut prog, &resumable);
+    // tls-new closed: backlog limit zero.
+    set_policy(
+        &mut prog,
+        Class::TlsNew,
+        gateway::config::PolicyConfig {
+            backlog: Some(0),
+            ..Default::default()
+        },
+    );
+    for (hook, port, drop) in [(Hook::Xdp, 100u16, XDP_DROP), (Hook::Tc, 101, 2)] {
+        let f = Frame::tcp(443, &hello).from_port(port).seq(1).build();
+        let before = prog.counters();
+        assert_eq!(prog.run(hook, &f, 1).0, drop, "{hook:?}");
+        let after = prog.counters();
+        let c = Class::TlsNew.id() as usize;
+        assert_eq!(after.classes[c].rejected, before.classes[c].rejected + 1);
+        assert_eq!(
+            after.classes[c].dropped_backlog,
+            before.classes[c].dropped_backlog + 1
+        );
+        assert_eq!(after.classes[c].admitted, before.classes[c].admitted);
+        // Its retransmission is dropped by the flow table, cheaply.
+        assert_eq!(prog.run(hook, &f, 1).0, drop);
+        assert_eq!(
+            prog.counters().tls.rejected_flow_packets,
+            before.tls.rejected_flow_packets + 1
+        );
+        // The daemon hears of it.
+        let item = rejects.next().expect("a reject event");
+        let ev = gateway::maps::decode_reject(&item).unwrap();
+        assert_eq!(ev.key.sport, port);
+        assert_eq!(ev.key.dport, 443);
+        assert_eq!(ev.class, Class::TlsNew as u8);
+        assert_eq!(ev.reason, gateway_common::maps::REJECT_BACKLOG);
+    }
+    // Resumed sessions are not limited by tls-new's policy.
+    let f = Frame::tcp(443, &resumable).from_port(102).seq(1).build();
+    assert_eq!(prog.run(Hook::Xdp, &f, 1).0, XDP_PASS);
+    assert!(rejects.next().is_none());
+}
+
+#[test]
+fn the_backlog_limit_admits_again_after_a_completion() {
+    if !have_root("the_backlog_limit_admits_again_after_a_completion") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let hello = HelloBuilder::default().build();
+    set_policy(
+        &mut prog,
+        Class::TlsNew,
+        gateway::config::PolicyConfig {
+            backlog: Some(2),
+            ..Default::default()
+        },
+    );
+    let hello_from = |port: u16| Frame::tcp(443, &hello).from_port(port).seq(1).build();
+    assert_eq!(prog.run(Hook::Xdp, &hello_from(1), 1).0, XDP_PASS);
+    assert_eq!(prog.run(Hook::Xdp, &hello_from(2), 1).0, XDP_PASS);
+    assert_eq!(prog.run(Hook::Xdp, &hello_from(3), 1).0, XDP_DROP);
+    // Connection 1 finishes its handshake: room for one more.
+    let ccs = Frame::tcp(443, &[20, 3, 3, 0, 1, 1])
+        .from_port(1)
+        .seq(1 + hello.len() as u32)
+        .build();
+    prog.run(Hook::Xdp, &ccs, 1);
+    assert_eq!(prog.run(Hook::Xdp, &hello_from(4), 1).0, XDP_PASS);
+    assert_eq!(prog.run(Hook::Xdp, &hello_from(5), 1).0, XDP_DROP);
+}
+
+#[test]
+fn the_rate_limit_allows_a_burst_then_rejects() {
+    if !have_root("the_rate_limit_allows_a_burst_then_rejects") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let hello = HelloBuilder::default().build();
+    // One per second, burst of two: three back to back conform, the fourth does not.
+    set_policy(
+        &mut prog,
+        Class::TlsNew,
+        gateway::config::PolicyConfig {
+            rate: Some(1),
+            burst: Some(2),
+            ..Default::default()
+        },
+    );
+    let actions: Vec<u32> = (1..=4u16)
+        .map(|p| {
+            prog.run(Hook::Xdp, &Frame::tcp(443, &hello).from_port(p).build(), 1)
+                .0
+        })
+        .collect();
+    assert_eq!(actions, [XDP_PASS, XDP_PASS, XDP_PASS, XDP_DROP]);
+    let c = prog.counters().classes[Class::TlsNew.id() as usize];
+    assert_eq!((c.dropped_rate, c.rejected, c.dropped_backlog), (1, 1, 0));
+    // Rate zero admits nothing.
+    set_policy(
+        &mut prog,
+        Class::TlsNew,
+        gateway::config::PolicyConfig {
+            rate: Some(0),
+            ..Default::default()
+        },
+    );
+    let f = Frame::tcp(443, &hello).from_port(9).build();
+    assert_eq!(prog.run(Hook::Tc, &f, 1).0, 2);
+}

@@ -16,13 +16,14 @@ use tokio::{
     io::unix::AsyncFd,
     signal::unix::{SignalKind, signal},
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     config::{Config, OnExit},
     loader::{self, AttachOptions, Attachment, LoaderError},
     maps::{Maps, MapsError},
     pins::PinDir,
+    sockdiag::{SockDiag, flow_addrs},
 };
 
 /// Errors of the daemon.
@@ -162,15 +163,60 @@ async fn serve(cfg: &Config, attachments: &mut [Attachment]) -> Result<(), Daemo
             Err(e) => warn!(iface = %a.iface, error = %e, "eBPF logs unavailable"),
         }
     }
+    let mut reject_tasks = Vec::new();
+    for a in attachments.iter() {
+        let pins = PinDir::new(&cfg.bpffs, &a.iface);
+        reject_tasks.push(tokio::spawn(destroy_rejected(a.iface.clone(), pins)));
+    }
     info!(config = %cfg, "gateway ready");
     tokio::select! {
         _ = term.recv() => info!("SIGTERM: shutting down"),
         _ = int.recv() => info!("SIGINT: shutting down"),
     }
-    for t in log_tasks {
+    for t in log_tasks.into_iter().chain(reject_tasks) {
         t.abort();
     }
     Ok(())
+}
+
+/// Destroys the server-side socket of every connection the datapath rejects (see `sockdiag`):
+/// the client gets a reset at once and the server does not wait on a hello that will not come.
+async fn destroy_rejected(iface: String, pins: PinDir) {
+    let (ring, mut diag) = match (crate::maps::open_rejects(&pins), SockDiag::new()) {
+        (Ok(r), Ok(d)) => (r, d),
+        (Err(e), _) => return warn!(%iface, error = %e, "reject events unavailable"),
+        (_, Err(e)) => return warn!(%iface, error = %e, "cannot destroy rejected sockets"),
+    };
+    // SAFETY: the ring buffer owns its map fd, open and unchanged until the AsyncFd is dropped.
+    let registered =
+        unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) };
+    let mut fd = match registered {
+        Ok(fd) => fd,
+        Err(e) => return warn!(%iface, error = %e, "cannot poll the reject ring buffer"),
+    };
+    loop {
+        let mut guard = match fd.readable_mut().await {
+            Ok(g) => g,
+            Err(e) => return warn!(%iface, error = %e, "reject ring buffer"),
+        };
+        let ring = guard.get_inner_mut();
+        while let Some(event) = ring
+            .next()
+            .and_then(|item| crate::maps::decode_reject(&item))
+        {
+            let (server, client) = flow_addrs(&event.key);
+            match diag.destroy_tcp(server, client) {
+                Ok(()) => {
+                    debug!(%iface, %client, %server, reason = event.reason, "rejected connection reset")
+                }
+                Err(e) if e.is_not_found() => {
+                    debug!(%iface, %client, "rejected connection already gone")
+                }
+                Err(e) => warn!(%iface, error = %e, "cannot reset a rejected connection"),
+            }
+        }
+        guard.clear_ready();
+    }
 }
 
 /// Reads aya-log records as they arrive and hands them to the `log` facade, which

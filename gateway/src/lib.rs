@@ -11,6 +11,7 @@ pub mod loader;
 pub mod maps;
 pub mod output;
 pub mod pins;
+pub mod sockdiag;
 
 /// The compiled eBPF object (built from source or the committed copy, see `build.rs`).
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gateway"));

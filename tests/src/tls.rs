@@ -194,3 +194,38 @@ pub fn accepts(port: u16) -> bool {
 pub fn non_empty(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.len() > 0)
 }
+
+/// The key a client resuming from session file `sess` offers: the first 16 bytes of its ticket
+/// (TLS 1.3 PSK identity or TLS 1.2 ticket), else of its session id; as hex.
+pub fn session_key(sess: &Path) -> String {
+    let out = Command::new("openssl")
+        .args(["sess_id", "-noout", "-text", "-in"])
+        .arg(sess)
+        .output()
+        .expect("openssl sess_id");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines().map(str::trim);
+    if let Some(first) = lines
+        .by_ref()
+        .skip_while(|l| !l.starts_with("TLS session ticket:"))
+        .nth(1)
+        .filter(|l| l.starts_with("0000 - "))
+    {
+        // "0000 - 8b 5a 1a c3 99 e1 7e 2b-b0 f6 79 50 71 f7 e5 00   .Z...."
+        let hex: String = first[7..]
+            .split("   ")
+            .next()
+            .unwrap()
+            .chars()
+            .filter(char::is_ascii_hexdigit)
+            .collect();
+        assert_eq!(hex.len(), 32, "ticket line: {first}");
+        return hex.to_lowercase();
+    }
+    let sid = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Session-ID: "))
+        .expect("Session-ID");
+    assert!(sid.len() >= 32, "session id: {sid}");
+    sid[..32].to_lowercase()
+}

@@ -1,0 +1,202 @@
+//! TLS through the attached datapath with real clients and a real server: openssl s_client from a
+//! peer namespace to openssl s_server behind `gateway run`.
+
+use std::{
+    net::TcpStream,
+    time::{Duration, Instant},
+};
+
+use gateway_tests::{
+    daemon::Daemon,
+    have_root,
+    netns::{GW_V4, TestNet, class_counter, must},
+    tls::{Cert, Proc, s_client_input, s_server, session_key, wait_listening},
+};
+
+const GET: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
+
+struct Setup {
+    net: TestNet,
+    cert: Cert,
+    _server: Proc,
+    daemon: Option<Daemon>,
+}
+
+impl Setup {
+    /// Namespaces, an s_server on 443 behind the gateway (`server_opts`), and `gateway run`.
+    fn new(server_opts: &[&str]) -> Self {
+        let net = TestNet::new();
+        let cert = Cert::new();
+        let server = s_server(
+            &["ip", "netns", "exec", &net.gw_ns],
+            &cert,
+            443,
+            server_opts,
+        );
+        wait_listening(|| net.in_gw(|| TcpStream::connect(("127.0.0.1", 443)).is_ok()));
+        let cfg = cert.file("gateway.yaml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "interfaces:\n  - name: {}\nservices:\n  - {{kind: tls, port: 443}}\non_exit: detach\n",
+                net.gw_if
+            ),
+        )
+        .unwrap();
+        let daemon = Daemon::start(
+            &net,
+            &["--config", cfg.to_str().unwrap()],
+            Duration::from_secs(20),
+        );
+        Setup {
+            net,
+            cert,
+            _server: server,
+            daemon: Some(daemon),
+        }
+    }
+
+    /// s_client from the peer namespace; returns its output.
+    fn client(&self, args: &[&str]) -> String {
+        s_client_input(
+            &["ip", "netns", "exec", &self.net.peer_ns],
+            &format!("{GW_V4}:443"),
+            args,
+            GET,
+        )
+    }
+
+    fn counter(&self, class: &str, field: &str) -> u64 {
+        class_counter(&self.net.stats(), class, field)
+    }
+
+    fn tls(&self, field: &str) -> u64 {
+        self.net.stats()["tls"][field].as_u64().unwrap()
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if let Some(d) = self.daemon.take() {
+            let (status, log) = d.terminate(Duration::from_secs(10));
+            if !std::thread::panicking() {
+                assert!(status.success(), "{log:?}");
+            }
+        }
+    }
+}
+
+fn resumption(version: &str, server_opts: &[&str], kind: &str) {
+    let s = Setup::new(server_opts);
+    let sess = s.cert.file("sess.pem");
+    let sess = sess.to_str().unwrap();
+    // A full handshake: tls-new.
+    let out = s.client(&[version, "-sess_out", sess, "-ign_eof"]);
+    assert!(out.contains("New,"), "{out}");
+    assert_eq!(s.counter("tls-new", "packets"), 1);
+    // Resumption offered, but the key was never published: tls-new, unverified.
+    let out = s.client(&[version, "-sess_in", sess, "-ign_eof"]);
+    assert!(out.contains("Reused,"), "the server did resume: {out}");
+    assert_eq!(s.counter("tls-new", "packets"), 2);
+    assert_eq!(s.counter("tls-resumed", "packets"), 0);
+    assert_eq!(s.tls("unverified_offers"), 1);
+    // Published: the same resumption is tls-resumed.
+    let key = session_key(std::path::Path::new(sess));
+    s.net
+        .gateway_ok(&["tls", "issued", "add", &key, "--kind", kind]);
+    let out = s.client(&[version, "-sess_in", sess, "-ign_eof"]);
+    assert!(out.contains("Reused,"), "{out}");
+    assert_eq!(s.counter("tls-resumed", "packets"), 1);
+    assert_eq!(s.tls("unverified_offers"), 1);
+    // Every admitted connection completed: the backlogs are back to zero.
+    assert_eq!(s.counter("tls-new", "backlog"), 0);
+    assert_eq!(s.counter("tls-resumed", "backlog"), 0);
+}
+
+#[test]
+fn tls13_psk_resumption_is_verified_against_published_keys() {
+    if !have_root("tls13_psk_resumption_is_verified") {
+        return;
+    }
+    resumption("-tls1_3", &[], "psk");
+}
+
+#[test]
+fn tls12_session_id_resumption_is_verified_against_published_keys() {
+    if !have_root("tls12_session_id_resumption_is_verified") {
+        return;
+    }
+    resumption("-tls1_2", &["-no_ticket"], "session-id");
+}
+
+#[test]
+fn a_resuming_hello_split_by_a_small_mtu_is_still_verified() {
+    if !have_root("a_resuming_hello_split_by_a_small_mtu") {
+        return;
+    }
+    let s = Setup::new(&[]);
+    for (ns, ifname) in [
+        (&s.net.gw_ns, &s.net.gw_if),
+        (&s.net.peer_ns, &s.net.peer_if),
+    ] {
+        must(
+            "ip",
+            &["-n", ns, "link", "set", "dev", ifname, "mtu", "300"],
+        );
+    }
+    let sess = s.cert.file("sess.pem");
+    let sess = sess.to_str().unwrap();
+    s.client(&["-tls1_3", "-sess_out", sess, "-ign_eof"]);
+    let key = session_key(std::path::Path::new(sess));
+    s.net
+        .gateway_ok(&["tls", "issued", "add", &key, "--kind", "psk"]);
+    let before = s.tls("multi_segment_hellos");
+    let out = s.client(&["-tls1_3", "-sess_in", sess, "-ign_eof"]);
+    assert!(out.contains("Reused,"), "{out}");
+    assert!(
+        s.tls("multi_segment_hellos") > before,
+        "the hello took several segments"
+    );
+    assert_eq!(s.counter("tls-resumed", "packets"), 1);
+}
+
+#[test]
+fn with_tls_new_closed_new_clients_are_reset_at_once_and_resumed_ones_connect() {
+    if !have_root("with_tls_new_closed") {
+        return;
+    }
+    let s = Setup::new(&[]);
+    let sess = s.cert.file("sess.pem");
+    let sess = sess.to_str().unwrap();
+    s.client(&["-tls1_3", "-sess_out", sess, "-ign_eof"]);
+    let key = session_key(std::path::Path::new(sess));
+    s.net
+        .gateway_ok(&["tls", "issued", "add", &key, "--kind", "psk"]);
+    // Close tls-new from the CLI while the daemon runs.
+    s.net
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+    for _ in 0..3 {
+        let start = Instant::now();
+        let out = s.client(&["-tls1_3"]);
+        let took = start.elapsed();
+        assert!(out.contains("errno=104") || out.contains("reset"), "{out}");
+        assert!(
+            out.contains("handshake has read 0 bytes"),
+            "no handshake: {out}"
+        );
+        assert!(took < Duration::from_secs(1), "reset after {took:?}");
+        eprintln!("new client reset after {took:?}");
+    }
+    assert_eq!(s.counter("tls-new", "rejected"), 3);
+    assert_eq!(s.counter("tls-new", "dropped_backlog"), 3);
+    // The single-threaded s_server is not stuck on the rejected connections: resumed clients
+    // connect, one after another.
+    for _ in 0..2 {
+        let out = s.client(&["-tls1_3", "-sess_in", sess, "-ign_eof"]);
+        assert!(out.contains("Reused,"), "{out}");
+    }
+    assert_eq!(s.counter("tls-resumed", "packets"), 2);
+    // Reopen: new clients get through again.
+    s.net.gateway_ok(&["policy", "clear", "tls-new"]);
+    assert!(s.client(&["-tls1_3"]).contains("New,"));
+}

@@ -15,6 +15,10 @@
 //!   other offer is `tls-new` and counted as unverified, and so are new and malformed hellos.
 //! - Later packets of a decided connection cost one flow-table lookup: `tls-flow` when admitted,
 //!   dropped when rejected.
+//! - On a connection the table does not know, a first segment that is not a TLS record (SSLv2,
+//!   HTTP, garbage) is a malformed hello and judged as `tls-new`; one that continues a TLS
+//!   session (ChangeCipherSpec, alert, application data) passes as `tls-flow`, being most likely
+//!   a connection whose entry the LRU evicted.
 
 use core::ffi::c_void;
 
@@ -264,14 +268,25 @@ pub fn tls_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
         }
         return decide(&s.key, f);
     }
-    // A connection we do not know: a hello opens a flow, anything else passes as tls-flow.
+    // A connection we do not know. Without payload (the TCP handshake, bare ACKs) it passes.
     let mut first = [0u8; 1];
-    if payload_len == 0 || !b.read(t.payload_offset as usize, &mut first) || first[0] != 22 {
+    if payload_len == 0 || !b.read(t.payload_offset as usize, &mut first) {
         return (Class::TlsFlow, Action::Pass);
     }
     s.state = HelloState::new();
-    if !parse_segment(ctx, s, u32::from(t.payload_offset), payload_len, 0) {
-        return (Class::TlsFlow, Action::Pass);
+    match first[0] {
+        // A handshake record: the hello, parsed.
+        22 => {
+            if !parse_segment(ctx, s, u32::from(t.payload_offset), payload_len, 0) {
+                return (Class::TlsFlow, Action::Pass);
+            }
+        }
+        // ChangeCipherSpec, alert, application data: a connection whose flow entry the LRU
+        // evicted. It passes rather than being judged (and perhaps reset) mid-connection.
+        20 | 21 | 23 => return (Class::TlsFlow, Action::Pass),
+        // Anything else (an SSLv2 hello, plain HTTP, garbage) where a ClientHello must be: a
+        // malformed hello, judged as tls-new, so no bytes bypass admission.
+        _ => s.state.verdict = Verdict::Malformed as u8,
     }
     s.flow = TlsFlow {
         hello: s.state,

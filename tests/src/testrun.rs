@@ -192,11 +192,15 @@ pub fn expected_class(frame: &[u8], issued: &[[u8; KEY_LEN]]) -> Class {
     if kind != ServiceKind::Tls || t.proto != IPPROTO_TCP {
         return classify(&b, &t, kind);
     }
-    // A new TLS connection: only a payload starting a handshake record opens a flow.
+    // A new TLS connection: a handshake record opens a flow; records that continue a session
+    // pass; anything else is a malformed hello.
     let start = t.payload_offset as usize;
     let payload_len = pkt.payload_len() as usize;
-    if payload_len == 0 || frame.get(start) != Some(&22) {
-        return Class::TlsFlow;
+    match frame.get(start) {
+        _ if payload_len == 0 => return Class::TlsFlow,
+        None | Some(20 | 21 | 23) => return Class::TlsFlow,
+        Some(22) => {}
+        Some(_) => return Class::TlsNew,
     }
     // The program copies min(payload, 2048) bytes; a copy past the frame fails.
     let copied = payload_len.min(2048);

@@ -376,3 +376,94 @@ fn the_rate_limit_allows_a_burst_then_rejects() {
     let f = Frame::tcp(443, &hello).from_port(9).build();
     assert_eq!(prog.run(Hook::Tc, &f, 1).0, 2);
 }
+
+#[test]
+fn bad_hellos_are_new_and_malformed_never_resumed() {
+    if !have_root("bad_hellos_are_new_and_malformed") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let good = HelloBuilder {
+        session_id: key(5),
+        ..Default::default()
+    }
+    .build();
+    publish(&mut prog, &good);
+    let mut truncated_record = good.clone();
+    truncated_record[4] = truncated_record[4].wrapping_sub(10);
+    let mut lying_ext = good.clone();
+    let ext_len_at = 5 + 4 + 2 + 32 + 1 + 32 + 2 + 8 + 2;
+    lying_ext[ext_len_at] ^= 0x01;
+    let cases: [(&str, Vec<u8>); 5] = [
+        (
+            "sslv2 hello",
+            vec![0x80, 0x2e, 0x01, 0x03, 0x01, 0x00, 0x15, 0, 0, 0, 0x10],
+        ),
+        ("plain http", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
+        ("record shorter than the hello", truncated_record),
+        ("extensions length lies", lying_ext),
+        ("binary garbage", vec![0xde, 0xad, 0xbe, 0xef, 0, 1, 2, 3]),
+    ];
+    for hook in [Hook::Xdp, Hook::Tc] {
+        for (i, (name, payload)) in cases.iter().enumerate() {
+            let f = Frame::tcp(443, payload).from_port(50 + i as u16).build();
+            let before = prog.counters();
+            assert_eq!(
+                class_of(&prog, hook, &f),
+                Some(Class::TlsNew),
+                "{hook:?} {name}"
+            );
+            assert_eq!(
+                prog.counters().tls.malformed,
+                before.tls.malformed + 1,
+                "{hook:?} {name} counted as malformed"
+            );
+        }
+        prog.maps.clear_tls_flows().unwrap();
+    }
+    // The well-formed offer with the same key is resumed, so the key was there all along.
+    let f = Frame::tcp(443, &good).from_port(99).build();
+    assert_eq!(class_of(&prog, Hook::Xdp, &f), Some(Class::TlsResumed));
+}
+
+/// xorshift64*, for reproducible mutations.
+fn rng(state: &mut u64) -> u64 {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+#[test]
+fn mutated_offers_are_resumed_only_when_the_model_says_so() {
+    if !have_root("mutated_offers_are_resumed_only_when_the_model_says_so") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let offers = offers();
+    let mut issued = Vec::new();
+    for (_, hello) in &offers {
+        publish(&mut prog, hello);
+        issued.push(parse_hello(hello).offer_key().unwrap());
+    }
+    let mut s = 0xfeed_f00d_u64;
+    let mut resumed = 0;
+    for i in 0..3000 {
+        let (_, hello) = &offers[i % offers.len()];
+        let mut bytes = Frame::tcp(443, hello).from_port(1000).build();
+        for _ in 0..1 + rng(&mut s) % 3 {
+            // Mutate within the TLS payload (54 = the frame's payload offset).
+            let at = 54 + (rng(&mut s) as usize) % (bytes.len() - 54);
+            bytes[at] = rng(&mut s) as u8;
+        }
+        let hook = if i % 2 == 0 { Hook::Xdp } else { Hook::Tc };
+        let before = prog.counters();
+        prog.run_fresh(hook, &bytes).unwrap();
+        let got = prog.counters().class_since(&before);
+        let want = gateway_tests::testrun::expected_class(&bytes, &issued);
+        assert_eq!(got, Some(want), "mutation {i}: {bytes:02x?}");
+        resumed += usize::from(want == Class::TlsResumed);
+    }
+    // Mutations outside the key leave most offers valid: the test did exercise resumption.
+    assert!(resumed > 300, "only {resumed} resumed");
+}

@@ -9,7 +9,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// A self-signed certificate and key in a temporary directory, removed on drop.
+/// A self-signed certificate (CN and SAN `gateway-test`, IP SANs 10.99.0.1 and 127.0.0.1) and key
+/// in a temporary directory, removed on drop.
 pub struct Cert {
     dir: PathBuf,
 }
@@ -36,14 +37,15 @@ impl Cert {
                 "-pkeyopt",
                 "ec_paramgen_curve:prime256v1",
             ])
+            .args(["-nodes", "-subj", "/CN=gateway-test", "-days", "1"])
             .args([
-                "-nodes",
-                "-subj",
-                "/CN=gateway-test",
-                "-days",
-                "1",
-                "-keyout",
+                "-addext",
+                "subjectAltName=DNS:gateway-test,IP:10.99.0.1,IP:127.0.0.1",
             ])
+            // A leaf, not a CA: webpki refuses a CA certificate as the end entity.
+            .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+            .args(["-addext", "extendedKeyUsage=serverAuth"])
+            .arg("-keyout")
             .arg(c.key())
             .arg("-out")
             .arg(c.cert())
@@ -228,4 +230,157 @@ pub fn session_key(sess: &Path) -> String {
         .expect("Session-ID");
     assert!(sid.len() >= 32, "session id: {sid}");
     sid[..32].to_lowercase()
+}
+
+/// A rustls client configuration (aws-lc-rs, post-quantum key exchange preferred, TLS 1.2 and
+/// 1.3, in-memory session resumption) trusting `cert` as its only root.
+pub fn rustls_config(cert: &Cert) -> std::sync::Arc<rustls::ClientConfig> {
+    use rustls::pki_types::{CertificateDer, pem::PemObject as _};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(cert.cert()).expect("certificate PEM"))
+        .expect("root");
+    std::sync::Arc::new(
+        rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
+}
+
+/// Connects with rustls to `addr` as `gateway-test`, sends `GET / HTTP/1.0`, reads the answer to
+/// the end; returns the handshake kind rustls reports (Full or Resumed).
+pub fn rustls_get(
+    config: &std::sync::Arc<rustls::ClientConfig>,
+    addr: &str,
+) -> std::io::Result<rustls::HandshakeKind> {
+    use std::io::Write as _;
+    let name = rustls::pki_types::ServerName::try_from("gateway-test").unwrap();
+    let conn =
+        rustls::ClientConnection::new(config.clone(), name).map_err(std::io::Error::other)?;
+    let sock = TcpStream::connect(addr)?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    tls.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
+    let mut body = Vec::new();
+    match tls.read_to_end(&mut body) {
+        Ok(_) => {}
+        // s_server -www closes without close_notify.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
+        Err(e) => return Err(e),
+    }
+    tls.conn
+        .handshake_kind()
+        .ok_or_else(|| std::io::Error::other("no handshake"))
+}
+
+/// A ticketer that records every ticket it issues (the PSK identities clients will offer).
+#[derive(Debug)]
+struct RecordingTicketer {
+    inner: std::sync::Arc<dyn rustls::server::ProducesTickets>,
+    issued: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+}
+
+impl rustls::server::ProducesTickets for RecordingTicketer {
+    fn enabled(&self) -> bool {
+        self.inner.enabled()
+    }
+    fn lifetime(&self) -> u32 {
+        self.inner.lifetime()
+    }
+    fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
+        let ticket = self.inner.encrypt(plain)?;
+        self.issued.lock().unwrap().push(ticket.clone());
+        Some(ticket)
+    }
+    fn decrypt(&self, cipher: &[u8]) -> Option<Vec<u8>> {
+        self.inner.decrypt(cipher)
+    }
+}
+
+/// A small HTTPS server on rustls (aws-lc-rs: X25519MLKEM768 first, TLS 1.3 tickets) for tests:
+/// answers `HTTP/1.0 200` to each connection in turn and records the tickets it issues.
+pub struct RustlsServer {
+    /// The address it listens on.
+    pub addr: std::net::SocketAddr,
+    issued: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+    listener: TcpListener,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RustlsServer {
+    /// Starts serving `cert` on `listener`.
+    pub fn start(cert: &Cert, listener: TcpListener) -> Self {
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+        let issued = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![CertificateDer::from_pem_file(cert.cert()).unwrap()],
+                PrivateKeyDer::from_pem_file(cert.key()).unwrap(),
+            )
+            .expect("server config");
+        config.ticketer = std::sync::Arc::new(RecordingTicketer {
+            inner: rustls::crypto::aws_lc_rs::Ticketer::new().unwrap(),
+            issued: issued.clone(),
+        });
+        let config = std::sync::Arc::new(config);
+        let addr = listener.local_addr().unwrap();
+        let handle = listener.try_clone().unwrap();
+        let thread = std::thread::spawn(move || {
+            // accept fails once Drop shuts the listening socket down.
+            while let Ok((sock, _)) = listener.accept() {
+                let _ = serve_one(&config, sock);
+            }
+        });
+        RustlsServer {
+            addr,
+            issued,
+            listener: handle,
+            thread: Some(thread),
+        }
+    }
+
+    /// The first 16 bytes of every ticket issued so far, as hex.
+    pub fn issued_keys(&self) -> Vec<String> {
+        self.issued
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|t| t[..16].iter().map(|b| format!("{b:02x}")).collect())
+            .collect()
+    }
+}
+
+fn serve_one(
+    config: &std::sync::Arc<rustls::ServerConfig>,
+    sock: TcpStream,
+) -> std::io::Result<()> {
+    use std::io::Write as _;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let conn = rustls::ServerConnection::new(config.clone()).map_err(std::io::Error::other)?;
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    let mut req = Vec::new();
+    let mut byte = [0u8; 1];
+    while !req.ends_with(b"\r\n\r\n") {
+        if tls.read(&mut byte)? == 0 {
+            return Ok(());
+        }
+        req.push(byte[0]);
+    }
+    tls.write_all(b"HTTP/1.0 200 OK\r\n\r\nhello\n")?;
+    tls.conn.send_close_notify();
+    tls.flush()
+}
+
+impl Drop for RustlsServer {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd as _;
+        // Shutting a listening socket down wakes a blocked accept with an error, from any
+        // network namespace (connecting to it would need the listener's namespace).
+        // SAFETY: shutdown(2) on a descriptor this struct owns.
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }

@@ -3,8 +3,8 @@
 
 use gateway_common::tls::{KEY_LEN, Offer, Verdict, parse_hello};
 use gateway_tests::tls::{
-    Cert, accepts, capture_hello, free_port, non_empty, s_client, s_client_input, s_server,
-    wait_listening,
+    Cert, RustlsServer, accepts, capture_hello, free_port, non_empty, rustls_config, rustls_get,
+    s_client, s_client_input, s_server, wait_listening,
 };
 
 /// Gets a session from a real s_server into `sess` (TLS `version`), then captures the resuming
@@ -81,4 +81,68 @@ fn curl_hello_is_new() {
     let st = parse_hello(&hello);
     assert_eq!(st.verdict(), Verdict::New, "{st:?}");
     assert!(st.tls13());
+}
+
+/// Whether the hello offers an X25519MLKEM768 (0x11ec) key share: its group id followed by the
+/// 1216-byte share length.
+fn has_mlkem_share(hello: &[u8]) -> bool {
+    hello.windows(4).any(|w| w == [0x11, 0xec, 0x04, 0xc0])
+}
+
+#[test]
+fn rustls_post_quantum_hellos_fresh_and_resuming() {
+    let cert = Cert::new();
+    let config = rustls_config(&cert);
+    // Fresh: X25519MLKEM768 makes it large, and it offers nothing.
+    let hello = capture_hello(|addr| {
+        let _ = rustls_get(&config, &addr);
+    });
+    assert!(has_mlkem_share(&hello), "post-quantum key share");
+    assert!(hello.len() > 1200, "{} bytes", hello.len());
+    let st = parse_hello(&hello);
+    assert_eq!(st.verdict(), Verdict::New, "{st:?}");
+    assert!(st.tls13());
+    // A full handshake with a post-quantum server gives rustls tickets (and the hint that the
+    // server chose X25519MLKEM768)...
+    let server = RustlsServer::start(&cert, std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let addr = server.addr.to_string();
+    let kind = rustls_get(&config, &addr).unwrap();
+    assert_eq!(kind, rustls::HandshakeKind::Full);
+    // ...and its next hello to the same name offers one as a PSK, after the big key share.
+    let hello = capture_hello(|addr| {
+        let _ = rustls_get(&config, &addr);
+    });
+    assert!(has_mlkem_share(&hello));
+    let st = parse_hello(&hello);
+    assert_eq!(st.verdict(), Verdict::Offer, "{st:?}");
+    assert_eq!(st.offer(), Offer::Psk);
+    assert!(st.offer_key().is_some());
+    // Split anywhere, the verdict and key are the same.
+    let whole = st;
+    for cut in (1..hello.len()).step_by(7) {
+        let mut s = gateway_common::tls::HelloState::new();
+        for (start, part) in [(0, &hello[..cut]), (cut, &hello[cut..])] {
+            s.feed(
+                &gateway_common::bytes::SliceBytes(part),
+                &gateway_common::tls::Segment {
+                    offset: 0,
+                    len: part.len() as u32,
+                    stream_offset: start as u32,
+                },
+            );
+        }
+        assert_eq!(s, whole, "cut at {cut}");
+    }
+    assert!(hello.len() > 1500, "{} bytes", hello.len());
+    // The offered key is one the server issued.
+    let key: String = st
+        .offer_key()
+        .unwrap()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert!(server.issued_keys().contains(&key), "{key} not issued");
+    // And the resumption really happens against the server.
+    let kind = rustls_get(&config, &addr).unwrap();
+    assert_eq!(kind, rustls::HandshakeKind::Resumed);
 }

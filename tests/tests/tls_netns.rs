@@ -10,7 +10,10 @@ use gateway_tests::{
     daemon::Daemon,
     have_root,
     netns::{GW_V4, TestNet, class_counter, must},
-    tls::{Cert, Proc, s_client_input, s_server, session_key, wait_listening},
+    tls::{
+        Cert, Proc, RustlsServer, rustls_config, rustls_get, s_client_input, s_server, session_key,
+        wait_listening,
+    },
 };
 
 const GET: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
@@ -199,4 +202,56 @@ fn with_tls_new_closed_new_clients_are_reset_at_once_and_resumed_ones_connect() 
     // Reopen: new clients get through again.
     s.net.gateway_ok(&["policy", "clear", "tls-new"]);
     assert!(s.client(&["-tls1_3"]).contains("New,"));
+}
+
+#[test]
+fn a_post_quantum_rustls_resumption_spans_two_segments_and_is_verified() {
+    if !have_root("a_post_quantum_rustls_resumption") {
+        return;
+    }
+    let net = TestNet::new();
+    let cert = Cert::new();
+    let listener = net.in_gw(|| std::net::TcpListener::bind("0.0.0.0:8443").unwrap());
+    let server = RustlsServer::start(&cert, listener);
+    let cfg = cert.file("gateway.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "interfaces:\n  - name: {}\nservices:\n  - {{kind: tls, port: 8443}}\non_exit: detach\n",
+            net.gw_if
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(
+        &net,
+        &["--config", cfg.to_str().unwrap()],
+        Duration::from_secs(20),
+    );
+    let config = rustls_config(&cert);
+    let addr = format!("{GW_V4}:8443");
+    let stat = |class: &str| class_counter(&net.stats(), class, "packets");
+    let tls = |field: &str| net.stats()["tls"][field].as_u64().unwrap();
+    // A full handshake; the server issues tickets, which we publish (the TLS proxy's job later).
+    assert_eq!(
+        net.in_peer(|| rustls_get(&config, &addr)).unwrap(),
+        rustls::HandshakeKind::Full
+    );
+    assert_eq!(stat("tls-new"), 1);
+    let keys = server.issued_keys();
+    assert!(!keys.is_empty());
+    for key in &keys {
+        net.gateway_ok(&["tls", "issued", "add", key, "--kind", "psk"]);
+    }
+    // The resuming hello (X25519MLKEM768 share, then the PSK; ~1.7 KB) takes two segments at
+    // MTU 1500 and is verified against the published keys when the second arrives.
+    let before = tls("multi_segment_hellos");
+    assert_eq!(
+        net.in_peer(|| rustls_get(&config, &addr)).unwrap(),
+        rustls::HandshakeKind::Resumed
+    );
+    assert!(tls("multi_segment_hellos") > before, "two segments");
+    assert_eq!(stat("tls-resumed"), 1);
+    assert_eq!(tls("unverified_offers"), 0);
+    let (status, log) = daemon.terminate(Duration::from_secs(10));
+    assert!(status.success(), "{log:?}");
 }

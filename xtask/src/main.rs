@@ -127,6 +127,9 @@ fn setup() -> Result<()> {
             ])
             .env("LLVM_PREFIX", "/usr/lib/llvm-22"))?;
     }
+    if !succeeds(cargo().args(["fuzz", "--version"])) {
+        run(cargo().args(["install", "cargo-fuzz", "--locked"]))?;
+    }
     // Generic XDP, tcx and bpffs need nothing more; make sure the default bpffs is mounted.
     if !Path::new("/sys/fs/bpf").join(".").exists()
         || !succeeds(Command::new("mountpoint").args(["-q", "/sys/fs/bpf"]))
@@ -275,6 +278,7 @@ fn test() -> Result<()> {
         "--",
         "--test-threads=2",
     ]))?;
+    fuzz(FUZZ_SECONDS)?;
     // The plain closing line: the sum over every test binary (the last binary alone may be one
     // with no tests, such as the doc tests).
     println!("tests: {passed} passed, {failed} failed, {ignored} skipped");
@@ -320,6 +324,22 @@ fn run_tests(cmd: &mut Command) -> Result<(u64, u64, u64)> {
         bail!("{cmd:?} failed: {status}");
     }
     Ok((passed, failed, ignored))
+}
+
+/// Seconds each fuzz target runs in `cargo xtask test` (a CI-sized burst).
+const FUZZ_SECONDS: u32 = 20;
+
+/// Runs every fuzz target for `seconds` (cargo-fuzz, libFuzzer, on nightly); a crash fails.
+fn fuzz(seconds: u32) -> Result<()> {
+    let dir = root().join("tests/fuzz");
+    for target in ["client_hello", "packet"] {
+        run(Command::new("rustup")
+            .args(["run", "nightly", "cargo", "fuzz", "run", target, "--"])
+            .arg(format!("-max_total_time={seconds}"))
+            .arg("-rss_limit_mb=2048")
+            .current_dir(&dir))?;
+    }
+    Ok(())
 }
 
 fn demo() -> Result<()> {

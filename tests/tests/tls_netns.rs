@@ -18,6 +18,24 @@ use gateway_tests::{
 
 const GET: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
 
+/// `gateway run` protecting tcp/`port` (tls) on the gateway's veth, detaching on exit.
+fn gateway_for(net: &TestNet, cert: &Cert, port: u16) -> Daemon {
+    let cfg = cert.file("gateway.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "interfaces:\n  - name: {}\nservices:\n  - {{kind: tls, port: {port}}}\non_exit: detach\n",
+            net.gw_if
+        ),
+    )
+    .unwrap();
+    Daemon::start(
+        net,
+        &["--config", cfg.to_str().unwrap()],
+        Duration::from_secs(20),
+    )
+}
+
 struct Setup {
     net: TestNet,
     cert: Cert,
@@ -37,20 +55,7 @@ impl Setup {
             server_opts,
         );
         wait_listening(|| net.in_gw(|| TcpStream::connect(("127.0.0.1", 443)).is_ok()));
-        let cfg = cert.file("gateway.yaml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "interfaces:\n  - name: {}\nservices:\n  - {{kind: tls, port: 443}}\non_exit: detach\n",
-                net.gw_if
-            ),
-        )
-        .unwrap();
-        let daemon = Daemon::start(
-            &net,
-            &["--config", cfg.to_str().unwrap()],
-            Duration::from_secs(20),
-        );
+        let daemon = gateway_for(&net, &cert, 443);
         Setup {
             net,
             cert,
@@ -213,20 +218,7 @@ fn a_post_quantum_rustls_resumption_spans_two_segments_and_is_verified() {
     let cert = Cert::new();
     let listener = net.in_gw(|| std::net::TcpListener::bind("0.0.0.0:8443").unwrap());
     let server = RustlsServer::start(&cert, listener);
-    let cfg = cert.file("gateway.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "interfaces:\n  - name: {}\nservices:\n  - {{kind: tls, port: 8443}}\non_exit: detach\n",
-            net.gw_if
-        ),
-    )
-    .unwrap();
-    let daemon = Daemon::start(
-        &net,
-        &["--config", cfg.to_str().unwrap()],
-        Duration::from_secs(20),
-    );
+    let daemon = gateway_for(&net, &cert, 8443);
     let config = rustls_config(&cert);
     let addr = format!("{GW_V4}:8443");
     let stat = |class: &str| class_counter(&net.stats(), class, "packets");

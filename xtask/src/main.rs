@@ -148,45 +148,8 @@ fn build_ebpf(check: bool) -> Result<()> {
     let root = root();
     let current = source_hash::source_hash(&root)?;
     let committed = source_hash::committed_hash(&root);
-    let target_dir = root.join("target/ebpf");
-    let mut flags = std::ffi::OsString::new();
-    for (i, f) in [
-        "--cfg=bpf_target_arch=\"x86_64\"",
-        "-Cdebuginfo=2",
-        "-Clink-arg=--btf",
-    ]
-    .iter()
-    .enumerate()
-    {
-        if i > 0 {
-            flags.push("\x1f");
-        }
-        flags.push(f);
-    }
-    run(Command::new("rustup")
-        .args([
-            "run",
-            "nightly",
-            "cargo",
-            "build",
-            "--package",
-            "gateway-ebpf",
-            "--bins",
-        ])
-        .args([
-            "--release",
-            "--target",
-            "bpfel-unknown-none",
-            "-Z",
-            "build-std=core",
-        ])
-        .arg("--target-dir")
-        .arg(&target_dir)
-        .env("CARGO_ENCODED_RUSTFLAGS", flags)
-        .env_remove("RUSTC")
-        .env_remove("RUSTC_WORKSPACE_WRAPPER")
-        .current_dir(&root))?;
-    let built = target_dir.join("bpfel-unknown-none/release/gateway");
+    run(&mut ebpf_cargo("build"))?;
+    let built = root.join("target/ebpf/bpfel-unknown-none/release/gateway");
     if check {
         if committed.as_deref() != Some(current.as_str()) {
             bail!(

@@ -119,7 +119,10 @@ fn tls_costs(prog: &mut TestProgram) {
     println!("|---|---:|---:|---:|---:|");
     for (name, hello) in [
         ("ClientHello, TLS 1.2, 153 B", &plain),
-        ("ClientHello, TLS 1.3 + ML-KEM share, 1.4 KB (scratch copy 1.4 KB)", &pq),
+        (
+            "ClientHello, TLS 1.3 + ML-KEM share, 1.4 KB (scratch copy 1.4 KB)",
+            &pq,
+        ),
     ] {
         let frame = Frame::tcp(443, hello).build();
         let (mut ours, mut bare) = (Vec::new(), Vec::new());
@@ -149,7 +152,11 @@ fn tls_costs(prog: &mut TestProgram) {
             .to_map(),
         )
         .unwrap();
-    prog.run(Hook::Xdp, &Frame::tcp(443, &plain).from_port(2).seq(1).build(), 1);
+    prog.run(
+        Hook::Xdp,
+        &Frame::tcp(443, &plain).from_port(2).seq(1).build(),
+        1,
+    );
     let rejected = Frame::tcp(443, &plain).from_port(2).seq(1).build();
     for (name, frame, target) in [
         ("admitted connection (tls-flow)", &data, "< 1.5x"),

@@ -5,25 +5,15 @@
 
 use std::{
     net::{TcpStream, UdpSocket},
-    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use gateway_tests::{
     daemon::Daemon,
     have_root,
-    netns::{GW_V4, TestNet, must},
+    netns::{GW_V4, TestNet},
+    tls::{Cert, s_server},
 };
-
-/// Kills the TLS server when the demo ends, however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn main() {
     if !have_root("demo") {
@@ -35,47 +25,8 @@ fn main() {
         net.gw_ns, net.gw_if, net.peer_ns, net.peer_if
     );
 
-    let dir = std::env::temp_dir().join(format!("gateway-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    must(
-        "openssl",
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            key.to_str().unwrap(),
-            "-out",
-            cert.to_str().unwrap(),
-            "-subj",
-            "/CN=gateway-demo",
-            "-days",
-            "1",
-        ],
-    );
-    let _server = Server(
-        Command::new("ip")
-            .args([
-                "netns", "exec", &net.gw_ns, "openssl", "s_server", "-quiet", "-accept", "443",
-            ])
-            .args([
-                "-cert",
-                cert.to_str().unwrap(),
-                "-key",
-                key.to_str().unwrap(),
-                "-www",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("openssl s_server"),
-    );
+    let cert = Cert::new();
+    let _server = s_server(&["ip", "netns", "exec", &net.gw_ns], &cert, 443, &[]);
     // Wait (bounded) until the server listens.
     let deadline = Instant::now() + Duration::from_secs(10);
     while net.in_gw(|| TcpStream::connect(("127.0.0.1", 443)).is_err()) {
@@ -161,5 +112,4 @@ fn main() {
         println!("   {line}");
     }
     println!("== gateway exited ({status}); namespaces removed");
-    let _ = std::fs::remove_dir_all(&dir);
 }

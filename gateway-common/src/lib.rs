@@ -13,9 +13,9 @@ extern crate alloc;
 
 pub mod bytes;
 pub mod class;
-pub mod classify;
 pub mod maps;
 pub mod packet;
+pub mod sip;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tls;

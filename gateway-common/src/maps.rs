@@ -30,9 +30,11 @@ pub mod names {
     pub const TLS_COUNTERS: &str = "TLS_COUNTERS";
     /// Rejected TLS connections, for the daemon to tear down ([`super::RejectEvent`]).
     pub const TLS_REJECTS: &str = "TLS_REJECTS";
+    /// SIP transactions seen (transaction key to [`super::SipTxn`]).
+    pub const SIP_TXNS: &str = "SIP_TXNS";
 
     /// Every map the gateway pins, in a fixed order.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         CLASS_STATS,
         CLASS_POLICY,
         CLASS_STATE,
@@ -44,6 +46,7 @@ pub mod names {
         TLS_ISSUED,
         TLS_COUNTERS,
         TLS_REJECTS,
+        SIP_TXNS,
     ];
 }
 
@@ -440,6 +443,21 @@ pub struct RejectEvent {
     pub pad: [u8; 6],
 }
 
+/// Entries of the SIP transaction table (LRU).
+pub const MAX_SIP_TXNS: u32 = 65536;
+
+/// A SIP transaction the datapath has seen a request of.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SipTxn {
+    /// When its first request was admitted, `CLOCK_MONOTONIC` ns.
+    pub first_ns: u64,
+    /// Requests of it seen (the original and its retransmissions).
+    pub requests: u32,
+    /// Reserved, zero.
+    pub flags: u32,
+}
+
 /// Compile-time check that per-class arrays cover every class.
 const _: () = assert!(NUM_CLASSES == 7);
 
@@ -471,6 +489,8 @@ mod tests {
         assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8);
         assert_eq!(size_of::<TlsCounters>(), 7 * 8);
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
+        assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);
+        assert_eq!(size_of::<crate::sip::SipInfo>(), 4 * 8 + 4 + 5 + 7);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use crate::maps::{
     ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
-    IssuedValue, RejectEvent, ServiceKey, ServiceValue, TlsCounters, TlsFlow,
+    IssuedValue, RejectEvent, ServiceKey, ServiceValue, SipTxn, TlsCounters, TlsFlow,
 };
 
 // SAFETY: every type is #[repr(C)], Copy, made only of integers, and has no implicit padding
@@ -20,3 +20,4 @@ unsafe impl aya::Pod for IssuedKey {}
 unsafe impl aya::Pod for IssuedValue {}
 unsafe impl aya::Pod for TlsCounters {}
 unsafe impl aya::Pod for RejectEvent {}
+unsafe impl aya::Pod for SipTxn {}

@@ -97,3 +97,30 @@ pub fn opaque(mut v: u64) -> u64 {
     };
     v
 }
+
+/// [`PacketBytes`] over a copy of payload bytes in map memory: `len` bytes at the start of a
+/// `SIZE`-byte buffer (`SIZE = 2 * CAP`, `len <= CAP`). Every index is masked into the buffer,
+/// which changes nothing for in-range reads and shows the verifier the access is in bounds.
+pub struct ScratchBytes<'a, const CAP: usize, const SIZE: usize> {
+    /// The buffer.
+    pub buf: &'a [u8; SIZE],
+    /// Bytes copied into it.
+    pub len: u32,
+}
+
+impl<const CAP: usize, const SIZE: usize> PacketBytes for ScratchBytes<'_, CAP, SIZE> {
+    #[inline(always)]
+    fn read<const N: usize>(&self, offset: usize, out: &mut [u8; N]) -> bool {
+        if offset > MAX_READ_OFFSET || offset + N > self.len as usize {
+            return false;
+        }
+        // Behind the barrier the address is formed here, from the masked index: otherwise LLVM
+        // hoisted `buf + offset` out of the caller's scan loop, and the verifier saw an access
+        // through a pointer with an unbounded offset.
+        let base = opaque((offset & (CAP - 1)) as u64) as usize;
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = self.buf[(base + i) & (SIZE - 1)];
+        }
+        true
+    }
+}

@@ -6,16 +6,16 @@ use aya_log_ebpf::debug;
 use gateway_common::{
     Class,
     bytes::PacketBytes,
-    classify::classify,
     maps::{
-        CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, DatapathCounters, IPPROTO_TCP, ServiceKind,
-        service_port_index,
+        CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, DatapathCounters, IPPROTO_TCP, IPPROTO_UDP,
+        ServiceKind, service_port_index,
     },
     packet::{Kind, parse},
 };
 
 use crate::{
     maps::{CLASS_STATS, DP_CONFIG, DP_COUNTERS, SERVICE_PORTS},
+    sip::sip_packet,
     tls::{CopyOut, tls_packet},
 };
 
@@ -57,7 +57,9 @@ pub fn process<C: EbpfContext + CopyOut, B: PacketBytes>(ctx: &C, b: &B, len: u6
                 .and_then(|k| ServiceKind::from_id(u32::from(*k)));
             match kind {
                 Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => tls_packet(ctx, b, &pkt),
-                Some(kind) => (classify(b, t, kind), Verdict::Pass),
+                Some(ServiceKind::Sip) if t.proto == IPPROTO_UDP => sip_packet(ctx, b, &pkt),
+                // A service over the other transport (SIP over TCP, TLS over UDP): counted, passed.
+                Some(_) => (Class::Other, Verdict::Pass),
                 None => (Class::Other, Verdict::Pass),
             }
         }

@@ -12,6 +12,7 @@
 mod bytes;
 mod datapath;
 mod maps;
+mod sip;
 mod tc;
 mod tls;
 mod xdp;

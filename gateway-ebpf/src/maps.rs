@@ -9,8 +9,9 @@ use gateway_common::{
     NUM_CLASSES,
     maps::{
         ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
-        IssuedValue, MAX_SERVICES, MAX_TLS_FLOWS, MAX_TLS_ISSUED, RejectEvent,
-        SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue, TLS_REJECTS_BYTES, TlsCounters, TlsFlow,
+        IssuedValue, MAX_SERVICES, MAX_SIP_TXNS, MAX_TLS_FLOWS, MAX_TLS_ISSUED, RejectEvent,
+        SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue, SipTxn, TLS_REJECTS_BYTES, TlsCounters,
+        TlsFlow,
     },
 };
 
@@ -64,3 +65,11 @@ pub static TLS_SCRATCH: PerCpuArray<crate::tls::Scratch, 1> = PerCpuArray::new()
 /// Rejected TLS connections, for the daemon to tear down.
 #[btf_map]
 pub static TLS_REJECTS: RingBuf<RejectEvent, { TLS_REJECTS_BYTES as usize }> = RingBuf::new();
+
+/// SIP transactions seen, by transaction key.
+#[btf_map]
+pub static SIP_TXNS: LruHashMap<u64, SipTxn, { MAX_SIP_TXNS as usize }> = LruHashMap::new();
+
+/// Per-CPU scratch space of the SIP parser (not pinned).
+#[btf_map]
+pub static SIP_SCRATCH: PerCpuArray<crate::sip::Scratch, 1> = PerCpuArray::new();

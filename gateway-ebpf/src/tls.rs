@@ -28,7 +28,7 @@ use aya_ebpf::{
 };
 use gateway_common::{
     Class,
-    bytes::{MAX_READ_OFFSET, PacketBytes},
+    bytes::PacketBytes,
     maps::{
         FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED, FlowKey, IssuedKey, MAX_BURST,
         POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, REJECT_BACKLOG, REJECT_RATE, RejectEvent,
@@ -39,7 +39,7 @@ use gateway_common::{
 };
 
 use crate::{
-    bytes::opaque,
+    bytes::{ScratchBytes, opaque},
     datapath::Verdict as Action,
     maps::{
         CLASS_POLICY, CLASS_STATE, CLASS_STATS, TLS_COUNTERS, TLS_FLOWS, TLS_ISSUED, TLS_REJECTS,
@@ -93,28 +93,6 @@ impl CopyOut for TcContext {
     }
 }
 
-/// [`PacketBytes`] over the scratch copy: every index is masked into the array.
-struct ScratchBytes<'a> {
-    buf: &'a [u8; 2 * SCRATCH_LEN],
-    len: u32,
-}
-
-impl PacketBytes for ScratchBytes<'_> {
-    #[inline(always)]
-    fn read<const N: usize>(&self, offset: usize, out: &mut [u8; N]) -> bool {
-        if offset > MAX_READ_OFFSET || offset + N > self.len as usize {
-            return false;
-        }
-        // offset < SCRATCH_LEN here (len <= SCRATCH_LEN), so the masks change nothing; they
-        // only show the verifier the index is in bounds.
-        let base = offset & (SCRATCH_LEN - 1);
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = self.buf[(base + i) & (2 * SCRATCH_LEN - 1)];
-        }
-        true
-    }
-}
-
 /// One parser step, as a `bpf_loop` callback: returns 1 to stop.
 #[inline(never)]
 extern "C" fn hello_step(_index: u64, _ctx: *mut c_void) -> i64 {
@@ -128,7 +106,7 @@ extern "C" fn hello_step(_index: u64, _ctx: *mut c_void) -> i64 {
         len: s.len,
         stream_offset: s.stream_offset,
     };
-    let bytes = ScratchBytes {
+    let bytes = ScratchBytes::<SCRATCH_LEN, { 2 * SCRATCH_LEN }> {
         buf: &s.buf,
         len: s.len,
     };

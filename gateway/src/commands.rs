@@ -126,8 +126,14 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
             } else {
                 for i in infos {
                     println!(
-                        "{}: {} mode, ifindex {}, link {}, program {}, pins {}",
-                        i.iface, i.mode, i.ifindex, i.link_id, i.program_id, i.pin_dir
+                        "{}: {} mode, ifindex {}, link {}, program {} ({} verified instructions), pins {}",
+                        i.iface,
+                        i.mode,
+                        i.ifindex,
+                        i.link_id,
+                        i.program_id,
+                        i.verified_insns.map_or("?".into(), |n| n.to_string()),
+                        i.pin_dir
                     );
                 }
             }

@@ -357,6 +357,9 @@ pub struct AttachmentInfo {
     pub link_id: u32,
     /// Kernel id of the running program.
     pub program_id: u32,
+    /// Instructions the verifier processed to accept the program (its limit is 1,000,000): the
+    /// margin left for the datapath to grow.
+    pub verified_insns: Option<u32>,
     /// Pin directory.
     pub pin_dir: String,
 }
@@ -371,6 +374,10 @@ pub fn info(pd: &PinDir) -> Result<AttachmentInfo, LoaderError> {
         ifindex: cfg.ifindex,
         link_id: info.id(),
         program_id: info.program_id(),
+        verified_insns: aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .find(|p| p.id() == info.program_id())
+            .and_then(|p| p.verified_instruction_count()),
         pin_dir: pd.dir.display().to_string(),
     })
 }

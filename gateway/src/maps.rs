@@ -5,7 +5,7 @@ use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
         ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
-        IssuedValue, ServiceKey, ServiceValue, TlsCounters, TlsFlow, names,
+        IssuedValue, ServiceKey, ServiceValue, SipTxn, TlsCounters, TlsFlow, names,
     },
 };
 use thiserror::Error;
@@ -77,6 +77,7 @@ pub struct Maps {
     tls_flows: HashMap<MapData, FlowKey, TlsFlow>,
     tls_issued: HashMap<MapData, IssuedKey, IssuedValue>,
     tls_counters: PerCpuArray<MapData, TlsCounters>,
+    sip_txns: HashMap<MapData, u64, SipTxn>,
 }
 
 fn open(pins: &PinDir, name: &'static str) -> Result<Map, MapsError> {
@@ -123,6 +124,9 @@ impl Maps {
             tls_counters: open(pins, names::TLS_COUNTERS)?
                 .try_into()
                 .map_err(op(names::TLS_COUNTERS))?,
+            sip_txns: open(pins, names::SIP_TXNS)?
+                .try_into()
+                .map_err(op(names::SIP_TXNS))?,
         })
     }
 
@@ -294,6 +298,27 @@ impl Maps {
             .map_err(op(names::TLS_FLOWS))?;
         for k in keys {
             let _ = self.tls_flows.remove(&k);
+        }
+        Ok(())
+    }
+
+    /// Every SIP transaction seen (key, state).
+    pub fn sip_txns(&self) -> Result<Vec<(u64, SipTxn)>, MapsError> {
+        self.sip_txns
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(op(names::SIP_TXNS))
+    }
+
+    /// Forgets every SIP transaction.
+    pub fn clear_sip_txns(&mut self) -> Result<(), MapsError> {
+        let keys = self
+            .sip_txns
+            .keys()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(op(names::SIP_TXNS))?;
+        for k in keys {
+            let _ = self.sip_txns.remove(&k);
         }
         Ok(())
     }

@@ -9,12 +9,12 @@ use gateway::{loader, maps::Maps, pins::PinDir};
 use gateway_common::{
     Class, NUM_CLASSES,
     bytes::SliceBytes,
-    classify::classify,
     maps::{
-        ClassStats, DatapathCounters, IPPROTO_TCP, ServiceKey, ServiceKind, ServiceValue,
-        TlsCounters, programs,
+        ClassStats, DatapathCounters, IPPROTO_TCP, IPPROTO_UDP, ServiceKey, ServiceKind,
+        ServiceValue, TlsCounters, programs,
     },
     packet::{Kind, parse},
+    sip::parse_sip,
     tls::{HelloState, KEY_LEN, Segment, Verdict},
 };
 
@@ -149,10 +149,12 @@ impl TestProgram {
         Ok((r.return_value, r.duration.as_nanos() as f64))
     }
 
-    /// [`TestProgram::run`] on a connection the program has never seen: forgets every TLS flow
-    /// first, so frames that share a 4-tuple do not continue each other's connections.
+    /// [`TestProgram::run`] on a connection the program has never seen: forgets every TLS flow and
+    /// SIP transaction first, so frames that share a 4-tuple or a transaction do not continue
+    /// each other's.
     pub fn run_fresh(&mut self, hook: Hook, frame: &[u8]) -> Result<(u32, f64), ProgramError> {
         self.maps.clear_tls_flows().expect("clear flows");
+        self.maps.clear_sip_txns().expect("clear transactions");
         let left = self.maps.tls_flows().expect("flows");
         assert!(left.is_empty(), "flows left after clearing: {left:?}");
         self.try_run(hook, frame, 1)
@@ -189,13 +191,23 @@ pub fn expected_class(frame: &[u8], issued: &[[u8; KEY_LEN]]) -> Class {
         (17, 5060) => ServiceKind::Sip,
         _ => return Class::Other,
     };
-    if kind != ServiceKind::Tls || t.proto != IPPROTO_TCP {
-        return classify(&b, &t, kind);
+    let start = t.payload_offset as usize;
+    let payload_len = pkt.payload_len() as usize;
+    match (kind, t.proto) {
+        (ServiceKind::Tls, IPPROTO_TCP) => {}
+        (ServiceKind::Sip, IPPROTO_UDP) => {
+            // A fresh transaction: the message's own class. The program copies the first
+            // MAX_SCAN bytes; a copy past the frame fails and leaves an original.
+            let copied = payload_len.min(gateway_common::sip::MAX_SCAN);
+            return match frame.get(start..start + copied) {
+                Some(bytes) if copied > 0 => parse_sip(&SliceBytes(bytes), copied).class(),
+                _ => Class::SipOriginal,
+            };
+        }
+        _ => return Class::Other,
     }
     // A new TLS connection: a handshake record opens a flow; records that continue a session
     // pass; anything else is a malformed hello.
-    let start = t.payload_offset as usize;
-    let payload_len = pkt.payload_len() as usize;
     match frame.get(start) {
         _ if payload_len == 0 => return Class::TlsFlow,
         None | Some(20 | 21 | 23) => return Class::TlsFlow,

@@ -1,12 +1,11 @@
-//! The L2-L4 parser and the stateless classifier on arbitrary frames: never panic, and every
-//! offset they report lies inside the bounds they promise.
+//! The L2-L4 parser and the SIP parser on arbitrary frames: never panic, and every offset the
+//! packet parser reports lies inside the bounds it promises.
 #![no_main]
 
 use gateway_common::{
     bytes::SliceBytes,
-    classify::classify,
-    maps::ServiceKind,
     packet::{Kind, MAX_L4_OFFSET, parse},
+    sip::parse_sip,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -17,8 +16,7 @@ fuzz_target!(|frame: &[u8]| {
         let t = pkt.transport;
         assert!(t.payload_offset as usize <= MAX_L4_OFFSET + 60);
         assert!(t.payload_offset as usize <= frame.len());
-        for kind in [ServiceKind::Tls, ServiceKind::Sip] {
-            let _ = classify(&b, &t, kind);
-        }
+        let payload = &frame[t.payload_offset as usize..];
+        let _ = parse_sip(&SliceBytes(payload), payload.len()).class();
     }
 });

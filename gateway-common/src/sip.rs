@@ -1,0 +1,751 @@
+//! A bounded SIP message parser: what the datapath needs to know of a datagram to a SIP port.
+//!
+//! A [`SipState::step`] runs at most one bounded scan of 64 bytes (finding a line's end, searching
+//! a parameter, hashing a token) or looks at a line through fixed-size reads; the state machine
+//! carries positions between steps. A message gets at most [`MAX_STEPS`] steps, lines of at most
+//! [`MAX_LINE`] bytes, at most [`MAX_LINES`] lines, and only its first [`MAX_SCAN`] bytes are
+//! looked at. In eBPF each step is one `bpf_loop` callback. Everything the parser learns is in a
+//! `Copy` struct ([`SipInfo`]).
+//!
+//! What it extracts: request or response; the method; the request-line retransmission marker; the
+//! top Via's sent-by and branch; the Call-ID; the CSeq number and method; whether the To header
+//! carries a tag (an in-dialog request). Header names are case-insensitive and the compact forms
+//! `v` (Via), `i` (Call-ID) and `t` (To) are understood.
+//!
+//! The retransmission marker (seed 001: "a marker on the request line") is a Request-URI
+//! parameter named `x-retransmit`, for example `INVITE sip:bob@example.com;x-retransmit SIP/2.0`.
+//! As an `other-param` of the SIP URI grammar (RFC 3261 §25.1), it keeps the request valid SIP for
+//! servers that do not know it. A client that sets it on retransmissions gets them classed as
+//! such outright.
+//!
+//! A transaction is identified (RFC 3261 §17.2.3) by the top Via's branch and sent-by and the
+//! CSeq method. ACK to a non-2xx reuses the INVITE's branch with method ACK, and CANCEL reuses it
+//! with method CANCEL; both are exempt anyway. The key is a 64-bit FNV-1a hash over those three
+//! fields.
+
+use crate::{Class, bytes::PacketBytes};
+
+/// Bytes of a message the parser looks at.
+pub const MAX_SCAN: usize = 1024;
+/// Longest line the parser follows; a longer one makes the message malformed.
+pub const MAX_LINE: usize = 256;
+/// Lines (steps) a message gets.
+pub const MAX_LINES: usize = 48;
+/// Bytes of a header name compared (longer names are other headers).
+const MAX_NAME: usize = 16;
+/// Bytes hashed of one value.
+const MAX_VALUE: usize = 96;
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// What the message is.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Kind {
+    /// Not finished (more lines to read).
+    #[default]
+    Pending = 0,
+    /// A request.
+    Request = 1,
+    /// A response (`SIP/2.0 ...`).
+    Response = 2,
+    /// Not a SIP message the parser can follow (never exempt).
+    Malformed = 3,
+}
+
+/// Request methods the classifier distinguishes.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Method {
+    /// Not a request, or not read yet.
+    #[default]
+    None = 0,
+    /// INVITE.
+    Invite = 1,
+    /// ACK.
+    Ack = 2,
+    /// BYE.
+    Bye = 3,
+    /// CANCEL.
+    Cancel = 4,
+    /// REGISTER.
+    Register = 5,
+    /// OPTIONS.
+    Options = 6,
+    /// Any other token.
+    Other = 7,
+}
+
+/// [`SipInfo::have`]: a Via header was seen.
+pub const HAVE_VIA: u8 = 1 << 0;
+/// [`SipInfo::have`]: the top Via has a branch.
+pub const HAVE_BRANCH: u8 = 1 << 1;
+/// [`SipInfo::have`]: a CSeq header was seen.
+pub const HAVE_CSEQ: u8 = 1 << 2;
+/// [`SipInfo::have`]: a Call-ID header was seen.
+pub const HAVE_CALL_ID: u8 = 1 << 3;
+
+/// What the parser learnt of a message. `#[repr(C)]`, no implicit padding.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SipInfo {
+    /// FNV-1a of the top Via's branch.
+    pub branch_hash: u64,
+    /// FNV-1a of the top Via's sent-by (host and port).
+    pub sent_by_hash: u64,
+    /// FNV-1a of the Call-ID.
+    pub call_id_hash: u64,
+    /// FNV-1a of the CSeq method.
+    pub cseq_method_hash: u64,
+    /// The CSeq number.
+    pub cseq: u32,
+    /// A [`Kind`].
+    pub kind: u8,
+    /// A [`Method`].
+    pub method: u8,
+    /// `HAVE_*` bits.
+    pub have: u8,
+    /// The request line carries the retransmission marker.
+    pub marker: u8,
+    /// The To header has a tag: an in-dialog request.
+    pub in_dialog: u8,
+    /// Padding, zero.
+    pub pad: [u8; 7],
+}
+
+impl SipInfo {
+    /// What the message is.
+    pub const fn kind(&self) -> Kind {
+        match self.kind {
+            1 => Kind::Request,
+            2 => Kind::Response,
+            3 => Kind::Malformed,
+            _ => Kind::Pending,
+        }
+    }
+
+    /// The request method.
+    pub const fn method(&self) -> Method {
+        match self.method {
+            1 => Method::Invite,
+            2 => Method::Ack,
+            3 => Method::Bye,
+            4 => Method::Cancel,
+            5 => Method::Register,
+            6 => Method::Options,
+            7 => Method::Other,
+            _ => Method::None,
+        }
+    }
+
+    /// The transaction key: branch, sent-by and CSeq method. `None` without a top-Via branch or a
+    /// CSeq (such a request cannot be matched to its retransmissions).
+    pub const fn transaction_key(&self) -> Option<u64> {
+        if self.have & (HAVE_BRANCH | HAVE_CSEQ) != HAVE_BRANCH | HAVE_CSEQ {
+            return None;
+        }
+        let mut h = FNV_OFFSET;
+        h = mix(h, self.branch_hash);
+        h = mix(h, self.sent_by_hash);
+        h = mix(h, self.cseq_method_hash);
+        Some(h)
+    }
+
+    /// The class by the message alone: responses, ACK, CANCEL, BYE and in-dialog requests are
+    /// exempt; a marked request is a retransmission; any other request, and anything malformed or
+    /// unfinished, is an original. (The datapath turns originals whose transaction it has seen
+    /// into retransmissions.)
+    pub const fn class(&self) -> Class {
+        match self.kind() {
+            Kind::Response => Class::SipExempt,
+            Kind::Request => match self.method() {
+                Method::Ack | Method::Cancel | Method::Bye => Class::SipExempt,
+                _ if self.in_dialog != 0 => Class::SipExempt,
+                _ if self.marker != 0 => Class::SipRetransmission,
+                _ => Class::SipOriginal,
+            },
+            _ => Class::SipOriginal,
+        }
+    }
+}
+
+const fn mix(h: u64, v: u64) -> u64 {
+    let mut h = h;
+    let mut i = 0;
+    while i < 8 {
+        h ^= (v >> (i * 8)) & 0xff;
+        h = h.wrapping_mul(FNV_PRIME);
+        i += 1;
+    }
+    h
+}
+
+/// What the next step does.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Phase {
+    /// Look for the end of the line starting at `line_start`, from `pos`.
+    #[default]
+    FindEol = 0,
+    /// Look at the line: the start line, the blank line, or where a header's name ends.
+    Dispatch,
+    /// A header: which one, and where its value starts.
+    Name,
+    /// Look for the next `;` from `pos` before `scan_end` (every needle starts with one).
+    Semi,
+    /// Is the needle `want` at `pos`?
+    Confirm,
+    /// Top Via: skip the protocol (`SIP/2.0/UDP`) up to the space.
+    ViaProtocol,
+    /// Top Via: hash the sent-by.
+    ViaSentBy,
+    /// Top Via: find where its value ends (the first comma).
+    ViaComma,
+
+    /// Top Via: hash the branch.
+    ViaBranch,
+    /// CSeq: the number.
+    CSeqNumber,
+    /// CSeq: hash the method.
+    CSeqMethod,
+    /// Call-ID: hash it.
+    CallId,
+
+    /// Parsing is over.
+    Done,
+}
+
+impl Phase {
+    const fn from_u8(v: u8) -> Phase {
+        match v {
+            0 => Phase::FindEol,
+            1 => Phase::Dispatch,
+            2 => Phase::Name,
+            3 => Phase::Semi,
+            4 => Phase::Confirm,
+            5 => Phase::ViaProtocol,
+            6 => Phase::ViaSentBy,
+            7 => Phase::ViaComma,
+            8 => Phase::ViaBranch,
+            9 => Phase::CSeqNumber,
+            10 => Phase::CSeqMethod,
+            11 => Phase::CallId,
+            _ => Phase::Done,
+        }
+    }
+}
+
+/// Bytes one step scans at most.
+const CHUNK: usize = 8;
+/// Steps a message gets.
+pub const MAX_STEPS: usize = 1024;
+
+/// The parser's state between steps. In eBPF it lives in map memory, and each step (one
+/// `bpf_loop` callback) runs at most one bounded scan of [`CHUNK`] bytes and leaves its results
+/// here. Positions read back from map memory are unknown to the verifier, so the positions one
+/// scan could end at do not multiply into the next scan's states, as they did when a whole line
+/// was handled in one step.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SipState {
+    /// What was learnt so far.
+    pub info: SipInfo,
+    /// A hash being accumulated across steps.
+    hash: u64,
+    /// Current scan position (message offset).
+    pos: u32,
+    /// Start of the current line.
+    line_start: u32,
+    /// End of the current line's content (before CR LF).
+    line_end: u32,
+    /// Start of the next line.
+    line_next: u32,
+    /// End of the current Via value (its first comma, or the line end).
+    via_end: u32,
+    /// Lines read.
+    lines: u16,
+    /// A [`Phase`].
+    phase: u8,
+    /// Bytes of the current token hashed so far.
+    token_len: u8,
+    /// Offset of the header's colon in its line.
+    colon: u8,
+    /// Length of the header's name.
+    name_len: u8,
+    /// The needle being searched (`WANT_*`).
+    want: u8,
+    /// Padding.
+    pad: [u8; 1],
+    /// Where the current search ends.
+    scan_end: u32,
+}
+
+/// Searching for the retransmission marker on the request line.
+const WANT_MARKER: u8 = 1;
+/// Searching for the top Via's branch parameter.
+const WANT_BRANCH: u8 = 2;
+/// Searching for the To header's tag.
+const WANT_TAG: u8 = 3;
+
+/// Reads one byte (0 past the end).
+#[inline(always)]
+fn byte<B: PacketBytes>(b: &B, at: usize) -> u8 {
+    let mut one = [0u8; 1];
+    if b.read(at, &mut one) { one[0] } else { 0 }
+}
+
+/// ASCII lowercase.
+#[inline(always)]
+const fn lower(c: u8) -> u8 {
+    if c.is_ascii_uppercase() { c | 0x20 } else { c }
+}
+
+/// Whether the bytes at `at` (before `end`) are `word`, compared lowercased.
+#[inline(always)]
+fn starts_ci<B: PacketBytes, const N: usize>(b: &B, at: usize, end: usize, word: &[u8; N]) -> bool {
+    let mut got = [0u8; N];
+    if at + N > end || !b.read(at, &mut got) {
+        return false;
+    }
+    let mut same = true;
+    for i in 0..N {
+        same &= lower(got[i]) == word[i];
+    }
+    same
+}
+
+/// Whether `c` ends a token (a Via parameter, a sent-by, a CSeq method, a Call-ID).
+#[inline(always)]
+const fn ends_token(c: u8) -> bool {
+    matches!(c, b';' | b',' | b' ' | b'\t' | b'\r')
+}
+
+impl SipState {
+    /// One step over the message held in `b` at `[0, len)`. Returns `true` when parsing is over.
+    #[inline(always)]
+    pub fn step<B: PacketBytes>(&mut self, b: &B, len: usize) -> bool {
+        let end = if len < MAX_SCAN { len } else { MAX_SCAN };
+        match Phase::from_u8(self.phase) {
+            Phase::Done => return true,
+            Phase::FindEol => self.find_eol(b, end),
+            Phase::Dispatch => self.dispatch(b),
+            Phase::Name => self.name(b),
+            Phase::Semi => self.semi(b),
+            Phase::Confirm => self.confirm(b),
+            Phase::ViaProtocol => self.via_protocol(b),
+            Phase::ViaSentBy => {
+                if self.hash_token(b, self.via_end as usize) {
+                    self.info.sent_by_hash = self.hash;
+                    self.phase = Phase::ViaComma as u8;
+                }
+            }
+            Phase::ViaComma => self.via_comma(b),
+            Phase::ViaBranch => {
+                if self.hash_token(b, self.via_end as usize) {
+                    if self.token_len > 0 {
+                        self.info.branch_hash = self.hash;
+                        self.info.have |= HAVE_BRANCH;
+                    }
+                    self.next_line();
+                }
+            }
+            Phase::CSeqNumber => self.cseq_number(b),
+            Phase::CSeqMethod => {
+                if self.hash_token(b, self.line_end as usize) {
+                    if self.token_len > 0 {
+                        self.info.cseq_method_hash = self.hash;
+                        self.info.have |= HAVE_CSEQ;
+                    }
+                    self.next_line();
+                }
+            }
+            Phase::CallId => {
+                if self.hash_token(b, self.line_end as usize) {
+                    self.info.call_id_hash = self.hash;
+                    self.info.have |= HAVE_CALL_ID;
+                    self.next_line();
+                }
+            }
+        }
+        self.phase == Phase::Done as u8
+    }
+
+    #[inline(always)]
+    fn stop(&mut self, kind: Kind) {
+        self.info.kind = kind as u8;
+        self.phase = Phase::Done as u8;
+    }
+
+    #[inline(always)]
+    fn next_line(&mut self) {
+        self.pos = self.line_next;
+        self.line_start = self.line_next;
+        self.phase = Phase::FindEol as u8;
+    }
+
+    /// Scans up to [`CHUNK`] bytes for the line's LF.
+    #[inline(always)]
+    fn find_eol<B: PacketBytes>(&mut self, b: &B, end: usize) {
+        let start = self.line_start as usize;
+        if start >= end || self.lines as usize >= MAX_LINES {
+            // Out of bytes or lines before the blank line: what was read stands.
+            if self.info.kind() == Kind::Pending {
+                return self.stop(Kind::Malformed);
+            }
+            self.phase = Phase::Done as u8;
+            return;
+        }
+        let from = self.pos as usize;
+        let mut found = None;
+        for i in 0..CHUNK {
+            let at = from + i;
+            if at >= end {
+                break;
+            }
+            if byte(b, at) == b'\n' {
+                found = Some(at);
+                break;
+            }
+        }
+        let eol = match found {
+            Some(at) => at,
+            None if from + CHUNK < end => {
+                self.pos = (from + CHUNK) as u32;
+                if self.pos as usize - start > MAX_LINE {
+                    self.stop(Kind::Malformed);
+                }
+                return;
+            }
+            // The last line, without LF.
+            None => end,
+        };
+        if eol - start > MAX_LINE {
+            return self.stop(Kind::Malformed);
+        }
+        let content_end = if eol > start && byte(b, eol - 1) == b'\r' {
+            eol - 1
+        } else {
+            eol
+        };
+        self.line_end = content_end as u32;
+        self.line_next = (eol + 1) as u32;
+        self.lines += 1;
+        self.phase = Phase::Dispatch as u8;
+    }
+
+    /// Looks at a whole line: the start line, the blank line, or where a header's name ends.
+    #[inline(always)]
+    fn dispatch<B: PacketBytes>(&mut self, b: &B) {
+        let (start, end) = (self.line_start as usize, self.line_end as usize);
+        if self.lines == 1 {
+            return self.start_line(b, start, end);
+        }
+        if end == start {
+            // The blank line: headers are over.
+            self.phase = Phase::Done as u8;
+            return;
+        }
+        // The colon within the name's first 16 bytes.
+        let mut colon = MAX_NAME;
+        for i in 0..MAX_NAME {
+            if start + i >= end {
+                break;
+            }
+            if byte(b, start + i) == b':' {
+                colon = i;
+                break;
+            }
+        }
+        let first = byte(b, start);
+        if colon == MAX_NAME || first == b' ' || first == b'\t' {
+            // No name (a folded continuation, or a name too long for us): skip the line.
+            return self.next_line();
+        }
+        // The name without trailing spaces.
+        let mut name_len = colon;
+        for _ in 0..4 {
+            if name_len > 0 && matches!(byte(b, start + name_len - 1), b' ' | b'\t') {
+                name_len -= 1;
+            }
+        }
+        // Stored, and read back in the next step (see the type's docs).
+        self.colon = colon as u8;
+        self.name_len = name_len as u8;
+        self.phase = Phase::Name as u8;
+    }
+
+    /// Which header the line is, and where its value starts.
+    #[inline(always)]
+    fn name<B: PacketBytes>(&mut self, b: &B) {
+        let start = self.line_start as usize;
+        let end = self.line_end as usize;
+        let name_len = self.name_len as usize;
+        let mut head = [0u8; 8];
+        let _ = b.read(start, &mut head);
+        let name_is = |word: &[u8]| {
+            name_len == word.len() && {
+                let mut same = true;
+                for (i, w) in word.iter().enumerate() {
+                    same &= lower(head[i]) == *w;
+                }
+                same
+            }
+        };
+        let phase = if (name_is(b"via") || name_is(b"v")) && self.info.have & HAVE_VIA == 0 {
+            self.info.have |= HAVE_VIA;
+            self.via_end = end as u32;
+            Phase::ViaProtocol
+        } else if name_is(b"cseq") {
+            Phase::CSeqNumber
+        } else if name_is(b"call-id") || name_is(b"i") {
+            Phase::CallId
+        } else if name_is(b"to") || name_is(b"t") {
+            self.want = WANT_TAG;
+            self.scan_end = end as u32;
+            Phase::Semi
+        } else {
+            return self.next_line();
+        };
+        // The value: after the colon and its spaces (a few; more are caught by the scans).
+        let mut value = start + self.colon as usize + 1;
+        for _ in 0..4 {
+            if value < end && matches!(byte(b, value), b' ' | b'\t') {
+                value += 1;
+            }
+        }
+        self.pos = value as u32;
+        self.hash = FNV_OFFSET;
+        self.token_len = 0;
+        self.phase = phase as u8;
+    }
+
+    #[inline(always)]
+    fn start_line<B: PacketBytes>(&mut self, b: &B, start: usize, end: usize) {
+        if starts_ci(b, start, end, b"sip/2.0 ") {
+            return self.stop(Kind::Response);
+        }
+        // METHOD SP Request-URI SP SIP/2.0; methods are case-sensitive (RFC 3261 §7.1).
+        let mut head = [0u8; 9];
+        let _ = b.read(start, &mut head);
+        let method = if head.starts_with(b"INVITE ") {
+            Method::Invite
+        } else if head.starts_with(b"ACK ") {
+            Method::Ack
+        } else if head.starts_with(b"BYE ") {
+            Method::Bye
+        } else if head.starts_with(b"CANCEL ") {
+            Method::Cancel
+        } else if head.starts_with(b"REGISTER ") {
+            Method::Register
+        } else if head.starts_with(b"OPTIONS ") {
+            Method::Options
+        } else {
+            Method::Other
+        };
+        // The line must end in " SIP/2.0".
+        if end < start + 8 + 2 || !starts_ci(b, end - 8, end, b" sip/2.0") {
+            return self.stop(Kind::Malformed);
+        }
+        self.info.kind = Kind::Request as u8;
+        self.info.method = method as u8;
+        // The marker is searched before " SIP/2.0".
+        self.pos = start as u32;
+        self.want = WANT_MARKER;
+        self.scan_end = (end - 8) as u32;
+        self.phase = Phase::Semi as u8;
+    }
+
+    /// Scans up to [`CHUNK`] bytes for the next `;` before `scan_end`.
+    #[inline(always)]
+    fn semi<B: PacketBytes>(&mut self, b: &B) {
+        let from = self.pos as usize;
+        let end = self.scan_end as usize;
+        for i in 0..CHUNK {
+            let at = from + i;
+            if at >= end {
+                // Not there.
+                return self.next_line();
+            }
+            if byte(b, at) == b';' {
+                self.pos = at as u32;
+                self.phase = Phase::Confirm as u8;
+                return;
+            }
+        }
+        self.pos = (from + CHUNK) as u32;
+    }
+
+    /// Whether the `;` at `pos` starts the needle: one fixed-size read.
+    #[inline(always)]
+    fn confirm<B: PacketBytes>(&mut self, b: &B) {
+        let at = self.pos as usize;
+        let end = self.scan_end as usize;
+        let found = match self.want {
+            WANT_MARKER => starts_ci(b, at, end, b";x-retransmit"),
+            WANT_BRANCH => starts_ci(b, at, end, b";branch="),
+            _ => starts_ci(b, at, end, b";tag="),
+        };
+        if !found {
+            self.pos += 1;
+            self.phase = Phase::Semi as u8;
+            return;
+        }
+        match self.want {
+            WANT_MARKER => {
+                self.info.marker = 1;
+                self.next_line();
+            }
+            WANT_BRANCH => {
+                self.pos += 8;
+                self.hash = FNV_OFFSET;
+                self.token_len = 0;
+                self.phase = Phase::ViaBranch as u8;
+            }
+            _ => {
+                self.info.in_dialog = 1;
+                self.next_line();
+            }
+        }
+    }
+
+    /// Skips the Via's protocol up to its space; notes where the top Via value ends (its first
+    /// comma) as it goes.
+    #[inline(always)]
+    fn via_protocol<B: PacketBytes>(&mut self, b: &B) {
+        let from = self.pos as usize;
+        let end = self.via_end as usize;
+        for i in 0..CHUNK {
+            let at = from + i;
+            if at >= end {
+                // No sent-by.
+                return self.next_line();
+            }
+            let c = byte(b, at);
+            if c == b' ' || c == b'\t' {
+                // Past the spaces, the sent-by.
+                let mut sb = at + 1;
+                for _ in 0..4 {
+                    if sb < end && matches!(byte(b, sb), b' ' | b'\t') {
+                        sb += 1;
+                    }
+                }
+                self.pos = sb as u32;
+                self.hash = FNV_OFFSET;
+                self.token_len = 0;
+                self.phase = Phase::ViaSentBy as u8;
+                return;
+            }
+        }
+        self.pos = (from + CHUNK) as u32;
+    }
+
+    /// Finds where the top Via value ends: its first comma within [`CHUNK`] bytes, or the line's
+    /// end.
+    #[inline(always)]
+    fn via_comma<B: PacketBytes>(&mut self, b: &B) {
+        let from = self.pos as usize;
+        let end = self.via_end as usize;
+        for i in 0..CHUNK {
+            let at = from + i;
+            if at >= end {
+                break;
+            }
+            if byte(b, at) == b',' {
+                self.via_end = at as u32;
+                break;
+            }
+        }
+        // (No comma within a chunk of the sent-by: the value is taken to run to the line's end.)
+        self.want = WANT_BRANCH;
+        self.scan_end = self.via_end;
+        self.phase = Phase::Semi as u8;
+    }
+
+    /// Hashes a token from `pos` up to its end (or `end`), up to [`CHUNK`] bytes a step and at
+    /// most [`MAX_VALUE`] in all. Returns `true` when the token is complete.
+    #[inline(always)]
+    fn hash_token<B: PacketBytes>(&mut self, b: &B, end: usize) -> bool {
+        let from = self.pos as usize;
+        let mut h = self.hash;
+        for i in 0..CHUNK {
+            let at = from + i;
+            if at >= end || self.token_len as usize + i >= MAX_VALUE {
+                self.hash = h;
+                self.token_len += i as u8;
+                self.pos = at as u32;
+                return true;
+            }
+            let c = byte(b, at);
+            if ends_token(c) {
+                self.hash = h;
+                self.token_len += i as u8;
+                self.pos = at as u32;
+                return true;
+            }
+            h ^= u64::from(c);
+            h = h.wrapping_mul(FNV_PRIME);
+        }
+        self.hash = h;
+        self.token_len += CHUNK as u8;
+        self.pos = (from + CHUNK) as u32;
+        false
+    }
+
+    /// `CSeq: 314159 INVITE`: the number, then on to the method.
+    #[inline(always)]
+    fn cseq_number<B: PacketBytes>(&mut self, b: &B) {
+        let from = self.pos as usize;
+        let end = self.line_end as usize;
+        let mut n: u32 = 0;
+        let mut at = from;
+        for _ in 0..10 {
+            let c = byte(b, at);
+            if at >= end || !c.is_ascii_digit() {
+                break;
+            }
+            n = n.wrapping_mul(10).wrapping_add(u32::from(c - b'0'));
+            at += 1;
+        }
+        if at == from {
+            return self.next_line();
+        }
+        for _ in 0..4 {
+            if at < end && matches!(byte(b, at), b' ' | b'\t') {
+                at += 1;
+            }
+        }
+        self.info.cseq = n;
+        self.pos = at as u32;
+        self.hash = FNV_OFFSET;
+        self.token_len = 0;
+        self.phase = Phase::CSeqMethod as u8;
+    }
+}
+
+/// Parses a whole message held in `b` at `[0, len)` (userspace convenience; the datapath drives
+/// [`SipState::step`] itself).
+pub fn parse_sip<B: PacketBytes>(b: &B, len: usize) -> SipInfo {
+    let mut st = SipState::default();
+    for _ in 0..MAX_STEPS {
+        if st.step(b, len) {
+            break;
+        }
+    }
+    st.finish()
+}
+
+impl SipState {
+    /// The result once the steps are done: a message whose start line was never read (empty, or
+    /// out of steps) is malformed.
+    pub fn finish(&self) -> SipInfo {
+        let mut info = self.info;
+        if info.kind() == Kind::Pending {
+            info.kind = Kind::Malformed as u8;
+        }
+        info
+    }
+}
+
+#[cfg(test)]
+mod tests;

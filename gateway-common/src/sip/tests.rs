@@ -1,0 +1,142 @@
+use super::*;
+use crate::bytes::SliceBytes;
+
+fn parse(msg: &[u8]) -> SipInfo {
+    parse_sip(&SliceBytes(msg), msg.len())
+}
+
+/// As SIPp's built-in uac scenario sends it.
+const SIPP_INVITE: &[u8] = b"INVITE sip:service@10.99.0.1:5060 SIP/2.0\r\n\
+Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-4101-1-0\r\n\
+From: sipp <sip:sipp@10.99.0.2:5061>;tag=4101SIPpTag001\r\n\
+To: service <sip:service@10.99.0.1:5060>\r\n\
+Call-ID: 1-4101@10.99.0.2\r\n\
+CSeq: 1 INVITE\r\n\
+Contact: sip:sipp@10.99.0.2:5061\r\n\
+Max-Forwards: 70\r\n\
+Subject: Performance Test\r\n\
+Content-Type: application/sdp\r\n\
+Content-Length:   129\r\n\
+\r\n\
+v=0\r\no=user1 53655765 2353687637 IN IP4 10.99.0.2\r\ns=-\r\nc=IN IP4 10.99.0.2\r\nt=0 0\r\nm=audio 6000 RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n";
+
+#[test]
+fn a_sipp_invite() {
+    let i = parse(SIPP_INVITE);
+    assert_eq!(i.kind(), Kind::Request);
+    assert_eq!(i.method(), Method::Invite);
+    assert_eq!(i.cseq, 1);
+    assert_eq!(i.have, HAVE_VIA | HAVE_BRANCH | HAVE_CSEQ | HAVE_CALL_ID);
+    assert_eq!(i.in_dialog, 0);
+    assert_eq!(i.class(), Class::SipOriginal);
+    assert!(i.transaction_key().is_some());
+}
+
+#[test]
+fn the_key_follows_branch_sent_by_and_cseq_method_only() {
+    let k = |m: &[u8]| parse(m).transaction_key().unwrap();
+    let base = k(SIPP_INVITE);
+    let swap = |from: &str, to: &str| {
+        let s = core::str::from_utf8(SIPP_INVITE)
+            .unwrap()
+            .replacen(from, to, 1);
+        extern crate std;
+        std::vec::Vec::from(s.as_bytes())
+    };
+    // A retransmission is byte-identical: same key. Other headers do not matter.
+    assert_eq!(k(&swap("Max-Forwards: 70", "Max-Forwards: 69")), base);
+    assert_eq!(k(&swap("Call-ID: 1-4101", "Call-ID: 2-4101")), base);
+    // Branch, sent-by or CSeq method change it; the CSeq number does not (RFC 3261 17.2.3).
+    assert_ne!(k(&swap("z9hG4bK-4101-1-0", "z9hG4bK-4101-2-0")), base);
+    assert_ne!(
+        k(&swap("10.99.0.2:5061;branch", "10.99.0.3:5061;branch")),
+        base
+    );
+    assert_ne!(k(&swap("CSeq: 1 INVITE", "CSeq: 1 OPTIONS")), base);
+    assert_eq!(k(&swap("CSeq: 1 INVITE", "CSeq: 2 INVITE")), base);
+}
+
+#[test]
+fn compact_forms_and_case_insensitive_names() {
+    let msg = b"INVITE sip:a@b SIP/2.0\r\n\
+v: SIP/2.0/UDP 10.99.0.2:5061;rport;BRANCH=z9hG4bK-1\r\n\
+i: abc@host\r\n\
+cseq: 7 INVITE\r\n\
+t: <sip:a@b>\r\n\
+\r\n";
+    let i = parse(msg);
+    assert_eq!(i.have, HAVE_VIA | HAVE_BRANCH | HAVE_CSEQ | HAVE_CALL_ID);
+    assert_eq!(i.cseq, 7);
+    // Same transaction as the long form.
+    let long = b"INVITE sip:a@b SIP/2.0\r\n\
+VIA : SIP/2.0/UDP 10.99.0.2:5061;rport;branch=z9hG4bK-1\r\n\
+Call-ID: abc@host\r\n\
+CSeq: 7 INVITE\r\n\
+To: <sip:a@b>\r\n\
+\r\n";
+    assert_eq!(i.transaction_key(), parse(long).transaction_key());
+}
+
+#[test]
+fn exempt_messages() {
+    for (msg, class) in [
+        (&b"SIP/2.0 100 Trying\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK1\r\n\r\n"[..], Class::SipExempt),
+        (b"ACK sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK1\r\nCSeq: 1 ACK\r\n\r\n", Class::SipExempt),
+        (b"BYE sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK2\r\nCSeq: 2 BYE\r\n\r\n", Class::SipExempt),
+        (b"CANCEL sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK1\r\nCSeq: 1 CANCEL\r\n\r\n", Class::SipExempt),
+        // In dialog (To has a tag): a re-INVITE is exempt.
+        (b"INVITE sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK3\r\nTo: <sip:a@b>;tag=77\r\nCSeq: 3 INVITE\r\n\r\n", Class::SipExempt),
+        (b"OPTIONS sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK4\r\nCSeq: 1 OPTIONS\r\n\r\n", Class::SipOriginal),
+        (b"REGISTER sip:b SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK5\r\nCSeq: 1 REGISTER\r\n\r\n", Class::SipOriginal),
+        // The marker on the request line.
+        (b"INVITE sip:a@b;x-retransmit SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK6\r\nCSeq: 1 INVITE\r\n\r\n", Class::SipRetransmission),
+    ] {
+        assert_eq!(parse(msg).class(), class, "{:?}", core::str::from_utf8(msg));
+    }
+}
+
+#[test]
+fn an_invite_dressed_up_is_not_exempt() {
+    for msg in [
+        // Lowercase method token: not a SIP method.
+        &b"bye sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK1\r\nCSeq: 1 BYE\r\n\r\n"[..],
+        // "tag=" elsewhere than the To header.
+        b"INVITE sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK1;tag=1\r\nFrom: <sip:x>;tag=9\r\nTo: <sip:a@b>\r\nCSeq: 1 INVITE\r\n\r\n",
+        // A To tag after the blank line (in the body).
+        b"INVITE sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK1\r\nCSeq: 1 INVITE\r\n\r\nTo: <sip:a@b>;tag=1\r\n",
+        // A response-looking body.
+        b"INVITE sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK1\r\n\r\nSIP/2.0 200 OK\r\n",
+    ] {
+        assert_ne!(parse(msg).class(), Class::SipExempt, "{:?}", core::str::from_utf8(msg));
+    }
+}
+
+#[test]
+fn bad_input_is_an_original_never_exempt() {
+    let long_line = {
+        extern crate std;
+        let mut v = std::vec::Vec::from(&b"INVITE sip:a@b SIP/2.0\r\nSubject: "[..]);
+        v.extend(core::iter::repeat_n(b'x', 400));
+        v.extend_from_slice(b"\r\n\r\n");
+        v
+    };
+    for (name, msg) in [
+        ("empty", &b""[..]),
+        ("binary", &b"\x00\xff\x13\x37garbage\x00"[..]),
+        ("no version", &b"INVITE sip:a@b\r\n\r\n"[..]),
+        ("truncated line", &b"INVITE sip:a@b SIP/2"[..]),
+        ("huge header", &long_line[..]),
+        (
+            "no via",
+            &b"INVITE sip:a@b SIP/2.0\r\nCSeq: 1 INVITE\r\n\r\n"[..],
+        ),
+    ] {
+        let i = parse(msg);
+        assert_eq!(i.class(), Class::SipOriginal, "{name}");
+    }
+    // No Via: no key, so never matched as a retransmission either.
+    assert_eq!(
+        parse(b"INVITE sip:a@b SIP/2.0\r\nCSeq: 1 INVITE\r\n\r\n").transaction_key(),
+        None
+    );
+}

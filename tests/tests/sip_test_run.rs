@@ -1,0 +1,146 @@
+//! SIP classification through the real program (BPF_PROG_TEST_RUN, XDP and TC): originals,
+//! retransmissions by transaction key and by marker, exempt messages, and bad input.
+
+use gateway_common::Class;
+use gateway_tests::{
+    frames::Frame,
+    have_root,
+    testrun::{Hook, TestProgram},
+};
+
+fn invite(branch: &str, extra_uri: &str) -> Vec<u8> {
+    format!(
+        "INVITE sip:service@10.99.0.1:5060{extra_uri} SIP/2.0\r\n\
+Via: SIP/2.0/UDP 10.99.0.2:5061;branch={branch}\r\n\
+From: sipp <sip:sipp@10.99.0.2:5061>;tag=1\r\n\
+To: service <sip:service@10.99.0.1:5060>\r\n\
+Call-ID: 1-{branch}@10.99.0.2\r\n\
+CSeq: 1 INVITE\r\n\
+Contact: sip:sipp@10.99.0.2:5061\r\n\
+Max-Forwards: 70\r\n\
+Content-Type: application/sdp\r\n\
+Content-Length: 0\r\n\r\n"
+    )
+    .into_bytes()
+}
+
+fn class_of(prog: &TestProgram, hook: Hook, payload: &[u8]) -> Option<Class> {
+    let before = prog.counters();
+    prog.run(hook, &Frame::udp(5060, payload).build(), 1);
+    prog.counters().class_since(&before)
+}
+
+#[test]
+fn a_request_seen_before_is_a_retransmission() {
+    if !have_root("a_request_seen_before_is_a_retransmission") {
+        return;
+    }
+    let prog = TestProgram::new();
+    let first = invite("z9hG4bK-1", "");
+    // The original through XDP, its retransmissions through XDP and TC (one table).
+    assert_eq!(class_of(&prog, Hook::Xdp, &first), Some(Class::SipOriginal));
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, &first),
+        Some(Class::SipRetransmission)
+    );
+    assert_eq!(
+        class_of(&prog, Hook::Tc, &first),
+        Some(Class::SipRetransmission)
+    );
+    let txns = prog.maps.sip_txns().unwrap();
+    assert_eq!(txns.len(), 1);
+    assert_eq!(txns[0].1.requests, 3);
+    // Another transaction (another branch) is an original.
+    assert_eq!(
+        class_of(&prog, Hook::Tc, &invite("z9hG4bK-2", "")),
+        Some(Class::SipOriginal)
+    );
+    // The same transaction written in compact form is still a retransmission.
+    let compact = b"INVITE sip:service@10.99.0.1:5060 SIP/2.0\r\n\
+v: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-1\r\n\
+i: whatever\r\n\
+cseq: 1 INVITE\r\n\r\n";
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, compact),
+        Some(Class::SipRetransmission)
+    );
+}
+
+#[test]
+fn the_request_line_marker_makes_a_retransmission_outright() {
+    if !have_root("the_request_line_marker") {
+        return;
+    }
+    let prog = TestProgram::new();
+    for hook in [Hook::Xdp, Hook::Tc] {
+        let marked = invite("z9hG4bK-9", ";x-retransmit");
+        assert_eq!(
+            class_of(&prog, hook, &marked),
+            Some(Class::SipRetransmission),
+            "{hook:?}"
+        );
+    }
+    // A marked request is not recorded as an original.
+    assert!(prog.maps.sip_txns().unwrap().is_empty());
+}
+
+#[test]
+fn responses_ack_bye_cancel_and_in_dialog_requests_are_exempt_and_not_recorded() {
+    if !have_root("exempt_messages") {
+        return;
+    }
+    let prog = TestProgram::new();
+    let via = "Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-7\r\n";
+    for msg in [
+        format!("SIP/2.0 100 Trying\r\n{via}CSeq: 1 INVITE\r\n\r\n"),
+        format!("SIP/2.0 200 OK\r\n{via}CSeq: 1 INVITE\r\n\r\n"),
+        format!("ACK sip:s@h SIP/2.0\r\n{via}CSeq: 1 ACK\r\n\r\n"),
+        format!("BYE sip:s@h SIP/2.0\r\n{via}CSeq: 2 BYE\r\n\r\n"),
+        format!("CANCEL sip:s@h SIP/2.0\r\n{via}CSeq: 1 CANCEL\r\n\r\n"),
+        format!("INVITE sip:s@h SIP/2.0\r\n{via}To: <sip:s@h>;tag=abc\r\nCSeq: 3 INVITE\r\n\r\n"),
+    ] {
+        for hook in [Hook::Xdp, Hook::Tc] {
+            assert_eq!(
+                class_of(&prog, hook, msg.as_bytes()),
+                Some(Class::SipExempt),
+                "{hook:?} {msg}"
+            );
+        }
+    }
+    assert!(prog.maps.sip_txns().unwrap().is_empty());
+}
+
+#[test]
+fn bad_input_is_an_original_never_exempt_and_sip_over_tcp_is_other() {
+    if !have_root("sip_bad_input") {
+        return;
+    }
+    let prog = TestProgram::new();
+    let mut huge = b"OPTIONS sip:s@h SIP/2.0\r\nSubject: ".to_vec();
+    huge.extend(std::iter::repeat_n(b'x', 900));
+    huge.extend_from_slice(b"\r\n\r\n");
+    for (name, msg) in [
+        ("binary garbage", b"\x00\xffBYE \x13\x37".to_vec()),
+        ("truncated start line", b"BYE sip:s@h SI".to_vec()),
+        (
+            "no via",
+            b"INVITE sip:s@h SIP/2.0\r\nCSeq: 1 INVITE\r\n\r\n".to_vec(),
+        ),
+        ("huge header", huge),
+    ] {
+        for hook in [Hook::Xdp, Hook::Tc] {
+            assert_eq!(
+                class_of(&prog, hook, &msg),
+                Some(Class::SipOriginal),
+                "{hook:?} {name}"
+            );
+        }
+    }
+    let before = prog.counters();
+    prog.run(
+        Hook::Xdp,
+        &Frame::tcp(5060, &invite("z9hG4bK-3", "")).build(),
+        1,
+    );
+    assert_eq!(prog.counters().class_since(&before), Some(Class::Other));
+}

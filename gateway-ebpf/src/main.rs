@@ -9,6 +9,7 @@
 // A value barrier for the verifier's sake (see tls::opaque).
 #![feature(asm_experimental_arch)]
 
+mod admission;
 mod bytes;
 mod datapath;
 mod maps;

@@ -23,6 +23,7 @@ use gateway_common::{
 };
 
 use crate::{
+    admission::{admission, count_refusal},
     bytes::{ScratchBytes, opaque},
     datapath::Verdict as Action,
     maps::{SIP_SCRATCH, SIP_TXNS},
@@ -115,5 +116,19 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
             }
         }
     }
-    (class, Action::Pass)
+    // Originals first: each original counts into the backlog under its class's limits;
+    // retransmissions only while the originals' backlog is under the retransmission policy's
+    // threshold (see admission::admission). Exempt messages finish work: never dropped.
+    let refused = match class {
+        Class::SipOriginal => admission(Class::SipOriginal, Class::SipOriginal, true),
+        Class::SipRetransmission => admission(Class::SipRetransmission, Class::SipOriginal, false),
+        _ => None,
+    };
+    match refused {
+        None => (class, Action::Pass),
+        Some(reason) => {
+            count_refusal(class, reason, false);
+            (class, Action::Drop)
+        }
+    }
 }

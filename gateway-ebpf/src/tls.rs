@@ -30,21 +30,18 @@ use gateway_common::{
     Class,
     bytes::PacketBytes,
     maps::{
-        FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED, FlowKey, IssuedKey, MAX_BURST,
-        POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, REJECT_BACKLOG, REJECT_RATE, RejectEvent,
-        TlsCounters, TlsFlow,
+        FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED, FlowKey, IssuedKey, RejectEvent, TlsCounters,
+        TlsFlow,
     },
     packet::{Packet, TCP_FIN, TCP_RST},
     tls::{HelloState, MAX_STEPS, Segment, Verdict},
 };
 
 use crate::{
+    admission::{admission, atomic_add, count_refusal},
     bytes::{ScratchBytes, opaque},
     datapath::Verdict as Action,
-    maps::{
-        CLASS_POLICY, CLASS_STATE, CLASS_STATS, TLS_COUNTERS, TLS_FLOWS, TLS_ISSUED, TLS_REJECTS,
-        TLS_SCRATCH,
-    },
+    maps::{CLASS_STATE, TLS_COUNTERS, TLS_FLOWS, TLS_ISSUED, TLS_REJECTS, TLS_SCRATCH},
 };
 
 /// Bytes of a segment the parser looks at; the rest of a longer segment makes the hello
@@ -307,7 +304,7 @@ fn decide(key: &FlowKey, f: &mut TlsFlow) -> (Class, Action) {
         _ => Class::TlsNew,
     };
     f.class = class as u8;
-    match admission(class) {
+    match admission(class, class, true) {
         None => {
             f.state = FLOW_ADMITTED;
             (class, Action::Pass)
@@ -320,71 +317,11 @@ fn decide(key: &FlowKey, f: &mut TlsFlow) -> (Class, Action) {
     }
 }
 
-/// Admits a connection in `class` (counting it into the backlog), or says why not: the backlog
-/// (admitted minus completed) is at the limit, or the GCRA rate limiter has no room.
-///
-/// GCRA (RFC 7415's leaky bucket): emission interval `T = 1 s / rate`, tolerance
-/// `tau = burst * T`; a connection conforms when the theoretical arrival time is at most `tau`
-/// ahead of now, and then advances it by `T`. A rate of zero admits nothing. The TAT update is a
-/// plain store: two CPUs admitting at the same instant can both pass, so the limiter may admit
-/// one more per racing CPU, never fewer.
-#[inline(always)]
-fn admission(class: Class) -> Option<u8> {
-    let st = CLASS_STATE.get_ptr_mut(class.id())?;
-    if let Some(p) = CLASS_POLICY.get(class.id()) {
-        if p.flags & POLICY_LIMIT_BACKLOG != 0 {
-            // SAFETY: reads of counters other CPUs add to atomically.
-            let (admitted, completed) = unsafe {
-                (
-                    core::ptr::read_volatile(&raw const (*st).admitted),
-                    core::ptr::read_volatile(&raw const (*st).completed),
-                )
-            };
-            if admitted.saturating_sub(completed) >= p.backlog_limit {
-                return Some(REJECT_BACKLOG);
-            }
-        }
-        if p.flags & POLICY_LIMIT_RATE != 0 {
-            if p.rate_per_sec == 0 {
-                return Some(REJECT_RATE);
-            }
-            let interval = 1_000_000_000 / p.rate_per_sec;
-            let burst = if p.burst > MAX_BURST {
-                MAX_BURST
-            } else {
-                p.burst
-            };
-            let tolerance = burst * interval;
-            let now = now_ns();
-            // SAFETY: see the race note above.
-            let tat = unsafe { core::ptr::read_volatile(&raw const (*st).gcra_tat_ns) };
-            let tat = if tat < now { now } else { tat };
-            if tat - now > tolerance {
-                return Some(REJECT_RATE);
-            }
-            unsafe { core::ptr::write_volatile(&raw mut (*st).gcra_tat_ns, tat + interval) };
-        }
-    }
-    // SAFETY: the entry is shared across CPUs; only atomic adds touch the counter.
-    unsafe { atomic_add(&raw mut (*st).admitted, 1) };
-    None
-}
-
 /// Counts a rejection by reason and tells the daemon, which destroys the server's socket for the
 /// connection (and with it sends the client a reset).
 #[inline(always)]
 fn reject(key: &FlowKey, class: Class, reason: u8) {
-    if let Some(s) = CLASS_STATS.get_ptr_mut(class.id()) {
-        // SAFETY: per-CPU slot.
-        unsafe {
-            (*s).rejected += 1;
-            if reason == REJECT_BACKLOG {
-                (*s).dropped_backlog += 1;
-            } else {
-                (*s).dropped_rate += 1;
-            }
-        }
-    }
+    count_refusal(class, reason, true);
     // A full ring buffer loses the event, not the rejection: the connection is still dropped.
     if let Some(mut entry) = TLS_REJECTS.reserve(0) {
         entry.write(RejectEvent {
@@ -394,20 +331,6 @@ fn reject(key: &FlowKey, class: Class, reason: u8) {
             pad: [0; 6],
         });
         entry.submit(0);
-    }
-}
-
-/// A relaxed atomic add (BPF_ATOMIC | BPF_ADD).
-///
-/// # Safety
-/// `dst` must point to a live, aligned u64.
-#[inline(always)]
-pub unsafe fn atomic_add(dst: *mut u64, v: u64) {
-    // SAFETY: upheld by the caller.
-    unsafe {
-        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
-            dst, v,
-        );
     }
 }
 

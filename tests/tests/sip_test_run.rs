@@ -144,3 +144,84 @@ fn bad_input_is_an_original_never_exempt_and_sip_over_tcp_is_other() {
     );
     assert_eq!(prog.counters().class_since(&before), Some(Class::Other));
 }
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+
+fn set(prog: &mut TestProgram, class: Class, backlog: Option<u64>, rate: Option<u64>) {
+    prog.maps
+        .set_policy(
+            class,
+            gateway::config::PolicyConfig {
+                backlog,
+                rate,
+                burst: rate.map(|_| 0),
+            }
+            .to_map(),
+        )
+        .unwrap();
+}
+
+fn action(prog: &TestProgram, payload: &[u8]) -> u32 {
+    prog.run(Hook::Xdp, &Frame::udp(5060, payload).build(), 1).0
+}
+
+#[test]
+fn originals_are_admitted_up_to_their_backlog_and_retransmissions_only_below_theirs() {
+    if !have_root("sip_backlog_limits") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    set(&mut prog, Class::SipOriginal, Some(3), None);
+    // Retransmissions only while the originals' backlog is under 2.
+    set(&mut prog, Class::SipRetransmission, Some(2), None);
+    let (a, b, c, d) = (
+        invite("z9hG4bK-a", ""),
+        invite("z9hG4bK-b", ""),
+        invite("z9hG4bK-c", ""),
+        invite("z9hG4bK-d", ""),
+    );
+    assert_eq!(action(&prog, &a), XDP_PASS);
+    // Backlog 1 < 2: a's retransmission passes (and adds nothing to the backlog).
+    assert_eq!(action(&prog, &a), XDP_PASS);
+    assert_eq!(action(&prog, &b), XDP_PASS);
+    // Backlog 2: retransmissions are shed first...
+    assert_eq!(action(&prog, &a), XDP_DROP);
+    assert_eq!(action(&prog, &b), XDP_DROP);
+    // ...while originals still get in, up to their own limit of 3.
+    assert_eq!(action(&prog, &c), XDP_PASS);
+    assert_eq!(action(&prog, &d), XDP_DROP);
+    let state = prog.maps.class_state().unwrap();
+    assert_eq!(state[Class::SipOriginal.id() as usize].backlog(), 3);
+    let stats = prog.counters().classes;
+    let orig = stats[Class::SipOriginal.id() as usize];
+    let rtx = stats[Class::SipRetransmission.id() as usize];
+    assert_eq!((orig.admitted, orig.dropped_backlog), (3, 1));
+    assert_eq!((rtx.admitted, rtx.dropped_backlog), (1, 2));
+    assert_eq!(
+        orig.rejected + rtx.rejected,
+        0,
+        "SIP refusals are drops, not resets"
+    );
+}
+
+#[test]
+fn exempt_messages_pass_even_with_originals_closed() {
+    if !have_root("sip_exempt_never_dropped") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    set(&mut prog, Class::SipOriginal, None, Some(0));
+    set(&mut prog, Class::SipRetransmission, Some(0), None);
+    assert_eq!(action(&prog, &invite("z9hG4bK-x", "")), XDP_DROP);
+    let via = "Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-x\r\n";
+    for msg in [
+        format!("SIP/2.0 200 OK\r\n{via}CSeq: 1 INVITE\r\n\r\n"),
+        format!("ACK sip:s@h SIP/2.0\r\n{via}CSeq: 1 ACK\r\n\r\n"),
+        format!("BYE sip:s@h SIP/2.0\r\n{via}CSeq: 2 BYE\r\n\r\n"),
+    ] {
+        assert_eq!(action(&prog, msg.as_bytes()), XDP_PASS, "{msg}");
+    }
+    let orig = prog.counters().classes[Class::SipOriginal.id() as usize];
+    assert_eq!(orig.dropped_rate, 1);
+}

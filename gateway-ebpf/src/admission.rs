@@ -1,0 +1,105 @@
+//! Admission against per-class limits: a backlog limit (admitted minus completed, both monotonic
+//! counters shared by all CPUs) and a GCRA rate limit. Shared by the TLS and SIP datapaths.
+
+use gateway_common::{
+    Class,
+    maps::{MAX_BURST, POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, REJECT_BACKLOG, REJECT_RATE},
+};
+
+use crate::{
+    maps::{CLASS_POLICY, CLASS_STATE, CLASS_STATS},
+    tls::now_ns,
+};
+
+/// Admits one arrival under the policy of `policy_of`, or says why not (`REJECT_*`): the backlog
+/// of `backlog_of` (its admitted minus completed) is at the policy's backlog limit, or the GCRA
+/// rate limiter of `policy_of` has no room. With `into_backlog`, the admission counts into
+/// `backlog_of`'s backlog.
+///
+/// A class normally answers for itself (`admission(c, c, true)`). SIP retransmissions are admitted
+/// under their own policy but against the originals' backlog, and add nothing to it: with the
+/// retransmission limit below the originals' (RFC 7415's TAU1 < TAU2), retransmissions are shed
+/// first and originals keep strict priority.
+///
+/// GCRA (RFC 7415's leaky bucket): emission interval `T = 1 s / rate`, tolerance
+/// `tau = burst * T`; a connection conforms when the theoretical arrival time is at most `tau`
+/// ahead of now, and then advances it by `T`. A rate of zero admits nothing. The TAT update is a
+/// plain store: two CPUs admitting at the same instant can both pass, so the limiter may admit
+/// one more per racing CPU, never fewer.
+#[inline(always)]
+pub fn admission(policy_of: Class, backlog_of: Class, into_backlog: bool) -> Option<u8> {
+    let st = CLASS_STATE.get_ptr_mut(backlog_of.id())?;
+    let rate_st = CLASS_STATE.get_ptr_mut(policy_of.id())?;
+    if let Some(p) = CLASS_POLICY.get(policy_of.id()) {
+        if p.flags & POLICY_LIMIT_BACKLOG != 0 {
+            // SAFETY: reads of counters other CPUs add to atomically.
+            let (admitted, completed) = unsafe {
+                (
+                    core::ptr::read_volatile(&raw const (*st).admitted),
+                    core::ptr::read_volatile(&raw const (*st).completed),
+                )
+            };
+            if admitted.saturating_sub(completed) >= p.backlog_limit {
+                return Some(REJECT_BACKLOG);
+            }
+        }
+        if p.flags & POLICY_LIMIT_RATE != 0 {
+            if p.rate_per_sec == 0 {
+                return Some(REJECT_RATE);
+            }
+            let interval = 1_000_000_000 / p.rate_per_sec;
+            let burst = if p.burst > MAX_BURST {
+                MAX_BURST
+            } else {
+                p.burst
+            };
+            let tolerance = burst * interval;
+            let now = now_ns();
+            // SAFETY: see the race note above.
+            let tat = unsafe { core::ptr::read_volatile(&raw const (*rate_st).gcra_tat_ns) };
+            let tat = if tat < now { now } else { tat };
+            if tat - now > tolerance {
+                return Some(REJECT_RATE);
+            }
+            unsafe { core::ptr::write_volatile(&raw mut (*rate_st).gcra_tat_ns, tat + interval) };
+        }
+    }
+    if into_backlog {
+        // SAFETY: the entry is shared across CPUs; only atomic adds touch the counter.
+        unsafe { atomic_add(&raw mut (*st).admitted, 1) };
+    }
+    None
+}
+
+/// Counts a refusal in `class`'s counters by reason; `rejected` when the client is actively turned
+/// away (TLS reset) rather than silently dropped.
+#[inline(always)]
+pub fn count_refusal(class: Class, reason: u8, rejected: bool) {
+    if let Some(s) = CLASS_STATS.get_ptr_mut(class.id()) {
+        // SAFETY: per-CPU slot.
+        unsafe {
+            if rejected {
+                (*s).rejected += 1;
+            }
+            if reason == REJECT_BACKLOG {
+                (*s).dropped_backlog += 1;
+            } else {
+                (*s).dropped_rate += 1;
+            }
+        }
+    }
+}
+
+/// A relaxed atomic add (BPF_ATOMIC | BPF_ADD).
+///
+/// # Safety
+/// `dst` must point to a live, aligned u64.
+#[inline(always)]
+pub unsafe fn atomic_add(dst: *mut u64, v: u64) {
+    // SAFETY: upheld by the caller.
+    unsafe {
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+            dst, v,
+        );
+    }
+}

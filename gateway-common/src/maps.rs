@@ -32,9 +32,11 @@ pub mod names {
     pub const TLS_REJECTS: &str = "TLS_REJECTS";
     /// SIP transactions seen (transaction key to [`super::SipTxn`]).
     pub const SIP_TXNS: &str = "SIP_TXNS";
+    /// Per-class, per-CPU service-time histograms ([`super::LatencyHistogram`]).
+    pub const SIP_LATENCY: &str = "SIP_LATENCY";
 
     /// Every map the gateway pins, in a fixed order.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 13] = [
         CLASS_STATS,
         CLASS_POLICY,
         CLASS_STATE,
@@ -47,6 +49,7 @@ pub mod names {
         TLS_COUNTERS,
         TLS_REJECTS,
         SIP_TXNS,
+        SIP_LATENCY,
     ];
 }
 
@@ -56,6 +59,8 @@ pub mod programs {
     pub const XDP: &str = "gateway_xdp";
     /// The same classifier as a TC ingress program (fallback hook).
     pub const TC_INGRESS: &str = "gateway_tc_ingress";
+    /// The TC egress program: completions and service times of SIP transactions.
+    pub const TC_EGRESS: &str = "gateway_tc_egress";
     /// A bare `XDP_PASS` program, the baseline of the per-packet cost benchmark.
     pub const XDP_BARE_PASS: &str = "gateway_bare_pass";
 }
@@ -454,8 +459,71 @@ pub struct SipTxn {
     pub first_ns: u64,
     /// Requests of it seen (the original and its retransmissions).
     pub requests: u32,
-    /// Reserved, zero.
+    /// `TXN_*` bits.
     pub flags: u32,
+}
+
+/// [`SipTxn::flags`]: the original was admitted (it counts in the backlog).
+pub const TXN_ADMITTED: u32 = 1 << 0;
+/// [`SipTxn::flags`]: the server's first response left the host (the completion was counted).
+pub const TXN_RESPONDED: u32 = 1 << 1;
+
+/// Buckets of a [`LatencyHistogram`].
+pub const LATENCY_BUCKETS: usize = 32;
+
+/// A service-time histogram: bucket `i` counts times in `[2^i, 2^(i+1))` microseconds (bucket 0
+/// also counts times under 1 µs).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LatencyHistogram {
+    /// The counts.
+    pub buckets: [u64; LATENCY_BUCKETS],
+}
+
+impl LatencyHistogram {
+    /// The bucket of a time in nanoseconds.
+    pub const fn bucket(ns: u64) -> usize {
+        let us = ns / 1000;
+        if us == 0 {
+            return 0;
+        }
+        let b = 63 - us.leading_zeros() as usize;
+        if b < LATENCY_BUCKETS {
+            b
+        } else {
+            LATENCY_BUCKETS - 1
+        }
+    }
+
+    /// Adds another CPU's counts.
+    pub fn accumulate(&mut self, o: &LatencyHistogram) {
+        for (a, b) in self.buckets.iter_mut().zip(o.buckets.iter()) {
+            *a += b;
+        }
+    }
+
+    /// Samples counted.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+
+    /// The upper bound, in microseconds, of the bucket holding the quantile `permille`/1000;
+    /// `None` when empty.
+    pub fn quantile_us(&self, permille: u64) -> Option<u64> {
+        let total = self.count();
+        if total == 0 {
+            return None;
+        }
+        let rank = (permille * total).div_ceil(1000).max(1);
+        let mut seen = 0;
+        for (i, n) in self.buckets.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Some(1u64 << (i + 1));
+            }
+        }
+        Some(1u64 << LATENCY_BUCKETS)
+    }
 }
 
 /// Compile-time check that per-class arrays cover every class.
@@ -490,6 +558,7 @@ mod tests {
         assert_eq!(size_of::<TlsCounters>(), 7 * 8);
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);
+        assert_eq!(size_of::<LatencyHistogram>(), LATENCY_BUCKETS * 8);
         assert_eq!(size_of::<crate::sip::SipInfo>(), 4 * 8 + 4 + 5 + 7);
     }
 
@@ -519,6 +588,22 @@ mod tests {
             Some(SERVICE_PORT_ENTRIES - 1)
         );
         assert_eq!(service_port_index(1, 443), None);
+    }
+
+    #[test]
+    fn latency_buckets_and_quantiles() {
+        assert_eq!(LatencyHistogram::bucket(500), 0);
+        assert_eq!(LatencyHistogram::bucket(1_500), 0);
+        assert_eq!(LatencyHistogram::bucket(2_000), 1);
+        assert_eq!(LatencyHistogram::bucket(250_000_000), 17);
+        assert_eq!(LatencyHistogram::bucket(u64::MAX), LATENCY_BUCKETS - 1);
+        let mut h = LatencyHistogram::default();
+        assert_eq!(h.quantile_us(500), None);
+        h.buckets[LatencyHistogram::bucket(300_000_000)] += 9;
+        h.buckets[LatencyHistogram::bucket(5_000)] += 1;
+        // 300 ms lies in [2^18, 2^19) us.
+        assert_eq!(h.quantile_us(500), Some(1 << 19));
+        assert_eq!(h.quantile_us(100), Some(1 << 3));
     }
 
     #[test]

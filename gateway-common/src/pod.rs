@@ -2,7 +2,8 @@
 
 use crate::maps::{
     ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
-    IssuedValue, RejectEvent, ServiceKey, ServiceValue, SipTxn, TlsCounters, TlsFlow,
+    IssuedValue, LatencyHistogram, RejectEvent, ServiceKey, ServiceValue, SipTxn, TlsCounters,
+    TlsFlow,
 };
 
 // SAFETY: every type is #[repr(C)], Copy, made only of integers, and has no implicit padding
@@ -21,3 +22,4 @@ unsafe impl aya::Pod for IssuedValue {}
 unsafe impl aya::Pod for TlsCounters {}
 unsafe impl aya::Pod for RejectEvent {}
 unsafe impl aya::Pod for SipTxn {}
+unsafe impl aya::Pod for LatencyHistogram {}

@@ -523,7 +523,10 @@ impl SipState {
     #[inline(always)]
     fn start_line<B: PacketBytes>(&mut self, b: &B, start: usize, end: usize) {
         if starts_ci(b, start, end, b"sip/2.0 ") {
-            return self.stop(Kind::Response);
+            // A response: its Via and CSeq (copied from the request) name the transaction it
+            // answers, so the headers are read too.
+            self.info.kind = Kind::Response as u8;
+            return self.next_line();
         }
         // METHOD SP Request-URI SP SIP/2.0; methods are case-sensitive (RFC 3261 §7.1).
         let mut head = [0u8; 9];

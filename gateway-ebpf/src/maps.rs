@@ -9,9 +9,9 @@ use gateway_common::{
     NUM_CLASSES,
     maps::{
         ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
-        IssuedValue, MAX_SERVICES, MAX_SIP_TXNS, MAX_TLS_FLOWS, MAX_TLS_ISSUED, RejectEvent,
-        SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue, SipTxn, TLS_REJECTS_BYTES, TlsCounters,
-        TlsFlow,
+        IssuedValue, LatencyHistogram, MAX_SERVICES, MAX_SIP_TXNS, MAX_TLS_FLOWS, MAX_TLS_ISSUED,
+        RejectEvent, SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue, SipTxn, TLS_REJECTS_BYTES,
+        TlsCounters, TlsFlow,
     },
 };
 
@@ -73,3 +73,7 @@ pub static SIP_TXNS: LruHashMap<u64, SipTxn, { MAX_SIP_TXNS as usize }> = LruHas
 /// Per-CPU scratch space of the SIP parser (not pinned).
 #[btf_map]
 pub static SIP_SCRATCH: PerCpuArray<crate::sip::Scratch, 1> = PerCpuArray::new();
+
+/// Per-class service-time histograms (admission to first response), per CPU.
+#[btf_map]
+pub static SIP_LATENCY: PerCpuArray<LatencyHistogram, NUM_CLASSES> = PerCpuArray::new();

@@ -17,16 +17,16 @@ use aya_ebpf::helpers::generated::bpf_loop;
 use gateway_common::{
     Class,
     bytes::PacketBytes,
-    maps::SipTxn,
+    maps::{LATENCY_BUCKETS, LatencyHistogram, SipTxn, TXN_ADMITTED, TXN_RESPONDED},
     packet::Packet,
-    sip::{MAX_SCAN, MAX_STEPS, SipState},
+    sip::{Kind, MAX_SCAN, MAX_STEPS, SipInfo, SipState},
 };
 
 use crate::{
-    admission::{admission, count_refusal},
+    admission::{admission, atomic_add, count_refusal},
     bytes::{ScratchBytes, opaque},
     datapath::Verdict as Action,
-    maps::{SIP_SCRATCH, SIP_TXNS},
+    maps::{CLASS_STATE, SIP_LATENCY, SIP_SCRATCH, SIP_TXNS},
     tls::{CopyOut, now_ns},
 };
 
@@ -59,13 +59,11 @@ extern "C" fn sip_step(_index: u64, _ctx: *mut c_void) -> i64 {
     i64::from(s.state.step(&bytes, len))
 }
 
-/// Classifies a UDP datagram to a SIP port.
+/// Parses the SIP message in the packet's UDP payload; `None` when it cannot be copied.
 #[inline(always)]
-pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> (Class, Action) {
+fn parse_payload<C: CopyOut>(ctx: &C, pkt: &Packet) -> Option<SipInfo> {
     let payload_len = u64::from(pkt.payload_len());
-    let Some(s) = SIP_SCRATCH.get_ptr_mut(0) else {
-        return (Class::SipOriginal, Action::Pass);
-    };
+    let s = SIP_SCRATCH.get_ptr_mut(0)?;
     // SAFETY: per-CPU slot, used only by this program run (and its bpf_loop callback).
     let s = unsafe { &mut *s };
     let len = if payload_len > MAX_SCAN as u64 {
@@ -82,7 +80,7 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
             len,
         )
     {
-        return (Class::SipOriginal, Action::Pass);
+        return None;
     }
     s.len = len as u32;
     s.state = SipState::default();
@@ -95,10 +93,19 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
             0,
         );
     }
-    let info = s.state.finish();
+    Some(s.state.finish())
+}
+
+/// Classifies a UDP datagram to a SIP port, and admits it or not.
+#[inline(always)]
+pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> (Class, Action) {
+    let Some(info) = parse_payload(ctx, pkt) else {
+        return (Class::SipOriginal, Action::Pass);
+    };
     let mut class = info.class();
+    let key = info.transaction_key();
     if class == Class::SipOriginal
-        && let Some(key) = info.transaction_key()
+        && let Some(key) = key
     {
         match SIP_TXNS.get_ptr_mut(&key) {
             Some(t) => {
@@ -124,11 +131,53 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
         Class::SipRetransmission => admission(Class::SipRetransmission, Class::SipOriginal, false),
         _ => None,
     };
-    match refused {
-        None => (class, Action::Pass),
-        Some(reason) => {
-            count_refusal(class, reason, false);
-            (class, Action::Drop)
-        }
+    if let Some(reason) = refused {
+        count_refusal(class, reason, false);
+        return (class, Action::Drop);
+    }
+    if class == Class::SipOriginal
+        && let Some(key) = key
+        && let Some(t) = SIP_TXNS.get_ptr_mut(&key)
+    {
+        // In the backlog now: its first response completes it (see `sip_response`).
+        // SAFETY: flags of this transaction's entry.
+        unsafe { (*t).flags |= TXN_ADMITTED };
+    }
+    (class, Action::Pass)
+}
+
+/// A datagram leaving from a SIP port: when it is the first response of a transaction whose
+/// original was admitted, the transaction completes (the backlog shrinks) and its service time,
+/// admission to first response, goes into the latency histogram. The server needs no change and
+/// no userspace hop.
+#[inline(always)]
+pub fn sip_response<C: CopyOut>(ctx: &C, pkt: &Packet) {
+    let Some(info) = parse_payload(ctx, pkt) else {
+        return;
+    };
+    if info.kind() != Kind::Response {
+        return;
+    }
+    let Some(key) = info.transaction_key() else {
+        return;
+    };
+    let Some(t) = SIP_TXNS.get_ptr_mut(&key) else {
+        return;
+    };
+    // SAFETY: this transaction's entry; a response and a retransmission racing on two CPUs could
+    // both see the flag clear, which at worst counts one completion twice.
+    let (flags, first_ns) = unsafe { ((*t).flags, (*t).first_ns) };
+    if flags & TXN_ADMITTED == 0 || flags & TXN_RESPONDED != 0 {
+        return;
+    }
+    unsafe { (*t).flags = flags | TXN_RESPONDED };
+    if let Some(st) = CLASS_STATE.get_ptr_mut(Class::SipOriginal.id()) {
+        // SAFETY: shared counter, atomic add.
+        unsafe { atomic_add(&raw mut (*st).completed, 1) };
+    }
+    if let Some(h) = SIP_LATENCY.get_ptr_mut(Class::SipOriginal.id()) {
+        let bucket = LatencyHistogram::bucket(now_ns().saturating_sub(first_ns));
+        // SAFETY: per-CPU slot.
+        unsafe { (*h).buckets[bucket & (LATENCY_BUCKETS - 1)] += 1 };
     }
 }

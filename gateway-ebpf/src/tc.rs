@@ -6,9 +6,16 @@ use aya_ebpf::{
     programs::TcContext,
 };
 
+use gateway_common::{
+    maps::{IPPROTO_UDP, ServiceKind, service_port_index},
+    packet::{Kind, parse},
+};
+
 use crate::{
     bytes::SkbBytes,
     datapath::{Verdict, process},
+    maps::SERVICE_PORTS,
+    sip::sip_response,
 };
 
 /// The ingress classifier as a TC (tcx) program.
@@ -19,4 +26,21 @@ pub fn gateway_tc_ingress(ctx: TcContext) -> i32 {
         Verdict::Pass => TC_ACT_OK,
         Verdict::Drop => TC_ACT_SHOT,
     }
+}
+
+/// The egress classifier: completions and service times of SIP transactions, from the server's
+/// responses leaving the host. It never changes a packet's fate.
+#[classifier]
+pub fn gateway_tc_egress(ctx: TcContext) -> i32 {
+    let bytes = SkbBytes::new(&ctx);
+    let pkt = parse(&bytes);
+    if pkt.kind == Kind::Transport && pkt.transport.proto == IPPROTO_UDP {
+        let is_sip = service_port_index(IPPROTO_UDP, pkt.transport.src_port)
+            .and_then(|i| SERVICE_PORTS.get(i))
+            .is_some_and(|k| u32::from(*k) == ServiceKind::Sip as u32);
+        if is_sip {
+            sip_response(&ctx, &pkt);
+        }
+    }
+    TC_ACT_OK
 }

@@ -152,12 +152,14 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
                 let state = maps.class_state()?;
                 let counters = maps.counters()?;
                 let tls = maps.tls_counters()?;
+                let sip_latency = maps.latency(gateway_common::Class::SipOriginal)?;
                 let view = StatsView {
                     info: &info,
                     classes: &classes,
                     state: &state,
                     counters: &counters,
                     tls: &tls,
+                    sip_latency: &sip_latency,
                 };
                 if json {
                     println!("{}", view.json());

@@ -214,13 +214,47 @@ fn xdp(ebpf: &mut Ebpf) -> Result<&mut Xdp, LoaderError> {
 }
 
 fn tc(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, LoaderError> {
+    classifier(ebpf, programs::TC_INGRESS)
+}
+
+fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier, LoaderError> {
     let prog: &mut SchedClassifier = ebpf
-        .program_mut(programs::TC_INGRESS)
-        .expect("object has the TC program")
+        .program_mut(name)
+        .expect("object has the TC programs")
         .try_into()
-        .map_err(program_err("TC program"))?;
-    prog.load().map_err(program_err("loading the TC program"))?;
+        .map_err(program_err(format!("TC program {name}")))?;
+    prog.load()
+        .map_err(program_err(format!("loading the TC program {name}")))?;
     Ok(prog)
+}
+
+/// Attaches the egress program (SIP completions) as a tcx egress link pinned in `pd`, or, when
+/// one is pinned already, replaces its program through it.
+fn attach_egress(ebpf: &mut Ebpf, pd: &PinDir, iface: &str) -> Result<(), LoaderError> {
+    let prog = classifier(ebpf, programs::TC_EGRESS)?;
+    let what = format!("attaching tc egress to {iface}");
+    if pd.egress_link().exists() {
+        let link: FdLink = PinnedLink::from_pin(pd.egress_link())?.into();
+        let id = prog
+            .attach_to_link(SchedClassifierLink::try_from(link)?)
+            .map_err(program_err(what.clone()))?;
+        drop(prog.take_link(id).map_err(program_err(what))?);
+        return Ok(());
+    }
+    let id = prog
+        .attach_with_options(
+            iface,
+            TcAttachType::Egress,
+            TcAttachOptions::TcxOrder(LinkOrder::default()),
+        )
+        .map_err(program_err(what.clone()))?;
+    let link: FdLink = prog
+        .take_link(id)
+        .map_err(program_err(what))?
+        .try_into()
+        .map_err(LoaderError::Link)?;
+    let _pinned = link.pin(pd.egress_link())?;
+    Ok(())
 }
 
 fn fresh(pd: &PinDir, ifindex: u32, opts: &AttachOptions) -> Result<Attachment, LoaderError> {
@@ -279,6 +313,7 @@ fn fresh(pd: &PinDir, ifindex: u32, opts: &AttachOptions) -> Result<Attachment, 
     let info = link.info()?;
     // From here the pin holds the link; our fd closes when `link` goes out of scope.
     let _pinned = link.pin(pd.link())?;
+    attach_egress(&mut ebpf, pd, iface)?;
     record_mode(pd, mode, ifindex)?;
     Ok(Attachment {
         iface: iface.clone(),
@@ -321,6 +356,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<Attachment, LoaderError>
             drop(prog.take_link(id).map_err(program_err(what))?);
         }
     }
+    attach_egress(&mut ebpf, pd, &opts.iface)?;
     let info = FdLink::from(PinnedLink::from_pin(pd.link())?).info()?;
     Ok(Attachment {
         iface: opts.iface.clone(),
@@ -357,6 +393,8 @@ pub struct AttachmentInfo {
     pub link_id: u32,
     /// Kernel id of the running program.
     pub program_id: u32,
+    /// Kernel id of the tcx egress link.
+    pub egress_link_id: Option<u32>,
     /// Instructions the verifier processed to accept the program (its limit is 1,000,000): the
     /// margin left for the datapath to grow.
     pub verified_insns: Option<u32>,
@@ -374,6 +412,10 @@ pub fn info(pd: &PinDir) -> Result<AttachmentInfo, LoaderError> {
         ifindex: cfg.ifindex,
         link_id: info.id(),
         program_id: info.program_id(),
+        egress_link_id: PinnedLink::from_pin(pd.egress_link())
+            .ok()
+            .and_then(|l| FdLink::from(l).info().ok())
+            .map(|i| i.id()),
         verified_insns: aya::programs::loaded_programs()
             .filter_map(Result::ok)
             .find(|p| p.id() == info.program_id())

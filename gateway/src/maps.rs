@@ -5,7 +5,8 @@ use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
         ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
-        IssuedValue, ServiceKey, ServiceValue, SipTxn, TlsCounters, TlsFlow, names,
+        IssuedValue, LatencyHistogram, ServiceKey, ServiceValue, SipTxn, TlsCounters, TlsFlow,
+        names,
     },
 };
 use thiserror::Error;
@@ -78,6 +79,7 @@ pub struct Maps {
     tls_issued: HashMap<MapData, IssuedKey, IssuedValue>,
     tls_counters: PerCpuArray<MapData, TlsCounters>,
     sip_txns: HashMap<MapData, u64, SipTxn>,
+    sip_latency: PerCpuArray<MapData, LatencyHistogram>,
 }
 
 fn open(pins: &PinDir, name: &'static str) -> Result<Map, MapsError> {
@@ -127,6 +129,9 @@ impl Maps {
             sip_txns: open(pins, names::SIP_TXNS)?
                 .try_into()
                 .map_err(op(names::SIP_TXNS))?,
+            sip_latency: open(pins, names::SIP_LATENCY)?
+                .try_into()
+                .map_err(op(names::SIP_LATENCY))?,
         })
     }
 
@@ -321,5 +326,19 @@ impl Maps {
             let _ = self.sip_txns.remove(&k);
         }
         Ok(())
+    }
+
+    /// The service-time histogram of one class, summed over CPUs.
+    pub fn latency(&self, class: Class) -> Result<LatencyHistogram, MapsError> {
+        let mut out = LatencyHistogram::default();
+        for v in self
+            .sip_latency
+            .get(&class.id(), 0)
+            .map_err(op(names::SIP_LATENCY))?
+            .iter()
+        {
+            out.accumulate(v);
+        }
+        Ok(out)
     }
 }

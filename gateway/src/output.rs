@@ -3,8 +3,8 @@
 use gateway_common::{
     Class,
     maps::{
-        ClassPolicy, ClassState, ClassStats, DatapathCounters, ServiceKey, ServiceValue,
-        TlsCounters,
+        ClassPolicy, ClassState, ClassStats, DatapathCounters, LatencyHistogram, ServiceKey,
+        ServiceValue, TlsCounters,
     },
 };
 use serde_json::{Value, json};
@@ -26,6 +26,8 @@ pub struct StatsView<'a> {
     pub counters: &'a DatapathCounters,
     /// TLS counters.
     pub tls: &'a TlsCounters,
+    /// SIP service times (admission to first response) of originals.
+    pub sip_latency: &'a LatencyHistogram,
 }
 
 impl StatsView<'_> {
@@ -67,6 +69,13 @@ impl StatsView<'_> {
                 "malformed_hellos": self.tls.malformed, "out_of_order_hellos": self.tls.out_of_order,
                 "rejected_flow_packets": self.tls.rejected_flow_packets,
                 "completions": self.tls.completions,
+            },
+            "sip": {
+                "service_time_samples": self.sip_latency.count(),
+                "service_time_us_p50": self.sip_latency.quantile_us(500),
+                "service_time_us_p90": self.sip_latency.quantile_us(900),
+                "service_time_us_p99": self.sip_latency.quantile_us(990),
+                "service_time_buckets": self.sip_latency.buckets.to_vec(),
             },
         })
     }
@@ -129,6 +138,18 @@ impl StatsView<'_> {
             t.out_of_order,
             t.rejected_flow_packets,
             t.completions
+        );
+        let h = self.sip_latency;
+        let q = |p| {
+            h.quantile_us(p)
+                .map_or("-".to_owned(), |us| format!("<{us}us"))
+        };
+        out += &format!(
+            "sip service time (admission to first response): samples {} p50 {} p90 {} p99 {}\n",
+            h.count(),
+            q(500),
+            q(900),
+            q(990)
         );
         out
     }

@@ -1,7 +1,8 @@
 //! Where the gateway pins its objects: one directory per interface under a bpffs root.
 //!
 //! ```text
-//! <root>/<iface>/link            the XDP or tcx link (bpf_link), kept across daemon restarts
+//! <root>/<iface>/link            the XDP or tcx ingress link (bpf_link), kept across restarts
+//! <root>/<iface>/egress-link     the tcx egress link (SIP completions and service times)
 //! <root>/<iface>/<MAP_NAME>      every map of gateway_common::maps::names::ALL
 //! ```
 
@@ -90,9 +91,14 @@ impl PinDir {
         }
     }
 
-    /// Path of the pinned link.
+    /// Path of the pinned ingress link (XDP or tcx ingress).
     pub fn link(&self) -> PathBuf {
         self.dir.join("link")
+    }
+
+    /// Path of the pinned tcx egress link (SIP completions).
+    pub fn egress_link(&self) -> PathBuf {
+        self.dir.join("egress-link")
     }
 
     /// Path of a pinned map.

@@ -29,6 +29,8 @@ pub enum Hook {
     Tc,
     /// The bare XDP_PASS baseline.
     BarePass,
+    /// The TC egress program.
+    TcEgress,
 }
 
 /// A loaded datapath with pinned maps.
@@ -80,13 +82,11 @@ impl TestProgram {
             p.load()
                 .unwrap_or_else(|e| panic!("verifier refused {name}: {e:?}"));
         }
-        let tc: &mut SchedClassifier = ebpf
-            .program_mut(programs::TC_INGRESS)
-            .unwrap()
-            .try_into()
-            .unwrap();
-        tc.load()
-            .unwrap_or_else(|e| panic!("verifier refused tc: {e:?}"));
+        for name in [programs::TC_INGRESS, programs::TC_EGRESS] {
+            let tc: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
+            tc.load()
+                .unwrap_or_else(|e| panic!("verifier refused {name}: {e:?}"));
+        }
         let mut maps = Maps::open(&pd).expect("maps");
         for (proto, port, kind) in [(6, 443, ServiceKind::Tls), (17, 5060, ServiceKind::Sip)] {
             maps.add_service(
@@ -136,13 +136,13 @@ impl TestProgram {
                 let p: &Xdp = self.ebpf.program(name).unwrap().try_into().unwrap();
                 p.test_run(opts)
             }
-            Hook::Tc => {
-                let p: &SchedClassifier = self
-                    .ebpf
-                    .program(programs::TC_INGRESS)
-                    .unwrap()
-                    .try_into()
-                    .unwrap();
+            Hook::Tc | Hook::TcEgress => {
+                let name = if hook == Hook::Tc {
+                    programs::TC_INGRESS
+                } else {
+                    programs::TC_EGRESS
+                };
+                let p: &SchedClassifier = self.ebpf.program(name).unwrap().try_into().unwrap();
                 p.test_run(opts)
             }
         }?;

@@ -225,3 +225,46 @@ fn exempt_messages_pass_even_with_originals_closed() {
     let orig = prog.counters().classes[Class::SipOriginal.id() as usize];
     assert_eq!(orig.dropped_rate, 1);
 }
+
+#[test]
+fn the_first_response_leaving_completes_the_transaction_and_records_its_service_time() {
+    if !have_root("sip_egress_completion") {
+        return;
+    }
+    let prog = TestProgram::new();
+    let req = invite("z9hG4bK-e1", "");
+    assert_eq!(action(&prog, &req), XDP_PASS);
+    let backlog =
+        |p: &TestProgram| p.maps.class_state().unwrap()[Class::SipOriginal.id() as usize].backlog();
+    assert_eq!(backlog(&prog), 1);
+    // The server's 100 Trying leaves from port 5060 (egress sees server to client).
+    let trying = "SIP/2.0 100 Trying\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-e1\r\nCSeq: 1 INVITE\r\n\r\n";
+    let out = Frame::udp(5061, trying.as_bytes()).from_port(5060).build();
+    assert_eq!(prog.run(Hook::TcEgress, &out, 1).0, 0, "egress never drops");
+    assert_eq!(backlog(&prog), 0);
+    let h = prog.maps.latency(Class::SipOriginal).unwrap();
+    assert_eq!(h.count(), 1);
+    // Later responses of the same transaction change nothing.
+    let ok = trying.replace("100 Trying", "200 OK");
+    prog.run(
+        Hook::TcEgress,
+        &Frame::udp(5061, ok.as_bytes()).from_port(5060).build(),
+        1,
+    );
+    assert_eq!(prog.maps.latency(Class::SipOriginal).unwrap().count(), 1);
+    assert_eq!(
+        prog.maps.class_state().unwrap()[Class::SipOriginal.id() as usize].completed,
+        1
+    );
+    // A response to a transaction never admitted (or never seen) is ignored.
+    let other = trying.replace("z9hG4bK-e1", "z9hG4bK-none");
+    prog.run(
+        Hook::TcEgress,
+        &Frame::udp(5061, other.as_bytes()).from_port(5060).build(),
+        1,
+    );
+    assert_eq!(
+        prog.maps.class_state().unwrap()[Class::SipOriginal.id() as usize].completed,
+        1
+    );
+}

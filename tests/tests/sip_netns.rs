@@ -1,0 +1,184 @@
+//! SIP through the attached datapath with real peers: a SIPp UAS behind `gateway run` that answers
+//! INVITEs after 1.2 s (so the SIPp UAC in the peer namespace retransmits them on T1), and the
+//! counters held to what SIPp reports having sent.
+
+use std::{
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use gateway_tests::{
+    daemon::Daemon,
+    have_root,
+    netns::{GW_V4, PEER_V4, TestNet, class_counter},
+    tls::Proc,
+};
+
+/// The UAS scenario: receive INVITE, pause 1.2 s, 200 OK; ACK; BYE, 200 OK.
+const SLOW_UAS: &str = include_str!("../slow_uas.xml");
+const CALLS: u64 = 6;
+
+struct Sip {
+    net: TestNet,
+    dir: PathBuf,
+    _uas: Proc,
+    daemon: Option<Daemon>,
+}
+
+impl Sip {
+    fn new() -> Self {
+        let net = TestNet::new();
+        let dir =
+            std::env::temp_dir().join(format!("gwt-sip-{}-{}", std::process::id(), net.gw_if));
+        std::fs::create_dir_all(&dir).unwrap();
+        let scenario = dir.join("slow_uas.xml");
+        std::fs::write(&scenario, SLOW_UAS).unwrap();
+        let cfg = dir.join("gateway.yaml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "interfaces:\n  - name: {}\nservices:\n  - {{kind: sip, port: 5060}}\non_exit: detach\n",
+                net.gw_if
+            ),
+        )
+        .unwrap();
+        let daemon = Daemon::start(
+            &net,
+            &["--config", cfg.to_str().unwrap()],
+            Duration::from_secs(20),
+        );
+        let uas = Command::new("ip")
+            .args(["netns", "exec", &net.gw_ns, "sipp", "-sf"])
+            .arg(&scenario)
+            .args([
+                "-i",
+                GW_V4,
+                "-p",
+                "5060",
+                "-nostdin",
+                "-timeout",
+                "60s",
+                "-trace_err",
+            ])
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sipp uas");
+        Sip {
+            net,
+            dir,
+            _uas: Proc(uas),
+            daemon: Some(daemon),
+        }
+    }
+
+    /// Runs SIPp's uac scenario for `CALLS` calls; returns its final statistics.
+    fn uac(&self) -> std::collections::HashMap<String, u64> {
+        let stats = self.dir.join("uac.csv");
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.net.peer_ns, "sipp", "-sn", "uac"])
+            .arg(format!("{GW_V4}:5060"))
+            .args([
+                "-i",
+                PEER_V4,
+                "-p",
+                "5061",
+                "-m",
+                &CALLS.to_string(),
+                "-r",
+                "20",
+                "-l",
+                "1000",
+            ])
+            .args([
+                "-nostdin",
+                "-timeout",
+                "60s",
+                "-trace_stat",
+                "-fd",
+                "1",
+                "-stf",
+            ])
+            .arg(&stats)
+            .current_dir(&self.dir)
+            .output()
+            .expect("sipp uac");
+        assert!(
+            out.status.success(),
+            "sipp uac: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let text = std::fs::read_to_string(&stats).unwrap();
+        let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split(';').collect()).collect();
+        let (head, last) = (&rows[0], rows.last().unwrap());
+        head.iter()
+            .zip(last.iter())
+            .filter_map(|(k, v)| v.parse().ok().map(|v| (k.to_string(), v)))
+            .collect()
+    }
+
+    fn counter(&self, class: &str, field: &str) -> u64 {
+        class_counter(&self.net.stats(), class, field)
+    }
+}
+
+impl Drop for Sip {
+    fn drop(&mut self) {
+        if let Some(d) = self.daemon.take() {
+            let _ = d.terminate(Duration::from_secs(10));
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn originals_and_retransmissions_match_what_sipp_sent_and_completions_are_counted() {
+    if !have_root("sipp_originals_and_retransmissions") {
+        return;
+    }
+    let s = Sip::new();
+    let uac = s.uac();
+    assert_eq!(uac["SuccessfulCall(C)"], CALLS, "{uac:?}");
+    let retrans = uac["Retransmissions(C)"];
+    assert!(
+        retrans >= CALLS,
+        "the 1.2 s answer makes every INVITE retransmit: {uac:?}"
+    );
+    assert_eq!(s.counter("sip-original", "packets"), uac["OutgoingCall(C)"]);
+    assert_eq!(s.counter("sip-retransmission", "packets"), retrans);
+    // ACK and BYE of every call.
+    assert_eq!(s.counter("sip-exempt", "packets"), 2 * CALLS);
+    // Every admitted original completed when its 200 OK left the host.
+    assert_eq!(s.counter("sip-original", "backlog"), 0);
+    let stats = s.net.stats();
+    assert_eq!(stats["sip"]["service_time_samples"], CALLS);
+    // The server's 1.2 s delay: the median falls in [2^20, 2^21) us.
+    assert_eq!(
+        stats["sip"]["service_time_us_p50"],
+        1 << 21,
+        "{}",
+        stats["sip"]
+    );
+}
+
+#[test]
+fn with_retransmissions_closed_they_are_dropped_at_the_nic_and_every_call_still_completes() {
+    if !have_root("sipp_retransmissions_dropped") {
+        return;
+    }
+    let s = Sip::new();
+    s.net
+        .gateway_ok(&["policy", "set", "sip-retransmission", "--backlog", "0"]);
+    let uac = s.uac();
+    // Originals, ACK, BYE and the responses were never touched: every call succeeded.
+    assert_eq!(uac["SuccessfulCall(C)"], CALLS, "{uac:?}");
+    let retrans = uac["Retransmissions(C)"];
+    assert!(retrans >= CALLS);
+    assert_eq!(s.counter("sip-retransmission", "dropped_backlog"), retrans);
+    assert_eq!(s.counter("sip-retransmission", "admitted"), 0);
+    assert_eq!(s.counter("sip-original", "admitted"), CALLS);
+    assert_eq!(s.counter("sip-exempt", "admitted"), 2 * CALLS);
+}

@@ -295,7 +295,7 @@ const FUZZ_SECONDS: u32 = 20;
 /// Runs every fuzz target for `seconds` (cargo-fuzz, libFuzzer, on nightly); a crash fails.
 fn fuzz(seconds: u32) -> Result<()> {
     let dir = root().join("tests/fuzz");
-    for target in ["client_hello", "packet"] {
+    for target in ["client_hello", "packet", "sip"] {
         run(Command::new("rustup")
             .args(["run", "nightly", "cargo", "fuzz", "run", target, "--"])
             .arg(format!("-max_total_time={seconds}"))

@@ -80,6 +80,7 @@ fn main() {
     }
 
     tls_costs(&mut TestProgram::new());
+    sip_costs(&mut TestProgram::new());
 
     let net = TestNet::new();
     let daemon = Daemon::start(&net, &["--iface", &net.gw_if], Duration::from_secs(30));
@@ -178,6 +179,51 @@ fn tls_costs(prog: &mut TestProgram) {
             median(ratios)
         );
     }
+}
+
+/// The SIP path: a 1 KB INVITE of a new transaction, and its retransmission.
+fn sip_costs(prog: &mut TestProgram) {
+    const SINGLE: usize = 2000;
+    let mut invite = b"INVITE sip:service@10.99.0.1:5060 SIP/2.0\r\n\
+Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-4101-1-0\r\n\
+From: sipp <sip:sipp@10.99.0.2:5061>;tag=4101SIPpTag001\r\n\
+To: service <sip:service@10.99.0.1:5060>\r\n\
+Call-ID: 1-4101@10.99.0.2\r\n\
+CSeq: 1 INVITE\r\n\
+Contact: sip:sipp@10.99.0.2:5061\r\n\
+Max-Forwards: 70\r\n\
+Subject: Performance Test\r\n\
+Content-Type: application/sdp\r\n\
+Content-Length: 600\r\n\r\n"
+        .to_vec();
+    invite.resize(1024, b'v');
+    let frame = Frame::udp(5060, &invite).build();
+    let (mut ours, mut bare) = (Vec::new(), Vec::new());
+    for _ in 0..SINGLE {
+        prog.maps.clear_sip_txns().unwrap();
+        ours.push(prog.run(Hook::Xdp, &frame, 1).1);
+        bare.push(prog.run(Hook::BarePass, &frame, 1).1);
+    }
+    let (o, b) = (median(ours), median(bare));
+    println!(
+        "\n# SIP datapath cost\n\nSame method as the hellos (single runs, transactions cleared).\n"
+    );
+    println!("| packet | gateway_xdp ns | bare XDP_PASS ns | ratio | target |");
+    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| INVITE, 1 KB, new transaction | {o:.0} | {b:.0} | {:.1}x | < 500 ns |",
+        o / b
+    );
+    let (mut ours, mut bare) = (Vec::new(), Vec::new());
+    for _ in 0..SINGLE {
+        ours.push(prog.run(Hook::Xdp, &frame, 1).1);
+        bare.push(prog.run(Hook::BarePass, &frame, 1).1);
+    }
+    let (o, b) = (median(ours), median(bare));
+    println!(
+        "| the same INVITE again (retransmission) | {o:.0} | {b:.0} | {:.1}x | - |",
+        o / b
+    );
 }
 
 /// Nanoseconds per run of `hook` on `frame`, from the wall time of one repeated test run.

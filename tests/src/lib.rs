@@ -6,6 +6,7 @@
 pub mod daemon;
 pub mod frames;
 pub mod netns;
+pub mod sipserver;
 pub mod testrun;
 pub mod tls;
 

@@ -319,13 +319,16 @@ fn demo() -> Result<()> {
 
 fn bench() -> Result<()> {
     run(cargo().args(["build", "--release", "--package", "gateway"]))?;
-    run(cargo().args([
-        "run",
-        "--release",
-        "--quiet",
-        "--package",
-        "gateway-tests",
-        "--bin",
-        "bench",
-    ]))
+    for bin in ["bench", "sip_overload"] {
+        run(cargo().args([
+            "run",
+            "--release",
+            "--quiet",
+            "--package",
+            "gateway-tests",
+            "--bin",
+            bin,
+        ]))?;
+    }
+    Ok(())
 }

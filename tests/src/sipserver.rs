@@ -1,0 +1,113 @@
+//! A SIP server of known capacity for overload experiments: one thread answers datagrams in
+//! arrival order (a plain FIFO socket with a large receive buffer), spending a fixed amount of CPU
+//! on each. Retransmissions it dequeues cost work like originals: the feedback that makes an
+//! overloaded FIFO server collapse (RFC 6357, seed 001).
+
+use std::{
+    net::UdpSocket,
+    os::fd::AsRawFd as _,
+    time::{Duration, Instant},
+};
+
+/// A running server; stops on drop.
+pub struct SlowSipServer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SlowSipServer {
+    /// Serves on `socket` (bound by the caller, in its namespace) with a receive buffer of
+    /// `rcvbuf` bytes: an INVITE costs `invite_cost` of CPU, anything else `other_cost`.
+    pub fn start(
+        socket: UdpSocket,
+        rcvbuf: usize,
+        invite_cost: Duration,
+        other_cost: Duration,
+    ) -> Self {
+        let size = rcvbuf as libc::c_int;
+        // SAFETY: setsockopt on an owned socket with an int option (FORCE: root may exceed
+        // net.core.rmem_max).
+        unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUFFORCE,
+                (&raw const size).cast(),
+                std::mem::size_of::<libc::c_int>() as u32,
+            );
+        }
+        let worker = socket.try_clone().unwrap();
+        // Waking a blocked recv_from with shutdown(2) raced inside std once; a short read
+        // timeout and a stop flag end the loop instead.
+        worker
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop_worker = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while !stop_worker.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok((n, peer)) = worker.recv_from(&mut buf) else {
+                    continue;
+                };
+                let req = String::from_utf8_lossy(&buf[..n]);
+                let cost = if req.starts_with("INVITE ") {
+                    invite_cost
+                } else {
+                    other_cost
+                };
+                let start = Instant::now();
+                while start.elapsed() < cost {
+                    std::hint::spin_loop();
+                }
+                let reply = if req.starts_with("INVITE ") {
+                    Some(respond(&req, "200 OK", true))
+                } else if req.starts_with("BYE ") {
+                    Some(respond(&req, "200 OK", false))
+                } else {
+                    None
+                };
+                if let Some(r) = reply {
+                    let _ = worker.send_to(r.as_bytes(), peer);
+                }
+            }
+        });
+        SlowSipServer {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+/// A response copying the request's Via, From, To (with a tag added when asked), Call-ID and
+/// CSeq.
+fn respond(req: &str, status: &str, add_tag: bool) -> String {
+    let mut out = format!("SIP/2.0 {status}\r\n");
+    for line in req.split("\r\n") {
+        let lower = line.to_ascii_lowercase();
+        if ["via:", "from:", "call-id:", "cseq:"]
+            .iter()
+            .any(|h| lower.starts_with(h))
+        {
+            out += line;
+            out += "\r\n";
+        } else if lower.starts_with("to:") {
+            out += line;
+            if add_tag && !lower.contains(";tag=") {
+                out += ";tag=server1";
+            }
+            out += "\r\n";
+        }
+    }
+    out += "Contact: <sip:service@10.99.0.1:5060>\r\nContent-Length: 0\r\n\r\n";
+    out
+}
+
+impl Drop for SlowSipServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -12,6 +12,7 @@ use gateway_tests::{
     daemon::Daemon,
     have_root,
     netns::{GW_V4, TestNet},
+    sipserver::SlowSipServer,
     tls::{Cert, s_server},
 };
 
@@ -25,6 +26,15 @@ fn main() {
         net.gw_ns, net.gw_if, net.peer_ns, net.peer_if
     );
 
+    // A SIP server behind the gateway (1 ms of work per INVITE): its answers, leaving, complete
+    // the transactions and give their service times.
+    let sip_socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
+    let _sip_server = SlowSipServer::start(
+        sip_socket,
+        1 << 20,
+        Duration::from_millis(1),
+        Duration::from_micros(100),
+    );
     let cert = Cert::new();
     let _server = s_server(&["ip", "netns", "exec", &net.gw_ns], &cert, 443, &[]);
     // Wait (bounded) until the server listens.
@@ -68,18 +78,32 @@ fn main() {
             .unwrap_or("no handshake");
         println!("   {}", proto.trim());
     }
-    println!("== SIP over UDP -> {GW_V4}:5060: 10 INVITE, 3 responses, 2 BYE");
+    println!(
+        "== SIP over UDP -> {GW_V4}:5060: 10 INVITEs (new transactions), 2 retransmissions of the \
+         first, 3 responses, 2 BYEs"
+    );
     net.in_peer(|| {
         let s = UdpSocket::bind("0.0.0.0:0").unwrap();
-        let send = |msg: &[u8], n| (0..n).for_each(|_| drop(s.send_to(msg, (GW_V4, 5060))));
-        send(
-            b"INVITE sip:bob@demo SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bKdemo\r\n\r\n",
-            10,
-        );
-        send(b"SIP/2.0 200 OK\r\n\r\n", 3);
-        send(b"BYE sip:bob@demo SIP/2.0\r\n\r\n", 2);
+        let invite = |n: u32| {
+            format!(
+                "INVITE sip:bob@demo SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bKdemo{n}\r\n\
+                 CSeq: 1 INVITE\r\nCall-ID: {n}@demo\r\n\r\n"
+            )
+        };
+        let send = |msg: &str| drop(s.send_to(msg.as_bytes(), (GW_V4, 5060)));
+        (0..10).for_each(|n| send(&invite(n)));
+        (0..2).for_each(|_| send(&invite(0)));
+        (0..3).for_each(|_| send("SIP/2.0 200 OK\r\nCSeq: 1 INVITE\r\n\r\n"));
+        (0..2).for_each(|_| send("BYE sip:bob@demo SIP/2.0\r\nCSeq: 2 BYE\r\n\r\n"));
     });
 
+    // Let the SIP server answer what it has queued (bounded) before showing the counters.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline
+        && gateway_tests::netns::class_counter(&net.stats(), "sip-original", "backlog") > 0
+    {
+        std::thread::yield_now();
+    }
     println!(
         "\n== gateway stats (after traffic)\n{}",
         net.gateway_ok(&["stats"])

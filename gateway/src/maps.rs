@@ -66,6 +66,21 @@ pub fn decode_reject(bytes: &[u8]) -> Option<gateway_common::maps::RejectEvent> 
     Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr().cast()) })
 }
 
+/// Removes every entry of a hash map (entries that vanish meanwhile are no error).
+fn clear<K: aya::Pod, V: aya::Pod>(
+    map: &mut HashMap<MapData, K, V>,
+    name: &'static str,
+) -> Result<(), MapsError> {
+    let keys = map
+        .keys()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(op(name))?;
+    for k in keys {
+        let _ = map.remove(&k);
+    }
+    Ok(())
+}
+
 /// Handles to every gateway map of one interface.
 pub struct Maps {
     stats: PerCpuArray<MapData, ClassStats>,
@@ -296,15 +311,7 @@ impl Maps {
 
     /// Forgets every tracked TLS connection.
     pub fn clear_tls_flows(&mut self) -> Result<(), MapsError> {
-        let keys = self
-            .tls_flows
-            .keys()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(op(names::TLS_FLOWS))?;
-        for k in keys {
-            let _ = self.tls_flows.remove(&k);
-        }
-        Ok(())
+        clear(&mut self.tls_flows, names::TLS_FLOWS)
     }
 
     /// Every SIP transaction seen (key, state).
@@ -317,15 +324,7 @@ impl Maps {
 
     /// Forgets every SIP transaction.
     pub fn clear_sip_txns(&mut self) -> Result<(), MapsError> {
-        let keys = self
-            .sip_txns
-            .keys()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(op(names::SIP_TXNS))?;
-        for k in keys {
-            let _ = self.sip_txns.remove(&k);
-        }
-        Ok(())
+        clear(&mut self.sip_txns, names::SIP_TXNS)
     }
 
     /// The service-time histogram of one class, summed over CPUs.

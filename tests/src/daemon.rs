@@ -30,6 +30,25 @@ impl Daemon {
         Self::start_logging(net, args, "info", timeout)
     }
 
+    /// `gateway run` on the gateway's veth with a config of `body` (services, policy, datapath
+    /// settings: YAML at top level) written into `dir`, detaching on exit.
+    pub fn start_config(net: &TestNet, dir: &std::path::Path, body: &str) -> Daemon {
+        let cfg = dir.join("gateway.yaml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "interfaces:\n  - name: {}\n{body}on_exit: detach\n",
+                net.gw_if
+            ),
+        )
+        .expect("write config");
+        Self::start(
+            net,
+            &["--config", cfg.to_str().unwrap()],
+            Duration::from_secs(20),
+        )
+    }
+
     /// [`Daemon::start`] with `RUST_LOG` set to `filter`.
     pub fn start_logging(net: &TestNet, args: &[&str], filter: &str, timeout: Duration) -> Daemon {
         let mut all = vec!["run"];

@@ -34,20 +34,7 @@ impl Sip {
         std::fs::create_dir_all(&dir).unwrap();
         let scenario = dir.join("slow_uas.xml");
         std::fs::write(&scenario, SLOW_UAS).unwrap();
-        let cfg = dir.join("gateway.yaml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "interfaces:\n  - name: {}\nservices:\n  - {{kind: sip, port: 5060}}\non_exit: detach\n",
-                net.gw_if
-            ),
-        )
-        .unwrap();
-        let daemon = Daemon::start(
-            &net,
-            &["--config", cfg.to_str().unwrap()],
-            Duration::from_secs(20),
-        );
+        let daemon = Daemon::start_config(&net, &dir, "services:\n  - {kind: sip, port: 5060}\n");
         let uas = Command::new("ip")
             .args(["netns", "exec", &net.gw_ns, "sipp", "-sf"])
             .arg(&scenario)

@@ -20,19 +20,11 @@ const GET: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
 
 /// `gateway run` protecting tcp/`port` (tls) on the gateway's veth, detaching on exit.
 fn gateway_for(net: &TestNet, cert: &Cert, port: u16) -> Daemon {
-    let cfg = cert.file("gateway.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "interfaces:\n  - name: {}\nservices:\n  - {{kind: tls, port: {port}}}\non_exit: detach\n",
-            net.gw_if
-        ),
-    )
-    .unwrap();
-    Daemon::start(
+    let dir = cert.file("");
+    Daemon::start_config(
         net,
-        &["--config", cfg.to_str().unwrap()],
-        Duration::from_secs(20),
+        &dir,
+        &format!("services:\n  - {{kind: tls, port: {port}}}\n"),
     )
 }
 

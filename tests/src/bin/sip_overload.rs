@@ -33,16 +33,11 @@ fn run(multiplier: f64, gateway: bool) -> (f64, HashMap<String, u64>) {
     let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
     let _server = SlowSipServer::start(socket, RCVBUF, INVITE_COST, OTHER_COST);
     let daemon = gateway.then(|| {
-        let cfg = dir.join("gateway.yaml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "interfaces:\n  - name: {}\nservices:\n  - {{kind: sip, port: 5060}}\npolicy:\n  sip-original: {{backlog: 30}}\n  sip-retransmission: {{backlog: 10}}\non_exit: detach\n",
-                net.gw_if
-            ),
+        Daemon::start_config(
+            &net,
+            &dir,
+            "services:\n  - {kind: sip, port: 5060}\npolicy:\n  sip-original: {backlog: 30}\n  sip-retransmission: {backlog: 10}\n",
         )
-        .unwrap();
-        Daemon::start(&net, &["--config", cfg.to_str().unwrap()], Duration::from_secs(20))
     });
     let scenario = dir.join("uac.xml");
     std::fs::write(&scenario, UAC).unwrap();

@@ -100,6 +100,19 @@ pub enum LoaderError {
     /// Map access failed.
     #[error(transparent)]
     Maps(#[from] MapsError),
+    /// A pinned map has another layout than this build's.
+    #[error(
+        "pinned map {map} has {found}, this gateway expects {expected}: detach the interface \
+         first (its counters and policy go with it) to move to this version's maps"
+    )]
+    MapLayout {
+        /// Map name.
+        map: &'static str,
+        /// Its layout.
+        found: String,
+        /// This build's.
+        expected: String,
+    },
 }
 
 impl LoaderError {
@@ -108,7 +121,8 @@ impl LoaderError {
         match self {
             LoaderError::UnknownInterface(_)
             | LoaderError::Caps(_)
-            | LoaderError::ModeMismatch { .. } => true,
+            | LoaderError::ModeMismatch { .. }
+            | LoaderError::MapLayout { .. } => true,
             LoaderError::Pins(p) => !matches!(p, PinsError::Io { .. }),
             _ => false,
         }
@@ -191,9 +205,58 @@ pub fn detach(root: &Path, iface: &str) -> Result<(), LoaderError> {
     Ok(())
 }
 
+/// The key and value sizes each map must have in this build (`None`: not checked, the ring
+/// buffer has none).
+fn expected_layout(name: &str) -> Option<(usize, usize)> {
+    use core::mem::size_of;
+    use gateway_common::maps::*;
+    Some(match name {
+        names::CLASS_STATS => (4, size_of::<ClassStats>()),
+        names::CLASS_POLICY => (4, size_of::<ClassPolicy>()),
+        names::CLASS_STATE => (4, size_of::<ClassState>()),
+        names::SERVICES => (size_of::<ServiceKey>(), size_of::<ServiceValue>()),
+        names::SERVICE_PORTS => (4, 1),
+        names::DP_COUNTERS => (4, size_of::<DatapathCounters>()),
+        names::DP_CONFIG => (4, size_of::<DatapathConfig>()),
+        names::TLS_FLOWS => (size_of::<FlowKey>(), size_of::<TlsFlow>()),
+        names::TLS_ISSUED => (size_of::<IssuedKey>(), size_of::<IssuedValue>()),
+        names::TLS_COUNTERS => (4, size_of::<TlsCounters>()),
+        names::SIP_TXNS => (8, size_of::<SipTxn>()),
+        names::SIP_LATENCY => (4, size_of::<LatencyHistogram>()),
+        _ => return None,
+    })
+}
+
+/// Refuses pinned maps whose layout is not this build's (left by an older or newer gateway):
+/// aya would adopt them as they are, and the program would then be checked, or worse run,
+/// against values of another shape. Nothing is touched before the check.
+fn check_pinned_layout(pd: &PinDir) -> Result<(), LoaderError> {
+    for name in names::ALL {
+        let path = pd.map(name);
+        let (Some((key, value)), true) = (expected_layout(name), path.exists()) else {
+            continue;
+        };
+        let expected = format!("key {key} B, value {value} B");
+        let info = aya::maps::MapInfo::from_pin(&path).map_err(|e| LoaderError::MapLayout {
+            map: name,
+            found: format!("an unreadable layout ({e})"),
+            expected: expected.clone(),
+        })?;
+        if info.key_size() as usize != key || info.value_size() as usize != value {
+            return Err(LoaderError::MapLayout {
+                map: name,
+                found: format!("key {} B, value {} B", info.key_size(), info.value_size()),
+                expected,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Loads the eBPF object with every map pinned in `pd` (opening the pins that exist, creating the
 /// rest). No program is loaded into the kernel or attached yet.
 pub fn load_pinned(pd: &PinDir, log_level: u8) -> Result<Ebpf, LoaderError> {
+    check_pinned_layout(pd)?;
     let mut loader = EbpfLoader::new();
     for name in names::ALL {
         loader.map_pin_path(name, pd.map(name));

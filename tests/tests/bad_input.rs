@@ -174,3 +174,48 @@ fn system_facing_input_errors() {
     assert!(!net.pin_dir().exists());
     std::fs::remove_file(cfg).unwrap();
 }
+
+#[test]
+fn a_pinned_map_of_another_layout_is_refused_before_anything_changes() {
+    if !have_root("a_pinned_map_of_another_layout") {
+        return;
+    }
+    let net = TestNet::new();
+    // A CLASS_POLICY as some other version might have left it: 16-byte values.
+    let dir = net.pin_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let pin = dir.join("CLASS_POLICY");
+    let out = std::process::Command::new("bpftool")
+        .args([
+            "map",
+            "create",
+            pin.to_str().unwrap(),
+            "type",
+            "array",
+            "key",
+            "4",
+        ])
+        .args(["value", "16", "entries", "7", "name", "CLASS_POLICY"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    refused(
+        &net.gateway(&["attach", "--iface", &net.gw_if]),
+        &[
+            "pinned map CLASS_POLICY",
+            "value 16 B",
+            "value 32 B",
+            "detach",
+        ],
+    );
+    assert_eq!(net.xdp_prog_id(), None, "nothing attached");
+    assert!(pin.exists(), "the old map is left as it was");
+    assert!(
+        !dir.join("CLASS_STATS").exists(),
+        "no other map was created"
+    );
+}

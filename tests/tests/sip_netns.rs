@@ -54,10 +54,24 @@ impl Sip {
             .stderr(Stdio::null())
             .spawn()
             .expect("sipp uas");
+        let uas = Proc(uas);
+        // The UAC must not start before the UAS listens (bounded wait on its socket).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while net
+            .exec(&net.gw_ns, "ss", &["-Huln", "sport = :5060"])
+            .stdout
+            .is_empty()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sipp uas did not start"
+            );
+            std::thread::yield_now();
+        }
         Sip {
             net,
             dir,
-            _uas: Proc(uas),
+            _uas: uas,
             daemon: Some(daemon),
         }
     }

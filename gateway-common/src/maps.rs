@@ -34,9 +34,14 @@ pub mod names {
     pub const SIP_TXNS: &str = "SIP_TXNS";
     /// Per-class, per-CPU service-time histograms ([`super::LatencyHistogram`]).
     pub const SIP_LATENCY: &str = "SIP_LATENCY";
+    /// The XDP hook's jump table (index 0: the SIP program). Pinned: the kernel empties a program
+    /// array when its last userspace reference goes away, and a pin is one.
+    pub const XDP_JUMP: &str = "XDP_JUMP";
+    /// The TC hook's jump table (index 0: the SIP program), pinned likewise.
+    pub const TC_JUMP: &str = "TC_JUMP";
 
     /// Every map the gateway pins, in a fixed order.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 15] = [
         CLASS_STATS,
         CLASS_POLICY,
         CLASS_STATE,
@@ -50,6 +55,8 @@ pub mod names {
         TLS_REJECTS,
         SIP_TXNS,
         SIP_LATENCY,
+        XDP_JUMP,
+        TC_JUMP,
     ];
 }
 
@@ -61,6 +68,11 @@ pub mod programs {
     pub const TC_INGRESS: &str = "gateway_tc_ingress";
     /// The TC egress program: completions and service times of SIP transactions.
     pub const TC_EGRESS: &str = "gateway_tc_egress";
+    /// The SIP classifier of the XDP hook, reached by tail call from [`XDP`].
+    pub const XDP_SIP: &str = "gateway_xdp_sip";
+    /// The SIP classifier of the TC hook, reached by tail call from [`TC_INGRESS`].
+    pub const TC_SIP: &str = "gateway_tc_sip";
+
     /// A bare `XDP_PASS` program, the baseline of the per-packet cost benchmark.
     pub const XDP_BARE_PASS: &str = "gateway_bare_pass";
 }

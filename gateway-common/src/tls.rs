@@ -490,8 +490,13 @@ impl HelloState {
             Step::PskHead => {
                 let identities = self.be16();
                 let identity = u16::from_be_bytes([self.acc[2], self.acc[3]]);
-                // identities <identity, ticket age(4)>..., then binders.
-                if identity == 0 || identity + 6 > identities || identities + 2 > self.ext_len {
+                // identities <identity, ticket age(4)>..., then binders. In u32: the u16 sums
+                // wrapped for lengths near 64 KiB (found by the fuzzer).
+                let (identity32, identities32) = (u32::from(identity), u32::from(identities));
+                if identity == 0
+                    || identity32 + 6 > identities32
+                    || identities32 + 2 > u32::from(self.ext_len)
+                {
                     return self.malformed();
                 }
                 self.ext_key_len = identity;

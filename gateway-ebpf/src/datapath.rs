@@ -31,7 +31,11 @@ pub enum Verdict {
 /// Classifies and counts one frame of `len` bytes. `ctx` serves aya-log records (compiled in at
 /// debug level, off unless the loader raises the level) and copies of TLS payloads.
 #[inline(always)]
-pub fn process<C: EbpfContext + CopyOut, B: PacketBytes>(ctx: &C, b: &B, len: u64) -> Verdict {
+pub fn process<C: EbpfContext + CopyOut + JumpToSip, B: PacketBytes>(
+    ctx: &C,
+    b: &B,
+    len: u64,
+) -> Verdict {
     let pkt = parse(b);
     // The parser counters are looked up only when there is something to count, so plain IPv4
     // traffic pays for one per-CPU lookup (its class's counters) and no more.
@@ -57,7 +61,13 @@ pub fn process<C: EbpfContext + CopyOut, B: PacketBytes>(ctx: &C, b: &B, len: u6
                 .and_then(|k| ServiceKind::from_id(u32::from(*k)));
             match kind {
                 Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => tls_packet(ctx, b, &pkt),
-                Some(ServiceKind::Sip) if t.proto == IPPROTO_UDP => sip_packet(ctx, b, &pkt),
+                Some(ServiceKind::Sip) if t.proto == IPPROTO_UDP => {
+                    // SIP runs in a program of its own, verified on its own (its parser would
+                    // otherwise be verified again for every path that reaches it here).
+                    ctx.jump_to_sip();
+                    // Only when the jump table is empty: an original, never exempt.
+                    (Class::SipOriginal, Verdict::Pass)
+                }
                 // A service over the other transport (SIP over TCP, TLS over UDP): counted, passed.
                 Some(_) => (Class::Other, Verdict::Pass),
                 None => (Class::Other, Verdict::Pass),
@@ -90,6 +100,28 @@ pub fn process<C: EbpfContext + CopyOut, B: PacketBytes>(ctx: &C, b: &B, len: u6
             (Class::Other, policy(CONFIG_DROP_UNPARSEABLE))
         }
     };
+    count_class(class, verdict, len);
+    verdict
+}
+
+/// The SIP classifier's program body: the headers are parsed again (the parser counters were
+/// counted by the program that jumped here), the datagram classified and admitted or not, and its
+/// class counted.
+#[inline(always)]
+pub fn process_sip<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, len: u64) -> Verdict {
+    let pkt = parse(b);
+    let (class, verdict) = if pkt.kind == Kind::Transport {
+        sip_packet(ctx, b, &pkt)
+    } else {
+        (Class::SipOriginal, Verdict::Pass)
+    };
+    count_class(class, verdict, len);
+    verdict
+}
+
+/// Counts a packet of `len` bytes in its class.
+#[inline(always)]
+fn count_class(class: Class, verdict: Verdict, len: u64) {
     if let Some(s) = CLASS_STATS.get_ptr_mut(class.id()) {
         // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
         unsafe {
@@ -100,7 +132,28 @@ pub fn process<C: EbpfContext + CopyOut, B: PacketBytes>(ctx: &C, b: &B, len: u6
             }
         }
     }
-    verdict
+}
+
+/// Tail calls into the hook's SIP program.
+pub trait JumpToSip {
+    /// Jumps; returns only when the jump table is empty.
+    fn jump_to_sip(&self);
+}
+
+impl JumpToSip for aya_ebpf::programs::XdpContext {
+    #[inline(always)]
+    fn jump_to_sip(&self) {
+        // SAFETY: a tail call never returns on success; on failure we carry on.
+        unsafe { crate::maps::XDP_JUMP.tail_call(self, 0) };
+    }
+}
+
+impl JumpToSip for aya_ebpf::programs::TcContext {
+    #[inline(always)]
+    fn jump_to_sip(&self) {
+        // SAFETY: as above.
+        unsafe { crate::maps::TC_JUMP.tail_call(self, 0) };
+    }
 }
 
 /// Drop (and count it) when the datapath config has `flag` set. Only fragments and unparseable

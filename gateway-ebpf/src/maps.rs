@@ -2,7 +2,7 @@
 //! pins them per interface under the names in `gateway_common::maps::names`.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
     macros::btf_map,
 };
 use gateway_common::{
@@ -77,3 +77,11 @@ pub static SIP_SCRATCH: PerCpuArray<crate::sip::Scratch, 1> = PerCpuArray::new()
 /// Per-class service-time histograms (admission to first response), per CPU.
 #[btf_map]
 pub static SIP_LATENCY: PerCpuArray<LatencyHistogram, NUM_CLASSES> = PerCpuArray::new();
+
+/// The XDP hook's tail calls: index 0 is the SIP classifier (`gateway_xdp_sip`).
+#[btf_map]
+pub static XDP_JUMP: ProgramArray<1> = ProgramArray::new();
+
+/// The TC hook's tail calls: index 0 is the SIP classifier (`gateway_tc_sip`).
+#[btf_map]
+pub static TC_JUMP: ProgramArray<1> = ProgramArray::new();

@@ -13,7 +13,7 @@ use gateway_common::{
 
 use crate::{
     bytes::SkbBytes,
-    datapath::{Verdict, process},
+    datapath::{Verdict, process, process_sip},
     maps::SERVICE_PORTS,
     sip::sip_response,
 };
@@ -23,6 +23,16 @@ use crate::{
 pub fn gateway_tc_ingress(ctx: TcContext) -> i32 {
     let len = u64::from(ctx.len());
     match process(&ctx, &SkbBytes::new(&ctx), len) {
+        Verdict::Pass => TC_ACT_OK,
+        Verdict::Drop => TC_ACT_SHOT,
+    }
+}
+
+/// The SIP classifier, reached from `gateway_tc_ingress` by tail call.
+#[classifier]
+pub fn gateway_tc_sip(ctx: TcContext) -> i32 {
+    let len = u64::from(ctx.len());
+    match process_sip(&ctx, &SkbBytes::new(&ctx), len) {
         Verdict::Pass => TC_ACT_OK,
         Verdict::Drop => TC_ACT_SHOT,
     }

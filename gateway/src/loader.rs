@@ -223,6 +223,7 @@ fn expected_layout(name: &str) -> Option<(usize, usize)> {
         names::TLS_COUNTERS => (4, size_of::<TlsCounters>()),
         names::SIP_TXNS => (8, size_of::<SipTxn>()),
         names::SIP_LATENCY => (4, size_of::<LatencyHistogram>()),
+        names::XDP_JUMP | names::TC_JUMP => (4, 4),
         _ => return None,
     })
 }
@@ -291,6 +292,41 @@ fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassif
     Ok(prog)
 }
 
+/// Loads the SIP programs and puts them in their hooks' jump tables (`XDP_JUMP`, `TC_JUMP`),
+/// which the ingress programs tail call for SIP datagrams. Done before anything is attached, so
+/// the first SIP packet already finds its program; on a replacement the pinned tables get the new
+/// SIP programs in place.
+pub fn wire_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoaderError> {
+    use aya::maps::ProgramArray;
+    let xdp_sip: &mut Xdp = ebpf
+        .program_mut(programs::XDP_SIP)
+        .expect("object has the XDP SIP program")
+        .try_into()
+        .map_err(program_err("XDP SIP program"))?;
+    xdp_sip
+        .load()
+        .map_err(program_err("loading the XDP SIP program"))?;
+    let xdp_fd = xdp_sip
+        .fd()
+        .and_then(|fd| fd.try_clone().map_err(Into::into))
+        .map_err(program_err("XDP SIP program fd"))?;
+    let tc_sip = classifier(ebpf, programs::TC_SIP)?;
+    let tc_fd = tc_sip
+        .fd()
+        .and_then(|fd| fd.try_clone().map_err(Into::into))
+        .map_err(program_err("TC SIP program fd"))?;
+    for (map, fd) in [(names::XDP_JUMP, &xdp_fd), (names::TC_JUMP, &tc_fd)] {
+        let mut jump: ProgramArray<_> = ebpf
+            .map_mut(map)
+            .expect("object has the jump tables")
+            .try_into()
+            .map_err(|e| LoaderError::Maps(MapsError::Op { map, source: e }))?;
+        jump.set(0, fd, 0)
+            .map_err(|e| LoaderError::Maps(MapsError::Op { map, source: e }))?;
+    }
+    Ok(())
+}
+
 /// Attaches the egress program (SIP completions) as a tcx egress link pinned in `pd`, or, when
 /// one is pinned already, replaces its program through it.
 fn attach_egress(ebpf: &mut Ebpf, pd: &PinDir, iface: &str) -> Result<(), LoaderError> {
@@ -322,6 +358,7 @@ fn attach_egress(ebpf: &mut Ebpf, pd: &PinDir, iface: &str) -> Result<(), Loader
 
 fn fresh(pd: &PinDir, ifindex: u32, opts: &AttachOptions) -> Result<Attachment, LoaderError> {
     let mut ebpf = load_pinned(pd, opts.ebpf_log_level)?;
+    wire_tail_calls(&mut ebpf)?;
     let iface = &opts.iface;
     let mut fallback_reason = None;
     let (mode, link): (AttachMode, FdLink) = match opts.mode {
@@ -402,6 +439,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<Attachment, LoaderError>
     }
     let link: FdLink = PinnedLink::from_pin(pd.link())?.into();
     let mut ebpf = load_pinned(pd, opts.ebpf_log_level)?;
+    wire_tail_calls(&mut ebpf)?;
     let what = format!("replacing the program on {} through its link", opts.iface);
     match recorded {
         AttachMode::Tc => {

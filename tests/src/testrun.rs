@@ -87,6 +87,7 @@ impl TestProgram {
             tc.load()
                 .unwrap_or_else(|e| panic!("verifier refused {name}: {e:?}"));
         }
+        loader::wire_tail_calls(&mut ebpf).expect("tail calls");
         let mut maps = Maps::open(&pd).expect("maps");
         for (proto, port, kind) in [(6, 443, ServiceKind::Tls), (17, 5060, ServiceKind::Sip)] {
             maps.add_service(

@@ -278,3 +278,27 @@ fn mutations_never_panic_and_splitting_never_changes_the_verdict() {
         }
     }
 }
+
+/// Found by the fuzzer: PSK lengths near 64 KiB made the bounds check's u16 sums wrap.
+#[test]
+fn psk_lengths_near_64k_are_malformed_not_overflowing() {
+    let hello = HelloBuilder {
+        psk_identity: Some(key(3)),
+        ..HelloBuilder::tls13()
+    }
+    .build();
+    // The PSK extension is last: its data starts with identities(2), identity(2).
+    let psk_data = hello.len() - (2 + 2 + 32 + 4 + 2 + 1 + 32);
+    for (identities, identity) in [(0xffffu16, 0xfffeu16), (0xfffe, 0xfffb), (40, 0xffff)] {
+        let mut h = hello.clone();
+        h[psk_data..psk_data + 2].copy_from_slice(&identities.to_be_bytes());
+        h[psk_data + 2..psk_data + 4].copy_from_slice(&identity.to_be_bytes());
+        let st = parse_hello(&h);
+        assert_eq!(
+            st.verdict(),
+            Verdict::Malformed,
+            "{identities:#x}/{identity:#x}"
+        );
+        assert_eq!(st.offer_key(), None);
+    }
+}

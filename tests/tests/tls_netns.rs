@@ -70,6 +70,17 @@ impl Setup {
         class_counter(&self.net.stats(), class, field)
     }
 
+    /// A full TLS 1.3 handshake whose session is saved, and its key published; returns the
+    /// session file for `-sess_in`.
+    fn published_session(&self) -> std::path::PathBuf {
+        let sess = self.cert.file("sess.pem");
+        self.client(&["-tls1_3", "-sess_out", sess.to_str().unwrap(), "-ign_eof"]);
+        let key = session_key(&sess);
+        self.net
+            .gateway_ok(&["tls", "issued", "add", &key, "--kind", "psk"]);
+        sess
+    }
+
     fn tls(&self, field: &str) -> u64 {
         self.net.stats()["tls"][field].as_u64().unwrap()
     }
@@ -144,12 +155,8 @@ fn a_resuming_hello_split_by_a_small_mtu_is_still_verified() {
             &["-n", ns, "link", "set", "dev", ifname, "mtu", "300"],
         );
     }
-    let sess = s.cert.file("sess.pem");
+    let sess = s.published_session();
     let sess = sess.to_str().unwrap();
-    s.client(&["-tls1_3", "-sess_out", sess, "-ign_eof"]);
-    let key = session_key(std::path::Path::new(sess));
-    s.net
-        .gateway_ok(&["tls", "issued", "add", &key, "--kind", "psk"]);
     let before = s.tls("multi_segment_hellos");
     let out = s.client(&["-tls1_3", "-sess_in", sess, "-ign_eof"]);
     assert!(out.contains("Reused,"), "{out}");
@@ -166,12 +173,8 @@ fn with_tls_new_closed_new_clients_are_reset_at_once_and_resumed_ones_connect() 
         return;
     }
     let s = Setup::new(&[]);
-    let sess = s.cert.file("sess.pem");
+    let sess = s.published_session();
     let sess = sess.to_str().unwrap();
-    s.client(&["-tls1_3", "-sess_out", sess, "-ign_eof"]);
-    let key = session_key(std::path::Path::new(sess));
-    s.net
-        .gateway_ok(&["tls", "issued", "add", &key, "--kind", "psk"]);
     // Close tls-new from the CLI while the daemon runs.
     s.net
         .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);

@@ -123,6 +123,20 @@ fn split_hello() -> (Vec<u8>, usize) {
     (hello, 1000)
 }
 
+/// The two segments of `hello` cut at `cut`, from `port`, the first at `seq`; the second `gap`
+/// bytes later than in order.
+fn split_frames(hello: &[u8], cut: usize, port: u16, seq: u32, gap: u32) -> (Vec<u8>, Vec<u8>) {
+    let first = Frame::tcp(443, &hello[..cut])
+        .from_port(port)
+        .seq(seq)
+        .build();
+    let second = Frame::tcp(443, &hello[cut..])
+        .from_port(port)
+        .seq(seq + cut as u32 + gap)
+        .build();
+    (first, second)
+}
+
 #[test]
 fn a_hello_over_two_segments_is_decided_when_the_evidence_arrives() {
     if !have_root("a_hello_over_two_segments") {
@@ -132,14 +146,7 @@ fn a_hello_over_two_segments_is_decided_when_the_evidence_arrives() {
     let (hello, cut) = split_hello();
     publish(&mut prog, &hello);
     for (hook, port) in [(Hook::Xdp, 40001), (Hook::Tc, 40002)] {
-        let first = Frame::tcp(443, &hello[..cut])
-            .from_port(port)
-            .seq(7000)
-            .build();
-        let second = Frame::tcp(443, &hello[cut..])
-            .from_port(port)
-            .seq(7000 + cut as u32)
-            .build();
+        let (first, second) = split_frames(&hello, cut, port, 7000, 0);
         let before = prog.counters();
         assert_eq!(
             class_of(&prog, hook, &first),
@@ -190,15 +197,8 @@ fn an_out_of_order_segment_falls_back_to_new() {
     let (hello, cut) = split_hello();
     publish(&mut prog, &hello);
     for (hook, port) in [(Hook::Xdp, 41001), (Hook::Tc, 41002)] {
-        let first = Frame::tcp(443, &hello[..cut])
-            .from_port(port)
-            .seq(100)
-            .build();
         // The second segment, but with a gap before it.
-        let late = Frame::tcp(443, &hello[cut..])
-            .from_port(port)
-            .seq(100 + cut as u32 + 1448)
-            .build();
+        let (first, late) = split_frames(&hello, cut, port, 100, 1448);
         class_of(&prog, hook, &first);
         let before = prog.counters();
         assert_eq!(

@@ -66,6 +66,35 @@ pub fn decode_reject(bytes: &[u8]) -> Option<gateway_common::maps::RejectEvent> 
     Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr().cast()) })
 }
 
+/// A per-CPU value that adds up across CPUs.
+trait PerCpuSum: aya::Pod + Default {
+    fn add(&mut self, other: &Self);
+}
+
+macro_rules! per_cpu_sum {
+    ($($t:ty),*) => {$(
+        impl PerCpuSum for $t {
+            fn add(&mut self, other: &Self) {
+                self.accumulate(other);
+            }
+        }
+    )*};
+}
+per_cpu_sum!(ClassStats, DatapathCounters, TlsCounters, LatencyHistogram);
+
+/// The entry at `index` of a per-CPU array, summed over CPUs.
+fn sum<T: PerCpuSum>(
+    map: &PerCpuArray<MapData, T>,
+    index: u32,
+    name: &'static str,
+) -> Result<T, MapsError> {
+    let mut out = T::default();
+    for v in map.get(&index, 0).map_err(op(name))?.iter() {
+        out.add(v);
+    }
+    Ok(out)
+}
+
 /// Removes every entry of a hash map (entries that vanish meanwhile are no error).
 fn clear<K: aya::Pod, V: aya::Pod>(
     map: &mut HashMap<MapData, K, V>,
@@ -154,29 +183,14 @@ impl Maps {
     pub fn class_stats(&self) -> Result<[ClassStats; NUM_CLASSES], MapsError> {
         let mut out = [ClassStats::default(); NUM_CLASSES];
         for (i, slot) in out.iter_mut().enumerate() {
-            let per_cpu = self
-                .stats
-                .get(&(i as u32), 0)
-                .map_err(op(names::CLASS_STATS))?;
-            for v in per_cpu.iter() {
-                slot.accumulate(v);
-            }
+            *slot = sum(&self.stats, i as u32, names::CLASS_STATS)?;
         }
         Ok(out)
     }
 
     /// Parser counters summed over CPUs.
     pub fn counters(&self) -> Result<DatapathCounters, MapsError> {
-        let mut out = DatapathCounters::default();
-        for v in self
-            .counters
-            .get(&0, 0)
-            .map_err(op(names::DP_COUNTERS))?
-            .iter()
-        {
-            out.accumulate(v);
-        }
-        Ok(out)
+        sum(&self.counters, 0, names::DP_COUNTERS)
     }
 
     /// Admission state of every class.
@@ -259,16 +273,7 @@ impl Maps {
 
     /// TLS counters summed over CPUs.
     pub fn tls_counters(&self) -> Result<TlsCounters, MapsError> {
-        let mut out = TlsCounters::default();
-        for v in self
-            .tls_counters
-            .get(&0, 0)
-            .map_err(op(names::TLS_COUNTERS))?
-            .iter()
-        {
-            out.accumulate(v);
-        }
-        Ok(out)
+        sum(&self.tls_counters, 0, names::TLS_COUNTERS)
     }
 
     /// Publishes an issued session key.
@@ -329,15 +334,6 @@ impl Maps {
 
     /// The service-time histogram of one class, summed over CPUs.
     pub fn latency(&self, class: Class) -> Result<LatencyHistogram, MapsError> {
-        let mut out = LatencyHistogram::default();
-        for v in self
-            .sip_latency
-            .get(&class.id(), 0)
-            .map_err(op(names::SIP_LATENCY))?
-            .iter()
-        {
-            out.accumulate(v);
-        }
-        Ok(out)
+        sum(&self.sip_latency, class.id(), names::SIP_LATENCY)
     }
 }

@@ -39,9 +39,11 @@ pub mod names {
     pub const XDP_JUMP: &str = "XDP_JUMP";
     /// The TC hook's jump table (index 0: the SIP program), pinned likewise.
     pub const TC_JUMP: &str = "TC_JUMP";
+    /// Per-class completions counted by the daemon ([`super::DaemonCompletions`]).
+    pub const DAEMON_COMPLETIONS: &str = "DAEMON_COMPLETIONS";
 
     /// Every map the gateway pins, in a fixed order.
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 16] = [
         CLASS_STATS,
         CLASS_POLICY,
         CLASS_STATE,
@@ -57,6 +59,7 @@ pub mod names {
         SIP_LATENCY,
         XDP_JUMP,
         TC_JUMP,
+        DAEMON_COMPLETIONS,
     ];
 }
 
@@ -237,8 +240,37 @@ impl ServiceKind {
 pub struct ServiceValue {
     /// A [`ServiceKind`] id.
     pub kind: u32,
-    /// Reserved, zero.
+    /// `SERVICE_*` bits.
     pub flags: u32,
+}
+
+/// [`ServiceValue::flags`]: the gateway daemon terminates this (TLS) service itself and counts
+/// each connection's completion when its handshake ends; the datapath does not watch for it.
+pub const SERVICE_TERMINATED: u32 = 1 << 0;
+
+/// Bit of a `SERVICE_PORTS` byte set for a [`SERVICE_TERMINATED`] service; the low bits hold the
+/// [`ServiceKind`] id.
+pub const PORT_TERMINATED: u8 = 0x80;
+
+impl ServiceValue {
+    /// The service's byte in the `SERVICE_PORTS` array.
+    pub const fn port_byte(&self) -> u8 {
+        let kind = (self.kind & 0x7f) as u8;
+        if self.flags & SERVICE_TERMINATED != 0 {
+            kind | PORT_TERMINATED
+        } else {
+            kind
+        }
+    }
+}
+
+/// Completions the daemon counted for one class (the daemon is its only writer). The datapath's
+/// backlog of a class is `admitted - completed - daemon completions`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DaemonCompletions {
+    /// Completions so far (monotonic).
+    pub completed: u64,
 }
 
 /// [`DatapathConfig::flags`]: drop IP fragments instead of passing them.
@@ -363,6 +395,13 @@ pub const FLOW_ADMITTED: u8 = 1;
 /// [`TlsFlow::state`]: rejected; later packets are dropped.
 pub const FLOW_REJECTED: u8 = 2;
 
+/// [`TlsFlow::completed`]: not yet; the datapath watches for the client's second flight.
+pub const COMPLETION_PENDING: u8 = 0;
+/// [`TlsFlow::completed`]: counted.
+pub const COMPLETION_COUNTED: u8 = 1;
+/// [`TlsFlow::completed`]: the daemon terminates the connection and counts its completion.
+pub const COMPLETION_BY_DAEMON: u8 = 2;
+
 /// State of one TLS connection.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -377,7 +416,7 @@ pub struct TlsFlow {
     pub state: u8,
     /// The class the connection was admitted or rejected in.
     pub class: u8,
-    /// Whether its completion was counted.
+    /// `COMPLETION_*`: whether and by whom its completion is counted.
     pub completed: u8,
     /// Segments the hello took.
     pub segments: u8,
@@ -554,6 +593,7 @@ mod tests {
         assert_eq!(size_of::<ClassState>(), 4 * 8);
         assert_eq!(size_of::<ServiceKey>(), 2 + 1 + 1);
         assert_eq!(size_of::<ServiceValue>(), 4 + 4);
+        assert_eq!(size_of::<DaemonCompletions>(), 8);
         assert_eq!(size_of::<DatapathConfig>(), 8 + 4 + 4);
         assert_eq!(size_of::<DatapathCounters>(), 9 * 8);
         assert_eq!(size_of::<FlowKey>(), 16 + 16 + 2 + 2 + 4);
@@ -572,6 +612,21 @@ mod tests {
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);
         assert_eq!(size_of::<LatencyHistogram>(), LATENCY_BUCKETS * 8);
         assert_eq!(size_of::<crate::sip::SipInfo>(), 4 * 8 + 4 + 5 + 7);
+    }
+
+    #[test]
+    fn port_byte_carries_kind_and_termination() {
+        let mut v = ServiceValue {
+            kind: ServiceKind::Tls as u32,
+            flags: 0,
+        };
+        assert_eq!(v.port_byte(), 1);
+        v.flags = SERVICE_TERMINATED;
+        assert_eq!(v.port_byte(), 1 | PORT_TERMINATED);
+        assert_eq!(
+            ServiceKind::from_id(u32::from(v.port_byte() & !PORT_TERMINATED)),
+            Some(ServiceKind::Tls)
+        );
     }
 
     #[test]

@@ -7,12 +7,12 @@ use gateway_common::{
 };
 
 use crate::{
-    maps::{CLASS_POLICY, CLASS_STATE, CLASS_STATS},
+    maps::{CLASS_POLICY, CLASS_STATE, CLASS_STATS, DAEMON_COMPLETIONS},
     tls::now_ns,
 };
 
 /// Admits one arrival under the policy of `policy_of`, or says why not (`REJECT_*`): the backlog
-/// of `backlog_of` (its admitted minus completed) is at the policy's backlog limit, or the GCRA
+/// of `backlog_of` (its admitted minus completed, by the datapath or the daemon) is at the policy's backlog limit, or the GCRA
 /// rate limiter of `policy_of` has no room. With `into_backlog`, the admission counts into
 /// `backlog_of`'s backlog.
 ///
@@ -39,7 +39,13 @@ pub fn admission(policy_of: Class, backlog_of: Class, into_backlog: bool) -> Opt
                     core::ptr::read_volatile(&raw const (*st).completed),
                 )
             };
-            if admitted.saturating_sub(completed) >= p.backlog_limit {
+            // The daemon's own completions (connections it terminates), a counter it alone writes.
+            let by_daemon = DAEMON_COMPLETIONS
+                .get(backlog_of.id())
+                // SAFETY: a read of a counter the daemon rewrites whole.
+                .map(|d| unsafe { core::ptr::read_volatile(&raw const d.completed) })
+                .unwrap_or(0);
+            if admitted.saturating_sub(completed).saturating_sub(by_daemon) >= p.backlog_limit {
                 return Some(REJECT_BACKLOG);
             }
         }

@@ -8,7 +8,7 @@ use gateway_common::{
     bytes::PacketBytes,
     maps::{
         CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, DatapathCounters, IPPROTO_TCP, IPPROTO_UDP,
-        ServiceKind, service_port_index,
+        PORT_TERMINATED, ServiceKind, service_port_index,
     },
     packet::{Kind, parse},
 };
@@ -56,11 +56,14 @@ pub fn process<C: EbpfContext + CopyOut + JumpToSip, B: PacketBytes>(
     let (class, verdict) = match pkt.kind {
         Kind::Transport => {
             let t = &pkt.transport;
-            let kind = service_port_index(t.proto, t.dst_port)
+            let port = service_port_index(t.proto, t.dst_port)
                 .and_then(|i| SERVICE_PORTS.get(i))
-                .and_then(|k| ServiceKind::from_id(u32::from(*k)));
+                .map_or(0, |k| *k);
+            let kind = ServiceKind::from_id(u32::from(port & !PORT_TERMINATED));
             match kind {
-                Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => tls_packet(ctx, b, &pkt),
+                Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => {
+                    tls_packet(ctx, b, &pkt, port & PORT_TERMINATED != 0)
+                }
                 Some(ServiceKind::Sip) if t.proto == IPPROTO_UDP => {
                     // SIP runs in a program of its own, verified on its own (its parser would
                     // otherwise be verified again for every path that reaches it here).

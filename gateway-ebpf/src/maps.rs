@@ -8,10 +8,10 @@ use aya_ebpf::{
 use gateway_common::{
     NUM_CLASSES,
     maps::{
-        ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
-        IssuedValue, LatencyHistogram, MAX_SERVICES, MAX_SIP_TXNS, MAX_TLS_FLOWS, MAX_TLS_ISSUED,
-        RejectEvent, SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue, SipTxn, TLS_REJECTS_BYTES,
-        TlsCounters, TlsFlow,
+        ClassPolicy, ClassState, ClassStats, DaemonCompletions, DatapathConfig, DatapathCounters,
+        FlowKey, IssuedKey, IssuedValue, LatencyHistogram, MAX_SERVICES, MAX_SIP_TXNS,
+        MAX_TLS_FLOWS, MAX_TLS_ISSUED, RejectEvent, SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue,
+        SipTxn, TLS_REJECTS_BYTES, TlsCounters, TlsFlow,
     },
 };
 
@@ -85,3 +85,8 @@ pub static XDP_JUMP: ProgramArray<1> = ProgramArray::new();
 /// The TC hook's tail calls: index 0 is the SIP classifier (`gateway_tc_sip`).
 #[btf_map]
 pub static TC_JUMP: ProgramArray<1> = ProgramArray::new();
+
+/// Per-class completions counted by the daemon for the connections it terminates; part of the
+/// backlog arithmetic of [`CLASS_STATE`].
+#[btf_map]
+pub static DAEMON_COMPLETIONS: Array<DaemonCompletions, NUM_CLASSES> = Array::new();

@@ -30,8 +30,8 @@ use gateway_common::{
     Class,
     bytes::PacketBytes,
     maps::{
-        FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED, FlowKey, IssuedKey, RejectEvent, TlsCounters,
-        TlsFlow,
+        COMPLETION_BY_DAEMON, COMPLETION_COUNTED, COMPLETION_PENDING, FLOW_ADMITTED, FLOW_PENDING,
+        FLOW_REJECTED, FlowKey, IssuedKey, RejectEvent, TlsCounters, TlsFlow,
     },
     packet::{Packet, TCP_FIN, TCP_RST},
     tls::{HelloState, MAX_STEPS, Segment, Verdict},
@@ -187,9 +187,15 @@ fn flow_key<B: PacketBytes>(b: &B, pkt: &Packet, key: &mut FlowKey) -> bool {
     }
 }
 
-/// Classifies a TCP packet to a TLS port.
+/// Classifies a TCP packet to a TLS port; `terminated` when the gateway daemon terminates the
+/// service and counts completions itself.
 #[inline(always)]
-pub fn tls_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (Class, Action) {
+pub fn tls_packet<C: CopyOut, B: PacketBytes>(
+    ctx: &C,
+    b: &B,
+    pkt: &Packet,
+    terminated: bool,
+) -> (Class, Action) {
     let t = &pkt.transport;
     let payload_len = u32::from(pkt.payload_len());
     let Some(s) = TLS_SCRATCH.get_ptr_mut(0) else {
@@ -269,7 +275,11 @@ pub fn tls_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
         next_seq: t.seq.wrapping_add(payload_len),
         state: FLOW_PENDING,
         class: Class::TlsNew as u8,
-        completed: 0,
+        completed: if terminated {
+            COMPLETION_BY_DAEMON
+        } else {
+            COMPLETION_PENDING
+        },
         segments: 1,
     };
     let result = if s.flow.hello.verdict() == Verdict::Pending {
@@ -339,7 +349,7 @@ fn reject(key: &FlowKey, class: Class, reason: u8) {
 /// closes first.
 #[inline(always)]
 fn track_completion<B: PacketBytes>(f: &mut TlsFlow, b: &B, pkt: &Packet, payload_len: u32) {
-    if f.completed != 0 {
+    if f.completed != COMPLETION_PENDING {
         return;
     }
     let t = &pkt.transport;
@@ -350,7 +360,7 @@ fn track_completion<B: PacketBytes>(f: &mut TlsFlow, b: &B, pkt: &Packet, payloa
     if !second_flight && t.tcp_flags & (TCP_FIN | TCP_RST) == 0 {
         return;
     }
-    f.completed = 1;
+    f.completed = COMPLETION_COUNTED;
     count(|c| c.completions += 1);
     if let Some(st) = CLASS_STATE.get_ptr_mut(u32::from(f.class)) {
         // SAFETY: as in `admit`.

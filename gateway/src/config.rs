@@ -4,13 +4,18 @@
 //! inside deserialization, so each error names the field path and its line; unknown fields are
 //! errors; a config with any error is refused whole.
 
-use std::{collections::BTreeMap, fmt, path::PathBuf};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    path::PathBuf,
+};
 
 use gateway_common::{
     Class,
     maps::{
         CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, ClassPolicy, IPPROTO_TCP, IPPROTO_UDP,
-        POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, ServiceKey, ServiceKind,
+        POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, SERVICE_TERMINATED, ServiceKey, ServiceKind,
+        ServiceValue,
     },
 };
 use serde::{Deserialize, Deserializer, Serialize, de::Error as _};
@@ -47,6 +52,14 @@ pub enum ConfigError {
         /// The error, with field path and line.
         source: serde_norway::Error,
     },
+    /// Two parts of a valid document contradict each other.
+    #[error("config {origin}: {reason}")]
+    Conflict {
+        /// File path or "embedded default".
+        origin: String,
+        /// What conflicts, by field path.
+        reason: String,
+    },
 }
 
 /// The whole configuration.
@@ -71,6 +84,16 @@ pub struct Config {
     /// What `gateway run` does with the datapath when it exits.
     #[serde(default)]
     pub on_exit: OnExit,
+    /// TLS listeners that terminate admitted connections and proxy them to backend pools. Each
+    /// listener's port is a protected TLS service whose completions the daemon counts.
+    #[serde(default)]
+    pub proxies: Vec<crate::proxy::config::ProxyConfig>,
+    /// Where the daemon serves Prometheus metrics (`GET /metrics`); absent: not served.
+    #[serde(default)]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// Worker threads of the daemon's runtime; 0 (the default) is one per CPU.
+    #[serde(default)]
+    pub workers: usize,
 }
 
 fn default_bpffs() -> PathBuf {
@@ -84,8 +107,14 @@ impl Config {
             origin: origin.into(),
             source,
         };
-        let config = serde_norway::from_str(yaml).map_err(invalid)?;
+        let config: Config = serde_norway::from_str(yaml).map_err(invalid)?;
         serde_norway::from_str::<DuplicateCheck>(yaml).map_err(invalid)?;
+        config
+            .check_proxies()
+            .map_err(|reason| ConfigError::Conflict {
+                origin: origin.into(),
+                reason,
+            })?;
         Ok(config)
     }
 
@@ -96,6 +125,65 @@ impl Config {
             source,
         })?;
         Self::parse(&yaml, &path.display().to_string())
+    }
+
+    /// Proxy listeners must not share an address, nor take a port the services list gives to SIP.
+    fn check_proxies(&self) -> Result<(), String> {
+        for (i, p) in self.proxies.iter().enumerate() {
+            if let Some(j) = self.proxies[..i].iter().position(|q| q.listen == p.listen) {
+                return Err(format!(
+                    "proxies[{i}].listen: {} is also proxies[{j}].listen",
+                    p.listen
+                ));
+            }
+            let key = ServiceKey::new(IPPROTO_TCP, p.listen.port());
+            if let Some(j) = self
+                .services
+                .0
+                .iter()
+                .position(|s| s.key() == key && s.kind != Kind::Tls)
+            {
+                return Err(format!(
+                    "proxies[{i}].listen: port tcp/{} is services[{j}], which is not tls",
+                    p.listen.port()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every protected service: the services list, then each proxy listener's port (tls,
+    /// terminated by the daemon) that the list does not already carry.
+    pub fn all_services(&self) -> Vec<(ServiceKey, ServiceValue)> {
+        let terminated: BTreeSet<ServiceKey> = self
+            .proxies
+            .iter()
+            .map(|p| ServiceKey::new(IPPROTO_TCP, p.listen.port()))
+            .collect();
+        let mut out: Vec<(ServiceKey, ServiceValue)> = self
+            .services
+            .0
+            .iter()
+            .map(|s| {
+                let flags = if terminated.contains(&s.key()) {
+                    SERVICE_TERMINATED
+                } else {
+                    0
+                };
+                let kind = s.kind.service_kind() as u32;
+                (s.key(), ServiceValue { kind, flags })
+            })
+            .collect();
+        for key in terminated {
+            if !out.iter().any(|(k, _)| *k == key) {
+                let value = ServiceValue {
+                    kind: ServiceKind::Tls as u32,
+                    flags: SERVICE_TERMINATED,
+                };
+                out.push((key, value));
+            }
+        }
+        out
     }
 
     /// The embedded default.
@@ -513,9 +601,10 @@ impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} interface(s), {} service(s), {} class policy(ies), bpffs {}",
+            "{} interface(s), {} service(s), {} proxy listener(s), {} class policy(ies), bpffs {}",
             self.interfaces.0.len(),
             self.services.0.len(),
+            self.proxies.len(),
             self.policy.0.len(),
             self.bpffs.display()
         )

@@ -2,27 +2,30 @@
 //! policies and datapath settings, forwards the eBPF programs' aya-log records into tracing, and
 //! on SIGTERM or SIGINT exits, detaching or leaving the datapath per `on_exit`.
 //!
-//! Later issues add the TLS proxy, the controller and metrics as further tasks of this loop.
+//! It also runs the TLS proxy listeners of the config (see `proxy`) and the metrics endpoint, and on
+//! SIGTERM drains: it stops accepting and lets connections finish within the drain deadline.
 
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, net::SocketAddr, sync::Arc, time::Duration};
 
 use aya_log::EbpfLogger;
-use gateway_common::{
-    Class,
-    maps::{ServiceKey, ServiceValue},
-};
+use gateway_common::{Class, maps::ServiceKey};
+use prometheus_client::registry::Registry;
 use thiserror::Error;
 use tokio::{
     io::unix::AsyncFd,
+    net::TcpListener,
     signal::unix::{SignalKind, signal},
 };
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{debug, info, warn};
 
 use crate::{
     config::{Config, OnExit},
+    feedback::Feedback,
     loader::{self, AttachOptions, Attachment, LoaderError},
     maps::{Maps, MapsError},
     pins::PinDir,
+    proxy::{Proxy, stats::ProxyStats},
     sockdiag::{SockDiag, flow_addrs},
 };
 
@@ -41,13 +44,34 @@ pub enum DaemonError {
     /// The runtime or a signal handler could not be set up.
     #[error("runtime: {0}")]
     Runtime(#[from] std::io::Error),
+    /// A proxy listener's TLS set-up failed (certificate, key, ticket key file).
+    #[error("proxies[{index}] ({listen}): {source}")]
+    Tls {
+        /// Index in the config.
+        index: usize,
+        /// Its listen address.
+        listen: std::net::SocketAddr,
+        /// The error.
+        source: crate::tls::TlsError,
+    },
+    /// A listening address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The datapath's maps for the proxy's feedback could not be opened.
+    #[error("proxy feedback: {0}")]
+    Feedback(#[from] crate::feedback::FeedbackError),
 }
 
 impl DaemonError {
     /// Whether the error is the caller's input.
     pub fn is_input_error(&self) -> bool {
         match self {
-            DaemonError::NoInterfaces => true,
+            DaemonError::NoInterfaces | DaemonError::Tls { .. } => true,
             DaemonError::Loader(e) => e.is_input_error(),
             _ => false,
         }
@@ -58,20 +82,15 @@ impl DaemonError {
 /// Services not in the config are removed; classes without a policy become unlimited.
 pub fn apply(pins: &PinDir, cfg: &Config) -> Result<(), MapsError> {
     let mut maps = Maps::open(pins)?;
-    let wanted: BTreeSet<ServiceKey> = cfg.services.0.iter().map(|s| s.key()).collect();
+    let services = cfg.all_services();
+    let wanted: BTreeSet<ServiceKey> = services.iter().map(|(k, _)| *k).collect();
     for (key, _) in maps.services()? {
         if !wanted.contains(&key) {
             maps.remove_service(key)?;
         }
     }
-    for s in &cfg.services.0 {
-        maps.add_service(
-            s.key(),
-            ServiceValue {
-                kind: s.kind.service_kind() as u32,
-                flags: 0,
-            },
-        )?;
+    for (key, value) in services {
+        maps.add_service(key, value)?;
     }
     for class in Class::ALL.into_iter().filter(|c| c.is_limitable()) {
         let p = cfg
@@ -128,9 +147,11 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
             }
         }
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if cfg.workers > 0 {
+        builder.worker_threads(cfg.workers);
+    }
+    let runtime = builder.enable_all().build()?;
     let result = runtime.block_on(serve(&cfg, &mut attachments));
     match cfg.on_exit {
         OnExit::Detach => {
@@ -168,15 +189,114 @@ async fn serve(cfg: &Config, attachments: &mut [Attachment]) -> Result<(), Daemo
         let pins = PinDir::new(&cfg.bpffs, &a.iface);
         reject_tasks.push(tokio::spawn(destroy_rejected(a.iface.clone(), pins)));
     }
+    let pins: Vec<(String, PinDir)> = attachments
+        .iter()
+        .map(|a| (a.iface.clone(), PinDir::new(&cfg.bpffs, &a.iface)))
+        .collect();
+    let stop = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let proxies = start_proxies(cfg, &pins, &stop, &tracker).await?;
+    if let Some(addr) = cfg.metrics {
+        let mut registry = Registry::default();
+        proxies.stats.register(&mut registry);
+        let listener = bind(addr).await?;
+        let refresh: Vec<crate::metrics::Refresh> = proxies
+            .proxies
+            .iter()
+            .map(|p| {
+                let p = p.clone();
+                Box::new(move || p.refresh_gauges()) as crate::metrics::Refresh
+            })
+            .collect();
+        tokio::spawn(crate::metrics::serve(
+            listener,
+            Arc::new(registry),
+            Arc::new(refresh),
+            stop.clone(),
+        ));
+        info!(%addr, "metrics at /metrics");
+    }
     info!(config = %cfg, "gateway ready");
     tokio::select! {
         _ = term.recv() => info!("SIGTERM: shutting down"),
         _ = int.recv() => info!("SIGINT: shutting down"),
     }
+    // Drain: stop accepting, let in-flight connections finish within the deadline.
+    stop.cancel();
+    tracker.close();
+    if !tracker.is_empty() {
+        info!(connections = tracker.len(), deadline = ?proxies.drain, "draining");
+        if tokio::time::timeout(proxies.drain, tracker.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                connections = tracker.len(),
+                "drain deadline passed; closing the remaining connections"
+            );
+        }
+    }
     for t in log_tasks.into_iter().chain(reject_tasks) {
         t.abort();
     }
     Ok(())
+}
+
+/// The running proxies.
+struct Proxies {
+    proxies: Vec<Arc<Proxy>>,
+    stats: Arc<ProxyStats>,
+    /// The longest drain deadline among them.
+    drain: Duration,
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, DaemonError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| DaemonError::Bind { addr, source })
+}
+
+/// Sets up and starts every proxy listener of the config; all or none.
+async fn start_proxies(
+    cfg: &Config,
+    pins: &[(String, PinDir)],
+    stop: &CancellationToken,
+    tracker: &TaskTracker,
+) -> Result<Proxies, DaemonError> {
+    let stats = Arc::new(ProxyStats::default());
+    let mut ready = Vec::new();
+    for (index, p) in cfg.proxies.iter().enumerate() {
+        let lifetime = p.tls.session_lifetime.0;
+        let feedback = Arc::new(Feedback::open(pins, lifetime)?);
+        let tls = crate::tls::server_config(&p.tls, feedback.clone()).map_err(|source| {
+            DaemonError::Tls {
+                index,
+                listen: p.listen,
+                source,
+            }
+        })?;
+        let listener = bind(p.listen).await?;
+        let proxy = Arc::new(Proxy::new(p.clone(), tls, feedback, stats.clone()));
+        ready.push((proxy, listener));
+    }
+    let mut drain = Duration::ZERO;
+    let mut proxies = Vec::new();
+    for (proxy, listener) in ready {
+        let p = &cfg.proxies[proxies.len()];
+        drain = drain.max(p.timeouts.drain.0);
+        info!(
+            listen = %proxy.listen(), backends = p.backends.len(),
+            proxy_protocol = p.proxy_protocol, "TLS proxy listening"
+        );
+        tokio::spawn(proxy.clone().serve(listener, stop.clone(), tracker.clone()));
+        tokio::spawn(proxy.clone().housekeeping(stop.clone()));
+        proxies.push(proxy);
+    }
+    Ok(Proxies {
+        proxies,
+        stats,
+        drain,
+    })
 }
 
 /// Destroys the server-side socket of every connection the datapath rejects (see `sockdiag`):

@@ -7,11 +7,15 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod daemon;
+pub mod feedback;
 pub mod loader;
 pub mod maps;
+pub mod metrics;
 pub mod output;
 pub mod pins;
+pub mod proxy;
 pub mod sockdiag;
+pub mod tls;
 
 /// The compiled eBPF object (built from source or the committed copy, see `build.rs`).
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gateway"));

@@ -4,9 +4,9 @@ use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
-        ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
-        IssuedValue, LatencyHistogram, ServiceKey, ServiceValue, SipTxn, TlsCounters, TlsFlow,
-        names,
+        ClassPolicy, ClassState, ClassStats, DaemonCompletions, DatapathConfig, DatapathCounters,
+        FlowKey, IssuedKey, IssuedValue, LatencyHistogram, ServiceKey, ServiceValue, SipTxn,
+        TlsCounters, TlsFlow, names,
     },
 };
 use thiserror::Error;
@@ -124,6 +124,7 @@ pub struct Maps {
     tls_counters: PerCpuArray<MapData, TlsCounters>,
     sip_txns: HashMap<MapData, u64, SipTxn>,
     sip_latency: PerCpuArray<MapData, LatencyHistogram>,
+    daemon_completions: Array<MapData, DaemonCompletions>,
 }
 
 fn open(pins: &PinDir, name: &'static str) -> Result<Map, MapsError> {
@@ -176,6 +177,9 @@ impl Maps {
             sip_latency: open(pins, names::SIP_LATENCY)?
                 .try_into()
                 .map_err(op(names::SIP_LATENCY))?,
+            daemon_completions: open(pins, names::DAEMON_COMPLETIONS)?
+                .try_into()
+                .map_err(op(names::DAEMON_COMPLETIONS))?,
         })
     }
 
@@ -193,7 +197,8 @@ impl Maps {
         sum(&self.counters, 0, names::DP_COUNTERS)
     }
 
-    /// Admission state of every class.
+    /// Admission state of every class; `completed` counts the datapath's and the daemon's
+    /// completions together.
     pub fn class_state(&self) -> Result<[ClassState; NUM_CLASSES], MapsError> {
         let mut out = [ClassState::default(); NUM_CLASSES];
         for (i, slot) in out.iter_mut().enumerate() {
@@ -201,6 +206,11 @@ impl Maps {
                 .state
                 .get(&(i as u32), 0)
                 .map_err(op(names::CLASS_STATE))?;
+            let by_daemon = self
+                .daemon_completions
+                .get(&(i as u32), 0)
+                .map_err(op(names::DAEMON_COMPLETIONS))?;
+            slot.completed += by_daemon.completed;
         }
         Ok(out)
     }
@@ -241,7 +251,7 @@ impl Maps {
             e => op(names::SERVICES)(e),
         })?;
         self.service_ports
-            .set(index(key.port), value.kind as u8, 0)
+            .set(index(key.port), value.port_byte(), 0)
             .map_err(op(names::SERVICE_PORTS))
     }
 

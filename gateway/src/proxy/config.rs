@@ -1,0 +1,338 @@
+//! The `proxies` section of the configuration: TLS listeners, their backend pools and timeouts.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de::Error as _};
+
+/// A duration written the human way (`500ms`, `10s`, `2m`, `1h`), greater than zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span(pub Duration);
+
+impl<'de> Deserialize<'de> for Span {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        match humantime::parse_duration(&text) {
+            Ok(v) if !v.is_zero() => Ok(Span(v)),
+            Ok(_) => Err(D::Error::custom(format!(
+                "duration '{text}' must be above zero"
+            ))),
+            Err(e) => Err(D::Error::custom(format!(
+                "invalid duration '{text}' ({e}; examples: 500ms, 10s, 2m, 1h)"
+            ))),
+        }
+    }
+}
+
+impl Serialize for Span {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(self.0).to_string())
+    }
+}
+
+/// One TLS listener proxying to a backend pool.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, try_from = "RawProxy")]
+pub struct ProxyConfig {
+    /// Address to listen on (its port becomes a protected, daemon-terminated TLS service).
+    pub listen: SocketAddr,
+    /// Certificates, sessions and tickets.
+    pub tls: TlsConfig,
+    /// The pool.
+    pub backends: Vec<BackendConfig>,
+    /// Send a PROXY protocol v2 header with the client's address to each backend connection.
+    pub proxy_protocol: bool,
+    /// Timeouts.
+    pub timeouts: Timeouts,
+    /// How long a member that refused or timed out stays marked down.
+    pub retry_interval: Span,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProxy {
+    listen: SocketAddr,
+    #[serde(default)]
+    tls: TlsConfig,
+    backends: Vec<BackendConfig>,
+    #[serde(default)]
+    proxy_protocol: bool,
+    #[serde(default)]
+    timeouts: Timeouts,
+    #[serde(default = "default_retry")]
+    retry_interval: Span,
+}
+
+fn default_retry() -> Span {
+    Span(Duration::from_secs(10))
+}
+
+impl TryFrom<RawProxy> for ProxyConfig {
+    type Error = String;
+    fn try_from(r: RawProxy) -> Result<Self, String> {
+        if r.backends.is_empty() {
+            return Err("backends: at least one backend is needed".into());
+        }
+        if let Some((i, b)) = r
+            .backends
+            .iter()
+            .enumerate()
+            .find(|(i, b)| r.backends[..*i].iter().any(|o| o.address == b.address))
+        {
+            return Err(format!("backends[{i}]: duplicate address {}", b.address));
+        }
+        Ok(ProxyConfig {
+            listen: r.listen,
+            tls: r.tls,
+            backends: r.backends,
+            proxy_protocol: r.proxy_protocol,
+            timeouts: r.timeouts,
+            retry_interval: r.retry_interval,
+        })
+    }
+}
+
+/// Certificates, session cache and tickets of a listener.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, try_from = "RawTls")]
+pub struct TlsConfig {
+    /// PEM certificate chain and PEM private key; absent: a self-signed certificate for
+    /// `localhost` is generated at start.
+    pub cert_key: Option<(PathBuf, PathBuf)>,
+    /// A file of at least 32 secret bytes shared by gateway nodes so they resume each other's
+    /// tickets; absent: a random secret per process.
+    pub ticket_key_file: Option<PathBuf>,
+    /// How often ticket keys rotate (every node derives the same key for the same period).
+    pub ticket_rotation: Span,
+    /// How long an issued session (cache entry or ticket) may be resumed.
+    pub session_lifetime: Span,
+    /// Entries of the server-side session cache (TLS 1.2 session ids).
+    pub session_cache: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    #[serde(default)]
+    cert: Option<PathBuf>,
+    #[serde(default)]
+    key: Option<PathBuf>,
+    #[serde(default)]
+    ticket_key_file: Option<PathBuf>,
+    #[serde(default = "default_rotation")]
+    ticket_rotation: Span,
+    #[serde(default = "default_lifetime")]
+    session_lifetime: Span,
+    #[serde(default = "default_cache")]
+    session_cache: usize,
+}
+
+fn default_rotation() -> Span {
+    Span(Duration::from_secs(3600))
+}
+fn default_lifetime() -> Span {
+    Span(Duration::from_secs(7200))
+}
+fn default_cache() -> usize {
+    10_000
+}
+
+impl TryFrom<RawTls> for TlsConfig {
+    type Error = String;
+    fn try_from(r: RawTls) -> Result<Self, String> {
+        let cert_key = match (r.cert, r.key) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            (Some(_), None) => return Err("cert is given without key".into()),
+            (None, Some(_)) => return Err("key is given without cert".into()),
+        };
+        if r.session_lifetime.0 > Duration::from_secs(7 * 86400) {
+            return Err("session_lifetime: at most 7 days (RFC 8446, 4.6.1)".into());
+        }
+        Ok(TlsConfig {
+            cert_key,
+            ticket_key_file: r.ticket_key_file,
+            ticket_rotation: r.ticket_rotation,
+            session_lifetime: r.session_lifetime,
+            session_cache: r.session_cache,
+        })
+    }
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig {
+            cert_key: None,
+            ticket_key_file: None,
+            ticket_rotation: default_rotation(),
+            session_lifetime: default_lifetime(),
+            session_cache: default_cache(),
+        }
+    }
+}
+
+impl Serialize for TlsConfig {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        let mut st = s.serialize_struct("TlsConfig", 6)?;
+        st.serialize_field("cert", &self.cert_key.as_ref().map(|c| &c.0))?;
+        st.serialize_field("key", &self.cert_key.as_ref().map(|c| &c.1))?;
+        st.serialize_field("ticket_key_file", &self.ticket_key_file)?;
+        st.serialize_field("ticket_rotation", &self.ticket_rotation)?;
+        st.serialize_field("session_lifetime", &self.session_lifetime)?;
+        st.serialize_field("session_cache", &self.session_cache)?;
+        st.end()
+    }
+}
+
+/// One member of a backend pool (seed 004's cluster member).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// Plain TCP address.
+    pub address: SocketAddr,
+    /// Share of new connections relative to the other members, 1 to 1000.
+    #[serde(default = "one", deserialize_with = "de_weight")]
+    pub weight: u32,
+    /// Connections it serves at once (its worker threads), at least 1.
+    #[serde(default = "default_active", deserialize_with = "de_active")]
+    pub max_active: u32,
+    /// Connections that may wait for one of those; beyond, the member is full.
+    #[serde(default = "default_backlog", deserialize_with = "de_backlog")]
+    pub backlog: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+fn default_active() -> u32 {
+    100
+}
+fn default_backlog() -> u32 {
+    100
+}
+
+fn ranged<'de, D: Deserializer<'de>>(
+    d: D,
+    what: &str,
+    min: u32,
+    max: u32,
+) -> Result<u32, D::Error> {
+    let v = i64::deserialize(d)?;
+    match u32::try_from(v) {
+        Ok(v) if (min..=max).contains(&v) => Ok(v),
+        _ => Err(D::Error::custom(format!(
+            "{what} {v} out of range {min}..={max}"
+        ))),
+    }
+}
+fn de_weight<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    ranged(d, "weight", 1, 1000)
+}
+fn de_active<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    ranged(d, "max_active", 1, 1_000_000)
+}
+fn de_backlog<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    ranged(d, "backlog", 0, 1_000_000)
+}
+
+/// Timeouts of a listener.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    /// From accept to the end of the TLS handshake (slowloris bound).
+    #[serde(default = "t10")]
+    pub handshake: Span,
+    /// A proxied connection with no bytes either way for this long is closed.
+    #[serde(default = "t60")]
+    pub idle: Span,
+    /// Connecting to a backend member; beyond, it is marked down.
+    #[serde(default = "t3")]
+    pub connect: Span,
+    /// Waiting in a member's backlog for one of its active slots.
+    #[serde(default = "t10")]
+    pub queue: Span,
+    /// On SIGTERM, how long in-flight connections may take to finish.
+    #[serde(default = "t30")]
+    pub drain: Span,
+}
+
+fn t3() -> Span {
+    Span(Duration::from_secs(3))
+}
+fn t10() -> Span {
+    Span(Duration::from_secs(10))
+}
+fn t30() -> Span {
+    Span(Duration::from_secs(30))
+}
+fn t60() -> Span {
+    Span(Duration::from_secs(60))
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            handshake: t10(),
+            idle: t60(),
+            connect: t3(),
+            queue: t10(),
+            drain: t30(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    fn err(yaml: &str) -> String {
+        Config::parse(yaml, "t.yaml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_full_proxy_section_parses() {
+        let c = Config::parse(
+            "proxies:\n  - listen: 127.0.0.1:8443\n    tls: {cert: /c.pem, key: /k.pem, ticket_rotation: 30m}\n    backends:\n      - {address: 127.0.0.1:8080, weight: 3, max_active: 4, backlog: 2}\n    proxy_protocol: true\n    timeouts: {handshake: 500ms}\n",
+            "t",
+        )
+        .unwrap();
+        let p = &c.proxies[0];
+        assert_eq!(p.backends[0].weight, 3);
+        assert_eq!(p.timeouts.handshake.0.as_millis(), 500);
+        assert_eq!(p.timeouts.idle.0.as_secs(), 60);
+        assert_eq!(p.tls.ticket_rotation.0.as_secs(), 1800);
+        assert!(p.tls.cert_key.is_some());
+        // The listener's port is a terminated tls service.
+        let (key, value) = c.all_services()[0];
+        assert_eq!((key.port, value.flags), (8443, 1));
+    }
+
+    #[test]
+    fn bad_proxy_sections_name_the_field() {
+        let e = err("proxies:\n  - listen: 127.0.0.1:8443\n    backends: []\n");
+        assert!(e.contains("at least one backend"), "{e}");
+        assert!(e.contains("proxies"), "{e}");
+        assert!(e.contains("line 2"), "{e}");
+        let e = err(
+            "proxies:\n  - listen: 127.0.0.1:8443\n    tls: {cert: /c.pem}\n    backends: [{address: 127.0.0.1:1}]\n",
+        );
+        assert!(e.contains("cert is given without key"), "{e}");
+        let e = err(
+            "proxies:\n  - listen: 127.0.0.1:8443\n    backends: [{address: 127.0.0.1:1, weight: 0}]\n",
+        );
+        assert!(e.contains("weight 0 out of range"), "{e}");
+        assert!(e.contains("line 3"), "{e}");
+        let e = err(
+            "proxies:\n  - listen: 127.0.0.1:8443\n    backends: [{address: 127.0.0.1:1}]\n    timeouts: {idle: soon}\n",
+        );
+        assert!(e.contains("invalid duration 'soon'"), "{e}");
+        let e = err(
+            "proxies:\n  - listen: 127.0.0.1:8443\n    backends: [{address: 127.0.0.1:1}, {address: 127.0.0.1:1}]\n",
+        );
+        assert!(e.contains("backends[1]: duplicate address"), "{e}");
+        let e = err(
+            "services: [{kind: sip, port: 8443, proto: tcp}]\nproxies:\n  - listen: 127.0.0.1:8443\n    backends: [{address: 127.0.0.1:1}]\n",
+        );
+        assert!(e.contains("not tls"), "{e}");
+    }
+}

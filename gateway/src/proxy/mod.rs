@@ -1,0 +1,293 @@
+//! The TLS proxy: listeners that terminate admitted connections with rustls and relay them to a
+//! backend pool, counting each connection's completion into the datapath's backlog.
+//!
+//! A connection's life:
+//! 1. Accepted. A place with a pool member is reserved first: when every member is down or full,
+//!    the connection is refused at once with a reset, before any handshake work.
+//! 2. The TLS handshake, bounded by the handshake timeout and CPU-timed by kind (full, resumed).
+//!    Its end (finished, failed, timed out) is the connection's completion for the datapath.
+//! 3. The backend connection: after a wait in the member's backlog if it had no free slot, a
+//!    bounded connect; a member that refuses or times out is marked down and the next is tried.
+//!    With `proxy_protocol`, a PROXY v2 header goes first.
+//! 4. Bytes relayed both ways until the backend closes, either side fails, or neither sends for
+//!    the idle timeout.
+
+pub mod config;
+pub mod cputime;
+pub mod header;
+pub mod pool;
+pub mod stats;
+
+use std::{io, net::SocketAddr, sync::Arc, time::Duration};
+
+use tokio::{
+    io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _},
+    net::{TcpListener, TcpStream},
+};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::{debug, warn};
+
+use crate::feedback::{Feedback, flow_key};
+use config::ProxyConfig;
+use cputime::CpuTimed;
+use pool::{Pool, Slot};
+use stats::{BackendLabels, HandshakeKind, ListenerLabels, Outcome, ProxyStats};
+
+/// Bytes of each relay direction's buffer.
+pub const RELAY_BUFFER: usize = 4096;
+
+/// One listener and everything its connections share.
+pub struct Proxy {
+    cfg: ProxyConfig,
+    label: String,
+    acceptor: TlsAcceptor,
+    pool: Pool,
+    feedback: Arc<Feedback>,
+    stats: Arc<ProxyStats>,
+}
+
+impl Proxy {
+    /// A proxy for `cfg` with the TLS server configuration `tls`.
+    pub fn new(
+        cfg: ProxyConfig,
+        tls: rustls::ServerConfig,
+        feedback: Arc<Feedback>,
+        stats: Arc<ProxyStats>,
+    ) -> Self {
+        let pool = Pool::new(&cfg.backends, cfg.retry_interval.0);
+        Proxy {
+            label: cfg.listen.to_string(),
+            acceptor: TlsAcceptor::from(Arc::new(tls)),
+            pool,
+            cfg,
+            feedback,
+            stats,
+        }
+    }
+
+    /// The listen address.
+    pub fn listen(&self) -> SocketAddr {
+        self.cfg.listen
+    }
+
+    /// Accepts until `stop` is cancelled; each connection runs as a task of `tracker`.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        stop: CancellationToken,
+        tracker: TaskTracker,
+    ) {
+        loop {
+            let accepted = tokio::select! {
+                _ = stop.cancelled() => break,
+                a = listener.accept() => a,
+            };
+            match accepted {
+                Ok((sock, peer)) => {
+                    tracker.spawn(self.clone().connection(sock, peer));
+                }
+                Err(e) => {
+                    // Out of descriptors or memory: back off rather than spin on the error.
+                    warn!(listener = %self.label, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        debug!(listener = %self.label, "stopped accepting");
+    }
+
+    /// Expires published session keys as their lifetime ends, and refreshes the pool gauges.
+    pub async fn housekeeping(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            self.feedback.expire(std::time::Instant::now());
+            self.refresh_gauges();
+        }
+    }
+
+    /// Sets the pool gauges from the pool's state.
+    pub fn refresh_gauges(&self) {
+        let now = std::time::Instant::now();
+        for m in self.pool.members() {
+            let l = self.backend_labels(m.address);
+            self.stats
+                .backend_active
+                .get_or_create(&l)
+                .set(i64::from(m.active()));
+            self.stats
+                .backend_waiting
+                .get_or_create(&l)
+                .set(i64::from(m.waiting()));
+            self.stats
+                .backend_up
+                .get_or_create(&l)
+                .set(i64::from(m.is_up(now)));
+        }
+    }
+
+    fn backend_labels(&self, backend: SocketAddr) -> BackendLabels {
+        BackendLabels {
+            listener: self.label.clone(),
+            backend: backend.to_string(),
+        }
+    }
+
+    fn complete(&self, peer: SocketAddr, local: SocketAddr) {
+        if self.feedback.complete(&flow_key(peer, local)).is_some() {
+            self.stats
+                .completions
+                .get_or_create(&ListenerLabels {
+                    listener: self.label.clone(),
+                })
+                .inc();
+        }
+    }
+
+    async fn connection(self: Arc<Self>, sock: TcpStream, peer: SocketAddr) {
+        let open = self
+            .stats
+            .open
+            .get_or_create(&ListenerLabels {
+                listener: self.label.clone(),
+            })
+            .clone();
+        open.inc();
+        let outcome = self.run(sock, peer).await;
+        open.dec();
+        self.stats.outcome(&self.label, outcome);
+        debug!(listener = %self.label, %peer, outcome = outcome.name(), "connection ended");
+    }
+
+    async fn run(&self, sock: TcpStream, peer: SocketAddr) -> Outcome {
+        let local = sock.local_addr().unwrap_or(self.cfg.listen);
+        let _ = sock.set_nodelay(true);
+        let Some(reservation) = self.pool.reserve(&[]) else {
+            self.complete(peer, local);
+            // A reset: the refusal is immediate and unambiguous, and leaves no TIME_WAIT here.
+            let reset = libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            };
+            let _ = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::Linger, &reset);
+            return Outcome::RefusedFull;
+        };
+        let handshake = CpuTimed::new(self.acceptor.accept(sock));
+        let done = tokio::time::timeout(self.cfg.timeouts.handshake.0, handshake).await;
+        self.complete(peer, local);
+        let mut tls = match done {
+            Err(_) => return Outcome::HandshakeTimeout,
+            Ok((Err(e), _)) => {
+                debug!(listener = %self.label, %peer, error = %e, "handshake failed");
+                return Outcome::HandshakeError;
+            }
+            Ok((Ok(tls), cpu)) => {
+                let kind = match tls.get_ref().1.handshake_kind() {
+                    Some(rustls::HandshakeKind::Resumed) => HandshakeKind::Resumed,
+                    _ => HandshakeKind::Full,
+                };
+                self.stats.handshake(&self.label, kind, cpu);
+                tls
+            }
+        };
+        let Some((mut backend, _slot)) = self.connect_backend(reservation).await else {
+            let _ = tls.shutdown().await;
+            return Outcome::BackendUnavailable;
+        };
+        if self.cfg.proxy_protocol {
+            let sent = match header::proxy_v2(peer, local) {
+                Ok(h) => backend.write_all(&h).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = sent {
+                debug!(listener = %self.label, error = %e, "PROXY header not sent");
+                return Outcome::BackendUnavailable;
+            }
+        }
+        match relay(&mut tls, &mut backend, self.cfg.timeouts.idle.0).await {
+            Ok(true) => Outcome::IdleTimeout,
+            // How the relay ended (either side's close or error) is the connection's own business.
+            _ => Outcome::Proxied,
+        }
+    }
+
+    /// Turns the reservation into a connected backend, moving to the next member when one is
+    /// full for longer than the queue timeout, refuses or does not answer.
+    async fn connect_backend(&self, first: pool::Reservation) -> Option<(TcpStream, Slot)> {
+        let mut tried = Vec::new();
+        let mut reservation = Some(first);
+        loop {
+            let r = match reservation.take() {
+                Some(r) => r,
+                None => self.pool.reserve(&tried)?,
+            };
+            let member = r.member;
+            tried.push(member);
+            let Some(slot) = r.slot(self.cfg.timeouts.queue.0).await else {
+                continue;
+            };
+            let address = self.pool.members()[member].address;
+            let connect =
+                tokio::time::timeout(self.cfg.timeouts.connect.0, TcpStream::connect(address));
+            match connect.await {
+                Ok(Ok(s)) => {
+                    let _ = s.set_nodelay(true);
+                    return Some((s, slot));
+                }
+                failed => {
+                    let why = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "connect timed out".into(),
+                    };
+                    warn!(listener = %self.label, backend = %address, error = %why,
+                        retry_in = ?self.cfg.retry_interval.0, "backend member marked down");
+                    self.pool.mark_down(member);
+                    self.stats
+                        .backend_failures
+                        .get_or_create(&self.backend_labels(address))
+                        .inc();
+                }
+            }
+        }
+    }
+}
+
+/// Relays bytes both ways until the backend has closed (its close is passed on), either side
+/// fails, or nothing moves for `idle`; returns whether it ended for idleness. The client's close
+/// is passed on to the backend, whose answer is still relayed.
+pub async fn relay<C, B>(client: &mut C, backend: &mut B, idle: Duration) -> io::Result<bool>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut up = vec![0u8; RELAY_BUFFER];
+    let mut down = vec![0u8; RELAY_BUFFER];
+    let mut client_open = true;
+    loop {
+        tokio::select! {
+            r = client.read(&mut up), if client_open => {
+                let n = r?;
+                if n == 0 {
+                    client_open = false;
+                    backend.shutdown().await?;
+                } else {
+                    backend.write_all(&up[..n]).await?;
+                }
+            }
+            r = backend.read(&mut down) => {
+                let n = r?;
+                if n == 0 {
+                    client.shutdown().await?;
+                    return Ok(false);
+                }
+                client.write_all(&down[..n]).await?;
+                client.flush().await?;
+            }
+            _ = tokio::time::sleep(idle) => return Ok(true),
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! The backend pool (seed 004): each member serves at most `max_active` connections at once (its
+//! worker threads) and lets at most `backlog` more wait for one. A member with neither free is
+//! full, and new connections go to another member or are refused, never queued beyond. A member
+//! that refuses a connection or does not answer in time is marked down for the retry interval,
+//! and the next member is tried. Among members with room, smooth weighted round robin spreads new
+//! connections in proportion to the weights.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::config::BackendConfig;
+
+/// One member.
+pub struct Member {
+    /// Its address.
+    pub address: SocketAddr,
+    weight: i64,
+    slots: Arc<Semaphore>,
+    max_active: u32,
+    backlog: u32,
+    waiting: Arc<AtomicU32>,
+    down_until: Mutex<Option<Instant>>,
+}
+
+impl Member {
+    /// Connections it serves now.
+    pub fn active(&self) -> u32 {
+        self.max_active - self.slots.available_permits() as u32
+    }
+
+    /// Connections waiting for a slot.
+    pub fn waiting(&self) -> u32 {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Whether it is up (not marked down, or its retry interval has passed) at `now`.
+    pub fn is_up(&self, now: Instant) -> bool {
+        self.down_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none_or(|t| t <= now)
+    }
+
+    fn has_room(&self) -> bool {
+        self.slots.available_permits() > 0 || self.waiting() < self.backlog
+    }
+}
+
+/// A place with a member: a slot to serve in now, or a place in its backlog.
+pub struct Reservation {
+    /// Index of the member.
+    pub member: usize,
+    kind: Kind,
+}
+
+enum Kind {
+    Active(OwnedSemaphorePermit),
+    Queued(QueuePlace),
+}
+
+/// A place in a member's backlog; leaving it (dropping) frees it.
+struct QueuePlace {
+    slots: Arc<Semaphore>,
+    waiting: Arc<AtomicU32>,
+}
+
+impl Drop for QueuePlace {
+    fn drop(&mut self) {
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A slot a connection holds while it is served; dropping it frees the slot.
+pub struct Slot {
+    /// Index of the member.
+    pub member: usize,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Reservation {
+    /// Whether it waits in a backlog.
+    pub fn is_queued(&self) -> bool {
+        matches!(self.kind, Kind::Queued(_))
+    }
+
+    /// The slot: at once, or when one frees within `wait`; `None` if none did.
+    pub async fn slot(self, wait: Duration) -> Option<Slot> {
+        let member = self.member;
+        let permit = match self.kind {
+            Kind::Active(p) => p,
+            Kind::Queued(place) => {
+                let acquire = place.slots.clone().acquire_owned();
+                let permit = tokio::time::timeout(wait, acquire).await.ok()?.ok()?;
+                drop(place);
+                permit
+            }
+        };
+        Some(Slot {
+            member,
+            _permit: permit,
+        })
+    }
+}
+
+/// The pool.
+pub struct Pool {
+    members: Vec<Member>,
+    retry: Duration,
+    /// Smooth weighted round robin: each member's current weight.
+    current: Mutex<Vec<i64>>,
+}
+
+impl Pool {
+    /// A pool of `backends`, marking failed members down for `retry`.
+    pub fn new(backends: &[BackendConfig], retry: Duration) -> Self {
+        Pool {
+            members: backends
+                .iter()
+                .map(|b| Member {
+                    address: b.address,
+                    weight: i64::from(b.weight),
+                    slots: Arc::new(Semaphore::new(b.max_active as usize)),
+                    max_active: b.max_active,
+                    backlog: b.backlog,
+                    waiting: Arc::new(AtomicU32::new(0)),
+                    down_until: Mutex::new(None),
+                })
+                .collect(),
+            retry,
+            current: Mutex::new(vec![0; backends.len()]),
+        }
+    }
+
+    /// The members.
+    pub fn members(&self) -> &[Member] {
+        &self.members
+    }
+
+    /// Reserves a place with the next member by weight that is up, has room and is not in
+    /// `exclude`; `None` when there is none (every member is down, full or excluded).
+    pub fn reserve(&self, exclude: &[usize]) -> Option<Reservation> {
+        let now = Instant::now();
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let mut skip: Vec<usize> = exclude.to_vec();
+        loop {
+            let eligible: Vec<usize> = (0..self.members.len())
+                .filter(|i| !skip.contains(i))
+                .filter(|&i| self.members[i].is_up(now) && self.members[i].has_room())
+                .collect();
+            let total: i64 = eligible.iter().map(|&i| self.members[i].weight).sum();
+            for &i in &eligible {
+                current[i] += self.members[i].weight;
+            }
+            let &pick = eligible
+                .iter()
+                .max_by_key(|&&i| (current[i], -(i as i64)))?;
+            current[pick] -= total;
+            let m = &self.members[pick];
+            if let Ok(permit) = m.slots.clone().try_acquire_owned() {
+                return Some(Reservation {
+                    member: pick,
+                    kind: Kind::Active(permit),
+                });
+            }
+            // Queue only below the backlog limit (checked and taken in one step).
+            let queued = m
+                .waiting
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                    (w < m.backlog).then_some(w + 1)
+                })
+                .is_ok();
+            if queued {
+                return Some(Reservation {
+                    member: pick,
+                    kind: Kind::Queued(QueuePlace {
+                        slots: m.slots.clone(),
+                        waiting: m.waiting.clone(),
+                    }),
+                });
+            }
+            // Filled up since the check: try the others.
+            skip.push(pick);
+        }
+    }
+
+    /// Marks member `i` down for the retry interval.
+    pub fn mark_down(&self, i: usize) {
+        let until = Instant::now() + self.retry;
+        *self.members[i]
+            .down_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(until);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(spec: &[(u32, u32, u32)]) -> Pool {
+        let backends: Vec<BackendConfig> = spec
+            .iter()
+            .enumerate()
+            .map(|(i, &(weight, max_active, backlog))| BackendConfig {
+                address: SocketAddr::from(([127, 0, 0, 1], 1000 + i as u16)),
+                weight,
+                max_active,
+                backlog,
+            })
+            .collect();
+        Pool::new(&backends, Duration::from_millis(50))
+    }
+
+    #[test]
+    fn weights_share_connections() {
+        let p = pool(&[(3, 100, 0), (1, 100, 0)]);
+        let mut held = Vec::new();
+        let mut per = [0; 2];
+        for _ in 0..40 {
+            let r = p.reserve(&[]).unwrap();
+            per[r.member] += 1;
+            held.push(r);
+        }
+        assert_eq!(per, [30, 10]);
+    }
+
+    #[tokio::test]
+    async fn a_full_member_refuses_and_the_backlog_waits_for_a_slot() {
+        let p = pool(&[(1, 1, 1)]);
+        let first = p.reserve(&[]).unwrap();
+        assert!(!first.is_queued());
+        let second = p.reserve(&[]).unwrap();
+        assert!(second.is_queued());
+        assert_eq!(p.members()[0].waiting(), 1);
+        // Active slot and backlog both taken: full, refused.
+        assert!(p.reserve(&[]).is_none());
+        // The queued one gets the slot once the first leaves.
+        let slot = first.slot(Duration::from_secs(1)).await.unwrap();
+        let waiter = tokio::spawn(second.slot(Duration::from_secs(5)));
+        drop(slot);
+        let s2 = waiter.await.unwrap().expect("a slot");
+        assert_eq!(s2.member, 0);
+        assert_eq!(p.members()[0].waiting(), 0);
+        assert_eq!(p.members()[0].active(), 1);
+        // A wait that ends without a slot frees its backlog place.
+        let third = p.reserve(&[]).unwrap();
+        assert!(third.is_queued());
+        assert!(third.slot(Duration::from_millis(20)).await.is_none());
+        assert_eq!(p.members()[0].waiting(), 0);
+    }
+
+    #[test]
+    fn a_member_marked_down_is_skipped_until_its_retry_interval_passes() {
+        let p = pool(&[(1, 10, 0), (1, 10, 0)]);
+        p.mark_down(0);
+        for _ in 0..4 {
+            assert_eq!(p.reserve(&[]).unwrap().member, 1);
+        }
+        assert!(p.reserve(&[1]).is_none());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !p.members()[0].is_up(Instant::now()) {
+            assert!(Instant::now() < deadline);
+            std::thread::yield_now();
+        }
+        let picks: Vec<usize> = (0..4).map(|_| p.reserve(&[]).unwrap().member).collect();
+        assert!(picks.contains(&0), "{picks:?}");
+    }
+}

@@ -1,0 +1,203 @@
+//! The proxy's figures: handshakes and their CPU cost by kind, failures by reason, connections by
+//! outcome, and the pool's members. The controller reads them in process; Prometheus scrapes them.
+
+use std::{sync::atomic::AtomicU64, time::Duration};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+/// A handshake kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandshakeKind {
+    /// A full handshake (a new session).
+    Full,
+    /// A resumed session.
+    Resumed,
+}
+
+impl HandshakeKind {
+    /// The label value.
+    pub const fn name(self) -> &'static str {
+        match self {
+            HandshakeKind::Full => "full",
+            HandshakeKind::Resumed => "resumed",
+        }
+    }
+}
+
+/// Why a connection ended before it was proxied, or how it was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Proxied to a backend (counted when the backend connection is made).
+    Proxied,
+    /// Refused at accept: every member was down or full.
+    RefusedFull,
+    /// The handshake did not finish within the handshake timeout.
+    HandshakeTimeout,
+    /// The handshake failed (bad or garbage hello, alert, reset).
+    HandshakeError,
+    /// No member could take it after the handshake (all refused, timed out or stayed full).
+    BackendUnavailable,
+    /// A proxied connection closed for idleness.
+    IdleTimeout,
+}
+
+impl Outcome {
+    /// The label value.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Outcome::Proxied => "proxied",
+            Outcome::RefusedFull => "refused_full",
+            Outcome::HandshakeTimeout => "handshake_timeout",
+            Outcome::HandshakeError => "handshake_error",
+            Outcome::BackendUnavailable => "backend_unavailable",
+            Outcome::IdleTimeout => "idle_timeout",
+        }
+    }
+}
+
+/// Labels of a listener's series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    /// The listen address.
+    pub listener: String,
+}
+
+/// Labels of handshake series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandshakeLabels {
+    /// The listen address.
+    pub listener: String,
+    /// `full` or `resumed`.
+    pub kind: &'static str,
+}
+
+/// Labels of outcome series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// The listen address.
+    pub listener: String,
+    /// An [`Outcome`] name.
+    pub outcome: &'static str,
+}
+
+/// Labels of a backend member's series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabels {
+    /// The listen address.
+    pub listener: String,
+    /// The member's address.
+    pub backend: String,
+}
+
+/// Every proxy figure.
+#[derive(Default)]
+pub struct ProxyStats {
+    /// Finished handshakes by kind.
+    pub handshakes: Family<HandshakeLabels, Counter>,
+    /// CPU seconds those handshakes took, by kind.
+    pub handshake_cpu: Family<HandshakeLabels, Counter<f64, AtomicU64>>,
+    /// Connections by outcome.
+    pub outcomes: Family<OutcomeLabels, Counter>,
+    /// Connections open now (from accept to close).
+    pub open: Family<ListenerLabels, Gauge>,
+    /// Datapath completions the daemon counted.
+    pub completions: Family<ListenerLabels, Counter>,
+    /// Backend connections served now, per member.
+    pub backend_active: Family<BackendLabels, Gauge>,
+    /// Connections waiting in a member's backlog.
+    pub backend_waiting: Family<BackendLabels, Gauge>,
+    /// 1 when a member is up, 0 while marked down.
+    pub backend_up: Family<BackendLabels, Gauge>,
+    /// Connects a member refused or did not answer in time.
+    pub backend_failures: Family<BackendLabels, Counter>,
+}
+
+impl ProxyStats {
+    /// Registers every series in `registry` (prefix `gateway_proxy_`).
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("gateway_proxy");
+        r.register(
+            "handshakes",
+            "TLS handshakes finished, by kind",
+            self.handshakes.clone(),
+        );
+        r.register(
+            "handshake_cpu_seconds",
+            "CPU time the finished TLS handshakes took, by kind",
+            self.handshake_cpu.clone(),
+        );
+        r.register(
+            "connections",
+            "Connections by outcome",
+            self.outcomes.clone(),
+        );
+        r.register(
+            "open_connections",
+            "Connections open now",
+            self.open.clone(),
+        );
+        r.register(
+            "datapath_completions",
+            "Completions counted into the datapath's backlog",
+            self.completions.clone(),
+        );
+        r.register(
+            "backend_active",
+            "Connections a backend member serves now",
+            self.backend_active.clone(),
+        );
+        r.register(
+            "backend_waiting",
+            "Connections waiting in a backend member's backlog",
+            self.backend_waiting.clone(),
+        );
+        r.register(
+            "backend_up",
+            "1 while a backend member is up, 0 while marked down",
+            self.backend_up.clone(),
+        );
+        r.register(
+            "backend_failures",
+            "Connects a backend member refused or did not answer in time",
+            self.backend_failures.clone(),
+        );
+    }
+
+    /// Counts a finished handshake and its CPU time.
+    pub fn handshake(&self, listener: &str, kind: HandshakeKind, cpu: Duration) {
+        let labels = HandshakeLabels {
+            listener: listener.to_string(),
+            kind: kind.name(),
+        };
+        self.handshakes.get_or_create(&labels).inc();
+        self.handshake_cpu
+            .get_or_create(&labels)
+            .inc_by(cpu.as_secs_f64());
+    }
+
+    /// Mean CPU time of a handshake of `kind` so far (the controller's cost figure); `None`
+    /// before the first.
+    pub fn mean_handshake_cpu(&self, listener: &str, kind: HandshakeKind) -> Option<Duration> {
+        let labels = HandshakeLabels {
+            listener: listener.to_string(),
+            kind: kind.name(),
+        };
+        let n = self.handshakes.get_or_create(&labels).get();
+        let secs = self.handshake_cpu.get_or_create(&labels).get();
+        (n > 0).then(|| Duration::from_secs_f64(secs / n as f64))
+    }
+
+    /// Counts an outcome.
+    pub fn outcome(&self, listener: &str, outcome: Outcome) {
+        self.outcomes
+            .get_or_create(&OutcomeLabels {
+                listener: listener.to_string(),
+                outcome: outcome.name(),
+            })
+            .inc();
+    }
+}

@@ -1,0 +1,287 @@
+//! A ticketer with rotating keys, shareable between gateway nodes, that publishes every ticket it
+//! issues to the datapath.
+//!
+//! Keys are derived, not stored: the key of rotation period `p` (wall-clock seconds divided by the
+//! rotation interval) is HKDF-SHA256 of the secret with `p` as info, an AES-256-GCM key. Nodes that
+//! share the secret file (and roughly agree on the time) derive the same keys, so each resumes the
+//! others' tickets, and a key retires by itself when its period falls out of the lifetime window.
+//!
+//! A ticket is `nonce (12) | period (4, big endian) | AES-256-GCM(state) | tag (16)`, the first 16
+//! bytes authenticated as associated data. Its first 16 bytes, the datapath's key, are unique per
+//! ticket because the nonce is random.
+
+use std::{
+    path::Path,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use aws_lc_rs::{
+    aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey},
+    hkdf::{HKDF_SHA256, Prk, Salt},
+    rand::{SecureRandom as _, SystemRandom},
+};
+use rustls::server::ProducesTickets;
+use thiserror::Error;
+
+use crate::feedback::{Feedback, IssuedKind};
+
+/// Smallest accepted secret, bytes.
+pub const MIN_SECRET: usize = 32;
+/// Largest accepted secret file, bytes.
+pub const MAX_SECRET: usize = 4096;
+/// Bytes before the ciphertext: nonce and period.
+const HEADER: usize = NONCE_LEN + 4;
+/// The AEAD tag.
+const TAG: usize = 16;
+
+/// Errors of the ticket secret.
+#[derive(Debug, Error)]
+pub enum TicketError {
+    /// The file could not be read.
+    #[error("ticket key file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The file is too short or too long.
+    #[error(
+        "ticket key file {path}: {len} bytes, need {MIN_SECRET} to {MAX_SECRET} (e.g. `openssl rand 80 > FILE`)"
+    )]
+    Size {
+        /// The file.
+        path: String,
+        /// Its length.
+        len: usize,
+    },
+    /// The system random generator failed.
+    #[error("random secret: {0}")]
+    Random(String),
+}
+
+/// The secret ticket keys derive from.
+pub struct Secret(Vec<u8>);
+
+impl Secret {
+    /// Reads a shared secret file.
+    pub fn from_file(path: &Path) -> Result<Self, TicketError> {
+        let bytes = std::fs::read(path).map_err(|source| TicketError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        if !(MIN_SECRET..=MAX_SECRET).contains(&bytes.len()) {
+            return Err(TicketError::Size {
+                path: path.display().to_string(),
+                len: bytes.len(),
+            });
+        }
+        Ok(Secret(bytes))
+    }
+
+    /// A random secret, private to this process.
+    pub fn random() -> Result<Self, TicketError> {
+        let mut bytes = vec![0u8; MIN_SECRET];
+        SystemRandom::new()
+            .fill(&mut bytes)
+            .map_err(|e| TicketError::Random(e.to_string()))?;
+        Ok(Secret(bytes))
+    }
+}
+
+/// The rotating, publishing ticketer (see the module docs).
+pub struct RotatingTicketer {
+    prk: Prk,
+    rotation_secs: u64,
+    lifetime: Duration,
+    /// Derived keys of recent periods, newest last.
+    keys: Mutex<Vec<(u64, Arc<LessSafeKey>)>>,
+    rng: SystemRandom,
+    feedback: Arc<Feedback>,
+}
+
+impl std::fmt::Debug for RotatingTicketer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RotatingTicketer")
+            .field("rotation_secs", &self.rotation_secs)
+            .field("lifetime", &self.lifetime)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RotatingTicketer {
+    /// A ticketer over `secret` whose keys rotate every `rotation` and whose tickets live for
+    /// `lifetime`.
+    pub fn new(
+        secret: Secret,
+        rotation: Duration,
+        lifetime: Duration,
+        feedback: Arc<Feedback>,
+    ) -> Self {
+        let prk = Salt::new(HKDF_SHA256, b"gateway ticket keys v1").extract(&secret.0);
+        RotatingTicketer {
+            prk,
+            rotation_secs: rotation.as_secs().max(1),
+            lifetime,
+            keys: Mutex::new(Vec::new()),
+            rng: SystemRandom::new(),
+            feedback,
+        }
+    }
+
+    fn period_at(&self, t: SystemTime) -> u64 {
+        t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs() / self.rotation_secs
+    }
+
+    /// Periods whose tickets are still accepted at `now`: those a ticket issued within the
+    /// lifetime may carry, and one ahead for a node whose clock runs early.
+    fn accepted(&self, period: u64, now: u64) -> bool {
+        let window = self.lifetime.as_secs().div_ceil(self.rotation_secs);
+        period <= now + 1 && now.saturating_sub(period) <= window
+    }
+
+    fn key(&self, period: u64) -> Option<Arc<LessSafeKey>> {
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, k)) = keys.iter().find(|(p, _)| *p == period) {
+            return Some(k.clone());
+        }
+        let info = period.to_be_bytes();
+        let info = [b"period".as_slice(), info.as_slice()];
+        let okm = self.prk.expand(&info, &AES_256_GCM).ok()?;
+        let key = Arc::new(LessSafeKey::new(UnboundKey::from(okm)));
+        keys.push((period, key.clone()));
+        if keys.len() > 4 {
+            keys.remove(0);
+        }
+        Some(key)
+    }
+
+    /// Seals `plain` under the key of the period of `now`.
+    fn seal(&self, plain: &[u8], now: SystemTime) -> Option<Vec<u8>> {
+        let period = self.period_at(now);
+        let key = self.key(period)?;
+        let mut nonce = [0u8; NONCE_LEN];
+        self.rng.fill(&mut nonce).ok()?;
+        let mut ticket = Vec::with_capacity(HEADER + plain.len() + TAG);
+        ticket.extend_from_slice(&nonce);
+        ticket.extend_from_slice(&(period as u32).to_be_bytes());
+        let mut body = plain.to_vec();
+        key.seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(&ticket[..HEADER]),
+            &mut body,
+        )
+        .ok()?;
+        ticket.extend_from_slice(&body);
+        Some(ticket)
+    }
+
+    /// Opens a ticket if its period is still accepted at `now` and it authenticates.
+    fn open(&self, ticket: &[u8], now: SystemTime) -> Option<Vec<u8>> {
+        if ticket.len() < HEADER + TAG {
+            return None;
+        }
+        let nonce: [u8; NONCE_LEN] = ticket[..NONCE_LEN].try_into().ok()?;
+        let low = u32::from_be_bytes(ticket[NONCE_LEN..HEADER].try_into().ok()?);
+        // The period travels as its low 32 bits; the full value is the one nearest to now.
+        let current = self.period_at(now);
+        let period = (current & !0xffff_ffff) | u64::from(low);
+        if !self.accepted(period, current) {
+            return None;
+        }
+        let key = self.key(period)?;
+        let mut body = ticket[HEADER..].to_vec();
+        let plain = key
+            .open_in_place(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(&ticket[..HEADER]),
+                &mut body,
+            )
+            .ok()?;
+        Some(plain.to_vec())
+    }
+}
+
+impl ProducesTickets for RotatingTicketer {
+    fn enabled(&self) -> bool {
+        true
+    }
+
+    fn lifetime(&self) -> u32 {
+        self.lifetime.as_secs().min(u64::from(u32::MAX)) as u32
+    }
+
+    fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
+        let ticket = self.seal(plain, SystemTime::now())?;
+        self.feedback.publish(&ticket, IssuedKind::Ticket);
+        Some(ticket)
+    }
+
+    fn decrypt(&self, cipher: &[u8]) -> Option<Vec<u8>> {
+        self.open(cipher, SystemTime::now())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ticketer(secret: &[u8]) -> RotatingTicketer {
+        RotatingTicketer::new(
+            Secret(secret.to_vec()),
+            Duration::from_secs(3600),
+            Duration::from_secs(7200),
+            Arc::new(Feedback::none(Duration::from_secs(7200))),
+        )
+    }
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn nodes_sharing_a_secret_open_each_others_tickets() {
+        let a = ticketer(&[7; 48]);
+        let b = ticketer(&[7; 48]);
+        let other = ticketer(&[8; 48]);
+        let t = a.seal(b"state", at(1_000_000)).unwrap();
+        assert_eq!(b.open(&t, at(1_000_010)).as_deref(), Some(&b"state"[..]));
+        assert_eq!(other.open(&t, at(1_000_010)), None);
+        // Unique prefixes: the datapath's keys never collide.
+        let t2 = a.seal(b"state", at(1_000_000)).unwrap();
+        assert_ne!(t[..16], t2[..16]);
+    }
+
+    #[test]
+    fn keys_rotate_and_old_tickets_expire() {
+        let a = ticketer(&[1; 32]);
+        let t0 = a.seal(b"s", at(3600 * 100)).unwrap();
+        let t1 = a.seal(b"s", at(3600 * 101)).unwrap();
+        // Different periods, different keys: the same nonce would not open under the other.
+        assert_ne!(t0[12..16], t1[12..16]);
+        // Two hours of lifetime over one-hour periods: accepted up to two periods later.
+        assert!(a.open(&t0, at(3600 * 102 + 5)).is_some());
+        assert!(a.open(&t0, at(3600 * 103 + 5)).is_none());
+    }
+
+    #[test]
+    fn tampered_or_short_tickets_are_refused() {
+        let a = ticketer(&[2; 32]);
+        let mut t = a.seal(b"state", at(5000)).unwrap();
+        assert!(a.open(&t[..10], at(5000)).is_none());
+        t[3] ^= 1;
+        assert!(a.open(&t, at(5000)).is_none());
+    }
+
+    #[test]
+    fn secret_file_sizes_are_checked() {
+        let p = std::env::temp_dir().join(format!("gw-ticket-{}", std::process::id()));
+        std::fs::write(&p, [0u8; 8]).unwrap();
+        let e = Secret::from_file(&p).err().unwrap().to_string();
+        assert!(e.contains("8 bytes, need 32"), "{e}");
+        std::fs::write(&p, [0u8; 80]).unwrap();
+        assert!(Secret::from_file(&p).is_ok());
+        let _ = std::fs::remove_file(p);
+    }
+}

@@ -106,10 +106,31 @@ impl Daemon {
         }
     }
 
+    /// The daemon's pid (`ip netns exec` execs the gateway, so the child's pid is the daemon's).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Open file descriptors of the daemon now.
+    pub fn fd_count(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .expect("/proc/PID/fd")
+            .count()
+    }
+
+    /// Sends SIGTERM without waiting.
+    pub fn signal_term(&self) {
+        kill(Pid::from_raw(self.pid() as i32), Signal::SIGTERM).expect("SIGTERM");
+    }
+
     /// Sends SIGTERM and waits (at most `timeout`) for the exit; returns the status.
-    pub fn terminate(mut self, timeout: Duration) -> (ExitStatus, Vec<String>) {
-        // `ip netns exec` execs the gateway, so the child's pid is the daemon's.
-        kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM).expect("SIGTERM");
+    pub fn terminate(self, timeout: Duration) -> (ExitStatus, Vec<String>) {
+        self.signal_term();
+        self.wait_exit(timeout)
+    }
+
+    /// Waits (at most `timeout`) for the daemon to exit; returns the status and its whole log.
+    pub fn wait_exit(mut self, timeout: Duration) -> (ExitStatus, Vec<String>) {
         let deadline = Instant::now() + timeout;
         loop {
             // Drain the log as it arrives; the channel closes when the daemon's stderr does.

@@ -3,8 +3,10 @@
 //!
 //! Every address used lives inside namespaces the harness created; nothing leaves the machine.
 
+pub mod backend;
 pub mod daemon;
 pub mod frames;
+pub mod metrics;
 pub mod netns;
 pub mod sipserver;
 pub mod testrun;

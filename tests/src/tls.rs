@@ -253,6 +253,14 @@ pub fn rustls_get(
     config: &std::sync::Arc<rustls::ClientConfig>,
     addr: &str,
 ) -> std::io::Result<rustls::HandshakeKind> {
+    rustls_fetch(config, addr).map(|(kind, _)| kind)
+}
+
+/// [`rustls_get`], returning the answer too.
+pub fn rustls_fetch(
+    config: &std::sync::Arc<rustls::ClientConfig>,
+    addr: &str,
+) -> std::io::Result<(rustls::HandshakeKind, String)> {
     use std::io::Write as _;
     let name = rustls::pki_types::ServerName::try_from("gateway-test").unwrap();
     let conn =
@@ -268,9 +276,11 @@ pub fn rustls_get(
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
         Err(e) => return Err(e),
     }
-    tls.conn
+    let kind = tls
+        .conn
         .handshake_kind()
-        .ok_or_else(|| std::io::Error::other("no handshake"))
+        .ok_or_else(|| std::io::Error::other("no handshake"))?;
+    Ok((kind, String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// A ticketer that records every ticket it issues (the PSK identities clients will offer).

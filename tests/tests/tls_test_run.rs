@@ -467,3 +467,68 @@ fn mutated_offers_are_resumed_only_when_the_model_says_so() {
     // Mutations outside the key leave most offers valid: the test did exercise resumption.
     assert!(resumed > 300, "only {resumed} resumed");
 }
+
+#[test]
+fn a_terminated_service_leaves_completions_to_the_daemon() {
+    if !have_root("a_terminated_service_leaves_completions_to_the_daemon") {
+        return;
+    }
+    use gateway_common::maps::{SERVICE_TERMINATED, ServiceKey, ServiceKind, ServiceValue};
+    let mut prog = TestProgram::new();
+    prog.maps
+        .add_service(
+            ServiceKey::new(6, 8443),
+            ServiceValue {
+                kind: ServiceKind::Tls as u32,
+                flags: SERVICE_TERMINATED,
+            },
+        )
+        .unwrap();
+    set_policy(
+        &mut prog,
+        Class::TlsNew,
+        gateway::config::PolicyConfig {
+            backlog: Some(1),
+            ..Default::default()
+        },
+    );
+    let hello = HelloBuilder::default().build();
+    let hello_from = |port: u16| Frame::tcp(8443, &hello).from_port(port).seq(1).build();
+    assert_eq!(prog.run(Hook::Xdp, &hello_from(1), 1).0, XDP_PASS);
+    // The client's second flight does not complete it here: the daemon will.
+    let ccs = Frame::tcp(8443, &[20, 3, 3, 0, 1, 1])
+        .from_port(1)
+        .seq(1 + hello.len() as u32)
+        .build();
+    prog.run(Hook::Xdp, &ccs, 1);
+    assert_eq!(prog.counters().tls.completions, 0);
+    assert_eq!(prog.run(Hook::Xdp, &hello_from(2), 1).0, XDP_DROP);
+    // The daemon's completion (its handshake ended) frees the backlog, once.
+    let feedback = gateway::feedback::Feedback::open(
+        &[("testrun".to_string(), prog.pins.clone())],
+        std::time::Duration::from_secs(60),
+    )
+    .unwrap();
+    let key = gateway::feedback::flow_key(
+        "10.99.0.2:1".parse().unwrap(),
+        "10.99.0.1:8443".parse().unwrap(),
+    );
+    assert_eq!(feedback.complete(&key), Some(Class::TlsNew));
+    assert_eq!(feedback.complete(&key), None);
+    let backlog =
+        |p: &TestProgram| p.maps.class_state().unwrap()[Class::TlsNew.id() as usize].backlog();
+    assert_eq!(backlog(&prog), 0);
+    assert_eq!(prog.run(Hook::Xdp, &hello_from(3), 1).0, XDP_PASS);
+    // A connection the datapath never saw (or rejected) is nothing to complete.
+    let unseen = gateway::feedback::flow_key(
+        "10.99.0.2:9".parse().unwrap(),
+        "10.99.0.1:8443".parse().unwrap(),
+    );
+    assert_eq!(feedback.complete(&unseen), None);
+    let rejected = gateway::feedback::flow_key(
+        "10.99.0.2:2".parse().unwrap(),
+        "10.99.0.1:8443".parse().unwrap(),
+    );
+    assert_eq!(feedback.complete(&rejected), None);
+    assert_eq!(backlog(&prog), 1);
+}

@@ -1,0 +1,193 @@
+//! Origins behind the proxy: a small HTTP/1.0 backend of the tests (answers, holds or never
+//! answers; reads a PROXY v2 header when told to) and nginx.
+
+use std::{
+    io::{Read, Write},
+    net::{Shutdown, SocketAddr, TcpListener, TcpStream},
+    path::PathBuf,
+    process::{Command, Stdio},
+    sync::{Arc, Condvar, Mutex},
+    time::Duration,
+};
+
+/// How a [`Backend`] answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `HTTP/1.0 200` with its name as the body, then close.
+    Answer,
+    /// Reads the request, then waits until released (or dropped) before answering.
+    Hold,
+}
+
+#[derive(Default)]
+struct Shared {
+    /// Connections accepted.
+    accepted: usize,
+    /// Client addresses of the PROXY v2 headers received.
+    proxied_from: Vec<SocketAddr>,
+    released: bool,
+}
+
+/// A backend on a listener of the caller's (bound in whatever namespace it needs).
+pub struct Backend {
+    /// Its address.
+    pub addr: SocketAddr,
+    shared: Arc<(Mutex<Shared>, Condvar)>,
+    listener: TcpListener,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Backend {
+    /// Serves `listener` as `name` in `mode`; with `proxy_header`, each connection must start
+    /// with a PROXY v2 header.
+    pub fn start(listener: TcpListener, name: &str, mode: Mode, proxy_header: bool) -> Backend {
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new((Mutex::new(Shared::default()), Condvar::new()));
+        let handle = listener.try_clone().unwrap();
+        let (s, name) = (shared.clone(), name.to_string());
+        let thread = std::thread::spawn(move || {
+            while let Ok((sock, _)) = listener.accept() {
+                s.0.lock().unwrap().accepted += 1;
+                let (s, name) = (s.clone(), name.clone());
+                std::thread::spawn(move || {
+                    let _ = serve(sock, &name, mode, proxy_header, &s);
+                });
+            }
+        });
+        Backend {
+            addr,
+            shared,
+            listener: handle,
+            thread: Some(thread),
+        }
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.shared.0.lock().unwrap().accepted
+    }
+
+    /// Client addresses the PROXY headers carried.
+    pub fn proxied_from(&self) -> Vec<SocketAddr> {
+        self.shared.0.lock().unwrap().proxied_from.clone()
+    }
+
+    /// Lets held connections answer.
+    pub fn release(&self) {
+        self.shared.0.lock().unwrap().released = true;
+        self.shared.1.notify_all();
+    }
+}
+
+fn serve(
+    mut sock: TcpStream,
+    name: &str,
+    mode: Mode,
+    proxy_header: bool,
+    shared: &(Mutex<Shared>, Condvar),
+) -> std::io::Result<()> {
+    sock.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    if proxy_header {
+        // Signature (12), version/command, family, length (2), then the addresses.
+        let mut head = [0u8; 16];
+        sock.read_exact(&mut head)?;
+        let len = u16::from_be_bytes([head[14], head[15]]) as usize;
+        let mut rest = vec![0u8; len];
+        sock.read_exact(&mut rest)?;
+        let mut all = head.to_vec();
+        all.extend_from_slice(&rest);
+        let header = ppp::v2::Header::try_from(all.as_slice()).map_err(std::io::Error::other)?;
+        let from = match header.addresses {
+            ppp::v2::Addresses::IPv4(a) => SocketAddr::from((a.source_address, a.source_port)),
+            ppp::v2::Addresses::IPv6(a) => SocketAddr::from((a.source_address, a.source_port)),
+            _ => return Err(std::io::Error::other("no addresses")),
+        };
+        shared.0.lock().unwrap().proxied_from.push(from);
+    }
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = sock.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    if mode == Mode::Hold {
+        let mut g = shared.0.lock().unwrap();
+        while !g.released {
+            g = shared.1.wait(g).unwrap();
+        }
+    }
+    sock.write_all(format!("HTTP/1.0 200 OK\r\n\r\n{name}\n").as_bytes())?;
+    sock.shutdown(Shutdown::Write)
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd as _;
+        self.release();
+        // SAFETY: shutdown(2) on a descriptor this struct owns; it wakes the blocked accept.
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// nginx with a config of `http_body` (the inside of its `http {}` block), run in the foreground
+/// by `prefix` (e.g. `ip netns exec NS`), with its files in a temporary directory.
+pub struct Nginx {
+    child: std::process::Child,
+    dir: PathBuf,
+}
+
+impl Nginx {
+    /// Starts nginx; the caller waits for its port.
+    pub fn start(prefix: &[&str], http_body: &str, workers: u32) -> Nginx {
+        let dir = std::env::temp_dir().join(format!(
+            "gwt-nginx-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = dir.display();
+        let conf = format!(
+            "worker_processes {workers};\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+             events {{ worker_connections 4096; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {d};\n  proxy_temp_path {d};\n\
+             fastcgi_temp_path {d};\n  uwsgi_temp_path {d};\n  scgi_temp_path {d};\n{http_body}\n}}\n"
+        );
+        std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+        let mut all: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
+        all.extend(["nginx", "-p"].map(String::from));
+        all.push(dir.display().to_string());
+        all.extend(["-c", "nginx.conf", "-g", "daemon off;"].map(String::from));
+        let child = Command::new(&all[0])
+            .args(&all[1..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nginx");
+        Nginx { child, dir }
+    }
+
+    /// The pid of its master process (`ip netns exec` execs nginx).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SIGTERM: the master stops its workers and exits (SIGKILL would orphan them).
+        // SAFETY: signalling a process this struct started and has not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,583 @@
+//! The TLS proxy of `gateway run` with real clients (curl, openssl s_client, rustls) from a peer
+//! namespace, real backends (nginx and the tests' own) and the datapath attached: resumption
+//! verified at the NIC, exact backlog accounting, the backend pool, bad input and drain.
+
+use std::{
+    net::{TcpListener, TcpStream},
+    time::{Duration, Instant},
+};
+
+use gateway_tests::{
+    backend::{Backend, Mode, Nginx},
+    daemon::Daemon,
+    have_root,
+    metrics::{scrape, value, wait_for},
+    netns::{GW_V4, TestNet, class_counter},
+    tls::{Cert, RustlsServer, rustls_config, rustls_fetch, s_client_input, wait_listening},
+};
+use rustls::HandshakeKind;
+
+const PORT: u16 = 8443;
+const METRICS: u16 = 9477;
+const GET: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
+
+struct Setup {
+    net: TestNet,
+    cert: Cert,
+    daemon: Option<Daemon>,
+}
+
+impl Setup {
+    fn new() -> Self {
+        Setup {
+            net: TestNet::new(),
+            cert: Cert::new(),
+            daemon: None,
+        }
+    }
+
+    /// A listener for a backend in the gateway namespace.
+    fn backend_listener(&self) -> TcpListener {
+        self.net.in_gw(|| TcpListener::bind("127.0.0.1:0").unwrap())
+    }
+
+    /// Starts `gateway run` with one proxy on GW_V4:PORT to `backends` (YAML flow items), with
+    /// `proxy_extra` (indented proxy fields) and `top` (top-level YAML).
+    fn start(&mut self, backends: &str, proxy_extra: &str, top: &str) {
+        let body = format!(
+            "{top}metrics: 127.0.0.1:{METRICS}\nproxies:\n  - listen: {GW_V4}:{PORT}\n    tls: {{cert: {}, key: {}}}\n    backends: [{backends}]\n{proxy_extra}",
+            self.cert.cert().display(),
+            self.cert.key().display()
+        );
+        self.daemon = Some(Daemon::start_config(&self.net, &self.cert.file(""), &body));
+    }
+
+    fn daemon(&mut self) -> &mut Daemon {
+        self.daemon.as_mut().expect("started")
+    }
+
+    fn addr(&self) -> String {
+        format!("{GW_V4}:{PORT}")
+    }
+
+    /// A rustls GET from the peer namespace.
+    fn fetch(
+        &self,
+        config: &std::sync::Arc<rustls::ClientConfig>,
+    ) -> std::io::Result<(HandshakeKind, String)> {
+        let addr = self.addr();
+        self.net.in_peer(|| rustls_fetch(config, &addr))
+    }
+
+    fn s_client(&self, args: &[&str]) -> String {
+        s_client_input(
+            &["ip", "netns", "exec", &self.net.peer_ns],
+            &self.addr(),
+            args,
+            GET,
+        )
+    }
+
+    fn class(&self, class: &str, field: &str) -> u64 {
+        class_counter(&self.net.stats(), class, field)
+    }
+
+    fn backlog(&self, class: &str) -> u64 {
+        self.class(class, "backlog")
+    }
+
+    fn metrics(&self) -> String {
+        scrape(&self.net, METRICS)
+    }
+
+    /// Waits until no connection is open in the proxy.
+    fn idle(&self) -> String {
+        wait_for(
+            &self.net,
+            METRICS,
+            "gateway_proxy_open_connections",
+            &[],
+            |v| v == 0.0,
+            Duration::from_secs(20),
+        )
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if let Some(d) = self.daemon.take() {
+            let (status, log) = d.terminate(Duration::from_secs(40));
+            if !std::thread::panicking() {
+                assert!(status.success(), "{log:?}");
+            }
+        }
+    }
+}
+
+fn outcome(text: &str, outcome: &str) -> f64 {
+    value(
+        text,
+        "gateway_proxy_connections_total",
+        &[("outcome", outcome)],
+    )
+}
+
+#[test]
+fn real_clients_resume_through_the_proxy_and_the_datapath_verifies_it() {
+    if !have_root("real_clients_resume_through_the_proxy") {
+        return;
+    }
+    let mut s = Setup::new();
+    let _nginx = Nginx::start(
+        &["ip", "netns", "exec", &s.net.gw_ns],
+        "server { listen 127.0.0.1:18080; location / { return 200 \"nginx-backend\\n\"; } }",
+        1,
+    );
+    wait_listening(|| {
+        s.net
+            .in_gw(|| TcpStream::connect("127.0.0.1:18080").is_ok())
+    });
+    s.start("{address: 127.0.0.1:18080}", "", "");
+
+    // curl, trusting the test certificate.
+    let out = s.net.exec(
+        &s.net.peer_ns,
+        "curl",
+        &[
+            "-sS",
+            "--cacert",
+            s.cert.cert().to_str().unwrap(),
+            "--resolve",
+            &format!("gateway-test:{PORT}:{GW_V4}"),
+            &format!("https://gateway-test:{PORT}/"),
+        ],
+    );
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        body,
+        "nginx-backend\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // openssl: TLS 1.3 tickets, TLS 1.2 tickets, TLS 1.2 session ids.
+    for args in [&["-tls1_3"][..], &["-tls1_2"], &["-tls1_2", "-no_ticket"]] {
+        let sess = s.cert.file("sess.pem");
+        let sess = sess.to_str().unwrap();
+        let mut first = args.to_vec();
+        first.extend_from_slice(&["-sess_out", sess, "-ign_eof"]);
+        let out = s.s_client(&first);
+        assert!(out.contains("New,"), "{args:?}: {out}");
+        assert!(out.contains("nginx-backend"), "{args:?}: {out}");
+        let before = s.class("tls-resumed", "packets");
+        let mut again = args.to_vec();
+        again.extend_from_slice(&["-sess_in", sess, "-ign_eof"]);
+        let out = s.s_client(&again);
+        assert!(out.contains("Reused,"), "{args:?}: {out}");
+        assert!(out.contains("nginx-backend"), "{args:?}: {out}");
+        assert_eq!(s.class("tls-resumed", "packets"), before + 1, "{args:?}");
+    }
+
+    // rustls (post-quantum key exchange), full then resumed.
+    let config = rustls_config(&s.cert);
+    let before = s.class("tls-resumed", "packets");
+    let (kind, body) = s.fetch(&config).unwrap();
+    assert_eq!(
+        (kind, body.ends_with("nginx-backend\n")),
+        (HandshakeKind::Full, true)
+    );
+    assert_eq!(s.fetch(&config).unwrap().0, HandshakeKind::Resumed);
+    assert_eq!(s.class("tls-resumed", "packets"), before + 1);
+
+    // A forged offer: a ticket another server issued (same name, same certificate) is classed
+    // tls-new at the NIC, and the proxy does a full handshake.
+    let foreign = s.net.in_gw(|| TcpListener::bind((GW_V4, 9443)).unwrap());
+    let other = RustlsServer::start(&s.cert, foreign);
+    let forged = rustls_config(&s.cert);
+    let other_addr = other.addr.to_string();
+    s.net
+        .in_peer(|| gateway_tests::tls::rustls_get(&forged, &other_addr))
+        .unwrap();
+    let (new, unverified) = (
+        s.class("tls-new", "packets"),
+        s.net.stats()["tls"]["unverified_offers"].as_u64().unwrap(),
+    );
+    assert_eq!(s.fetch(&forged).unwrap().0, HandshakeKind::Full);
+    assert_eq!(s.class("tls-new", "packets"), new + 1);
+    assert_eq!(
+        s.net.stats()["tls"]["unverified_offers"].as_u64().unwrap(),
+        unverified + 1
+    );
+
+    // Every connection completed: nothing left in either backlog, and the CPU time per
+    // handshake kind is recorded.
+    let text = s.idle();
+    assert_eq!(s.backlog("tls-new"), 0);
+    assert_eq!(s.backlog("tls-resumed"), 0);
+    let full = value(&text, "gateway_proxy_handshakes_total", &[("kind", "full")]);
+    let resumed = value(
+        &text,
+        "gateway_proxy_handshakes_total",
+        &[("kind", "resumed")],
+    );
+    assert_eq!((full, resumed), (6.0, 4.0), "{text}");
+    let cpu = |k| {
+        value(
+            &text,
+            "gateway_proxy_handshake_cpu_seconds_total",
+            &[("kind", k)],
+        )
+    };
+    assert!(cpu("full") > 0.0 && cpu("resumed") > 0.0, "{text}");
+}
+
+#[test]
+fn with_new_sessions_closed_resumed_clients_keep_working_and_the_backlog_stays_exact() {
+    if !have_root("with_new_sessions_closed_resumed_clients_keep_working") {
+        return;
+    }
+    let mut s = Setup::new();
+    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+    s.start(&format!("{{address: {}}}", backend.addr), "", "");
+    let returning = rustls_config(&s.cert);
+    assert_eq!(s.fetch(&returning).unwrap().0, HandshakeKind::Full);
+
+    // tls-new closed at the NIC: a new client is turned away, a returning one resumes.
+    s.net
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+    let started = Instant::now();
+    assert!(s.fetch(&rustls_config(&s.cert)).is_err());
+    assert!(started.elapsed() < Duration::from_secs(5));
+    for _ in 0..10 {
+        assert_eq!(s.fetch(&returning).unwrap().0, HandshakeKind::Resumed);
+    }
+    assert!(s.class("tls-new", "rejected") >= 1);
+
+    // Thousands of connections, full and resumed, from two clients at once: none leaks.
+    s.net.gateway_ok(&["policy", "clear", "tls-new"]);
+    let per_thread = 600;
+    let addr = s.addr();
+    let (net, cert) = (&s.net, &s.cert);
+    std::thread::scope(|scope| {
+        for resume in [false, true] {
+            let addr = addr.clone();
+            scope.spawn(move || {
+                net.in_peer(|| {
+                    let shared = rustls_config(cert);
+                    for _ in 0..per_thread {
+                        let config = if resume {
+                            shared.clone()
+                        } else {
+                            rustls_config(cert)
+                        };
+                        let (_, body) = rustls_fetch(&config, &addr).expect("through the proxy");
+                        assert_eq!(body, "HTTP/1.0 200 OK\r\n\r\nb\n");
+                    }
+                })
+            });
+        }
+    });
+    let text = s.idle();
+    assert_eq!(s.backlog("tls-new"), 0);
+    assert_eq!(s.backlog("tls-resumed"), 0);
+    let admitted = s.class("tls-new", "admitted") + s.class("tls-resumed", "admitted");
+    let completions = value(&text, "gateway_proxy_datapath_completions_total", &[]);
+    assert_eq!(completions as u64, admitted, "{text}");
+    assert!(admitted >= 2 * per_thread, "{admitted}");
+    assert_eq!(backend.accepted() as u64, 2 * per_thread + 11);
+}
+
+#[test]
+fn the_pool_moves_off_a_dead_member_retries_it_and_refuses_promptly_when_full() {
+    if !have_root("the_pool_moves_off_a_dead_member") {
+        return;
+    }
+    let mut s = Setup::new();
+    let a = Backend::start(s.backend_listener(), "a", Mode::Answer, true);
+    let b = Backend::start(s.backend_listener(), "b", Mode::Answer, true);
+    let a_addr = a.addr;
+    s.start(
+        &format!("{{address: {a_addr}}}, {{address: {}}}", b.addr),
+        "    proxy_protocol: true\n    retry_interval: 1s\n",
+        "",
+    );
+    let config = rustls_config(&s.cert);
+    let served = |s: &Setup| s.fetch(&config).expect("served").1;
+    let bodies: Vec<String> = (0..4).map(|_| served(&s)).collect();
+    assert_eq!(
+        bodies.iter().filter(|b| b.ends_with("a\n")).count(),
+        2,
+        "{bodies:?}"
+    );
+    // The PROXY v2 header carried the client's address.
+    assert!(
+        a.proxied_from()
+            .iter()
+            .all(|f| f.ip().to_string() == "10.99.0.2")
+    );
+
+    // Kill member a: every request is still served, by b.
+    drop(a);
+    for _ in 0..4 {
+        assert!(served(&s).ends_with("b\n"));
+    }
+    let text = s.metrics();
+    let up = |t: &str| {
+        value(
+            t,
+            "gateway_proxy_backend_up",
+            &[("backend", &a_addr.to_string())],
+        )
+    };
+    assert_eq!(up(&text), 0.0, "{text}");
+    assert!(value(&text, "gateway_proxy_backend_failures_total", &[]) >= 1.0);
+
+    // Back on the same port: retried once its interval passed, and served again.
+    let listener = s.net.in_gw(|| TcpListener::bind(a_addr).unwrap());
+    let _a = Backend::start(listener, "a", Mode::Answer, true);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !served(&s).ends_with("a\n") {
+        assert!(Instant::now() < deadline, "member a never retried");
+    }
+    s.idle();
+}
+
+#[test]
+fn a_full_pool_refuses_at_once_and_a_silent_backend_is_timed_out() {
+    if !have_root("a_full_pool_refuses_at_once") {
+        return;
+    }
+    let mut s = Setup::new();
+    let held = Backend::start(s.backend_listener(), "held", Mode::Hold, false);
+    s.start(
+        &format!("{{address: {}, max_active: 1, backlog: 0}}", held.addr),
+        "    timeouts: {idle: 2s}\n",
+        "",
+    );
+    let config = rustls_config(&s.cert);
+    // One client takes the only slot; the backend does not answer.
+    std::thread::scope(|scope| {
+        let (net, addr, config) = (&s.net, s.addr(), &config);
+        let waiting = scope.spawn(move || net.in_peer(|| rustls_fetch(config, &addr)));
+        wait_for(
+            &s.net,
+            METRICS,
+            "gateway_proxy_backend_active",
+            &[],
+            |v| v == 1.0,
+            Duration::from_secs(10),
+        );
+        // The next is refused at once: a reset, not a hang.
+        let started = Instant::now();
+        let refused = s.fetch(config);
+        assert!(refused.is_err(), "{refused:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(outcome(&s.metrics(), "refused_full"), 1.0);
+        // The silent backend is cut by the idle timeout: the first client gets an empty answer.
+        let started = Instant::now();
+        let answer = waiting.join().unwrap();
+        assert!(answer.map(|(_, body)| body.is_empty()).unwrap_or(true));
+        assert!(started.elapsed() < Duration::from_secs(10));
+    });
+    let text = s.idle();
+    assert_eq!(outcome(&text, "idle_timeout"), 1.0, "{text}");
+    assert_eq!(s.backlog("tls-new"), 0);
+}
+
+/// A raw TCP connection from the peer namespace that sends `bytes` and reads until the proxy
+/// closes it; returns how long that took.
+fn send_and_wait_close(s: &Setup, bytes: &[u8]) -> Duration {
+    use std::io::{Read as _, Write as _};
+    let addr = s.addr();
+    s.net.in_peer(|| {
+        let mut c = TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let started = Instant::now();
+        c.write_all(bytes).unwrap();
+        let mut sink = Vec::new();
+        // EOF or a reset both mean closed; a read timeout would fail the caller's bound.
+        let _ = c.read_to_end(&mut sink);
+        started.elapsed()
+    })
+}
+
+#[test]
+fn bad_handshakes_and_silent_backends_are_bounded_counted_and_leak_no_descriptor() {
+    if !have_root("bad_handshakes_are_bounded") {
+        return;
+    }
+    let mut s = Setup::new();
+    let good = Backend::start(s.backend_listener(), "good", Mode::Answer, false);
+    s.start(
+        &format!("{{address: {}}}", good.addr),
+        "    timeouts: {handshake: 1s, idle: 1s}\n",
+        "",
+    );
+    let config = rustls_config(&s.cert);
+    // Warm up (lazily opened descriptors), then take the baseline.
+    s.fetch(&config).unwrap();
+    s.idle();
+    let fds = s.daemon().fd_count();
+
+    // Plain HTTP where a ClientHello must be: a handshake error, closed at once.
+    let took = send_and_wait_close(&s, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    // Garbage in a TLS record header.
+    send_and_wait_close(&s, &[22, 3, 1, 0xff, 0xff, 1, 2, 3]);
+    // Slowloris: three bytes of a record, then nothing: cut at the handshake timeout.
+    let took = send_and_wait_close(&s, &[22, 3, 1]);
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    // A good handshake whose client then sends nothing: cut by the idle timeout (the backend
+    // waits for a request that never comes).
+    let (addr, cfg) = (s.addr(), config.clone());
+    let took = s.net.in_peer(move || {
+        use std::io::Read as _;
+        let name = rustls::pki_types::ServerName::try_from("gateway-test").unwrap();
+        let mut conn = rustls::ClientConnection::new(cfg, name).unwrap();
+        let mut sock = TcpStream::connect(&addr).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        while conn.is_handshaking() {
+            conn.complete_io(&mut sock).unwrap();
+        }
+        let started = Instant::now();
+        let mut tls = rustls::Stream::new(&mut conn, &mut sock);
+        let mut sink = Vec::new();
+        let _ = tls.read_to_end(&mut sink);
+        started.elapsed()
+    });
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    let text = s.idle();
+    assert_eq!(outcome(&text, "idle_timeout"), 1.0, "{text}");
+    assert_eq!(outcome(&text, "handshake_error"), 2.0, "{text}");
+    assert_eq!(outcome(&text, "handshake_timeout"), 1.0, "{text}");
+    // Fifty good ones after the bad.
+    for _ in 0..50 {
+        s.fetch(&config).unwrap();
+    }
+    s.idle();
+    assert_eq!(s.daemon().fd_count(), fds, "descriptors leaked");
+    assert_eq!(s.backlog("tls-new"), 0);
+    assert_eq!(s.backlog("tls-resumed"), 0);
+}
+
+#[test]
+fn sigterm_drains_in_flight_connections_and_stops_accepting() {
+    if !have_root("sigterm_drains") {
+        return;
+    }
+    let mut s = Setup::new();
+    let held = Backend::start(s.backend_listener(), "held", Mode::Hold, false);
+    s.start(&format!("{{address: {}}}", held.addr), "", "");
+    let config = rustls_config(&s.cert);
+    std::thread::scope(|scope| {
+        let (net, addr, config) = (&s.net, s.addr(), &config);
+        let in_flight = scope.spawn(move || net.in_peer(|| rustls_fetch(config, &addr)));
+        wait_for(
+            &s.net,
+            METRICS,
+            "gateway_proxy_backend_active",
+            &[],
+            |v| v == 1.0,
+            Duration::from_secs(10),
+        );
+        let mut d = s.daemon.take().unwrap();
+        d.signal_term();
+        d.wait_for("draining", Duration::from_secs(10));
+        // No longer accepting.
+        let addr = s.addr();
+        assert!(s.net.in_peer(|| TcpStream::connect(&addr)).is_err());
+        // The in-flight request finishes, then the daemon exits cleanly.
+        held.release();
+        let (_, body) = in_flight.join().unwrap().expect("the in-flight request");
+        assert!(body.ends_with("held\n"), "{body}");
+        let (status, log) = d.wait_exit(Duration::from_secs(20));
+        assert!(status.success(), "{log:?}");
+        assert!(!log.iter().any(|l| l.contains("drain deadline")), "{log:?}");
+    });
+}
+
+#[test]
+fn nodes_sharing_a_ticket_key_file_resume_each_others_sessions() {
+    if !have_root("nodes_sharing_a_ticket_key_file") {
+        return;
+    }
+    let mut s = Setup::new();
+    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+    let key = s.cert.file("ticket.key");
+    std::fs::write(&key, [0x5au8; 80]).unwrap();
+    // Two listeners ("nodes") with the same ticket key file; the second on PORT+1.
+    let second = format!(
+        "    tls: {{cert: {}, key: {}, ticket_key_file: {}}}\n",
+        s.cert.cert().display(),
+        s.cert.key().display(),
+        key.display()
+    );
+    let top = format!(
+        "proxies:\n  - listen: {GW_V4}:{}\n{second}    backends: [{{address: {}}}]\n",
+        PORT + 1,
+        backend.addr
+    );
+    // The first listener takes the file too (its tls line replaces the default one).
+    let body = format!(
+        "metrics: 127.0.0.1:{METRICS}\n{top}  - listen: {GW_V4}:{PORT}\n{second}    backends: [{{address: {}}}]\n",
+        backend.addr
+    );
+    s.daemon = Some(Daemon::start_config(&s.net, &s.cert.file(""), &body));
+    let config = rustls_config(&s.cert);
+    assert_eq!(s.fetch(&config).unwrap().0, HandshakeKind::Full);
+    let other = format!("{GW_V4}:{}", PORT + 1);
+    let before = s.class("tls-resumed", "packets");
+    let kind = s.net.in_peer(|| rustls_fetch(&config, &other)).unwrap().0;
+    assert_eq!(kind, HandshakeKind::Resumed);
+    assert_eq!(s.class("tls-resumed", "packets"), before + 1);
+}
+
+#[test]
+fn unreadable_or_mismatched_certificates_are_refused_with_the_file_named() {
+    if !have_root("unreadable_or_mismatched_certificates") {
+        return;
+    }
+    let net = TestNet::new();
+    let (cert, other) = (Cert::new(), Cert::new());
+    let garbage = cert.file("garbage.pem");
+    std::fs::write(&garbage, "not a certificate").unwrap();
+    for (c, k, needle) in [
+        (garbage.clone(), cert.key(), "garbage.pem".to_string()),
+        (cert.cert(), garbage.clone(), "key file".to_string()),
+        (cert.cert(), other.key(), "does not match".to_string()),
+        (
+            cert.cert(),
+            cert.file("missing.pem"),
+            "missing.pem".to_string(),
+        ),
+    ] {
+        let cfg = cert.file("bad.yaml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "interfaces: [{{name: {}}}]\non_exit: detach\nproxies:\n  - listen: {GW_V4}:{PORT}\n    tls: {{cert: {}, key: {}}}\n    backends: [{{address: 127.0.0.1:1}}]\n",
+                net.gw_if,
+                c.display(),
+                k.display()
+            ),
+        )
+        .unwrap();
+        let out = net.gateway(&["run", "--config", cfg.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(&needle) && err.contains("proxies[0]"), "{err}");
+        // Nothing is left attached.
+        assert_eq!(net.xdp_prog_id(), None);
+    }
+}

@@ -15,6 +15,8 @@
 //!   other offer is `tls-new` and counted as unverified, and so are new and malformed hellos.
 //! - Later packets of a decided connection cost one flow-table lookup: `tls-flow` when admitted,
 //!   dropped when rejected.
+//! - A SYN on a 4-tuple the table knows (the client reused its port) ends the old connection: an
+//!   admitted one completes, and its entry goes, so the new connection is judged afresh.
 //! - On a connection the table does not know, a first segment that is not a TLS record (SSLv2,
 //!   HTTP, garbage) is a malformed hello and judged as `tls-new`; one that continues a TLS
 //!   session (ChangeCipherSpec, alert, application data) passes as `tls-flow`, being most likely
@@ -33,7 +35,7 @@ use gateway_common::{
         COMPLETION_BY_DAEMON, COMPLETION_COUNTED, COMPLETION_PENDING, FLOW_ADMITTED, FLOW_PENDING,
         FLOW_REJECTED, FlowKey, IssuedKey, RejectEvent, TlsCounters, TlsFlow,
     },
-    packet::{Packet, TCP_FIN, TCP_RST},
+    packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     tls::{HelloState, MAX_STEPS, Segment, Verdict},
 };
 
@@ -207,10 +209,23 @@ pub fn tls_packet<C: CopyOut, B: PacketBytes>(
         return (Class::TlsFlow, Action::Pass);
     }
     // SAFETY: the flow entry is only touched by packets of its own connection.
-    if let Some(f) = TLS_FLOWS.get_ptr_mut(&s.key).map(|f| unsafe { &mut *f }) {
+    let flow = TLS_FLOWS.get_ptr_mut(&s.key).map(|f| unsafe { &mut *f });
+    if t.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
+        // A new connection on a 4-tuple the table remembers (the client reused its port): the
+        // old connection is over. Its entry goes, so the new hello is judged afresh rather than
+        // passed (or dropped) on the old one's verdict.
+        if let Some(f) = flow {
+            if f.state == FLOW_ADMITTED {
+                track_completion(f, b, pkt, 0, true);
+            }
+            let _ = TLS_FLOWS.remove(&s.key);
+        }
+        return (Class::TlsFlow, Action::Pass);
+    }
+    if let Some(f) = flow {
         match f.state {
             FLOW_ADMITTED => {
-                track_completion(f, b, pkt, payload_len);
+                track_completion(f, b, pkt, payload_len, false);
                 return (Class::TlsFlow, Action::Pass);
             }
             FLOW_REJECTED => {
@@ -346,9 +361,15 @@ fn reject(key: &FlowKey, class: Class, reason: u8) {
 
 /// An admitted connection completes (for the backlog) when the client sends its first record that
 /// is not a handshake record (ChangeCipherSpec or application data, i.e. its second flight), or
-/// closes first.
+/// closes first, or (`over`) a new connection takes its 4-tuple.
 #[inline(always)]
-fn track_completion<B: PacketBytes>(f: &mut TlsFlow, b: &B, pkt: &Packet, payload_len: u32) {
+fn track_completion<B: PacketBytes>(
+    f: &mut TlsFlow,
+    b: &B,
+    pkt: &Packet,
+    payload_len: u32,
+    over: bool,
+) {
     if f.completed != COMPLETION_PENDING {
         return;
     }
@@ -357,7 +378,7 @@ fn track_completion<B: PacketBytes>(f: &mut TlsFlow, b: &B, pkt: &Packet, payloa
     let second_flight = payload_len > 0
         && b.read(t.payload_offset as usize, &mut first)
         && (first[0] == 20 || first[0] == 23);
-    if !second_flight && t.tcp_flags & (TCP_FIN | TCP_RST) == 0 {
+    if !over && !second_flight && t.tcp_flags & (TCP_FIN | TCP_RST) == 0 {
         return;
     }
     f.completed = COMPLETION_COUNTED;

@@ -114,6 +114,7 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
     if cfg.interfaces.0.is_empty() {
         return Err(DaemonError::NoInterfaces);
     }
+    raise_fd_limit();
     let mut attachments: Vec<Attachment> = Vec::new();
     for iface in &cfg.interfaces.0 {
         let opts = AttachOptions {
@@ -221,8 +222,12 @@ async fn serve(cfg: &Config, attachments: &mut [Attachment]) -> Result<(), Daemo
         _ = term.recv() => info!("SIGTERM: shutting down"),
         _ = int.recv() => info!("SIGINT: shutting down"),
     }
-    // Drain: stop accepting, let in-flight connections finish within the deadline.
+    // Drain: stop accepting (the listening sockets are closed once the accept loops return), let
+    // in-flight connections finish within the deadline.
     stop.cancel();
+    for accept in proxies.accepting {
+        let _ = accept.await;
+    }
     tracker.close();
     if !tracker.is_empty() {
         info!(connections = tracker.len(), deadline = ?proxies.drain, "draining");
@@ -245,6 +250,8 @@ async fn serve(cfg: &Config, attachments: &mut [Attachment]) -> Result<(), Daemo
 /// The running proxies.
 struct Proxies {
     proxies: Vec<Arc<Proxy>>,
+    /// The accept loops.
+    accepting: Vec<tokio::task::JoinHandle<()>>,
     stats: Arc<ProxyStats>,
     /// The longest drain deadline among them.
     drain: Duration,
@@ -281,6 +288,7 @@ async fn start_proxies(
     }
     let mut drain = Duration::ZERO;
     let mut proxies = Vec::new();
+    let mut accepting = Vec::new();
     for (proxy, listener) in ready {
         let p = &cfg.proxies[proxies.len()];
         drain = drain.max(p.timeouts.drain.0);
@@ -288,12 +296,17 @@ async fn start_proxies(
             listen = %proxy.listen(), backends = p.backends.len(),
             proxy_protocol = p.proxy_protocol, "TLS proxy listening"
         );
-        tokio::spawn(proxy.clone().serve(listener, stop.clone(), tracker.clone()));
+        accepting.push(tokio::spawn(proxy.clone().serve(
+            listener,
+            stop.clone(),
+            tracker.clone(),
+        )));
         tokio::spawn(proxy.clone().housekeeping(stop.clone()));
         proxies.push(proxy);
     }
     Ok(Proxies {
         proxies,
+        accepting,
         stats,
         drain,
     })
@@ -364,5 +377,19 @@ async fn forward_logs<T: log::Log>(iface: String, logger: EbpfLogger<T>) {
                 return;
             }
         }
+    }
+}
+
+/// Raises the soft limit of open files to the hard limit: a proxy holds two descriptors per
+/// connection, and the usual soft limit of 1024 would cap it near 500 connections.
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                warn!(error = %e, "cannot raise the open-files limit");
+            }
+        }
+        _ => {}
     }
 }

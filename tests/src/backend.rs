@@ -17,6 +17,8 @@ pub enum Mode {
     Answer,
     /// Reads the request, then waits until released (or dropped) before answering.
     Hold,
+    /// `HTTP/1.0 200` with a body of this many bytes, then close.
+    Bulk(usize),
 }
 
 #[derive(Default)]
@@ -118,6 +120,17 @@ fn serve(
         while !g.released {
             g = shared.1.wait(g).unwrap();
         }
+    }
+    if let Mode::Bulk(len) = mode {
+        sock.write_all(format!("HTTP/1.0 200 OK\r\nContent-Length: {len}\r\n\r\n").as_bytes())?;
+        let chunk = vec![b'x'; 64 * 1024];
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            sock.write_all(&chunk[..n])?;
+            left -= n;
+        }
+        return sock.shutdown(Shutdown::Write);
     }
     sock.write_all(format!("HTTP/1.0 200 OK\r\n\r\n{name}\n").as_bytes())?;
     sock.shutdown(Shutdown::Write)

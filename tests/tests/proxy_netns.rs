@@ -421,7 +421,9 @@ fn bad_handshakes_and_silent_backends_are_bounded_counted_and_leak_no_descriptor
     // Warm up (lazily opened descriptors), then take the baseline.
     s.fetch(&config).unwrap();
     s.idle();
-    let fds = s.daemon().fd_count();
+    // The metrics scrape that saw the proxy idle may still hold its socket for a moment: the
+    // baseline is the lowest of a few readings.
+    let fds = (0..5).map(|_| s.daemon().fd_count()).min().unwrap();
 
     // Plain HTTP where a ClientHello must be: a handshake error, closed at once.
     let took = send_and_wait_close(&s, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -466,7 +468,16 @@ fn bad_handshakes_and_silent_backends_are_bounded_counted_and_leak_no_descriptor
         s.fetch(&config).unwrap();
     }
     s.idle();
-    assert_eq!(s.daemon().fd_count(), fds, "descriptors leaked");
+    // Likewise the last scrape's socket: wait (bounded) for the count to come back down.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = s.daemon().fd_count();
+        if now <= fds {
+            break;
+        }
+        assert!(Instant::now() < deadline, "descriptors leaked: {now} open, {fds} before");
+        std::thread::yield_now();
+    }
     assert_eq!(s.backlog("tls-new"), 0);
     assert_eq!(s.backlog("tls-resumed"), 0);
 }

@@ -532,3 +532,37 @@ fn a_terminated_service_leaves_completions_to_the_daemon() {
     assert_eq!(feedback.complete(&rejected), None);
     assert_eq!(backlog(&prog), 1);
 }
+
+#[test]
+fn a_reused_client_port_starts_afresh() {
+    if !have_root("a_reused_client_port_starts_afresh") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let hello = HelloBuilder::default().build();
+    let closed = gateway::config::PolicyConfig {
+        backlog: Some(0),
+        ..Default::default()
+    };
+    set_policy(&mut prog, Class::TlsNew, closed);
+    let from = |port: u16| Frame::tcp(443, &hello).from_port(port).seq(1).build();
+    let syn = |port: u16| Frame::tcp(443, &[]).from_port(port).flags(0x02).build();
+    // Rejected; its entry drops every later packet of that connection.
+    assert_eq!(prog.run(Hook::Xdp, &from(7), 1).0, XDP_DROP);
+    assert_eq!(prog.run(Hook::Xdp, &from(7), 1).0, XDP_DROP);
+    // The client reuses the port for a new connection: its SYN passes and its hello is judged.
+    set_policy(&mut prog, Class::TlsNew, Default::default());
+    assert_eq!(prog.run(Hook::Xdp, &syn(7), 1).0, XDP_PASS);
+    assert_eq!(prog.run(Hook::Xdp, &from(7), 1).0, XDP_PASS);
+    let backlog =
+        |p: &TestProgram| p.maps.class_state().unwrap()[Class::TlsNew.id() as usize].backlog();
+    assert_eq!(backlog(&prog), 1);
+    // Reused again while admitted and not completed: the old connection completes.
+    assert_eq!(prog.run(Hook::Xdp, &syn(7), 1).0, XDP_PASS);
+    assert_eq!(backlog(&prog), 0);
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, &from(7)),
+        Some(Class::TlsNew),
+        "judged afresh, not passed as tls-flow"
+    );
+}

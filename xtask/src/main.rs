@@ -319,7 +319,7 @@ fn demo() -> Result<()> {
 
 fn bench() -> Result<()> {
     run(cargo().args(["build", "--release", "--package", "gateway"]))?;
-    for bin in ["bench", "sip_overload"] {
+    for bin in ["bench", "tls_proxy", "sip_overload"] {
         run(cargo().args([
             "run",
             "--release",

@@ -16,12 +16,13 @@ pub mod config;
 pub mod cputime;
 pub mod header;
 pub mod pool;
+pub mod relay;
 pub mod stats;
 
-use std::{io, net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use tokio::{
-    io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _},
+    io::AsyncWriteExt as _,
     net::{TcpListener, TcpStream},
 };
 use tokio_rustls::TlsAcceptor;
@@ -33,9 +34,6 @@ use config::ProxyConfig;
 use cputime::CpuTimed;
 use pool::{Pool, Slot};
 use stats::{BackendLabels, HandshakeKind, ListenerLabels, Outcome, ProxyStats};
-
-/// Bytes of each relay direction's buffer.
-pub const RELAY_BUFFER: usize = 4096;
 
 /// One listener and everything its connections share.
 pub struct Proxy {
@@ -208,7 +206,7 @@ impl Proxy {
                 return Outcome::BackendUnavailable;
             }
         }
-        match relay(&mut tls, &mut backend, self.cfg.timeouts.idle.0).await {
+        match relay::relay(&mut tls, &mut backend, self.cfg.timeouts.idle.0).await {
             Ok(true) => Outcome::IdleTimeout,
             // How the relay ended (either side's close or error) is the connection's own business.
             _ => Outcome::Proxied,
@@ -252,42 +250,6 @@ impl Proxy {
                         .inc();
                 }
             }
-        }
-    }
-}
-
-/// Relays bytes both ways until the backend has closed (its close is passed on), either side
-/// fails, or nothing moves for `idle`; returns whether it ended for idleness. The client's close
-/// is passed on to the backend, whose answer is still relayed.
-pub async fn relay<C, B>(client: &mut C, backend: &mut B, idle: Duration) -> io::Result<bool>
-where
-    C: AsyncRead + AsyncWrite + Unpin,
-    B: AsyncRead + AsyncWrite + Unpin,
-{
-    let mut up = vec![0u8; RELAY_BUFFER];
-    let mut down = vec![0u8; RELAY_BUFFER];
-    let mut client_open = true;
-    loop {
-        tokio::select! {
-            r = client.read(&mut up), if client_open => {
-                let n = r?;
-                if n == 0 {
-                    client_open = false;
-                    backend.shutdown().await?;
-                } else {
-                    backend.write_all(&up[..n]).await?;
-                }
-            }
-            r = backend.read(&mut down) => {
-                let n = r?;
-                if n == 0 {
-                    client.shutdown().await?;
-                    return Ok(false);
-                }
-                client.write_all(&down[..n]).await?;
-                client.flush().await?;
-            }
-            _ = tokio::time::sleep(idle) => return Ok(true),
         }
     }
 }

@@ -1,0 +1,321 @@
+//! `cargo xtask bench`, TLS proxy part: the gateway's proxy against nginx terminating the same
+//! certificate and protocol in the same run, both pinned to one core and proxying to the same
+//! backend.
+//!
+//! - Handshakes per CPU-second of the server (full and resumed, TLS 1.3 and 1.2): `openssl
+//!   s_time` on the other core drives each server in turn; the server's own CPU time
+//!   (utime + stime of its processes) divides the connections made. This is the rate one core
+//!   sustains, independent of how fast the client is.
+//! - Proxy throughput: one 256 MiB download with curl through each.
+//! - Memory per idle connection: resident memory before and after 1000 connections that finished
+//!   their handshake and then sit idle.
+
+use std::{
+    net::{TcpListener, TcpStream},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use gateway_tests::{
+    backend::{Backend, Mode, Nginx},
+    daemon::Daemon,
+    have_root,
+    metrics::{scrape, value},
+    netns::{GW_V4, TestNet},
+    tls::{Cert, rustls_config, wait_listening},
+};
+
+const ROUNDS: usize = 3;
+const SECONDS: u32 = 4;
+const BULK: usize = 256 << 20;
+const IDLE: usize = 1000;
+const METRICS: u16 = 9477;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// CPU seconds (user + system) of `pid` and its child processes.
+fn cpu_seconds(pid: u32) -> f64 {
+    let ticks = |pid: u32| -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<&str> = after.split_whitespace().collect();
+        f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    };
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    let total: u64 = ticks(pid)
+        + children
+            .split_whitespace()
+            .filter_map(|c| c.parse().ok())
+            .map(ticks)
+            .sum::<u64>();
+    // SAFETY: sysconf has no preconditions.
+    total as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// Resident memory of `pid` and its children, bytes.
+fn rss(pid: u32) -> u64 {
+    let one = |pid: &str| -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    one(&pid.to_string()) + children.split_whitespace().map(one).sum::<u64>()
+}
+
+/// `openssl s_time` from the peer namespace on core 1; the connections it made.
+fn s_time(net: &TestNet, addr: &str, args: &[&str]) -> u64 {
+    let time = SECONDS.to_string();
+    let mut all = vec![
+        "netns",
+        "exec",
+        &net.peer_ns,
+        "taskset",
+        "-c",
+        "1",
+        "openssl",
+        "s_time",
+        "-connect",
+        addr,
+        "-www",
+        "/",
+        "-time",
+        &time,
+    ];
+    all.extend_from_slice(args);
+    let out = Command::new("ip").args(&all).output().expect("s_time");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find(|l| l.contains("connections in") && l.contains("real seconds"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "s_time output: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+}
+
+/// Handshakes per CPU-second of `pid` under one s_time run.
+fn rate(net: &TestNet, pid: u32, addr: &str, args: &[&str]) -> f64 {
+    let before = cpu_seconds(pid);
+    let n = s_time(net, addr, args);
+    let spent = cpu_seconds(pid) - before;
+    n as f64 / spent.max(0.01)
+}
+
+fn curl_speed(net: &TestNet, cert: &Cert, port: u16) -> f64 {
+    let out = net.exec(
+        &net.peer_ns,
+        "curl",
+        &[
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{speed_download}",
+            "--cacert",
+            cert.cert().to_str().unwrap(),
+            "--resolve",
+            &format!("gateway-test:{port}:{GW_V4}"),
+            &format!("https://gateway-test:{port}/"),
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim().parse::<f64>().expect("curl speed") / (1 << 20) as f64
+}
+
+/// Opens `n` TLS connections from the peer namespace that finish their handshake and stay idle
+/// while `measure` runs.
+fn idle_connections<R: Send>(
+    net: &TestNet,
+    cert: &Cert,
+    port: u16,
+    n: usize,
+    measure: impl FnOnce() -> R + Send,
+) -> R {
+    let config = rustls_config(cert);
+    let addr = format!("{GW_V4}:{port}");
+    let held = net.in_peer(|| {
+        (0..n)
+            .map(|_| {
+                let name = rustls::pki_types::ServerName::try_from("gateway-test").unwrap();
+                let mut conn = rustls::ClientConnection::new(config.clone(), name).unwrap();
+                let mut sock = TcpStream::connect(&addr).unwrap();
+                while conn.is_handshaking() {
+                    conn.complete_io(&mut sock).unwrap();
+                }
+                (conn, sock)
+            })
+            .collect::<Vec<_>>()
+    });
+    let r = measure();
+    drop(held);
+    r
+}
+
+fn raise_fd_limit() {
+    let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .expect("getrlimit");
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard)
+        .expect("setrlimit");
+}
+
+fn main() {
+    if !have_root("tls_proxy bench") {
+        std::process::exit(1);
+    }
+    // Sections to run (all by default): handshakes, throughput, memory.
+    let only: Vec<String> = std::env::args().skip(1).collect();
+    let run = |section: &str| only.is_empty() || only.iter().any(|s| s == section);
+    raise_fd_limit();
+    let net = TestNet::new();
+    let cert = Cert::new();
+    let bind = || net.in_gw(|| TcpListener::bind("127.0.0.1:0").unwrap());
+    let small = Backend::start(bind(), "b", Mode::Answer, false);
+    let bulk = Backend::start(bind(), "bulk", Mode::Bulk(BULK), false);
+    let (c, k) = (cert.cert(), cert.key());
+    let (c, k) = (c.display(), k.display());
+    let dir = cert.file("");
+    let log = dir.join("ssl.log");
+
+    // nginx: one worker on core 0, the same certificate, session cache and tickets.
+    let nginx = Nginx::start(
+        &["ip", "netns", "exec", &net.gw_ns, "taskset", "-c", "0"],
+        &format!(
+            "  log_format reuse \"$ssl_session_reused\";\n\
+             ssl_certificate {c}; ssl_certificate_key {k};\n\
+             ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:S:10m; ssl_session_tickets on;\n\
+             server {{ listen {GW_V4}:9443 ssl; access_log {} reuse; location / {{ proxy_pass http://{}; }} }}\n\
+             server {{ listen {GW_V4}:9444 ssl; location / {{ proxy_pass http://{}; proxy_buffering off; }} }}",
+            log.display(),
+            small.addr,
+            bulk.addr
+        ),
+        1,
+    );
+    wait_listening(|| net.in_peer(|| TcpStream::connect((GW_V4, 9443)).is_ok()));
+
+    // The gateway: one worker thread, on core 0, with the datapath attached.
+    let body = format!(
+        "workers: 1\nmetrics: 127.0.0.1:{METRICS}\nproxies:\n\
+         \x20 - listen: {GW_V4}:8443\n    tls: {{cert: {c}, key: {k}}}\n    backends: [{{address: {}, max_active: 5000}}]\n\
+         \x20 - listen: {GW_V4}:8444\n    tls: {{cert: {c}, key: {k}}}\n    backends: [{{address: {}}}]\n",
+        small.addr, bulk.addr
+    );
+    let daemon = Daemon::start_config(&net, &dir, &body);
+    let gw = daemon.pid();
+    let pinned = Command::new("taskset")
+        .args(["-a", "-p", "-c", "0", &gw.to_string()])
+        .output()
+        .expect("taskset");
+    assert!(pinned.status.success());
+    let nginx_pid = nginx.pid();
+
+    if run("handshakes") {
+        println!(
+            "\n# TLS proxy against nginx\n\nBoth terminate TLS with the same P-256 certificate on core 0 \
+         (nginx: 1 worker; gateway: 1 runtime thread, datapath attached) and proxy to the same \
+         backend; `openssl s_time -www /` runs on core 1. Handshakes per CPU-second = connections \
+         / the server's own CPU time; {ROUNDS} interleaved rounds of {SECONDS} s, medians.\n"
+        );
+        println!("| handshake | gateway /CPU-s | nginx /CPU-s | ratio | target |");
+        println!("|---|---:|---:|---:|---:|");
+        for (name, args) in [
+            ("TLS 1.3 full", &["-tls1_3", "-new"][..]),
+            ("TLS 1.3 resumed", &["-tls1_3", "-reuse"]),
+            ("TLS 1.2 full", &["-tls1_2", "-new"]),
+            ("TLS 1.2 resumed", &["-tls1_2", "-reuse"]),
+        ] {
+            let (mut g, mut n) = (Vec::new(), Vec::new());
+            for _ in 0..ROUNDS {
+                g.push(rate(&net, gw, &format!("{GW_V4}:8443"), args));
+                n.push(rate(&net, nginx_pid, &format!("{GW_V4}:9443"), args));
+            }
+            let (g, n) = (median(g), median(n));
+            println!("| {name} | {g:.0} | {n:.0} | {:.2}x | >= 1x |", g / n);
+        }
+        // Evidence that resumption happened on both sides.
+        let text = scrape(&net, METRICS);
+        let resumed = value(
+            &text,
+            "gateway_proxy_handshakes_total",
+            &[("kind", "resumed")],
+        );
+        let full = value(&text, "gateway_proxy_handshakes_total", &[("kind", "full")]);
+        let reused = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.trim() == "r")
+            .count();
+        let cpu = |k| {
+            value(
+                &text,
+                "gateway_proxy_handshake_cpu_seconds_total",
+                &[("kind", k)],
+            ) / value(&text, "gateway_proxy_handshakes_total", &[("kind", k)])
+                * 1e6
+        };
+        println!(
+            "\nGateway handshakes: {full:.0} full, {resumed:.0} resumed; nginx logged {reused} reused \
+         sessions. CPU per handshake as the gateway measures it: full {:.0} µs, resumed {:.0} µs.",
+            cpu("full"),
+            cpu("resumed")
+        );
+    }
+    if run("throughput") {
+        println!(
+            "\n# Proxy throughput\n\nOne {} MiB download with curl, {ROUNDS} rounds, median.\n",
+            BULK >> 20
+        );
+        println!("| path | MiB/s |\n|---|---:|");
+        let (mut g, mut n) = (Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            g.push(curl_speed(&net, &cert, 8444));
+            n.push(curl_speed(&net, &cert, 9444));
+        }
+        let (g, n) = (median(g), median(n));
+        println!(
+            "| gateway | {g:.0} |\n| nginx | {n:.0} |\n| ratio | {:.2}x |",
+            g / n
+        );
+    }
+    if run("memory") {
+        println!(
+            "\n# Memory per idle connection\n\nResident memory (all processes of the server) before and \
+         after {IDLE} connections that finished their handshake and send nothing. The gateway has \
+         already connected each to its backend; nginx connects upstream only on a request.\n"
+        );
+        println!("| server | bytes per idle connection | target |\n|---|---:|---:|");
+        for (name, pid, port) in [("gateway", gw, 8443), ("nginx", nginx_pid, 9443)] {
+            let before = rss(pid);
+            let after = idle_connections(&net, &cert, port, IDLE, || {
+                if name == "gateway" {
+                    // Every handshake done and every backend connection made.
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    while value(&scrape(&net, METRICS), "gateway_proxy_backend_active", &[])
+                        < IDLE as f64
+                    {
+                        assert!(Instant::now() < deadline, "connections did not settle");
+                    }
+                }
+                rss(pid)
+            });
+            let per = after.saturating_sub(before) as f64 / IDLE as f64;
+            println!("| {name} | {per:.0} | < 16384 |");
+        }
+    }
+    let (exit, _) = daemon.terminate(Duration::from_secs(60));
+    assert!(exit.success());
+}

@@ -475,7 +475,10 @@ fn bad_handshakes_and_silent_backends_are_bounded_counted_and_leak_no_descriptor
         if now <= fds {
             break;
         }
-        assert!(Instant::now() < deadline, "descriptors leaked: {now} open, {fds} before");
+        assert!(
+            Instant::now() < deadline,
+            "descriptors leaked: {now} open, {fds} before"
+        );
         std::thread::yield_now();
     }
     assert_eq!(s.backlog("tls-new"), 0);

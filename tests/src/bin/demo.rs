@@ -1,7 +1,8 @@
 //! `cargo xtask demo`: the gateway's main job on namespaces of its own. `gateway run` with the
 //! embedded default config protects a veth; an `openssl s_server` sits behind it; from a peer
 //! namespace `openssl s_client` makes real TLS handshakes and a SIP client sends requests and
-//! responses; the per-class counters are shown before and after.
+//! responses; the default config's TLS proxy terminates two openssl visits (the second resumed)
+//! and proxies them to an origin; the per-class counters are shown before and after.
 
 use std::{
     net::{TcpStream, UdpSocket},
@@ -9,11 +10,12 @@ use std::{
 };
 
 use gateway_tests::{
+    backend::{Backend, Mode},
     daemon::Daemon,
     have_root,
     netns::{GW_V4, TestNet},
     sipserver::SlowSipServer,
-    tls::{Cert, s_server},
+    tls::{Cert, s_client_input, s_server},
 };
 
 fn main() {
@@ -35,6 +37,9 @@ fn main() {
         Duration::from_millis(1),
         Duration::from_micros(100),
     );
+    // The origin behind the default config's TLS proxy (127.0.0.1:8443 -> 127.0.0.1:8080).
+    let origin = net.in_gw(|| std::net::TcpListener::bind("127.0.0.1:8080").unwrap());
+    let _origin = Backend::start(origin, "hello from the origin", Mode::Answer, false);
     let cert = Cert::new();
     let _server = s_server(&["ip", "netns", "exec", &net.gw_ns], &cert, 443, &[]);
     // Wait (bounded) until the server listens.
@@ -103,6 +108,32 @@ fn main() {
         && gateway_tests::netns::class_counter(&net.stats(), "sip-original", "backlog") > 0
     {
         std::thread::yield_now();
+    }
+    println!(
+        "== the default config's TLS proxy, from inside the gateway namespace: \
+         openssl s_client -> 127.0.0.1:8443 (self-signed certificate made at start) -> 127.0.0.1:8080"
+    );
+    let sess = cert.file("demo-sess.pem");
+    for (what, flag) in [("first visit", "-sess_out"), ("return visit", "-sess_in")] {
+        let out = s_client_input(
+            &["ip", "netns", "exec", &net.gw_ns],
+            "127.0.0.1:8443",
+            &[flag, sess.to_str().unwrap(), "-ign_eof"],
+            b"GET / HTTP/1.0\r\n\r\n",
+        );
+        let session = out
+            .lines()
+            .find(|l| l.starts_with("New,") || l.starts_with("Reused,"))
+            .unwrap_or("no handshake");
+        let body = out.lines().find(|l| l.contains("hello from")).unwrap_or("");
+        println!("   {what}: {session} | origin answered: {body}");
+    }
+    let metrics = gateway_tests::metrics::scrape(&net, 9477);
+    println!("== its figures at http://127.0.0.1:9477/metrics:");
+    for line in metrics.lines().filter(|l| {
+        l.starts_with("gateway_proxy_handshake") || l.starts_with("gateway_proxy_connections")
+    }) {
+        println!("   {line}");
     }
     println!(
         "\n== gateway stats (after traffic)\n{}",

@@ -158,15 +158,7 @@ pub struct Nginx {
 impl Nginx {
     /// Starts nginx; the caller waits for its port.
     pub fn start(prefix: &[&str], http_body: &str, workers: u32) -> Nginx {
-        let dir = std::env::temp_dir().join(format!(
-            "gwt-nginx-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::fresh_temp_dir("gwt-nginx");
         let d = dir.display();
         let conf = format!(
             "worker_processes {workers};\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\

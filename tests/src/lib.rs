@@ -47,3 +47,17 @@ pub fn gateway_bin() -> PathBuf {
     );
     bin
 }
+
+/// A new, empty directory under the system's temporary directory, named `prefix-PID-NANOS`.
+pub fn fresh_temp_dir(prefix: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

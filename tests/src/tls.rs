@@ -18,15 +18,7 @@ pub struct Cert {
 impl Cert {
     /// Generates a P-256 certificate for CN=gateway-test.
     pub fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "gwt-cert-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::fresh_temp_dir("gwt-cert");
         let c = Cert { dir };
         let out = Command::new("openssl")
             .args([

@@ -52,6 +52,30 @@ impl Setup {
         self.daemon = Some(Daemon::start_config(&self.net, &self.cert.file(""), &body));
     }
 
+    /// Starts one backend in `mode` and the daemon proxying to it; `member` adds fields to the
+    /// member's entry (", max_active: 1"), `proxy_extra` to the proxy's.
+    fn with_backend(&mut self, mode: Mode, member: &str, proxy_extra: &str) -> Backend {
+        let backend = Backend::start(self.backend_listener(), "b", mode, false);
+        self.start(
+            &format!("{{address: {}{member}}}", backend.addr),
+            proxy_extra,
+            "",
+        );
+        backend
+    }
+
+    /// Waits until the pool serves `n` connections.
+    fn wait_active(&self, n: f64) {
+        wait_for(
+            &self.net,
+            METRICS,
+            "gateway_proxy_backend_active",
+            &[],
+            |v| v == n,
+            Duration::from_secs(10),
+        );
+    }
+
     fn daemon(&mut self) -> &mut Daemon {
         self.daemon.as_mut().expect("started")
     }
@@ -237,8 +261,7 @@ fn with_new_sessions_closed_resumed_clients_keep_working_and_the_backlog_stays_e
         return;
     }
     let mut s = Setup::new();
-    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
-    s.start(&format!("{{address: {}}}", backend.addr), "", "");
+    let backend = s.with_backend(Mode::Answer, "", "");
     let returning = rustls_config(&s.cert);
     assert_eq!(s.fetch(&returning).unwrap().0, HandshakeKind::Full);
 
@@ -348,25 +371,17 @@ fn a_full_pool_refuses_at_once_and_a_silent_backend_is_timed_out() {
         return;
     }
     let mut s = Setup::new();
-    let held = Backend::start(s.backend_listener(), "held", Mode::Hold, false);
-    s.start(
-        &format!("{{address: {}, max_active: 1, backlog: 0}}", held.addr),
+    let _held = s.with_backend(
+        Mode::Hold,
+        ", max_active: 1, backlog: 0",
         "    timeouts: {idle: 2s}\n",
-        "",
     );
     let config = rustls_config(&s.cert);
     // One client takes the only slot; the backend does not answer.
     std::thread::scope(|scope| {
         let (net, addr, config) = (&s.net, s.addr(), &config);
         let waiting = scope.spawn(move || net.in_peer(|| rustls_fetch(config, &addr)));
-        wait_for(
-            &s.net,
-            METRICS,
-            "gateway_proxy_backend_active",
-            &[],
-            |v| v == 1.0,
-            Duration::from_secs(10),
-        );
+        s.wait_active(1.0);
         // The next is refused at once: a reset, not a hang.
         let started = Instant::now();
         let refused = s.fetch(config);
@@ -411,11 +426,10 @@ fn bad_handshakes_and_silent_backends_are_bounded_counted_and_leak_no_descriptor
         return;
     }
     let mut s = Setup::new();
-    let good = Backend::start(s.backend_listener(), "good", Mode::Answer, false);
-    s.start(
-        &format!("{{address: {}}}", good.addr),
-        "    timeouts: {handshake: 1s, idle: 1s}\n",
+    let _good = s.with_backend(
+        Mode::Answer,
         "",
+        "    timeouts: {handshake: 1s, idle: 1s}\n",
     );
     let config = rustls_config(&s.cert);
     // Warm up (lazily opened descriptors), then take the baseline.
@@ -491,20 +505,12 @@ fn sigterm_drains_in_flight_connections_and_stops_accepting() {
         return;
     }
     let mut s = Setup::new();
-    let held = Backend::start(s.backend_listener(), "held", Mode::Hold, false);
-    s.start(&format!("{{address: {}}}", held.addr), "", "");
+    let held = s.with_backend(Mode::Hold, "", "");
     let config = rustls_config(&s.cert);
     std::thread::scope(|scope| {
         let (net, addr, config) = (&s.net, s.addr(), &config);
         let in_flight = scope.spawn(move || net.in_peer(|| rustls_fetch(config, &addr)));
-        wait_for(
-            &s.net,
-            METRICS,
-            "gateway_proxy_backend_active",
-            &[],
-            |v| v == 1.0,
-            Duration::from_secs(10),
-        );
+        s.wait_active(1.0);
         let mut d = s.daemon.take().unwrap();
         d.signal_term();
         d.wait_for("draining", Duration::from_secs(10));
@@ -514,7 +520,7 @@ fn sigterm_drains_in_flight_connections_and_stops_accepting() {
         // The in-flight request finishes, then the daemon exits cleanly.
         held.release();
         let (_, body) = in_flight.join().unwrap().expect("the in-flight request");
-        assert!(body.ends_with("held\n"), "{body}");
+        assert!(body.ends_with("b\n"), "{body}");
         let (status, log) = d.wait_exit(Duration::from_secs(20));
         assert!(status.success(), "{log:?}");
         assert!(!log.iter().any(|l| l.contains("drain deadline")), "{log:?}");

@@ -233,6 +233,38 @@ fn real_clients_resume_through_the_proxy_and_the_datapath_verifies_it() {
         unverified + 1
     );
 
+    // A forged TLS 1.2 session id: a session another server issued, offered with -no_ticket.
+    let foreign_sess = s.cert.file("foreign.pem");
+    let foreign_sess = foreign_sess.to_str().unwrap();
+    let out = s_client_input(
+        &["ip", "netns", "exec", &s.net.peer_ns],
+        &other_addr,
+        &[
+            "-tls1_2",
+            "-no_ticket",
+            "-sess_out",
+            foreign_sess,
+            "-ign_eof",
+        ],
+        GET,
+    );
+    assert!(out.contains("Session-ID: "), "{out}");
+    let (new, resumed) = (
+        s.class("tls-new", "packets"),
+        s.class("tls-resumed", "packets"),
+    );
+    let out = s.s_client(&[
+        "-tls1_2",
+        "-no_ticket",
+        "-sess_in",
+        foreign_sess,
+        "-ign_eof",
+    ]);
+    assert!(out.contains("New,"), "{out}");
+    assert!(out.contains("nginx-backend"), "{out}");
+    assert_eq!(s.class("tls-new", "packets"), new + 1);
+    assert_eq!(s.class("tls-resumed", "packets"), resumed);
+
     // Every connection completed: nothing left in either backlog, and the CPU time per
     // handshake kind is recorded.
     let text = s.idle();
@@ -244,7 +276,7 @@ fn real_clients_resume_through_the_proxy_and_the_datapath_verifies_it() {
         "gateway_proxy_handshakes_total",
         &[("kind", "resumed")],
     );
-    assert_eq!((full, resumed), (6.0, 4.0), "{text}");
+    assert_eq!((full, resumed), (7.0, 4.0), "{text}");
     let cpu = |k| {
         value(
             &text,
@@ -278,7 +310,7 @@ fn with_new_sessions_closed_resumed_clients_keep_working_and_the_backlog_stays_e
 
     // Thousands of connections, full and resumed, from two clients at once: none leaks.
     s.net.gateway_ok(&["policy", "clear", "tls-new"]);
-    let per_thread = 600;
+    let per_thread = 1000;
     let addr = s.addr();
     let (net, cert) = (&s.net, &s.cert);
     std::thread::scope(|scope| {
@@ -600,4 +632,46 @@ fn unreadable_or_mismatched_certificates_are_refused_with_the_file_named() {
         // Nothing is left attached.
         assert_eq!(net.xdp_prog_id(), None);
     }
+}
+
+#[test]
+fn issued_keys_are_published_and_withdrawn_when_their_lifetime_ends() {
+    if !have_root("issued_keys_are_published_and_withdrawn") {
+        return;
+    }
+    let mut s = Setup::new();
+    let _b = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+    let tls = format!(
+        "    tls: {{cert: {}, key: {}, session_lifetime: 2s}}\n",
+        s.cert.cert().display(),
+        s.cert.key().display()
+    );
+    let body = format!(
+        "metrics: 127.0.0.1:{METRICS}\nproxies:\n  - listen: {GW_V4}:{PORT}\n{tls}    backends: [{{address: {}}}]\n",
+        _b.addr
+    );
+    s.daemon = Some(Daemon::start_config(&s.net, &s.cert.file(""), &body));
+    let count = |s: &Setup| -> u64 {
+        s.net
+            .gateway_ok(&["tls", "issued", "count", "--iface", &s.net.gw_if])
+            .trim()
+            .parse()
+            .expect("a count")
+    };
+    assert_eq!(count(&s), 0);
+    let config = rustls_config(&s.cert);
+    s.fetch(&config).unwrap();
+    // rustls sends TLS 1.3 tickets right after the handshake: each is published.
+    let published = count(&s);
+    assert!(published >= 1, "{published}");
+    assert_eq!(s.fetch(&config).unwrap().0, HandshakeKind::Resumed);
+    // Two seconds of lifetime, then withdrawn (the sweep runs every second).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(&s) > 0 {
+        assert!(Instant::now() < deadline, "issued keys never withdrawn");
+    }
+    // The ticket expired with its key: a full handshake, classed new at the NIC.
+    let new = s.class("tls-new", "packets");
+    assert_eq!(s.fetch(&config).unwrap().0, HandshakeKind::Full);
+    assert_eq!(s.class("tls-new", "packets"), new + 1);
 }

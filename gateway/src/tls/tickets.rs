@@ -6,9 +6,11 @@
 //! share the secret file (and roughly agree on the time) derive the same keys, so each resumes the
 //! others' tickets, and a key retires by itself when its period falls out of the lifetime window.
 //!
-//! A ticket is `nonce (12) | period (4, big endian) | AES-256-GCM(state) | tag (16)`, the first 16
-//! bytes authenticated as associated data. Its first 16 bytes, the datapath's key, are unique per
-//! ticket because the nonce is random.
+//! A ticket is `nonce (12) | period (4, big endian) | AES-256-GCM(issued at, ms (8) | state) | tag
+//! (16)`, the first 16 bytes authenticated as associated data. Its first 16 bytes, the datapath's
+//! key, are unique per ticket because the nonce is random. A ticket older than the lifetime is
+//! refused (TLS 1.2 included, which rustls does not age-check itself), so it stops resuming when
+//! the datapath withdraws its key.
 
 use std::{
     path::Path,
@@ -131,7 +133,7 @@ impl RotatingTicketer {
     }
 
     fn period_at(&self, t: SystemTime) -> u64 {
-        t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs() / self.rotation_secs
+        unix_secs(t) / self.rotation_secs
     }
 
     /// Periods whose tickets are still accepted at `now`: those a ticket issued within the
@@ -166,7 +168,9 @@ impl RotatingTicketer {
         let mut ticket = Vec::with_capacity(HEADER + plain.len() + TAG);
         ticket.extend_from_slice(&nonce);
         ticket.extend_from_slice(&(period as u32).to_be_bytes());
-        let mut body = plain.to_vec();
+        let mut body = Vec::with_capacity(8 + plain.len() + TAG);
+        body.extend_from_slice(&unix_ms(now).to_be_bytes());
+        body.extend_from_slice(plain);
         key.seal_in_place_append_tag(
             Nonce::assume_unique_for_key(nonce),
             Aad::from(&ticket[..HEADER]),
@@ -199,8 +203,24 @@ impl RotatingTicketer {
                 &mut body,
             )
             .ok()?;
-        Some(plain.to_vec())
+        let (issued, state) = plain.split_at_checked(8)?;
+        let issued = u64::from_be_bytes(issued.try_into().ok()?);
+        let now = unix_ms(now);
+        // Issued in the future only within a minute of clock skew between nodes.
+        let lifetime = self.lifetime.as_millis() as u64;
+        if issued > now + 60_000 || now.saturating_sub(issued) > lifetime {
+            return None;
+        }
+        Some(state.to_vec())
     }
+}
+
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
 }
 
 impl ProducesTickets for RotatingTicketer {
@@ -260,9 +280,12 @@ mod tests {
         let t1 = a.seal(b"s", at(3600 * 101)).unwrap();
         // Different periods, different keys: the same nonce would not open under the other.
         assert_ne!(t0[12..16], t1[12..16]);
-        // Two hours of lifetime over one-hour periods: accepted up to two periods later.
-        assert!(a.open(&t0, at(3600 * 102 + 5)).is_some());
-        assert!(a.open(&t0, at(3600 * 103 + 5)).is_none());
+        // Two hours of lifetime: accepted until then, to the second.
+        assert!(a.open(&t0, at(3600 * 102)).is_some());
+        assert!(a.open(&t0, at(3600 * 102 + 1)).is_none());
+        assert!(a.open(&t1, at(3600 * 102 + 5)).is_some());
+        // Issued "later" than now beyond the skew allowance: refused.
+        assert!(a.open(&t1, at(3600 * 100)).is_none());
     }
 
     #[test]

@@ -200,6 +200,9 @@ async fn serve(cfg: &Config, attachments: &mut [Attachment]) -> Result<(), Daemo
     if let Some(addr) = cfg.metrics {
         let mut registry = Registry::default();
         proxies.stats.register(&mut registry);
+        registry.register_collector(Box::new(crate::datapath_metrics::DatapathCollector::open(
+            &pins,
+        )?));
         let listener = bind(addr).await?;
         let refresh: Vec<crate::metrics::Refresh> = proxies
             .proxies

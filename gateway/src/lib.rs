@@ -7,6 +7,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod daemon;
+pub mod datapath_metrics;
 pub mod feedback;
 pub mod loader;
 pub mod maps;

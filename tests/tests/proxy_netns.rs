@@ -285,6 +285,17 @@ fn real_clients_resume_through_the_proxy_and_the_datapath_verifies_it() {
         )
     };
     assert!(cpu("full") > 0.0 && cpu("resumed") > 0.0, "{text}");
+    // The datapath's counters are scraped from the same endpoint.
+    for class in ["tls-new", "tls-resumed"] {
+        let labels = [("class", class), ("iface", s.net.gw_if.as_str())];
+        let scraped = value(&text, "gateway_class_packets_total", &labels);
+        assert_eq!(scraped as u64, s.class(class, "packets"), "{text}");
+    }
+    assert_eq!(
+        value(&text, "gateway_tls_unverified_offers_total", &[]),
+        2.0,
+        "{text}"
+    );
 }
 
 #[test]

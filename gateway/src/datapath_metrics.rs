@@ -1,0 +1,247 @@
+//! The datapath's counters for Prometheus, read from the pinned maps at each scrape: per class
+//! (packets, bytes, admitted, dropped by reason, rejected, backlog), the TLS counters and the
+//! parser counters, per interface.
+
+use std::{fmt, sync::Mutex};
+
+use gateway_common::Class;
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{MetricType, counter::Counter, family::Family, gauge::Gauge},
+};
+use tracing::warn;
+
+use crate::{
+    maps::{Maps, MapsError},
+    pins::PinDir,
+};
+
+/// Labels of a per-interface series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct IfaceLabels {
+    iface: String,
+}
+
+/// Labels of a per-class series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabels {
+    iface: String,
+    class: &'static str,
+}
+
+/// Labels of a per-class refusal series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DropLabels {
+    iface: String,
+    class: &'static str,
+    reason: &'static str,
+}
+
+/// Reads every attached interface's maps when scraped.
+pub struct DatapathCollector {
+    ifaces: Vec<(String, Mutex<Maps>)>,
+}
+
+impl fmt::Debug for DatapathCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.ifaces.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("DatapathCollector")
+            .field("ifaces", &names)
+            .finish()
+    }
+}
+
+impl DatapathCollector {
+    /// A collector over the interfaces pinned in `pins` (`(name, pin dir)`).
+    pub fn open(pins: &[(String, PinDir)]) -> Result<Self, MapsError> {
+        let ifaces = pins
+            .iter()
+            .map(|(name, pd)| Ok((name.clone(), Mutex::new(Maps::open(pd)?))))
+            .collect::<Result<_, MapsError>>()?;
+        Ok(DatapathCollector { ifaces })
+    }
+}
+
+/// One scrape's values, built into families and encoded.
+#[derive(Default)]
+struct Scrape {
+    packets: Family<ClassLabels, Counter>,
+    bytes: Family<ClassLabels, Counter>,
+    admitted: Family<ClassLabels, Counter>,
+    dropped: Family<DropLabels, Counter>,
+    rejected: Family<ClassLabels, Counter>,
+    backlog: Family<ClassLabels, Gauge>,
+    tls: Vec<(&'static str, &'static str, Family<IfaceLabels, Counter>)>,
+    parser: Vec<(&'static str, &'static str, Family<IfaceLabels, Counter>)>,
+}
+
+fn add(
+    list: &mut Vec<(&'static str, &'static str, Family<IfaceLabels, Counter>)>,
+    name: &'static str,
+    help: &'static str,
+    iface: &str,
+    v: u64,
+) {
+    let pos = match list.iter().position(|(n, _, _)| *n == name) {
+        Some(p) => p,
+        None => {
+            list.push((name, help, Family::default()));
+            list.len() - 1
+        }
+    };
+    list[pos]
+        .2
+        .get_or_create(&IfaceLabels {
+            iface: iface.to_string(),
+        })
+        .inc_by(v);
+}
+
+impl Scrape {
+    fn read(&mut self, iface: &str, maps: &Maps) -> Result<(), MapsError> {
+        let stats = maps.class_stats()?;
+        let state = maps.class_state()?;
+        for c in Class::ALL {
+            let i = c.id() as usize;
+            let l = ClassLabels {
+                iface: iface.to_string(),
+                class: c.name(),
+            };
+            let s = &stats[i];
+            self.packets.get_or_create(&l).inc_by(s.packets);
+            self.bytes.get_or_create(&l).inc_by(s.bytes);
+            self.admitted.get_or_create(&l).inc_by(s.admitted);
+            self.rejected.get_or_create(&l).inc_by(s.rejected);
+            for (reason, v) in [("backlog", s.dropped_backlog), ("rate", s.dropped_rate)] {
+                let d = DropLabels {
+                    iface: iface.to_string(),
+                    class: c.name(),
+                    reason,
+                };
+                self.dropped.get_or_create(&d).inc_by(v);
+            }
+            self.backlog
+                .get_or_create(&l)
+                .set(state[i].backlog().min(i64::MAX as u64) as i64);
+        }
+        let t = maps.tls_counters()?;
+        for (name, help, v) in [
+            ("hellos", "ClientHellos decided", t.hellos),
+            (
+                "unverified_offers",
+                "Resumption offers whose key was never issued (classed tls-new)",
+                t.unverified_offers,
+            ),
+            (
+                "multi_segment",
+                "Hellos over more than one segment",
+                t.multi_segment,
+            ),
+            (
+                "malformed",
+                "Malformed hellos (classed tls-new)",
+                t.malformed,
+            ),
+            (
+                "out_of_order",
+                "Hellos cut by an out-of-order segment",
+                t.out_of_order,
+            ),
+            (
+                "rejected_flow_packets",
+                "Packets of rejected connections, dropped",
+                t.rejected_flow_packets,
+            ),
+            (
+                "completions",
+                "Completions the datapath saw (second flight or close)",
+                t.completions,
+            ),
+        ] {
+            add(&mut self.tls, name, help, iface, v);
+        }
+        let p = maps.counters()?;
+        for (name, help, v) in [
+            ("not_ip", "Frames that are not IP", p.not_ip),
+            (
+                "truncated",
+                "Frames that ended inside a header",
+                p.truncated,
+            ),
+            ("malformed", "Headers with impossible fields", p.malformed),
+            ("fragments", "IP fragments", p.fragments),
+            (
+                "unparseable",
+                "Headers beyond the parser's bounds",
+                p.unparseable,
+            ),
+            (
+                "policy_dropped",
+                "Dropped by the fragment or unparseable policy",
+                p.policy_dropped,
+            ),
+            ("vlan", "Frames with a VLAN tag", p.vlan),
+            ("ipv6", "IPv6 packets", p.ipv6),
+            ("ipv4_options", "IPv4 packets with options", p.ipv4_options),
+        ] {
+            add(&mut self.parser, name, help, iface, v);
+        }
+        Ok(())
+    }
+
+    fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
+        let classes = [
+            ("gateway_class_packets", "Packets per class", &self.packets),
+            ("gateway_class_bytes", "Bytes per class", &self.bytes),
+            (
+                "gateway_class_admitted",
+                "Admissions per class",
+                &self.admitted,
+            ),
+            (
+                "gateway_class_rejected",
+                "Clients turned away actively (TLS reset)",
+                &self.rejected,
+            ),
+        ];
+        for (name, help, fam) in classes {
+            fam.encode(e.encode_descriptor(name, help, None, MetricType::Counter)?)?;
+        }
+        self.dropped.encode(e.encode_descriptor(
+            "gateway_class_dropped",
+            "Refusals per class, by reason",
+            None,
+            MetricType::Counter,
+        )?)?;
+        self.backlog.encode(e.encode_descriptor(
+            "gateway_class_backlog",
+            "Admitted and not yet completed",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        for (prefix, list) in [
+            ("gateway_tls_", &self.tls),
+            ("gateway_parser_", &self.parser),
+        ] {
+            for (name, help, fam) in list {
+                let full = format!("{prefix}{name}");
+                fam.encode(e.encode_descriptor(&full, help, None, MetricType::Counter)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Collector for DatapathCollector {
+    fn encode(&self, encoder: DescriptorEncoder) -> fmt::Result {
+        let mut scrape = Scrape::default();
+        for (name, maps) in &self.ifaces {
+            let maps = maps.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = scrape.read(name, &maps) {
+                warn!(iface = %name, error = %e, "metrics: cannot read the datapath maps");
+            }
+        }
+        scrape.encode(encoder)
+    }
+}

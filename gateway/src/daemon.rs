@@ -274,6 +274,15 @@ async fn start_proxies(
     tracker: &TaskTracker,
 ) -> Result<Proxies, DaemonError> {
     let stats = Arc::new(ProxyStats::default());
+    if !cfg.proxies.is_empty() {
+        let orphans = Feedback::open(pins, Duration::ZERO)?.complete_orphans();
+        if orphans > 0 {
+            info!(
+                connections = orphans,
+                "completed the handshakes a previous daemon left in the backlog"
+            );
+        }
+    }
     let mut ready = Vec::new();
     for (index, p) in cfg.proxies.iter().enumerate() {
         let lifetime = p.tls.session_lifetime.0;

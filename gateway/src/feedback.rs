@@ -207,6 +207,31 @@ impl Feedback {
         self.lock().expiry.len()
     }
 
+    /// Completes every connection the datapath admitted and left to a daemon to complete: called
+    /// at start, before anything is accepted, when every such connection belonged to a previous
+    /// daemon process and is gone (a crash, or a restart with `on_exit: keep`, would otherwise leave
+    /// them in the backlog for good). Returns how many.
+    pub fn complete_orphans(&self) -> usize {
+        let keys: Vec<FlowKey> = {
+            let inner = self.lock();
+            inner
+                .ifaces
+                .iter()
+                .flat_map(|i| {
+                    i.flows
+                        .iter()
+                        .filter_map(Result::ok)
+                        .filter(|(_, f)| {
+                            f.state == FLOW_ADMITTED && f.completed == COMPLETION_BY_DAEMON
+                        })
+                        .map(|(k, _)| k)
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        keys.iter().filter(|k| self.complete(k).is_some()).count()
+    }
+
     /// Counts the completion of the connection `key` (its handshake finished, failed or was cut
     /// short) if the datapath admitted it and left its completion to the daemon. Returns its
     /// class; `None` when the datapath did not see it (or counted it itself): nothing to do.

@@ -118,6 +118,12 @@ impl Daemon {
             .count()
     }
 
+    /// Kills the daemon (SIGKILL, as a crash would) and reaps it.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Sends SIGTERM without waiting.
     pub fn signal_term(&self) {
         kill(Pid::from_raw(self.pid() as i32), Signal::SIGTERM).expect("SIGTERM");

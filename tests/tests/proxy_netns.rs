@@ -686,3 +686,44 @@ fn issued_keys_are_published_and_withdrawn_when_their_lifetime_ends() {
     assert_eq!(s.fetch(&config).unwrap().0, HandshakeKind::Full);
     assert_eq!(s.class("tls-new", "packets"), new + 1);
 }
+
+#[test]
+fn a_restarted_daemon_completes_the_handshakes_its_predecessor_left() {
+    if !have_root("a_restarted_daemon_completes_the_handshakes") {
+        return;
+    }
+    use std::io::Write as _;
+    let mut s = Setup::new();
+    let _b = s.with_backend(Mode::Answer, "", "");
+    // A hello, then silence: admitted, and the handshake never finishes.
+    let addr = s.addr();
+    let _stalled = s.net.in_peer(|| {
+        let mut c = TcpStream::connect(&addr).unwrap();
+        c.write_all(&gateway_common::testing::HelloBuilder::default().build())
+            .unwrap();
+        c
+    });
+    wait_for(
+        &s.net,
+        METRICS,
+        "gateway_proxy_open_connections",
+        &[],
+        |v| v == 1.0,
+        Duration::from_secs(10),
+    );
+    assert_eq!(s.backlog("tls-new"), 1);
+    // The daemon dies with the handshake in flight; the datapath stays attached, its backlog 1.
+    s.daemon.take().unwrap().kill();
+    assert_eq!(s.backlog("tls-new"), 1);
+    // Its successor completes what was left, before it accepts anything.
+    let _b2 = s.with_backend(Mode::Answer, "", "");
+    assert_eq!(s.backlog("tls-new"), 0);
+    assert!(
+        s.daemon()
+            .log
+            .iter()
+            .any(|l| l.contains("a previous daemon left")),
+        "{:?}",
+        s.daemon().log
+    );
+}

@@ -417,9 +417,25 @@ fn a_full_pool_refuses_at_once_and_a_silent_backend_is_timed_out() {
     let _held = s.with_backend(
         Mode::Hold,
         ", max_active: 1, backlog: 0",
-        "    timeouts: {idle: 2s}\n",
+        "    timeouts: {idle: 2s, handshake: 3s}\n",
     );
     let config = rustls_config(&s.cert);
+    // A stalled handshake (slowloris) holds no backend slot.
+    let addr = s.addr();
+    let _stalled = s.net.in_peer(|| {
+        use std::io::Write as _;
+        let mut c = TcpStream::connect(&addr).unwrap();
+        c.write_all(&[22, 3, 1]).unwrap();
+        c
+    });
+    wait_for(
+        &s.net,
+        METRICS,
+        "gateway_proxy_open_connections",
+        &[],
+        |v| v == 1.0,
+        Duration::from_secs(10),
+    );
     // One client takes the only slot; the backend does not answer.
     std::thread::scope(|scope| {
         let (net, addr, config) = (&s.net, s.addr(), &config);

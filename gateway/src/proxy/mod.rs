@@ -2,13 +2,15 @@
 //! backend pool, counting each connection's completion into the datapath's backlog.
 //!
 //! A connection's life:
-//! 1. Accepted. A place with a pool member is reserved first: when every member is down or full,
-//!    the connection is refused at once with a reset, before any handshake work.
+//! 1. Accepted. When every pool member is down or full, the connection is refused at once with a
+//!    reset, before any handshake work.
 //! 2. The TLS handshake, bounded by the handshake timeout and CPU-timed by kind (full, resumed).
 //!    Its end (finished, failed, timed out) is the connection's completion for the datapath.
-//! 3. The backend connection: after a wait in the member's backlog if it had no free slot, a
-//!    bounded connect; a member that refuses or times out is marked down and the next is tried.
-//!    With `proxy_protocol`, a PROXY v2 header goes first.
+//! 3. The backend connection: a place with the next member by weight is reserved only now, so a
+//!    slow or stalled handshake (slowloris) holds no backend capacity. After a wait in the
+//!    member's backlog if it had no free slot, a bounded connect; a member that refuses or times
+//!    out is marked down and the next is tried. With `proxy_protocol`, a PROXY v2 header goes
+//!    first.
 //! 4. Bytes relayed both ways until the backend closes, either side fails, or neither sends for
 //!    the idle timeout.
 
@@ -164,7 +166,7 @@ impl Proxy {
     async fn run(&self, sock: TcpStream, peer: SocketAddr) -> Outcome {
         let local = sock.local_addr().unwrap_or(self.cfg.listen);
         let _ = sock.set_nodelay(true);
-        let Some(reservation) = self.pool.reserve(&[]) else {
+        if !self.pool.has_room() {
             self.complete(peer, local);
             // A reset: the refusal is immediate and unambiguous, and leaves no TIME_WAIT here.
             let reset = libc::linger {
@@ -173,7 +175,7 @@ impl Proxy {
             };
             let _ = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::Linger, &reset);
             return Outcome::RefusedFull;
-        };
+        }
         let handshake = CpuTimed::new(self.acceptor.accept(sock));
         let done = tokio::time::timeout(self.cfg.timeouts.handshake.0, handshake).await;
         self.complete(peer, local);
@@ -192,7 +194,7 @@ impl Proxy {
                 tls
             }
         };
-        let Some((mut backend, _slot)) = self.connect_backend(reservation).await else {
+        let Some((mut backend, _slot)) = self.connect_backend().await else {
             let _ = tls.shutdown().await;
             return Outcome::BackendUnavailable;
         };
@@ -213,16 +215,13 @@ impl Proxy {
         }
     }
 
-    /// Turns the reservation into a connected backend, moving to the next member when one is
-    /// full for longer than the queue timeout, refuses or does not answer.
-    async fn connect_backend(&self, first: pool::Reservation) -> Option<(TcpStream, Slot)> {
+    /// A connected backend: a place with the next member by weight, then a slot there, then the
+    /// connect; moves to the next member when one stays full past the queue timeout, refuses or
+    /// does not answer. `None` when no member is left to try.
+    async fn connect_backend(&self) -> Option<(TcpStream, Slot)> {
         let mut tried = Vec::new();
-        let mut reservation = Some(first);
         loop {
-            let r = match reservation.take() {
-                Some(r) => r,
-                None => self.pool.reserve(&tried)?,
-            };
+            let r = self.pool.reserve(&tried)?;
             let member = r.member;
             tried.push(member);
             let Some(slot) = r.slot(self.cfg.timeouts.queue.0).await else {

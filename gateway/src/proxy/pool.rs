@@ -144,6 +144,12 @@ impl Pool {
         &self.members
     }
 
+    /// Whether some member is up and has a free slot or backlog place now.
+    pub fn has_room(&self) -> bool {
+        let now = Instant::now();
+        self.members.iter().any(|m| m.is_up(now) && m.has_room())
+    }
+
     /// Reserves a place with the next member by weight that is up, has room and is not in
     /// `exclude`; `None` when there is none (every member is down, full or excluded).
     pub fn reserve(&self, exclude: &[usize]) -> Option<Reservation> {
@@ -241,6 +247,7 @@ mod tests {
         assert!(second.is_queued());
         assert_eq!(p.members()[0].waiting(), 1);
         // Active slot and backlog both taken: full, refused.
+        assert!(!p.has_room());
         assert!(p.reserve(&[]).is_none());
         // The queued one gets the slot once the first leaves.
         let slot = first.slot(Duration::from_secs(1)).await.unwrap();

@@ -354,7 +354,7 @@ fn with_new_sessions_closed_resumed_clients_keep_working_and_the_backlog_stays_e
 }
 
 #[test]
-fn the_pool_moves_off_a_dead_member_retries_it_and_refuses_promptly_when_full() {
+fn the_pool_moves_off_a_dead_member_and_retries_it_after_its_interval() {
     if !have_root("the_pool_moves_off_a_dead_member") {
         return;
     }

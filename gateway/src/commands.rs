@@ -353,7 +353,7 @@ fn issued(root: &std::path::Path, action: IssuedAction) -> Result<(), CommandErr
                 IssuedValue {
                     kind: kind as u32,
                     flags: 0,
-                    issued_ns: monotonic_ns(),
+                    issued_ns: crate::maps::monotonic_ns(),
                 },
             )?;
             println!("published {} on {}", hex(&key), pd.iface);
@@ -396,11 +396,4 @@ fn issued(root: &std::path::Path, action: IssuedAction) -> Result<(), CommandErr
         }
     }
     Ok(())
-}
-
-/// `CLOCK_MONOTONIC` in nanoseconds, the clock of `bpf_ktime_get_ns`.
-fn monotonic_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(0)
 }

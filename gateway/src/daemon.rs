@@ -62,9 +62,6 @@ pub enum DaemonError {
         /// The error.
         source: std::io::Error,
     },
-    /// The datapath's maps for the proxy's feedback could not be opened.
-    #[error("proxy feedback: {0}")]
-    Feedback(#[from] crate::feedback::FeedbackError),
 }
 
 impl DaemonError {

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, HashMap, MapData, MapError};
+use aya::maps::{Array, HashMap, MapData};
 use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
@@ -21,26 +21,12 @@ use gateway_common::{
     },
     tls::KEY_LEN,
 };
-use thiserror::Error;
 use tracing::warn;
 
-use crate::{maps::MapsError, pins::PinDir};
-
-/// Errors of opening the feedback maps.
-#[derive(Debug, Error)]
-pub enum FeedbackError {
-    /// A map could not be opened.
-    #[error(transparent)]
-    Maps(#[from] MapsError),
-    /// A map could not be read or written.
-    #[error("map {name}: {source}")]
-    Map {
-        /// Map name.
-        name: &'static str,
-        /// The error.
-        source: MapError,
-    },
-}
+use crate::{
+    maps::{MapsError, monotonic_ns, op, open_as},
+    pins::PinDir,
+};
 
 /// What kind of key was issued ([`IssuedValue::kind`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,22 +60,6 @@ pub struct Feedback {
     lifetime: Duration,
 }
 
-fn map_err(name: &'static str) -> impl Fn(MapError) -> FeedbackError {
-    move |source| FeedbackError::Map { name, source }
-}
-
-fn open<T: TryFrom<aya::maps::Map, Error = MapError>>(
-    pins: &PinDir,
-    name: &'static str,
-) -> Result<T, FeedbackError> {
-    let path = pins.map(name);
-    let data = MapData::from_pin(&path).map_err(|source| MapsError::Open {
-        path: path.display().to_string(),
-        source,
-    })?;
-    T::try_from(aya::maps::Map::from_map_data(data).map_err(map_err(name))?).map_err(map_err(name))
-}
-
 /// The datapath's key of a connection accepted from `peer` on `local`.
 pub fn flow_key(peer: SocketAddr, local: SocketAddr) -> FlowKey {
     let v6 = |ip: IpAddr| match ip {
@@ -108,22 +78,22 @@ pub fn flow_key(peer: SocketAddr, local: SocketAddr) -> FlowKey {
 impl Feedback {
     /// Feedback to the interfaces pinned under `pins` (`(name, pin dir)`), publishing keys that
     /// expire after `lifetime`.
-    pub fn open(pins: &[(String, PinDir)], lifetime: Duration) -> Result<Self, FeedbackError> {
+    pub fn open(pins: &[(String, PinDir)], lifetime: Duration) -> Result<Self, MapsError> {
         let mut ifaces = Vec::new();
         for (name, pd) in pins {
             let completions: Array<MapData, DaemonCompletions> =
-                open(pd, names::DAEMON_COMPLETIONS)?;
+                open_as(pd, names::DAEMON_COMPLETIONS)?;
             let mut done = [0u64; NUM_CLASSES];
             for (i, d) in done.iter_mut().enumerate() {
                 *d = completions
                     .get(&(i as u32), 0)
-                    .map_err(map_err(names::DAEMON_COMPLETIONS))?
+                    .map_err(op(names::DAEMON_COMPLETIONS))?
                     .completed;
             }
             ifaces.push(Iface {
                 name: name.clone(),
-                flows: open(pd, names::TLS_FLOWS)?,
-                issued: open(pd, names::TLS_ISSUED)?,
+                flows: open_as(pd, names::TLS_FLOWS)?,
+                issued: open_as(pd, names::TLS_ISSUED)?,
                 completions,
                 done,
             });
@@ -266,8 +236,10 @@ fn issued_key(issued: &[u8]) -> Option<IssuedKey> {
     Some(IssuedKey { key })
 }
 
-fn monotonic_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(0)
+impl std::fmt::Debug for Feedback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Feedback")
+            .field("published", &self.published())
+            .finish()
+    }
 }

@@ -46,15 +46,14 @@ pub enum MapsError {
     ServicesFull(u32),
 }
 
-fn op(map: &'static str) -> impl FnOnce(MapError) -> MapsError {
+/// The error of an operation on the map `map`.
+pub(crate) fn op(map: &'static str) -> impl FnOnce(MapError) -> MapsError {
     move |source| MapsError::Op { map, source }
 }
 
 /// The reject-event ring buffer of one interface (a single consumer should read it: the daemon).
 pub fn open_rejects(pins: &PinDir) -> Result<aya::maps::RingBuf<MapData>, MapsError> {
-    open(pins, names::TLS_REJECTS)?
-        .try_into()
-        .map_err(op(names::TLS_REJECTS))
+    open_as(pins, names::TLS_REJECTS)
 }
 
 /// Decodes a reject event read from the ring buffer.
@@ -127,59 +126,48 @@ pub struct Maps {
     daemon_completions: Array<MapData, DaemonCompletions>,
 }
 
-fn open(pins: &PinDir, name: &'static str) -> Result<Map, MapsError> {
+/// Opens the map `name` pinned in `pins` as the typed map `T`.
+pub fn open_as<T: TryFrom<Map, Error = MapError>>(
+    pins: &PinDir,
+    name: &'static str,
+) -> Result<T, MapsError> {
     let path = pins.map(name);
     let err = |source| MapsError::Open {
         path: path.display().to_string(),
         source,
     };
     let data = MapData::from_pin(&path).map_err(err)?;
-    Map::from_map_data(data).map_err(err)
+    Map::from_map_data(data)
+        .map_err(err)?
+        .try_into()
+        .map_err(op(name))
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds, the clock of `bpf_ktime_get_ns` (for
+/// [`IssuedValue::issued_ns`]).
+pub fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0)
 }
 
 impl Maps {
     /// Opens the maps pinned in `pins`.
     pub fn open(pins: &PinDir) -> Result<Self, MapsError> {
         Ok(Maps {
-            stats: open(pins, names::CLASS_STATS)?
-                .try_into()
-                .map_err(op(names::CLASS_STATS))?,
-            policy: open(pins, names::CLASS_POLICY)?
-                .try_into()
-                .map_err(op(names::CLASS_POLICY))?,
-            state: open(pins, names::CLASS_STATE)?
-                .try_into()
-                .map_err(op(names::CLASS_STATE))?,
-            services: open(pins, names::SERVICES)?
-                .try_into()
-                .map_err(op(names::SERVICES))?,
-            service_ports: open(pins, names::SERVICE_PORTS)?
-                .try_into()
-                .map_err(op(names::SERVICE_PORTS))?,
-            counters: open(pins, names::DP_COUNTERS)?
-                .try_into()
-                .map_err(op(names::DP_COUNTERS))?,
-            config: open(pins, names::DP_CONFIG)?
-                .try_into()
-                .map_err(op(names::DP_CONFIG))?,
-            tls_flows: open(pins, names::TLS_FLOWS)?
-                .try_into()
-                .map_err(op(names::TLS_FLOWS))?,
-            tls_issued: open(pins, names::TLS_ISSUED)?
-                .try_into()
-                .map_err(op(names::TLS_ISSUED))?,
-            tls_counters: open(pins, names::TLS_COUNTERS)?
-                .try_into()
-                .map_err(op(names::TLS_COUNTERS))?,
-            sip_txns: open(pins, names::SIP_TXNS)?
-                .try_into()
-                .map_err(op(names::SIP_TXNS))?,
-            sip_latency: open(pins, names::SIP_LATENCY)?
-                .try_into()
-                .map_err(op(names::SIP_LATENCY))?,
-            daemon_completions: open(pins, names::DAEMON_COMPLETIONS)?
-                .try_into()
-                .map_err(op(names::DAEMON_COMPLETIONS))?,
+            stats: open_as(pins, names::CLASS_STATS)?,
+            policy: open_as(pins, names::CLASS_POLICY)?,
+            state: open_as(pins, names::CLASS_STATE)?,
+            services: open_as(pins, names::SERVICES)?,
+            service_ports: open_as(pins, names::SERVICE_PORTS)?,
+            counters: open_as(pins, names::DP_COUNTERS)?,
+            config: open_as(pins, names::DP_CONFIG)?,
+            tls_flows: open_as(pins, names::TLS_FLOWS)?,
+            tls_issued: open_as(pins, names::TLS_ISSUED)?,
+            tls_counters: open_as(pins, names::TLS_COUNTERS)?,
+            sip_txns: open_as(pins, names::SIP_TXNS)?,
+            sip_latency: open_as(pins, names::SIP_LATENCY)?,
+            daemon_completions: open_as(pins, names::DAEMON_COMPLETIONS)?,
         })
     }
 

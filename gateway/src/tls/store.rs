@@ -25,14 +25,6 @@ impl PublishingCache {
     }
 }
 
-impl std::fmt::Debug for Feedback {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Feedback")
-            .field("published", &self.published())
-            .finish()
-    }
-}
-
 impl StoresServerSessions for PublishingCache {
     fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
         let published = key.clone();

@@ -35,7 +35,7 @@ use crate::feedback::{Feedback, flow_key};
 use config::ProxyConfig;
 use cputime::CpuTimed;
 use pool::{Pool, Slot};
-use stats::{BackendLabels, HandshakeKind, ListenerLabels, Outcome, ProxyStats};
+use stats::{BackendLabels, HandshakeKind, ListenerStats, Outcome, ProxyStats};
 
 /// One listener and everything its connections share.
 pub struct Proxy {
@@ -45,6 +45,8 @@ pub struct Proxy {
     pool: Pool,
     feedback: Arc<Feedback>,
     stats: Arc<ProxyStats>,
+    /// This listener's series of `stats`.
+    own: ListenerStats,
 }
 
 impl Proxy {
@@ -56,8 +58,10 @@ impl Proxy {
         stats: Arc<ProxyStats>,
     ) -> Self {
         let pool = Pool::new(&cfg.backends, cfg.retry_interval.0);
+        let label = cfg.listen.to_string();
         Proxy {
-            label: cfg.listen.to_string(),
+            own: stats.listener(&label),
+            label,
             acceptor: TlsAcceptor::from(Arc::new(tls)),
             pool,
             cfg,
@@ -69,6 +73,11 @@ impl Proxy {
     /// The listen address.
     pub fn listen(&self) -> SocketAddr {
         self.cfg.listen
+    }
+
+    /// This listener's figures (handshake counts and CPU cost, outcomes).
+    pub fn stats(&self) -> &ListenerStats {
+        &self.own
     }
 
     /// Accepts until `stop` is cancelled; each connection runs as a task of `tracker`.
@@ -139,27 +148,15 @@ impl Proxy {
 
     fn complete(&self, peer: SocketAddr, local: SocketAddr) {
         if self.feedback.complete(&flow_key(peer, local)).is_some() {
-            self.stats
-                .completions
-                .get_or_create(&ListenerLabels {
-                    listener: self.label.clone(),
-                })
-                .inc();
+            self.own.completions.inc();
         }
     }
 
     async fn connection(self: Arc<Self>, sock: TcpStream, peer: SocketAddr) {
-        let open = self
-            .stats
-            .open
-            .get_or_create(&ListenerLabels {
-                listener: self.label.clone(),
-            })
-            .clone();
-        open.inc();
+        self.own.open.inc();
         let outcome = self.run(sock, peer).await;
-        open.dec();
-        self.stats.outcome(&self.label, outcome);
+        self.own.open.dec();
+        self.own.outcome(outcome);
         debug!(listener = %self.label, %peer, outcome = outcome.name(), "connection ended");
     }
 
@@ -190,7 +187,7 @@ impl Proxy {
                     Some(rustls::HandshakeKind::Resumed) => HandshakeKind::Resumed,
                     _ => HandshakeKind::Full,
                 };
-                self.stats.handshake(&self.label, kind, cpu);
+                self.own.handshake(kind, cpu);
                 tls
             }
         };

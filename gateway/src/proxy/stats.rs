@@ -13,9 +13,9 @@ use prometheus_client::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HandshakeKind {
     /// A full handshake (a new session).
-    Full,
+    Full = 0,
     /// A resumed session.
-    Resumed,
+    Resumed = 1,
 }
 
 impl HandshakeKind {
@@ -46,6 +46,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, in discriminant order.
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Proxied,
+        Outcome::RefusedFull,
+        Outcome::HandshakeTimeout,
+        Outcome::HandshakeError,
+        Outcome::BackendUnavailable,
+        Outcome::IdleTimeout,
+    ];
+
     /// The label value.
     pub const fn name(self) -> &'static str {
         match self {
@@ -167,37 +177,101 @@ impl ProxyStats {
         );
     }
 
-    /// Counts a finished handshake and its CPU time.
-    pub fn handshake(&self, listener: &str, kind: HandshakeKind, cpu: Duration) {
-        let labels = HandshakeLabels {
-            listener: listener.to_string(),
-            kind: kind.name(),
+    /// The series of the listener `listener`, looked up once: a connection then touches its
+    /// counters directly, with no label lookup or allocation.
+    pub fn listener(&self, listener: &str) -> ListenerStats {
+        let listener = listener.to_string();
+        let handshake = |kind: HandshakeKind| {
+            let labels = HandshakeLabels {
+                listener: listener.clone(),
+                kind: kind.name(),
+            };
+            (
+                self.handshakes.get_or_create(&labels).clone(),
+                self.handshake_cpu.get_or_create(&labels).clone(),
+            )
         };
-        self.handshakes.get_or_create(&labels).inc();
-        self.handshake_cpu
-            .get_or_create(&labels)
-            .inc_by(cpu.as_secs_f64());
+        let outcome = |o: Outcome| {
+            self.outcomes
+                .get_or_create(&OutcomeLabels {
+                    listener: listener.clone(),
+                    outcome: o.name(),
+                })
+                .clone()
+        };
+        let labels = ListenerLabels {
+            listener: listener.clone(),
+        };
+        ListenerStats {
+            open: self.open.get_or_create(&labels).clone(),
+            completions: self.completions.get_or_create(&labels).clone(),
+            handshakes: [
+                handshake(HandshakeKind::Full),
+                handshake(HandshakeKind::Resumed),
+            ],
+            outcomes: Outcome::ALL.map(outcome),
+        }
+    }
+}
+
+/// One listener's series (handles onto the families of [`ProxyStats`]).
+pub struct ListenerStats {
+    /// Connections open now.
+    pub open: Gauge,
+    /// Datapath completions the daemon counted.
+    pub completions: Counter,
+    handshakes: [(Counter, Counter<f64, AtomicU64>); 2],
+    outcomes: [Counter; Outcome::ALL.len()],
+}
+
+impl ListenerStats {
+    /// Counts a finished handshake and its CPU time.
+    pub fn handshake(&self, kind: HandshakeKind, cpu: Duration) {
+        let (n, secs) = &self.handshakes[kind as usize];
+        n.inc();
+        secs.inc_by(cpu.as_secs_f64());
     }
 
     /// Mean CPU time of a handshake of `kind` so far (the controller's cost figure); `None`
     /// before the first.
-    pub fn mean_handshake_cpu(&self, listener: &str, kind: HandshakeKind) -> Option<Duration> {
-        let labels = HandshakeLabels {
-            listener: listener.to_string(),
-            kind: kind.name(),
-        };
-        let n = self.handshakes.get_or_create(&labels).get();
-        let secs = self.handshake_cpu.get_or_create(&labels).get();
-        (n > 0).then(|| Duration::from_secs_f64(secs / n as f64))
+    pub fn mean_handshake_cpu(&self, kind: HandshakeKind) -> Option<Duration> {
+        let (n, secs) = &self.handshakes[kind as usize];
+        let n = n.get();
+        (n > 0).then(|| Duration::from_secs_f64(secs.get() / n as f64))
     }
 
     /// Counts an outcome.
-    pub fn outcome(&self, listener: &str, outcome: Outcome) {
-        self.outcomes
-            .get_or_create(&OutcomeLabels {
-                listener: listener.to_string(),
-                outcome: outcome.name(),
-            })
-            .inc();
+    pub fn outcome(&self, outcome: Outcome) {
+        self.outcomes[outcome as usize].inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listener_counts_into_the_shared_families() {
+        let stats = ProxyStats::default();
+        let l = stats.listener("127.0.0.1:8443");
+        assert_eq!(l.mean_handshake_cpu(HandshakeKind::Full), None);
+        l.handshake(HandshakeKind::Full, Duration::from_millis(2));
+        l.handshake(HandshakeKind::Full, Duration::from_millis(4));
+        l.outcome(Outcome::IdleTimeout);
+        assert_eq!(
+            l.mean_handshake_cpu(HandshakeKind::Full),
+            Some(Duration::from_millis(3))
+        );
+        assert_eq!(l.mean_handshake_cpu(HandshakeKind::Resumed), None);
+        let mut registry = Registry::default();
+        stats.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains(
+            "gateway_proxy_handshakes_total{listener=\"127.0.0.1:8443\",kind=\"full\"} 2"
+        ));
+        assert!(text.contains(
+            "gateway_proxy_connections_total{listener=\"127.0.0.1:8443\",outcome=\"idle_timeout\"} 1"
+        ));
     }
 }

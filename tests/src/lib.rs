@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod frames;
 pub mod metrics;
 pub mod netns;
+pub mod procfs;
 pub mod sipserver;
 pub mod testrun;
 pub mod tls;

@@ -114,16 +114,32 @@ impl Setup {
         scrape(&self.net, METRICS)
     }
 
-    /// Waits until no connection is open in the proxy.
+    /// Waits until no connection is open in the proxy; returns that scrape.
     fn idle(&self) -> String {
+        self.wait_open(0.0)
+    }
+
+    /// Waits until `n` connections are open in the proxy; returns that scrape.
+    fn wait_open(&self, n: f64) -> String {
         wait_for(
             &self.net,
             METRICS,
             "gateway_proxy_open_connections",
             &[],
-            |v| v == 0.0,
+            |v| v == n,
             Duration::from_secs(20),
         )
+    }
+
+    /// A raw TCP connection from the peer namespace that sends `bytes`, then nothing.
+    fn raw(&self, bytes: &[u8]) -> TcpStream {
+        use std::io::Write as _;
+        let addr = self.addr();
+        self.net.in_peer(|| {
+            let mut c = TcpStream::connect(&addr).unwrap();
+            c.write_all(bytes).unwrap();
+            c
+        })
     }
 }
 
@@ -421,21 +437,8 @@ fn a_full_pool_refuses_at_once_and_a_silent_backend_is_timed_out() {
     );
     let config = rustls_config(&s.cert);
     // A stalled handshake (slowloris) holds no backend slot.
-    let addr = s.addr();
-    let _stalled = s.net.in_peer(|| {
-        use std::io::Write as _;
-        let mut c = TcpStream::connect(&addr).unwrap();
-        c.write_all(&[22, 3, 1]).unwrap();
-        c
-    });
-    wait_for(
-        &s.net,
-        METRICS,
-        "gateway_proxy_open_connections",
-        &[],
-        |v| v == 1.0,
-        Duration::from_secs(10),
-    );
+    let _stalled = s.raw(&[22, 3, 1]);
+    s.wait_open(1.0);
     // One client takes the only slot; the backend does not answer.
     std::thread::scope(|scope| {
         let (net, addr, config) = (&s.net, s.addr(), &config);
@@ -463,20 +466,15 @@ fn a_full_pool_refuses_at_once_and_a_silent_backend_is_timed_out() {
 }
 
 /// A raw TCP connection from the peer namespace that sends `bytes` and reads until the proxy
-/// closes it; returns how long that took.
+/// closes it; returns how long that took (connect included).
 fn send_and_wait_close(s: &Setup, bytes: &[u8]) -> Duration {
-    use std::io::{Read as _, Write as _};
-    let addr = s.addr();
-    s.net.in_peer(|| {
-        let mut c = TcpStream::connect(&addr).unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let started = Instant::now();
-        c.write_all(bytes).unwrap();
-        let mut sink = Vec::new();
-        // EOF or a reset both mean closed; a read timeout would fail the caller's bound.
-        let _ = c.read_to_end(&mut sink);
-        started.elapsed()
-    })
+    use std::io::Read as _;
+    let started = Instant::now();
+    let mut c = s.raw(bytes);
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    // EOF or a reset both mean closed; a read timeout would fail the caller's bound.
+    let _ = c.read_to_end(&mut Vec::new());
+    started.elapsed()
 }
 
 #[test]
@@ -708,25 +706,11 @@ fn a_restarted_daemon_completes_the_handshakes_its_predecessor_left() {
     if !have_root("a_restarted_daemon_completes_the_handshakes") {
         return;
     }
-    use std::io::Write as _;
     let mut s = Setup::new();
     let _b = s.with_backend(Mode::Answer, "", "");
     // A hello, then silence: admitted, and the handshake never finishes.
-    let addr = s.addr();
-    let _stalled = s.net.in_peer(|| {
-        let mut c = TcpStream::connect(&addr).unwrap();
-        c.write_all(&gateway_common::testing::HelloBuilder::default().build())
-            .unwrap();
-        c
-    });
-    wait_for(
-        &s.net,
-        METRICS,
-        "gateway_proxy_open_connections",
-        &[],
-        |v| v == 1.0,
-        Duration::from_secs(10),
-    );
+    let _stalled = s.raw(&gateway_common::testing::HelloBuilder::default().build());
+    s.wait_open(1.0);
     assert_eq!(s.backlog("tls-new"), 1);
     // The daemon dies with the handshake in flight; the datapath stays attached, its backlog 1.
     s.daemon.take().unwrap().kill();

@@ -221,8 +221,6 @@ fn the_backlog_is_admitted_minus_completed() {
     }
     let prog = TestProgram::new();
     let hello = HelloBuilder::default().build();
-    let backlog =
-        |p: &TestProgram| p.maps.class_state().unwrap()[Class::TlsNew.id() as usize].backlog();
     // Three connections admitted.
     for port in [1u16, 2, 3] {
         let f = Frame::tcp(443, &hello).from_port(port).seq(10).build();
@@ -249,6 +247,11 @@ fn the_backlog_is_admitted_minus_completed() {
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
+
+/// The tls-new backlog (admitted minus every completion).
+fn backlog(prog: &TestProgram) -> u64 {
+    prog.maps.class_state().unwrap()[Class::TlsNew.id() as usize].backlog()
+}
 
 fn set_policy(prog: &mut TestProgram, class: Class, p: gateway::config::PolicyConfig) {
     prog.maps.set_policy(class, p.to_map()).unwrap();
@@ -515,8 +518,6 @@ fn a_terminated_service_leaves_completions_to_the_daemon() {
     );
     assert_eq!(feedback.complete(&key), Some(Class::TlsNew));
     assert_eq!(feedback.complete(&key), None);
-    let backlog =
-        |p: &TestProgram| p.maps.class_state().unwrap()[Class::TlsNew.id() as usize].backlog();
     assert_eq!(backlog(&prog), 0);
     assert_eq!(prog.run(Hook::Xdp, &hello_from(3), 1).0, XDP_PASS);
     // A connection the datapath never saw (or rejected) is nothing to complete.
@@ -554,8 +555,6 @@ fn a_reused_client_port_starts_afresh() {
     set_policy(&mut prog, Class::TlsNew, Default::default());
     assert_eq!(prog.run(Hook::Xdp, &syn(7), 1).0, XDP_PASS);
     assert_eq!(prog.run(Hook::Xdp, &from(7), 1).0, XDP_PASS);
-    let backlog =
-        |p: &TestProgram| p.maps.class_state().unwrap()[Class::TlsNew.id() as usize].backlog();
     assert_eq!(backlog(&prog), 1);
     // Reused again while admitted and not completed: the old connection completes.
     assert_eq!(prog.run(Hook::Xdp, &syn(7), 1).0, XDP_PASS);

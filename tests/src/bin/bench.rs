@@ -12,16 +12,12 @@ use gateway_tests::{
     frames::{Frame, client_hello_head},
     have_root,
     netns::TestNet,
+    procfs::{median, rss_bytes},
     testrun::{Hook, TestProgram},
 };
 
 const REPEAT: u32 = 5_000_000;
 const ROUNDS: usize = 9;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 fn main() {
     if !have_root("bench") {
@@ -84,17 +80,12 @@ fn main() {
 
     let net = TestNet::new();
     let daemon = Daemon::start(&net, &["--iface", &net.gw_if], Duration::from_secs(30));
-    let pid = daemon_pid(&net);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let rss_kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
+    let rss = rss_bytes(daemon.pid());
+    assert!(rss > 0, "VmRSS of the daemon");
     println!("\n# Daemon at idle\n\n| figure | value | target |\n|---|---:|---:|");
     println!(
         "| resident memory (VmRSS) | {:.1} MB | < 30 MB |",
-        rss_kb as f64 / 1024.0
+        rss as f64 / (1 << 20) as f64
     );
     let (exit, _) = daemon.terminate(Duration::from_secs(10));
     assert!(exit.success());
@@ -231,13 +222,4 @@ fn timed(prog: &TestProgram, hook: Hook, frame: &[u8]) -> f64 {
     let start = std::time::Instant::now();
     prog.run(hook, frame, REPEAT);
     start.elapsed().as_nanos() as f64 / f64::from(REPEAT)
-}
-
-/// The pid of the `gateway run` process in the test's gateway namespace.
-fn daemon_pid(net: &TestNet) -> u32 {
-    let out = net.exec(&net.gw_ns, "pgrep", &["-n", "-f", "gateway.*run"]);
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("daemon pid")
 }

@@ -22,6 +22,7 @@ use gateway_tests::{
     have_root,
     metrics::{scrape, value},
     netns::{GW_V4, TestNet},
+    procfs::{median, tree_cpu_seconds, tree_rss_bytes},
     tls::{Cert, rustls_config, wait_listening},
 };
 
@@ -30,48 +31,6 @@ const SECONDS: u32 = 4;
 const BULK: usize = 256 << 20;
 const IDLE: usize = 1000;
 const METRICS: u16 = 9477;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// CPU seconds (user + system) of `pid` and its child processes.
-fn cpu_seconds(pid: u32) -> f64 {
-    let ticks = |pid: u32| -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let f: Vec<&str> = after.split_whitespace().collect();
-        f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-    };
-    let children =
-        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-    let total: u64 = ticks(pid)
-        + children
-            .split_whitespace()
-            .filter_map(|c| c.parse().ok())
-            .map(ticks)
-            .sum::<u64>();
-    // SAFETY: sysconf has no preconditions.
-    total as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
-}
-
-/// Resident memory of `pid` and its children, bytes.
-fn rss(pid: u32) -> u64 {
-    let one = |pid: &str| -> u64 {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .unwrap_or(0)
-            * 1024
-    };
-    let children =
-        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-    one(&pid.to_string()) + children.split_whitespace().map(one).sum::<u64>()
-}
 
 /// `openssl s_time` from the peer namespace on core 1; the connections it made.
 fn s_time(net: &TestNet, addr: &str, args: &[&str]) -> u64 {
@@ -109,9 +68,9 @@ fn s_time(net: &TestNet, addr: &str, args: &[&str]) -> u64 {
 
 /// Handshakes per CPU-second of `pid` under one s_time run.
 fn rate(net: &TestNet, pid: u32, addr: &str, args: &[&str]) -> f64 {
-    let before = cpu_seconds(pid);
+    let before = tree_cpu_seconds(pid);
     let n = s_time(net, addr, args);
-    let spent = cpu_seconds(pid) - before;
+    let spent = tree_cpu_seconds(pid) - before;
     n as f64 / spent.max(0.01)
 }
 
@@ -299,7 +258,7 @@ fn main() {
         );
         println!("| server | bytes per idle connection | target |\n|---|---:|---:|");
         for (name, pid, port) in [("gateway", gw, 8443), ("nginx", nginx_pid, 9443)] {
-            let before = rss(pid);
+            let before = tree_rss_bytes(pid);
             let after = idle_connections(&net, &cert, port, IDLE, || {
                 if name == "gateway" {
                     // Every handshake done and every backend connection made.
@@ -310,7 +269,7 @@ fn main() {
                         assert!(Instant::now() < deadline, "connections did not settle");
                     }
                 }
-                rss(pid)
+                tree_rss_bytes(pid)
             });
             let per = after.saturating_sub(before) as f64 / IDLE as f64;
             println!("| {name} | {per:.0} | < 16384 |");

@@ -1,0 +1,49 @@
+//! What the benchmarks read of a process from /proc: resident memory and CPU time, of a process
+//! alone or with its child processes (nginx's workers).
+
+/// The child processes of `pid`.
+pub fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse().ok())
+        .collect()
+}
+
+/// Resident memory (VmRSS) of `pid`, bytes; 0 once it is gone.
+pub fn rss_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+/// CPU seconds (user + system, all threads) of `pid`; 0 once it is gone.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime, fields 14 and 15 of stat(5), counted after the command's ')'.
+    // SAFETY: sysconf has no preconditions.
+    (field(11) + field(12)) as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// [`rss_bytes`] of `pid` and its children.
+pub fn tree_rss_bytes(pid: u32) -> u64 {
+    rss_bytes(pid) + children(pid).into_iter().map(rss_bytes).sum::<u64>()
+}
+
+/// [`cpu_seconds`] of `pid` and its children.
+pub fn tree_cpu_seconds(pid: u32) -> f64 {
+    cpu_seconds(pid) + children(pid).into_iter().map(cpu_seconds).sum::<f64>()
+}
+
+/// The median of `v` (the upper one of an even count).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}

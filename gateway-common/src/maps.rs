@@ -264,6 +264,18 @@ impl ServiceValue {
     }
 }
 
+/// The service kind a `SERVICE_PORTS` byte carries (`None`: not protected).
+#[inline(always)]
+pub const fn port_kind(byte: u8) -> Option<ServiceKind> {
+    ServiceKind::from_id((byte & !PORT_TERMINATED) as u32)
+}
+
+/// Whether a `SERVICE_PORTS` byte marks a [`SERVICE_TERMINATED`] service.
+#[inline(always)]
+pub const fn port_terminated(byte: u8) -> bool {
+    byte & PORT_TERMINATED != 0
+}
+
 /// Completions the daemon counted for one class (the daemon is its only writer). The datapath's
 /// backlog of a class is `admitted - completed - daemon completions`.
 #[repr(C)]
@@ -627,6 +639,9 @@ mod tests {
             ServiceKind::from_id(u32::from(v.port_byte() & !PORT_TERMINATED)),
             Some(ServiceKind::Tls)
         );
+        assert_eq!(port_kind(v.port_byte()), Some(ServiceKind::Tls));
+        assert!(port_terminated(v.port_byte()));
+        assert_eq!(port_kind(0), None);
     }
 
     #[test]

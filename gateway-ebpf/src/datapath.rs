@@ -8,7 +8,7 @@ use gateway_common::{
     bytes::PacketBytes,
     maps::{
         CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, DatapathCounters, IPPROTO_TCP, IPPROTO_UDP,
-        PORT_TERMINATED, ServiceKind, service_port_index,
+        ServiceKind, port_kind, port_terminated, service_port_index,
     },
     packet::{Kind, parse},
 };
@@ -59,10 +59,9 @@ pub fn process<C: EbpfContext + CopyOut + JumpToSip, B: PacketBytes>(
             let port = service_port_index(t.proto, t.dst_port)
                 .and_then(|i| SERVICE_PORTS.get(i))
                 .map_or(0, |k| *k);
-            let kind = ServiceKind::from_id(u32::from(port & !PORT_TERMINATED));
-            match kind {
+            match port_kind(port) {
                 Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => {
-                    tls_packet(ctx, b, &pkt, port & PORT_TERMINATED != 0)
+                    tls_packet(ctx, b, &pkt, port_terminated(port))
                 }
                 Some(ServiceKind::Sip) if t.proto == IPPROTO_UDP => {
                     // SIP runs in a program of its own, verified on its own (its parser would

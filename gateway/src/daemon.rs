@@ -271,19 +271,20 @@ async fn start_proxies(
     tracker: &TaskTracker,
 ) -> Result<Proxies, DaemonError> {
     let stats = Arc::new(ProxyStats::default());
-    if !cfg.proxies.is_empty() {
-        let orphans = Feedback::open(pins, Duration::ZERO)?.complete_orphans();
-        if orphans > 0 {
-            info!(
-                connections = orphans,
-                "completed the handshakes a previous daemon left in the backlog"
-            );
-        }
-    }
     let mut ready = Vec::new();
     for (index, p) in cfg.proxies.iter().enumerate() {
         let lifetime = p.tls.session_lifetime.0;
         let feedback = Arc::new(Feedback::open(pins, lifetime)?);
+        if index == 0 {
+            // Nothing listens yet: every flow left to a daemon was a predecessor's.
+            let orphans = feedback.complete_orphans();
+            if orphans > 0 {
+                info!(
+                    connections = orphans,
+                    "completed the handshakes a previous daemon left in the backlog"
+                );
+            }
+        }
         let tls = crate::tls::server_config(&p.tls, feedback.clone()).map_err(|source| {
             DaemonError::Tls {
                 index,

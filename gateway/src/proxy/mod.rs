@@ -106,7 +106,7 @@ impl Proxy {
         debug!(listener = %self.label, "stopped accepting");
     }
 
-    /// Expires published session keys as their lifetime ends, and refreshes the pool gauges.
+    /// Expires published session keys as their lifetime ends.
     pub async fn housekeeping(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
@@ -115,11 +115,10 @@ impl Proxy {
                 _ = tick.tick() => {}
             }
             self.feedback.expire(std::time::Instant::now());
-            self.refresh_gauges();
         }
     }
 
-    /// Sets the pool gauges from the pool's state.
+    /// Sets the pool gauges from the pool's state (before each scrape).
     pub fn refresh_gauges(&self) {
         let now = std::time::Instant::now();
         for m in self.pool.members() {

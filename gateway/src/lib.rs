@@ -2,6 +2,7 @@
 //! and manages its services, policies and counters through the pinned maps.
 #![deny(missing_docs)]
 
+pub mod accept;
 pub mod caps;
 pub mod cli;
 pub mod commands;

@@ -9,7 +9,7 @@ use tokio::{
     net::{TcpListener, TcpStream},
 };
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::debug;
 
 /// Largest request head read.
 const MAX_REQUEST: usize = 8192;
@@ -26,26 +26,15 @@ pub async fn serve(
     refresh: Arc<Vec<Refresh>>,
     stop: CancellationToken,
 ) {
-    loop {
-        let accepted = tokio::select! {
-            _ = stop.cancelled() => return,
-            a = listener.accept() => a,
-        };
-        match accepted {
-            Ok((sock, _)) => {
-                let (registry, refresh) = (registry.clone(), refresh.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = answer(sock, &registry, &refresh).await {
-                        debug!(error = %e, "metrics request");
-                    }
-                });
+    crate::accept::accept_until(listener, &stop, "metrics", |sock, _| {
+        let (registry, refresh) = (registry.clone(), refresh.clone());
+        tokio::spawn(async move {
+            if let Err(e) = answer(sock, &registry, &refresh).await {
+                debug!(error = %e, "metrics request");
             }
-            Err(e) => {
-                warn!(error = %e, "metrics accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+        });
+    })
+    .await
 }
 
 async fn answer(

@@ -87,22 +87,10 @@ impl Proxy {
         stop: CancellationToken,
         tracker: TaskTracker,
     ) {
-        loop {
-            let accepted = tokio::select! {
-                _ = stop.cancelled() => break,
-                a = listener.accept() => a,
-            };
-            match accepted {
-                Ok((sock, peer)) => {
-                    tracker.spawn(self.clone().connection(sock, peer));
-                }
-                Err(e) => {
-                    // Out of descriptors or memory: back off rather than spin on the error.
-                    warn!(listener = %self.label, error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
+        crate::accept::accept_until(listener, &stop, &self.label, |sock, peer| {
+            tracker.spawn(self.clone().connection(sock, peer));
+        })
+        .await;
         debug!(listener = %self.label, "stopped accepting");
     }
 

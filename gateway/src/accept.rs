@@ -1,0 +1,34 @@
+//! The accept loop the proxy listeners and the metrics endpoint share.
+
+use std::{net::SocketAddr, time::Duration};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+/// How long an accept error (out of descriptors or memory) pauses the loop, rather than letting it
+/// spin on the error.
+const BACKOFF: Duration = Duration::from_millis(50);
+
+/// Accepts on `listener` until `stop` is cancelled, handing each connection to `handle`. `what`
+/// names the listener in error logs. The listening socket closes when this returns.
+pub async fn accept_until(
+    listener: TcpListener,
+    stop: &CancellationToken,
+    what: &str,
+    mut handle: impl FnMut(TcpStream, SocketAddr),
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((sock, peer)) => handle(sock, peer),
+            Err(e) => {
+                warn!(listener = what, error = %e, "accept failed");
+                tokio::time::sleep(BACKOFF).await;
+            }
+        }
+    }
+}

@@ -39,11 +39,15 @@ pub mod names {
     pub const XDP_JUMP: &str = "XDP_JUMP";
     /// The TC hook's jump table (index 0: the SIP program), pinned likewise.
     pub const TC_JUMP: &str = "TC_JUMP";
-    /// Per-class completions counted by the daemon ([`super::DaemonCompletions`]).
-    pub const DAEMON_COMPLETIONS: &str = "DAEMON_COMPLETIONS";
+    /// Admitted TLS connections the server has not answered yet ([`super::FlowKey`] to
+    /// [`super::Pending`]): not LRU, so nothing can evict them.
+    pub const TLS_PENDING: &str = "TLS_PENDING";
+    /// Admitted SIP requests the server has not answered yet (unit key, see
+    /// `SipInfo::unit_key`, to [`super::Pending`]): not LRU either.
+    pub const SIP_PENDING: &str = "SIP_PENDING";
 
     /// Every map the gateway pins, in a fixed order.
-    pub const ALL: [&str; 16] = [
+    pub const ALL: [&str; 17] = [
         CLASS_STATS,
         CLASS_POLICY,
         CLASS_STATE,
@@ -59,7 +63,8 @@ pub mod names {
         SIP_LATENCY,
         XDP_JUMP,
         TC_JUMP,
-        DAEMON_COMPLETIONS,
+        TLS_PENDING,
+        SIP_PENDING,
     ];
 }
 
@@ -69,7 +74,8 @@ pub mod programs {
     pub const XDP: &str = "gateway_xdp";
     /// The same classifier as a TC ingress program (fallback hook).
     pub const TC_INGRESS: &str = "gateway_tc_ingress";
-    /// The TC egress program: completions and service times of SIP transactions.
+    /// The TC egress program: completions of TLS connections and SIP transactions (the server's
+    /// answers), and SIP service times.
     pub const TC_EGRESS: &str = "gateway_tc_egress";
     /// The SIP classifier of the XDP hook, reached by tail call from [`XDP`].
     pub const XDP_SIP: &str = "gateway_xdp_sip";
@@ -143,7 +149,7 @@ pub const POLICY_LIMIT_RATE: u64 = 1 << 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClassPolicy {
-    /// Maximum backlog (admitted minus completed).
+    /// Maximum backlog (see [`ClassState::backlog`]).
     pub backlog_limit: u64,
     /// Sustained admissions per second (GCRA emission interval = 1 s / rate).
     pub rate_per_sec: u64,
@@ -151,30 +157,90 @@ pub struct ClassPolicy {
     pub burst: u64,
     /// `POLICY_*` bits.
     pub flags: u64,
+    /// How long an admitted unit may go unanswered before it expires, in nanoseconds; 0: the
+    /// class's default ([`default_timeout_ns`]).
+    pub timeout_ns: u64,
+}
+
+/// The default unit timeout of a class, in nanoseconds: for a TLS connection, a handshake
+/// timeout (10 s: the server answers a hello within milliseconds unless it is lost or
+/// overwhelmed); for a SIP request, 2 s, well under Timer B (32 s): by then an unanswered client
+/// has retransmitted twice (T1 = 500 ms), and its retransmissions are judged on their own.
+pub const fn default_timeout_ns(class: crate::Class) -> u64 {
+    match class {
+        crate::Class::SipOriginal | crate::Class::SipRetransmission | crate::Class::SipExempt => {
+            2_000_000_000
+        }
+        _ => 10_000_000_000,
+    }
+}
+
+/// The unit timeout in force for `class` under `policy`.
+#[inline(always)]
+pub const fn timeout_ns(class: crate::Class, policy: &ClassPolicy) -> u64 {
+    if policy.timeout_ns != 0 {
+        policy.timeout_ns
+    } else {
+        default_timeout_ns(class)
+    }
 }
 
 /// Admission state of one class, shared by all CPUs and updated atomically.
 ///
-/// The backlog is `admitted - completed`: both only ever grow, the datapath increments `admitted`
-/// and whoever sees a completion increments `completed`, so there is no read-modify-write race.
+/// Every admitted unit (a TLS connection, a SIP request) is a [`Pending`] entry until it ends,
+/// exactly once: it completes when the server answers (seen leaving the host), or it expires
+/// when its class's timeout passes first. Whoever deletes the entry counts the end, so the three
+/// counters only ever grow and never race: see [`backlog`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClassState {
     /// Admissions so far (monotonic).
     pub admitted: u64,
-    /// Completions so far (monotonic).
+    /// Units the server answered (monotonic).
     pub completed: u64,
+    /// Units that went unanswered past their timeout and were released (monotonic): the signal
+    /// of a lost or overwhelmed server, or of an attack.
+    pub expired: u64,
     /// GCRA theoretical arrival time, in nanoseconds of `bpf_ktime_get_ns`.
     pub gcra_tat_ns: u64,
-    /// Reserved, zero.
-    pub reserved: u64,
+    /// When the datapath next looks for expired units of this class (`bpf_ktime_get_ns`).
+    pub sweep_ns: u64,
 }
 
 impl ClassState {
-    /// Current backlog: admitted minus completed (never negative).
+    /// Current backlog: see [`backlog`].
     pub const fn backlog(&self) -> u64 {
-        self.admitted.saturating_sub(self.completed)
+        backlog(self.admitted, self.completed, self.expired)
     }
+}
+
+/// The backlog of a class: units admitted and not yet ended, `admitted - completed - expired`
+/// (never negative). The one formula the datapath, the CLI and the metrics use.
+#[inline(always)]
+pub const fn backlog(admitted: u64, completed: u64, expired: u64) -> u64 {
+    admitted.saturating_sub(completed).saturating_sub(expired)
+}
+
+/// How often the datapath looks for expired units of a class, in nanoseconds.
+pub const SWEEP_INTERVAL_NS: u64 = 100_000_000;
+
+/// Entries of each pending table (`TLS_PENDING`, `SIP_PENDING`). When one is full, new work of
+/// its classes is refused (counted in [`DatapathCounters::pending_full`]) and admitted work keeps
+/// its place.
+pub const MAX_PENDING: u32 = 65536;
+
+/// An admitted unit that has not ended yet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pending {
+    /// When it was admitted (`bpf_ktime_get_ns`).
+    pub admitted_ns: u64,
+    /// When it expires unless answered (`bpf_ktime_get_ns`).
+    pub deadline_ns: u64,
+    /// Its class id.
+    pub class: u32,
+    /// Padding, zero.
+    pub pad: u32,
 }
 
 /// IP protocol number of TCP.
@@ -244,8 +310,8 @@ pub struct ServiceValue {
     pub flags: u32,
 }
 
-/// [`ServiceValue::flags`]: the gateway daemon terminates this (TLS) service itself and counts
-/// each connection's completion when its handshake ends; the datapath does not watch for it.
+/// [`ServiceValue::flags`]: the gateway daemon terminates this (TLS) service itself (its own
+/// proxy listener). Informational: completions are counted the same way for every service.
 pub const SERVICE_TERMINATED: u32 = 1 << 0;
 
 /// Bit of a `SERVICE_PORTS` byte set for a [`SERVICE_TERMINATED`] service; the low bits hold the
@@ -274,15 +340,6 @@ pub const fn port_kind(byte: u8) -> Option<ServiceKind> {
 #[inline(always)]
 pub const fn port_terminated(byte: u8) -> bool {
     byte & PORT_TERMINATED != 0
-}
-
-/// Completions the daemon counted for one class (the daemon is its only writer). The datapath's
-/// backlog of a class is `admitted - completed - daemon completions`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DaemonCompletions {
-    /// Completions so far (monotonic).
-    pub completed: u64,
 }
 
 /// [`DatapathConfig::flags`]: drop IP fragments instead of passing them.
@@ -362,6 +419,8 @@ pub struct DatapathCounters {
     pub ipv6: u64,
     /// IPv4 packets carrying options.
     pub ipv4_options: u64,
+    /// Units refused because their pending table was full.
+    pub pending_full: u64,
 }
 
 impl DatapathCounters {
@@ -376,6 +435,7 @@ impl DatapathCounters {
         self.vlan += o.vlan;
         self.ipv6 += o.ipv6;
         self.ipv4_options += o.ipv4_options;
+        self.pending_full += o.pending_full;
     }
 }
 
@@ -407,13 +467,6 @@ pub const FLOW_ADMITTED: u8 = 1;
 /// [`TlsFlow::state`]: rejected; later packets are dropped.
 pub const FLOW_REJECTED: u8 = 2;
 
-/// [`TlsFlow::completed`]: not yet; the datapath watches for the client's second flight.
-pub const COMPLETION_PENDING: u8 = 0;
-/// [`TlsFlow::completed`]: counted.
-pub const COMPLETION_COUNTED: u8 = 1;
-/// [`TlsFlow::completed`]: the daemon terminates the connection and counts its completion.
-pub const COMPLETION_BY_DAEMON: u8 = 2;
-
 /// State of one TLS connection.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -428,8 +481,8 @@ pub struct TlsFlow {
     pub state: u8,
     /// The class the connection was admitted or rejected in.
     pub class: u8,
-    /// `COMPLETION_*`: whether and by whom its completion is counted.
-    pub completed: u8,
+    /// Padding, zero.
+    pub pad: u8,
     /// Segments the hello took.
     pub segments: u8,
 }
@@ -471,7 +524,7 @@ pub struct TlsCounters {
     pub out_of_order: u64,
     /// Packets of rejected connections, dropped.
     pub rejected_flow_packets: u64,
-    /// Admitted connections seen to finish their handshake or close.
+    /// Admitted connections the server answered (its first flight, or its close, seen leaving).
     pub completions: u64,
 }
 
@@ -495,6 +548,9 @@ pub const TLS_REJECTS_BYTES: u32 = 64 * 1024;
 pub const REJECT_BACKLOG: u8 = 1;
 /// [`RejectEvent::reason`]: the class's rate limit was exceeded.
 pub const REJECT_RATE: u8 = 2;
+/// [`RejectEvent::reason`]: the pending table that would hold the unit is full (counted with
+/// the backlog drops, and in [`DatapathCounters::pending_full`]).
+pub const REJECT_FULL: u8 = 3;
 
 /// A connection the datapath rejected: the daemon destroys the server's socket for it, which
 /// also resets the client.
@@ -514,22 +570,18 @@ pub struct RejectEvent {
 /// Entries of the SIP transaction table (LRU).
 pub const MAX_SIP_TXNS: u32 = 65536;
 
-/// A SIP transaction the datapath has seen a request of.
+/// A SIP transaction the datapath has seen a request of (LRU: it only tells retransmissions
+/// from originals; what the backlog holds is in `SIP_PENDING`, which nothing evicts).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SipTxn {
-    /// When its first request was admitted, `CLOCK_MONOTONIC` ns.
+    /// When its first request was seen, `CLOCK_MONOTONIC` ns.
     pub first_ns: u64,
     /// Requests of it seen (the original and its retransmissions).
     pub requests: u32,
-    /// `TXN_*` bits.
+    /// Reserved, zero.
     pub flags: u32,
 }
-
-/// [`SipTxn::flags`]: the original was admitted (it counts in the backlog).
-pub const TXN_ADMITTED: u32 = 1 << 0;
-/// [`SipTxn::flags`]: the server's first response left the host (the completion was counted).
-pub const TXN_RESPONDED: u32 = 1 << 1;
 
 /// Buckets of a [`LatencyHistogram`].
 pub const LATENCY_BUCKETS: usize = 32;
@@ -601,17 +653,17 @@ mod tests {
     #[test]
     fn no_implicit_padding() {
         assert_eq!(size_of::<ClassStats>(), 6 * 8);
-        assert_eq!(size_of::<ClassPolicy>(), 4 * 8);
-        assert_eq!(size_of::<ClassState>(), 4 * 8);
+        assert_eq!(size_of::<ClassPolicy>(), 5 * 8);
+        assert_eq!(size_of::<ClassState>(), 5 * 8);
+        assert_eq!(size_of::<Pending>(), 8 + 8 + 4 + 4);
         assert_eq!(size_of::<ServiceKey>(), 2 + 1 + 1);
         assert_eq!(size_of::<ServiceValue>(), 4 + 4);
-        assert_eq!(size_of::<DaemonCompletions>(), 8);
         assert_eq!(size_of::<DatapathConfig>(), 8 + 4 + 4);
-        assert_eq!(size_of::<DatapathCounters>(), 9 * 8);
+        assert_eq!(size_of::<DatapathCounters>(), 10 * 8);
         assert_eq!(size_of::<FlowKey>(), 16 + 16 + 2 + 2 + 4);
         assert_eq!(
             size_of::<crate::tls::HelloState>(),
-            4 * 4 + 2 + 6 + 2 + 2 + 3 * 16
+            4 * 4 + 2 + 6 + 2 + 2 + 4 + 3 * 16
         );
         assert_eq!(
             size_of::<TlsFlow>(),
@@ -645,13 +697,20 @@ mod tests {
     }
 
     #[test]
-    fn backlog_is_admitted_minus_completed() {
+    fn backlog_is_admitted_minus_completed_minus_expired() {
         let s = ClassState {
             admitted: 10,
             completed: 7,
             ..Default::default()
         };
         assert_eq!(s.backlog(), 3);
+        let s = ClassState {
+            admitted: 10,
+            completed: 7,
+            expired: 2,
+            ..Default::default()
+        };
+        assert_eq!(s.backlog(), 1);
         let s = ClassState {
             admitted: 1,
             completed: 2,

@@ -1,9 +1,9 @@
 //! `aya::Pod` for the map types, so the daemon can read and write them through aya's typed maps.
 
 use crate::maps::{
-    ClassPolicy, ClassState, ClassStats, DaemonCompletions, DatapathConfig, DatapathCounters,
-    FlowKey, IssuedKey, IssuedValue, LatencyHistogram, RejectEvent, ServiceKey, ServiceValue,
-    SipTxn, TlsCounters, TlsFlow,
+    ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
+    IssuedValue, LatencyHistogram, Pending, RejectEvent, ServiceKey, ServiceValue, SipTxn,
+    TlsCounters, TlsFlow,
 };
 
 // SAFETY: every type is #[repr(C)], Copy, made only of integers, and has no implicit padding
@@ -23,4 +23,4 @@ unsafe impl aya::Pod for TlsCounters {}
 unsafe impl aya::Pod for RejectEvent {}
 unsafe impl aya::Pod for SipTxn {}
 unsafe impl aya::Pod for LatencyHistogram {}
-unsafe impl aya::Pod for DaemonCompletions {}
+unsafe impl aya::Pod for Pending {}

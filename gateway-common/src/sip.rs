@@ -152,6 +152,26 @@ impl SipInfo {
         Some(h)
     }
 
+    /// The key of the unit of work an admitted request is, the one its response completes: the
+    /// transaction key when there is one, else a key over the Call-ID, the CSeq number and the
+    /// CSeq method, which a response carries unchanged (RFC 3261 §8.2.6.2) even when the top Via
+    /// has no branch or a line beyond the parser's bounds. `None` when neither can be built: such
+    /// a request is refused, since nothing could ever complete it.
+    pub const fn unit_key(&self) -> Option<u64> {
+        if let Some(k) = self.transaction_key() {
+            return Some(k);
+        }
+        if self.have & (HAVE_CALL_ID | HAVE_CSEQ) != HAVE_CALL_ID | HAVE_CSEQ {
+            return None;
+        }
+        // A different starting point than the transaction key's, so the two never meet.
+        let mut h = mix(FNV_OFFSET, UNIT_KEY_DOMAIN);
+        h = mix(h, self.call_id_hash);
+        h = mix(h, self.cseq as u64);
+        h = mix(h, self.cseq_method_hash);
+        Some(h)
+    }
+
     /// The class by the message alone: responses, ACK, CANCEL, BYE and in-dialog requests are
     /// exempt; a marked request is a retransmission; any other request, and anything malformed or
     /// unfinished, is an original. (The datapath turns originals whose transaction it has seen
@@ -169,6 +189,9 @@ impl SipInfo {
         }
     }
 }
+
+/// Mixed first into a fallback unit key (`b"unit-key"`).
+const UNIT_KEY_DOMAIN: u64 = u64::from_be_bytes(*b"unit-key");
 
 const fn mix(h: u64, v: u64) -> u64 {
     let mut h = h;

@@ -4,8 +4,16 @@
 //! struct ([`HelloState`]). It reads only through [`PacketBytes`], consumes one segment at a time,
 //! and can stop at any byte and resume with the next in-order TCP segment. Post-quantum key shares
 //! make hellos of 1.5 to 1.8 KB, so the pre_shared_key extension usually sits in the second
-//! segment. Each [`HelloState::step`] either consumes at least one byte or completes a field, and
-//! a segment is given at most [`MAX_STEPS`] steps, so the work per segment is bounded.
+//! segment. Each [`HelloState::step`] either completes a field or uses up the segment, and a
+//! hello may complete at most [`MAX_FIELDS`] fields, whatever the segments it comes in: the
+//! budget belongs to the hello, so where the stream is cut never changes the verdict. A window
+//! therefore needs at most [`MAX_STEPS`] steps.
+//!
+//! A reader looks at most [`WINDOW`] bytes into what it is given (the eBPF program copies that
+//! much into scratch memory at a time), so a longer segment is read as consecutive windows (see
+//! [`Segment::window`]): a hello in one segment of 4 KB and the same hello in two segments of 2
+//! KB get the same verdict. A hello longer than [`MAX_HELLO`] bytes is malformed, however it is
+//! cut, which bounds the windows one segment can need ([`MAX_WINDOWS`]).
 //!
 //! What counts as an offer:
 //! - TLS 1.3 (supported_versions lists 0x0304): only the pre_shared_key extension (41), which must
@@ -18,12 +26,23 @@
 //! lies, an extension walk past the end or a pre_shared_key that is not last, is
 //! [`Verdict::Malformed`]. That is never a resumption.
 
-use crate::bytes::PacketBytes;
+use crate::bytes::{MAX_READ_OFFSET, PacketBytes, SliceBytes};
 
 /// Bytes of an offered session id, ticket or PSK identity used as its key.
 pub const KEY_LEN: usize = 16;
-/// Steps given to one segment.
-pub const MAX_STEPS: usize = 160;
+/// Bytes of a segment a reader is given at once: one window.
+pub const WINDOW: u32 = MAX_READ_OFFSET as u32;
+/// Longest ClientHello followed (stream bytes, record header included); a longer one is
+/// malformed. A post-quantum hello with a PSK is about 1.8 KB.
+pub const MAX_HELLO: u32 = 8192;
+/// Windows one segment can need before the hello is decided or over [`MAX_HELLO`]: a segment
+/// starting anywhere in the hello covers at most this many windows of it.
+pub const MAX_WINDOWS: u32 = MAX_HELLO / WINDOW + 1;
+/// Fields one hello may complete; a hello that needs more is malformed.
+pub const MAX_FIELDS: u8 = 160;
+/// Steps that one segment can take: every field of the budget, the step that uses the segment up
+/// (part of a field), and the one that finds it used up.
+pub const MAX_STEPS: usize = MAX_FIELDS as usize + 2;
 /// supported_versions entries examined; the rest of the list is skipped.
 pub const MAX_VERSIONS: u8 = 16;
 
@@ -138,15 +157,33 @@ impl Step {
     }
 }
 
-/// Where a TCP segment's payload is, in the packet and in the TLS stream.
+/// Where a TCP segment's payload (or one window of it) is, in the reader and in the TLS stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
-    /// Offset of the payload in the packet.
+    /// Offset of the payload in the reader.
     pub offset: usize,
     /// Payload length.
     pub len: u32,
     /// Offset of the payload's first byte in the stream (0 for the segment that starts the hello).
     pub stream_offset: u32,
+}
+
+impl Segment {
+    /// Window `w` of this segment as a segment of its own, its bytes at offset 0 of a reader
+    /// holding just them (`None` past the end or past [`MAX_WINDOWS`]).
+    #[inline(always)]
+    pub const fn window(&self, w: u32) -> Option<Segment> {
+        let start = w * WINDOW;
+        if w >= MAX_WINDOWS || start >= self.len {
+            return None;
+        }
+        let left = self.len - start;
+        Some(Segment {
+            offset: 0,
+            len: if left < WINDOW { left } else { WINDOW },
+            stream_offset: self.stream_offset.wrapping_add(start),
+        })
+    }
 }
 
 /// The parser's whole state: kept per flow between segments. `#[repr(C)]`, no implicit padding.
@@ -181,6 +218,10 @@ pub struct HelloState {
     /// supported_versions entries left / examined.
     versions_left: u8,
     versions_seen: u8,
+    /// Fields completed so far (at most [`MAX_FIELDS`]).
+    fields: u8,
+    /// Padding.
+    pad: [u8; 3],
     /// The current field's bytes.
     acc: [u8; KEY_LEN],
     /// The session id's first bytes.
@@ -216,6 +257,8 @@ impl HelloState {
             ext_key_len: 0,
             versions_left: 0,
             versions_seen: 0,
+            fields: 0,
+            pad: [0; 3],
             acc: [0; KEY_LEN],
             sid_key: [0; KEY_LEN],
             ext_key: [0; KEY_LEN],
@@ -259,17 +302,30 @@ impl HelloState {
         }
     }
 
-    /// Feeds `seg`, at most [`MAX_STEPS`] steps. Returns the verdict so far. A segment that does
-    /// not start exactly where the previous one ended makes the hello malformed.
-    #[inline(always)]
-    pub fn feed<B: PacketBytes>(&mut self, b: &B, seg: &Segment) -> Verdict {
-        self.begin_segment(seg);
-        for _ in 0..MAX_STEPS {
-            if self.step(b, seg) {
+    /// Feeds one segment's payload, whose first byte is at `stream_offset` in the stream, window
+    /// by window (userspace; the eBPF program drives the same steps itself). Returns the verdict
+    /// so far. A segment that does not start exactly where the previous one ended makes the hello
+    /// malformed.
+    pub fn feed(&mut self, payload: &[u8], stream_offset: u32) -> Verdict {
+        let seg = Segment {
+            offset: 0,
+            len: payload.len() as u32,
+            stream_offset,
+        };
+        self.begin_segment(&seg);
+        for w in 0..MAX_WINDOWS {
+            let Some(win) = seg.window(w) else {
                 break;
+            };
+            let start = (w * WINDOW) as usize;
+            let bytes = SliceBytes(&payload[start..start + win.len as usize]);
+            for _ in 0..MAX_STEPS {
+                if self.step(&bytes, &win) {
+                    break;
+                }
             }
         }
-        self.end_segment(seg)
+        self.end_segment(&seg)
     }
 
     /// Before the steps of a segment: a segment that does not start where the previous one ended
@@ -301,6 +357,10 @@ impl HelloState {
         if self.verdict != Verdict::Pending as u8 {
             return true;
         }
+        if self.fields >= MAX_FIELDS {
+            self.malformed();
+            return true;
+        }
         let seg_end = seg.stream_offset.saturating_add(seg.len);
         if self.consumed < seg.stream_offset || self.consumed >= seg_end {
             return true;
@@ -312,6 +372,7 @@ impl HelloState {
             self.consumed += n;
             self.need -= n;
             if self.need == 0 {
+                self.fields += 1;
                 self.after_skip(step);
             }
             return false;
@@ -337,6 +398,7 @@ impl HelloState {
         if self.acc_len as u32 == self.need {
             self.acc_len = 0;
             self.need = 0;
+            self.fields += 1;
             self.on_field(step);
         }
         false
@@ -350,7 +412,7 @@ impl HelloState {
     /// Continues with `step` over `n` bytes, if they fit in the handshake message.
     #[inline(always)]
     fn expect(&mut self, step: Step, n: u32) {
-        if self.hs_end != 0 && self.consumed + n > self.hs_end {
+        if (self.hs_end != 0 && self.consumed + n > self.hs_end) || self.consumed + n > MAX_HELLO {
             return self.malformed();
         }
         self.step = step as u8;
@@ -573,14 +635,7 @@ impl HelloState {
 /// Parses a whole ClientHello held in one buffer (userspace convenience).
 pub fn parse_hello(data: &[u8]) -> HelloState {
     let mut st = HelloState::default();
-    st.feed(
-        &crate::bytes::SliceBytes(data),
-        &Segment {
-            offset: 0,
-            len: data.len() as u32,
-            stream_offset: 0,
-        },
-    );
+    st.feed(data, 0);
     st
 }
 

@@ -1,22 +1,28 @@
-//! Admission against per-class limits: a backlog limit (admitted minus completed, both monotonic
-//! counters shared by all CPUs) and a GCRA rate limit. Shared by the TLS and SIP datapaths.
+//! Admission against per-class limits: a backlog limit (see `gateway_common::maps::backlog`) and
+//! a GCRA rate limit. Shared by the TLS and SIP datapaths. What an admitted unit becomes is in
+//! [`crate::pending`].
 
+use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
 use gateway_common::{
     Class,
-    maps::{MAX_BURST, POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, REJECT_BACKLOG, REJECT_RATE},
+    maps::{
+        MAX_BURST, POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, REJECT_BACKLOG, REJECT_FULL,
+        REJECT_RATE, backlog,
+    },
 };
 
 use crate::{
-    maps::{CLASS_POLICY, CLASS_STATE, CLASS_STATS, DAEMON_COMPLETIONS},
-    tls::now_ns,
+    maps::{CLASS_POLICY, CLASS_STATE, CLASS_STATS, DP_COUNTERS},
+    pending::sweep_if_due,
 };
 
-/// Admits one arrival under the policy of `policy_of`, or says why not (`REJECT_*`): the backlog
-/// of `backlog_of` (its admitted minus completed, by the datapath or the daemon) is at the policy's backlog limit, or the GCRA
-/// rate limiter of `policy_of` has no room. With `into_backlog`, the admission counts into
-/// `backlog_of`'s backlog.
+/// Whether one arrival may be admitted under the policy of `policy_of`, or why not
+/// (`REJECT_*`): the backlog of `backlog_of` is at the policy's backlog limit, or the GCRA rate
+/// limiter of `policy_of` has no room. Expired units of `backlog_of` are released first when its
+/// sweep is due, so a class never stays shut on work nobody answers. The caller then holds the
+/// unit (`pending::hold`), which counts the admission.
 ///
-/// A class normally answers for itself (`admission(c, c, true)`). SIP retransmissions are admitted
+/// A class normally answers for itself (`admission(c, c)`). SIP retransmissions are admitted
 /// under their own policy but against the originals' backlog, and add nothing to it: with the
 /// retransmission limit below the originals' (RFC 7415's TAU1 < TAU2), retransmissions are shed
 /// first and originals keep strict priority.
@@ -27,52 +33,43 @@ use crate::{
 /// plain store: two CPUs admitting at the same instant can both pass, so the limiter may admit
 /// one more per racing CPU, never fewer.
 #[inline(always)]
-pub fn admission(policy_of: Class, backlog_of: Class, into_backlog: bool) -> Option<u8> {
+pub fn admission(policy_of: Class, backlog_of: Class) -> Option<u8> {
+    sweep_if_due(backlog_of);
     let st = CLASS_STATE.get_ptr_mut(backlog_of.id())?;
     let rate_st = CLASS_STATE.get_ptr_mut(policy_of.id())?;
-    if let Some(p) = CLASS_POLICY.get(policy_of.id()) {
-        if p.flags & POLICY_LIMIT_BACKLOG != 0 {
-            // SAFETY: reads of counters other CPUs add to atomically.
-            let (admitted, completed) = unsafe {
-                (
-                    core::ptr::read_volatile(&raw const (*st).admitted),
-                    core::ptr::read_volatile(&raw const (*st).completed),
-                )
-            };
-            // The daemon's own completions (connections it terminates), a counter it alone writes.
-            let by_daemon = DAEMON_COMPLETIONS
-                .get(backlog_of.id())
-                // SAFETY: a read of a counter the daemon rewrites whole.
-                .map(|d| unsafe { core::ptr::read_volatile(&raw const d.completed) })
-                .unwrap_or(0);
-            if admitted.saturating_sub(completed).saturating_sub(by_daemon) >= p.backlog_limit {
-                return Some(REJECT_BACKLOG);
-            }
-        }
-        if p.flags & POLICY_LIMIT_RATE != 0 {
-            if p.rate_per_sec == 0 {
-                return Some(REJECT_RATE);
-            }
-            let interval = 1_000_000_000 / p.rate_per_sec;
-            let burst = if p.burst > MAX_BURST {
-                MAX_BURST
-            } else {
-                p.burst
-            };
-            let tolerance = burst * interval;
-            let now = now_ns();
-            // SAFETY: see the race note above.
-            let tat = unsafe { core::ptr::read_volatile(&raw const (*rate_st).gcra_tat_ns) };
-            let tat = if tat < now { now } else { tat };
-            if tat - now > tolerance {
-                return Some(REJECT_RATE);
-            }
-            unsafe { core::ptr::write_volatile(&raw mut (*rate_st).gcra_tat_ns, tat + interval) };
+    let p = CLASS_POLICY.get(policy_of.id())?;
+    if p.flags & POLICY_LIMIT_BACKLOG != 0 {
+        // SAFETY: reads of counters other CPUs add to atomically.
+        let held = unsafe {
+            backlog(
+                core::ptr::read_volatile(&raw const (*st).admitted),
+                core::ptr::read_volatile(&raw const (*st).completed),
+                core::ptr::read_volatile(&raw const (*st).expired),
+            )
+        };
+        if held >= p.backlog_limit {
+            return Some(REJECT_BACKLOG);
         }
     }
-    if into_backlog {
-        // SAFETY: the entry is shared across CPUs; only atomic adds touch the counter.
-        unsafe { atomic_add(&raw mut (*st).admitted, 1) };
+    if p.flags & POLICY_LIMIT_RATE != 0 {
+        if p.rate_per_sec == 0 {
+            return Some(REJECT_RATE);
+        }
+        let interval = 1_000_000_000 / p.rate_per_sec;
+        let burst = if p.burst > MAX_BURST {
+            MAX_BURST
+        } else {
+            p.burst
+        };
+        let tolerance = burst * interval;
+        let now = now_ns();
+        // SAFETY: see the race note above.
+        let tat = unsafe { core::ptr::read_volatile(&raw const (*rate_st).gcra_tat_ns) };
+        let tat = if tat < now { now } else { tat };
+        if tat - now > tolerance {
+            return Some(REJECT_RATE);
+        }
+        unsafe { core::ptr::write_volatile(&raw mut (*rate_st).gcra_tat_ns, tat + interval) };
     }
     None
 }
@@ -81,16 +78,22 @@ pub fn admission(policy_of: Class, backlog_of: Class, into_backlog: bool) -> Opt
 /// away (TLS reset) rather than silently dropped.
 #[inline(always)]
 pub fn count_refusal(class: Class, reason: u8, rejected: bool) {
+    if reason == REJECT_FULL
+        && let Some(c) = DP_COUNTERS.get_ptr_mut(0)
+    {
+        // SAFETY: per-CPU slot.
+        unsafe { (*c).pending_full += 1 };
+    }
     if let Some(s) = CLASS_STATS.get_ptr_mut(class.id()) {
         // SAFETY: per-CPU slot.
         unsafe {
             if rejected {
                 (*s).rejected += 1;
             }
-            if reason == REJECT_BACKLOG {
-                (*s).dropped_backlog += 1;
-            } else {
+            if reason == REJECT_RATE {
                 (*s).dropped_rate += 1;
+            } else {
+                (*s).dropped_backlog += 1;
             }
         }
     }
@@ -108,4 +111,11 @@ pub unsafe fn atomic_add(dst: *mut u64, v: u64) {
             dst, v,
         );
     }
+}
+
+/// Nanoseconds of `CLOCK_MONOTONIC`.
+#[inline(always)]
+pub fn now_ns() -> u64 {
+    // SAFETY: no arguments.
+    unsafe { bpf_ktime_get_ns() }
 }

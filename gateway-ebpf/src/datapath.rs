@@ -8,7 +8,7 @@ use gateway_common::{
     bytes::PacketBytes,
     maps::{
         CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, DatapathCounters, IPPROTO_TCP, IPPROTO_UDP,
-        ServiceKind, port_kind, port_terminated, service_port_index,
+        ServiceKind, port_kind, service_port_index,
     },
     packet::{Kind, parse},
 };
@@ -60,9 +60,7 @@ pub fn process<C: EbpfContext + CopyOut + JumpToSip, B: PacketBytes>(
                 .and_then(|i| SERVICE_PORTS.get(i))
                 .map_or(0, |k| *k);
             match port_kind(port) {
-                Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => {
-                    tls_packet(ctx, b, &pkt, port_terminated(port))
-                }
+                Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => tls_packet(ctx, b, &pkt),
                 Some(ServiceKind::Sip) if t.proto == IPPROTO_UDP => {
                     // SIP runs in a program of its own, verified on its own (its parser would
                     // otherwise be verified again for every path that reaches it here).

@@ -13,6 +13,7 @@ mod admission;
 mod bytes;
 mod datapath;
 mod maps;
+mod pending;
 mod sip;
 mod tc;
 mod tls;

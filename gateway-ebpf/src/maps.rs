@@ -1,6 +1,7 @@
 //! The gateway's maps. All are BTF-defined so `bpftool map dump` prints field names. Userspace
 //! pins them per interface under the names in `gateway_common::maps::names`.
 
+use crate::pending::Table;
 use aya_ebpf::{
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
     macros::btf_map,
@@ -8,10 +9,10 @@ use aya_ebpf::{
 use gateway_common::{
     NUM_CLASSES,
     maps::{
-        ClassPolicy, ClassState, ClassStats, DaemonCompletions, DatapathConfig, DatapathCounters,
-        FlowKey, IssuedKey, IssuedValue, LatencyHistogram, MAX_SERVICES, MAX_SIP_TXNS,
-        MAX_TLS_FLOWS, MAX_TLS_ISSUED, RejectEvent, SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue,
-        SipTxn, TLS_REJECTS_BYTES, TlsCounters, TlsFlow,
+        ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
+        IssuedValue, LatencyHistogram, MAX_SERVICES, MAX_SIP_TXNS, MAX_TLS_FLOWS, MAX_TLS_ISSUED,
+        RejectEvent, SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue, SipTxn, TLS_REJECTS_BYTES,
+        TlsCounters, TlsFlow,
     },
 };
 
@@ -86,7 +87,10 @@ pub static XDP_JUMP: ProgramArray<1> = ProgramArray::new();
 #[btf_map]
 pub static TC_JUMP: ProgramArray<1> = ProgramArray::new();
 
-/// Per-class completions counted by the daemon for the connections it terminates; part of the
-/// backlog arithmetic of [`CLASS_STATE`].
+/// Admitted TLS connections the server has not answered yet (see `crate::pending`).
 #[btf_map]
-pub static DAEMON_COMPLETIONS: Array<DaemonCompletions, NUM_CLASSES> = Array::new();
+pub static TLS_PENDING: Table<FlowKey> = Table::new();
+
+/// Admitted SIP requests the server has not answered yet, by unit key (see `crate::pending`).
+#[btf_map]
+pub static SIP_PENDING: Table<u64> = Table::new();

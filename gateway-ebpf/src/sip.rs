@@ -4,9 +4,14 @@
 //! parsed by the shared parser (`gateway_common::sip`), one step (one bounded scan) per `bpf_loop`
 //! callback.
 //! Responses, ACK, CANCEL, BYE and in-dialog requests are `sip-exempt`. A request carrying the
-//! request-line marker is a `sip-retransmission` outright. Any other request whose transaction key
-//! is already in `SIP_TXNS` is a `sip-retransmission`, and one whose key is new is stored and is
-//! `sip-original`. Anything the parser cannot follow is an original: never exempt.
+//! request-line marker is a `sip-retransmission` outright. Any other request is keyed by its unit
+//! key (`SipInfo::unit_key`): one whose unit is pending (admitted, unanswered: `SIP_PENDING`, which
+//! nothing evicts) or seen before (`SIP_TXNS`, an LRU) is a `sip-retransmission`; a new one is
+//! stored and is `sip-original`. Anything the parser cannot follow is an original, never exempt;
+//! a request with no key at all is refused, since no response could ever complete it.
+//!
+//! An admitted original is a pending unit until the server's first response to it leaves the
+//! host ([`sip_response`], from the egress program), or until its class's timeout.
 // Map keys and values go by reference, as in the TLS module: values copied onto the 512-byte BPF
 // stack crowd out the rest of the program.
 #![allow(clippy::needless_borrows_for_generic_args)]
@@ -17,17 +22,18 @@ use aya_ebpf::helpers::generated::bpf_loop;
 use gateway_common::{
     Class,
     bytes::PacketBytes,
-    maps::{LATENCY_BUCKETS, LatencyHistogram, SipTxn, TXN_ADMITTED, TXN_RESPONDED},
+    maps::{LATENCY_BUCKETS, LatencyHistogram, REJECT_BACKLOG, REJECT_FULL, SipTxn},
     packet::Packet,
     sip::{Kind, MAX_SCAN, MAX_STEPS, SipInfo, SipState},
 };
 
 use crate::{
-    admission::{admission, atomic_add, count_refusal},
+    admission::{admission, count_refusal, now_ns},
     bytes::{ScratchBytes, opaque},
     datapath::Verdict as Action,
-    maps::{CLASS_STATE, SIP_LATENCY, SIP_SCRATCH, SIP_TXNS},
-    tls::{CopyOut, now_ns},
+    maps::{SIP_LATENCY, SIP_PENDING, SIP_SCRATCH, SIP_TXNS},
+    pending,
+    tls::CopyOut,
 };
 
 /// Per-CPU scratch: the datagram's first bytes and the parser state.
@@ -103,53 +109,54 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
         return (Class::SipOriginal, Action::Pass);
     };
     let mut class = info.class();
-    let key = info.transaction_key();
-    if class == Class::SipOriginal
-        && let Some(key) = key
-    {
-        match SIP_TXNS.get_ptr_mut(&key) {
-            Some(t) => {
-                // SAFETY: a plain counter; races only undercount it.
-                unsafe { (*t).requests = (*t).requests.wrapping_add(1) };
+    let key = info.unit_key();
+    if class == Class::SipOriginal {
+        let Some(key) = key else {
+            // No response could match it: admitting it would hold a unit until it expires.
+            count_refusal(class, REJECT_BACKLOG, false);
+            return (class, Action::Drop);
+        };
+        if let Some(t) = SIP_TXNS.get_ptr_mut(&key) {
+            // SAFETY: a plain counter; races only undercount it.
+            unsafe { (*t).requests = (*t).requests.wrapping_add(1) };
+            class = Class::SipRetransmission;
+        } else {
+            // Unseen, or evicted from the LRU while its unit is still pending (which nothing
+            // evicts): then it is a retransmission all the same.
+            let pending = SIP_PENDING.get_ptr(&key).is_some();
+            let txn = SipTxn {
+                first_ns: now_ns(),
+                requests: if pending { 2 } else { 1 },
+                flags: 0,
+            };
+            let _ = SIP_TXNS.insert(&key, &txn, 0);
+            if pending {
                 class = Class::SipRetransmission;
-            }
-            None => {
-                let txn = SipTxn {
-                    first_ns: now_ns(),
-                    requests: 1,
-                    flags: 0,
-                };
-                let _ = SIP_TXNS.insert(&key, &txn, 0);
             }
         }
     }
-    // Originals first: each original counts into the backlog under its class's limits;
+    // Originals first: each original is held as a pending unit under its class's limits;
     // retransmissions only while the originals' backlog is under the retransmission policy's
     // threshold (see admission::admission). Exempt messages finish work: never dropped.
-    let refused = match class {
-        Class::SipOriginal => admission(Class::SipOriginal, Class::SipOriginal, true),
-        Class::SipRetransmission => admission(Class::SipRetransmission, Class::SipOriginal, false),
+    let refused = match (class, key) {
+        (Class::SipOriginal, Some(key)) => match admission(class, class) {
+            None if pending::hold(&SIP_PENDING, &key, class) => None,
+            None => Some(REJECT_FULL),
+            Some(reason) => Some(reason),
+        },
+        (Class::SipRetransmission, _) => admission(class, Class::SipOriginal),
         _ => None,
     };
     if let Some(reason) = refused {
         count_refusal(class, reason, false);
         return (class, Action::Drop);
     }
-    if class == Class::SipOriginal
-        && let Some(key) = key
-        && let Some(t) = SIP_TXNS.get_ptr_mut(&key)
-    {
-        // In the backlog now: its first response completes it (see `sip_response`).
-        // SAFETY: flags of this transaction's entry.
-        unsafe { (*t).flags |= TXN_ADMITTED };
-    }
     (class, Action::Pass)
 }
 
-/// A datagram leaving from a SIP port: when it is the first response of a transaction whose
-/// original was admitted, the transaction completes (the backlog shrinks) and its service time,
-/// admission to first response, goes into the latency histogram. The server needs no change and
-/// no userspace hop.
+/// A datagram leaving from a SIP port: when it is the server's first response to a pending
+/// request, the request completes (the backlog shrinks) and its service time, admission to first
+/// response, goes into the latency histogram. The server needs no change and no userspace hop.
 #[inline(always)]
 pub fn sip_response<C: CopyOut>(ctx: &C, pkt: &Packet) {
     let Some(info) = parse_payload(ctx, pkt) else {
@@ -158,25 +165,14 @@ pub fn sip_response<C: CopyOut>(ctx: &C, pkt: &Packet) {
     if info.kind() != Kind::Response {
         return;
     }
-    let Some(key) = info.transaction_key() else {
+    let Some(key) = info.unit_key() else {
         return;
     };
-    let Some(t) = SIP_TXNS.get_ptr_mut(&key) else {
+    let Some(unit) = pending::complete(&SIP_PENDING, &key) else {
         return;
     };
-    // SAFETY: this transaction's entry; a response and a retransmission racing on two CPUs could
-    // both see the flag clear, which at worst counts one completion twice.
-    let (flags, first_ns) = unsafe { ((*t).flags, (*t).first_ns) };
-    if flags & TXN_ADMITTED == 0 || flags & TXN_RESPONDED != 0 {
-        return;
-    }
-    unsafe { (*t).flags = flags | TXN_RESPONDED };
-    if let Some(st) = CLASS_STATE.get_ptr_mut(Class::SipOriginal.id()) {
-        // SAFETY: shared counter, atomic add.
-        unsafe { atomic_add(&raw mut (*st).completed, 1) };
-    }
-    if let Some(h) = SIP_LATENCY.get_ptr_mut(Class::SipOriginal.id()) {
-        let bucket = LatencyHistogram::bucket(now_ns().saturating_sub(first_ns));
+    if let Some(h) = SIP_LATENCY.get_ptr_mut(unit.class) {
+        let bucket = LatencyHistogram::bucket(now_ns().saturating_sub(unit.admitted_ns));
         // SAFETY: per-CPU slot.
         unsafe { (*h).buckets[bucket & (LATENCY_BUCKETS - 1)] += 1 };
     }

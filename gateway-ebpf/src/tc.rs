@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 
 use gateway_common::{
-    maps::{IPPROTO_UDP, ServiceKind, service_port_index},
+    maps::{IPPROTO_TCP, IPPROTO_UDP, ServiceKind, port_kind, service_port_index},
     packet::{Kind, parse},
 };
 
@@ -16,6 +16,7 @@ use crate::{
     datapath::{Verdict, process, process_sip},
     maps::SERVICE_PORTS,
     sip::sip_response,
+    tls::tls_answer,
 };
 
 /// The ingress classifier as a TC (tcx) program.
@@ -38,18 +39,22 @@ pub fn gateway_tc_sip(ctx: TcContext) -> i32 {
     }
 }
 
-/// The egress classifier: completions and service times of SIP transactions, from the server's
-/// responses leaving the host. It never changes a packet's fate.
+/// The egress classifier: completions of the units the server answers (TLS connections, SIP
+/// requests) and SIP service times, from what the server sends leaving the host. It never
+/// changes a packet's fate.
 #[classifier]
 pub fn gateway_tc_egress(ctx: TcContext) -> i32 {
     let bytes = SkbBytes::new(&ctx);
     let pkt = parse(&bytes);
-    if pkt.kind == Kind::Transport && pkt.transport.proto == IPPROTO_UDP {
-        let is_sip = service_port_index(IPPROTO_UDP, pkt.transport.src_port)
+    if pkt.kind == Kind::Transport {
+        let t = &pkt.transport;
+        let kind = service_port_index(t.proto, t.src_port)
             .and_then(|i| SERVICE_PORTS.get(i))
-            .is_some_and(|k| u32::from(*k) == ServiceKind::Sip as u32);
-        if is_sip {
-            sip_response(&ctx, &pkt);
+            .and_then(|k| port_kind(*k));
+        match kind {
+            Some(ServiceKind::Sip) if t.proto == IPPROTO_UDP => sip_response(&ctx, &pkt),
+            Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => tls_answer(&bytes, &pkt),
+            _ => {}
         }
     }
     TC_ACT_OK

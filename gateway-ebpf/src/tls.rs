@@ -13,10 +13,13 @@
 //!   `tls-new`.
 //! - A complete hello is decided. An offer whose key is in `TLS_ISSUED` is `tls-resumed`. Any
 //!   other offer is `tls-new` and counted as unverified, and so are new and malformed hellos.
+//! - An admitted connection is a pending unit (`crate::pending`) until the server answers: its
+//!   first flight (a handshake or alert record) or its close, seen by the egress program
+//!   ([`tls_answer`]). Nothing the client sends completes it; unanswered, it expires.
 //! - Later packets of a decided connection cost one flow-table lookup: `tls-flow` when admitted,
 //!   dropped when rejected.
-//! - A SYN on a 4-tuple the table knows (the client reused its port) ends the old connection: an
-//!   admitted one completes, and its entry goes, so the new connection is judged afresh.
+//! - A SYN on a 4-tuple the table knows (the client reused its port) ends the old entry, so the
+//!   new connection is judged afresh.
 //! - On a connection the table does not know, a first segment that is not a TLS record (SSLv2,
 //!   HTTP, garbage) is a malformed hello and judged as `tls-new`; one that continues a TLS
 //!   session (ChangeCipherSpec, alert, application data) passes as `tls-flow`, being most likely
@@ -25,30 +28,31 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    helpers::generated::{bpf_ktime_get_ns, bpf_loop, bpf_skb_load_bytes, bpf_xdp_load_bytes},
+    helpers::generated::{bpf_loop, bpf_skb_load_bytes, bpf_xdp_load_bytes},
     programs::{TcContext, XdpContext},
 };
 use gateway_common::{
     Class,
     bytes::PacketBytes,
     maps::{
-        COMPLETION_BY_DAEMON, COMPLETION_COUNTED, COMPLETION_PENDING, FLOW_ADMITTED, FLOW_PENDING,
-        FLOW_REJECTED, FlowKey, IssuedKey, RejectEvent, TlsCounters, TlsFlow,
+        FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED, FlowKey, IssuedKey, REJECT_FULL, RejectEvent,
+        TlsCounters, TlsFlow,
     },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
-    tls::{HelloState, MAX_STEPS, Segment, Verdict},
+    tls::{HelloState, MAX_STEPS, MAX_WINDOWS, Segment, Verdict, WINDOW},
 };
 
 use crate::{
-    admission::{admission, atomic_add, count_refusal},
+    admission::{admission, count_refusal},
     bytes::{ScratchBytes, opaque},
     datapath::Verdict as Action,
-    maps::{CLASS_STATE, TLS_COUNTERS, TLS_FLOWS, TLS_ISSUED, TLS_REJECTS, TLS_SCRATCH},
+    maps::{TLS_COUNTERS, TLS_FLOWS, TLS_ISSUED, TLS_PENDING, TLS_REJECTS, TLS_SCRATCH},
+    pending,
 };
 
-/// Bytes of a segment the parser looks at; the rest of a longer segment makes the hello
-/// malformed (never resumed).
-pub const SCRATCH_LEN: usize = 2048;
+/// Bytes of a segment the parser looks at in one go: one window (a longer segment is copied and
+/// parsed window by window).
+pub const SCRATCH_LEN: usize = WINDOW as usize;
 
 /// Per-CPU scratch: a copy of the segment's payload, the live parser state, and the flow key and
 /// new flow record. They live here rather than on the stack, which is 512 bytes for the program
@@ -112,8 +116,9 @@ extern "C" fn hello_step(_index: u64, _ctx: *mut c_void) -> i64 {
     i64::from(s.state.step(&bytes, &seg))
 }
 
-/// Runs the parser over one segment's payload, continuing from `s.state` (which it updates).
-/// Returns `false` when the payload could not be copied.
+/// Runs the parser over one segment's payload, window by window (`gateway_common::tls::WINDOW`
+/// bytes copied to scratch at a time), continuing from `s.state` (which it updates). Returns
+/// `false` when the payload could not be copied.
 #[inline(always)]
 fn parse_segment<C: CopyOut>(
     ctx: &C,
@@ -122,34 +127,42 @@ fn parse_segment<C: CopyOut>(
     payload_len: u32,
     stream_offset: u32,
 ) -> bool {
-    let len = if payload_len > SCRATCH_LEN as u32 {
-        SCRATCH_LEN as u64
-    } else {
-        u64::from(payload_len)
-    };
-    // The zero test must be on the very register passed to the helper: without the barrier LLVM
-    // merged it with the clamp into one compare on a copy, and with a u32 it tested a
-    // zero-extended copy; either way the verifier refused the size as possibly zero.
-    let len = opaque(len);
-    if len == 0 || !ctx.copy_out(payload_offset, s.buf.as_mut_ptr(), len) {
-        return false;
-    }
-    s.len = len as u32;
-    s.stream_offset = stream_offset;
     let seg = Segment {
         offset: 0,
         len: payload_len,
         stream_offset,
     };
     s.state.begin_segment(&seg);
-    // SAFETY: hello_step is a static subprogram with the callback signature bpf_loop expects.
-    unsafe {
-        bpf_loop(
-            MAX_STEPS as u32,
-            hello_step as *mut c_void,
-            core::ptr::null_mut(),
-            0,
-        );
+    for w in 0..MAX_WINDOWS {
+        if s.state.verdict() != Verdict::Pending {
+            break;
+        }
+        let Some(win) = seg.window(w) else {
+            break;
+        };
+        let len = if win.len > SCRATCH_LEN as u32 {
+            SCRATCH_LEN as u64
+        } else {
+            u64::from(win.len)
+        };
+        // The zero test must be on the very register passed to the helper: without the barrier
+        // LLVM merged it with the clamp into one compare on a copy, and with a u32 it tested a
+        // zero-extended copy; either way the verifier refused the size as possibly zero.
+        let len = opaque(len);
+        if len == 0 || !ctx.copy_out(payload_offset + w * WINDOW, s.buf.as_mut_ptr(), len) {
+            return false;
+        }
+        s.len = len as u32;
+        s.stream_offset = win.stream_offset;
+        // SAFETY: hello_step is a static subprogram with the callback signature bpf_loop expects.
+        unsafe {
+            bpf_loop(
+                MAX_STEPS as u32,
+                hello_step as *mut c_void,
+                core::ptr::null_mut(),
+                0,
+            );
+        }
     }
     s.state.end_segment(&seg);
     true
@@ -163,13 +176,20 @@ fn count(f: impl FnOnce(&mut TlsCounters)) {
     }
 }
 
-/// Writes the connection's key, client first, into `key`.
+/// Writes the connection's key, client first, into `key`: the packet's source is the client
+/// unless `from_server`.
 #[inline(always)]
-fn flow_key<B: PacketBytes>(b: &B, pkt: &Packet, key: &mut FlowKey) -> bool {
+fn flow_key<B: PacketBytes>(b: &B, pkt: &Packet, key: &mut FlowKey, from_server: bool) -> bool {
+    let (src, dst) = (pkt.transport.src_port, pkt.transport.dst_port);
     *key = FlowKey {
-        sport: pkt.transport.src_port,
-        dport: pkt.transport.dst_port,
+        sport: if from_server { dst } else { src },
+        dport: if from_server { src } else { dst },
         ..FlowKey::default()
+    };
+    let (client, server) = if from_server {
+        (&mut key.daddr, &mut key.saddr)
+    } else {
+        (&mut key.saddr, &mut key.daddr)
     };
     let l3 = pkt.l3_offset as usize;
     if pkt.ip_version == 4 {
@@ -177,27 +197,21 @@ fn flow_key<B: PacketBytes>(b: &B, pkt: &Packet, key: &mut FlowKey) -> bool {
         if !b.read(l3 + 12, &mut a) {
             return false;
         }
-        key.saddr[10] = 0xff;
-        key.saddr[11] = 0xff;
-        key.daddr[10] = 0xff;
-        key.daddr[11] = 0xff;
-        key.saddr[12..16].copy_from_slice(&a[..4]);
-        key.daddr[12..16].copy_from_slice(&a[4..]);
+        client[10] = 0xff;
+        client[11] = 0xff;
+        server[10] = 0xff;
+        server[11] = 0xff;
+        client[12..16].copy_from_slice(&a[..4]);
+        server[12..16].copy_from_slice(&a[4..]);
         true
     } else {
-        b.read(l3 + 8, &mut key.saddr) && b.read(l3 + 24, &mut key.daddr)
+        b.read(l3 + 8, client) && b.read(l3 + 24, server)
     }
 }
 
-/// Classifies a TCP packet to a TLS port; `terminated` when the gateway daemon terminates the
-/// service and counts completions itself.
+/// Classifies a TCP packet to a TLS port.
 #[inline(always)]
-pub fn tls_packet<C: CopyOut, B: PacketBytes>(
-    ctx: &C,
-    b: &B,
-    pkt: &Packet,
-    terminated: bool,
-) -> (Class, Action) {
+pub fn tls_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (Class, Action) {
     let t = &pkt.transport;
     let payload_len = u32::from(pkt.payload_len());
     let Some(s) = TLS_SCRATCH.get_ptr_mut(0) else {
@@ -205,29 +219,24 @@ pub fn tls_packet<C: CopyOut, B: PacketBytes>(
     };
     // SAFETY: per-CPU slot, used only by this program run (and its bpf_loop callback).
     let s = unsafe { &mut *s };
-    if !flow_key(b, pkt, &mut s.key) {
+    if !flow_key(b, pkt, &mut s.key, false) {
         return (Class::TlsFlow, Action::Pass);
     }
     // SAFETY: the flow entry is only touched by packets of its own connection.
     let flow = TLS_FLOWS.get_ptr_mut(&s.key).map(|f| unsafe { &mut *f });
     if t.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
         // A new connection on a 4-tuple the table remembers (the client reused its port): the
-        // old connection is over. Its entry goes, so the new hello is judged afresh rather than
-        // passed (or dropped) on the old one's verdict.
-        if let Some(f) = flow {
-            if f.state == FLOW_ADMITTED {
-                track_completion(f, b, pkt, 0, true);
-            }
+        // old entry goes, so the new hello is judged afresh rather than passed (or dropped) on
+        // the old one's verdict. The old connection's unit, if the server never answered it,
+        // ends by its own timeout (or when the new one is admitted, as expired).
+        if flow.is_some() {
             let _ = TLS_FLOWS.remove(&s.key);
         }
         return (Class::TlsFlow, Action::Pass);
     }
     if let Some(f) = flow {
         match f.state {
-            FLOW_ADMITTED => {
-                track_completion(f, b, pkt, payload_len, false);
-                return (Class::TlsFlow, Action::Pass);
-            }
+            FLOW_ADMITTED => return (Class::TlsFlow, Action::Pass),
             FLOW_REJECTED => {
                 count(|c| c.rejected_flow_packets += 1);
                 return (Class::TlsFlow, Action::Drop);
@@ -290,11 +299,7 @@ pub fn tls_packet<C: CopyOut, B: PacketBytes>(
         next_seq: t.seq.wrapping_add(payload_len),
         state: FLOW_PENDING,
         class: Class::TlsNew as u8,
-        completed: if terminated {
-            COMPLETION_BY_DAEMON
-        } else {
-            COMPLETION_PENDING
-        },
+        pad: 0,
         segments: 1,
     };
     let result = if s.flow.hello.verdict() == Verdict::Pending {
@@ -329,7 +334,12 @@ fn decide(key: &FlowKey, f: &mut TlsFlow) -> (Class, Action) {
         _ => Class::TlsNew,
     };
     f.class = class as u8;
-    match admission(class, class, true) {
+    let refused = match admission(class, class) {
+        None if pending::hold(&TLS_PENDING, key, class) => None,
+        None => Some(REJECT_FULL),
+        Some(reason) => Some(reason),
+    };
+    match refused {
         None => {
             f.state = FLOW_ADMITTED;
             (class, Action::Pass)
@@ -359,39 +369,23 @@ fn reject(key: &FlowKey, class: Class, reason: u8) {
     }
 }
 
-/// An admitted connection completes (for the backlog) when the client sends its first record that
-/// is not a handshake record (ChangeCipherSpec or application data, i.e. its second flight), or
-/// closes first, or (`over`) a new connection takes its 4-tuple.
+/// A TCP segment leaving from a TLS port (the egress program): the server's first flight (a
+/// segment that starts a handshake or alert record) or its close (FIN, RST) completes the
+/// connection's pending unit, if it has one. Bulk data passes with one byte read.
 #[inline(always)]
-fn track_completion<B: PacketBytes>(
-    f: &mut TlsFlow,
-    b: &B,
-    pkt: &Packet,
-    payload_len: u32,
-    over: bool,
-) {
-    if f.completed != COMPLETION_PENDING {
-        return;
-    }
+pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
     let t = &pkt.transport;
-    let mut first = [0u8; 1];
-    let second_flight = payload_len > 0
-        && b.read(t.payload_offset as usize, &mut first)
-        && (first[0] == 20 || first[0] == 23);
-    if !over && !second_flight && t.tcp_flags & (TCP_FIN | TCP_RST) == 0 {
-        return;
+    if t.tcp_flags & (TCP_FIN | TCP_RST) == 0 {
+        let mut first = [0u8; 1];
+        if pkt.payload_len() == 0
+            || !b.read(t.payload_offset as usize, &mut first)
+            || !(first[0] == 22 || first[0] == 21)
+        {
+            return;
+        }
     }
-    f.completed = COMPLETION_COUNTED;
-    count(|c| c.completions += 1);
-    if let Some(st) = CLASS_STATE.get_ptr_mut(u32::from(f.class)) {
-        // SAFETY: as in `admit`.
-        unsafe { atomic_add(&raw mut (*st).completed, 1) };
+    let mut key = FlowKey::default();
+    if flow_key(b, pkt, &mut key, true) && pending::complete(&TLS_PENDING, &key).is_some() {
+        count(|c| c.completions += 1);
     }
-}
-
-/// Nanoseconds of `CLOCK_MONOTONIC`.
-#[inline(always)]
-pub fn now_ns() -> u64 {
-    // SAFETY: no arguments.
-    unsafe { bpf_ktime_get_ns() }
 }

@@ -431,6 +431,10 @@ pub struct PolicyConfig {
     /// Burst above the rate.
     #[serde(default, deserialize_with = "de_burst")]
     pub burst: Option<u64>,
+    /// How long an admitted unit (a TLS connection, a SIP request) may go unanswered before it
+    /// expires and frees its place; absent means the class's default (TLS 10 s, SIP 2 s).
+    #[serde(default)]
+    pub timeout: Option<crate::proxy::config::Span>,
 }
 
 fn de_backlog<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
@@ -458,6 +462,9 @@ impl PolicyConfig {
             rate_per_sec: self.rate.unwrap_or(0),
             burst: self.burst.unwrap_or(0),
             flags,
+            timeout_ns: self
+                .timeout
+                .map_or(0, |t| t.0.as_nanos().min(u128::from(u64::MAX)) as u64),
         }
     }
 
@@ -467,6 +474,8 @@ impl PolicyConfig {
             backlog: (p.flags & POLICY_LIMIT_BACKLOG != 0).then_some(p.backlog_limit),
             rate: (p.flags & POLICY_LIMIT_RATE != 0).then_some(p.rate_per_sec),
             burst: (p.flags & POLICY_LIMIT_RATE != 0).then_some(p.burst),
+            timeout: (p.timeout_ns != 0)
+                .then(|| crate::proxy::config::Span(std::time::Duration::from_nanos(p.timeout_ns))),
         }
     }
 }
@@ -696,6 +705,9 @@ mod tests {
             backlog: Some(0),
             rate: None,
             burst: None,
+            timeout: Some(crate::proxy::config::Span(
+                std::time::Duration::from_millis(1500),
+            )),
         };
         let m = p.to_map();
         assert_eq!(m.flags, POLICY_LIMIT_BACKLOG);

@@ -275,16 +275,6 @@ async fn start_proxies(
     for (index, p) in cfg.proxies.iter().enumerate() {
         let lifetime = p.tls.session_lifetime.0;
         let feedback = Arc::new(Feedback::open(pins, lifetime)?);
-        if index == 0 {
-            // Nothing listens yet: every flow left to a daemon was a predecessor's.
-            let orphans = feedback.complete_orphans();
-            if orphans > 0 {
-                info!(
-                    connections = orphans,
-                    "completed the handshakes a previous daemon left in the backlog"
-                );
-            }
-        }
         let tls = crate::tls::server_config(&p.tls, feedback.clone()).map_err(|source| {
             DaemonError::Tls {
                 index,

@@ -71,6 +71,7 @@ struct Scrape {
     admitted: Family<ClassLabels, Counter>,
     dropped: Family<DropLabels, Counter>,
     rejected: Family<ClassLabels, Counter>,
+    expired: Family<ClassLabels, Counter>,
     backlog: Family<ClassLabels, Gauge>,
     tls: Vec<(&'static str, &'static str, Family<IfaceLabels, Counter>)>,
     parser: Vec<(&'static str, &'static str, Family<IfaceLabels, Counter>)>,
@@ -113,6 +114,7 @@ impl Scrape {
             self.bytes.get_or_create(&l).inc_by(s.bytes);
             self.admitted.get_or_create(&l).inc_by(s.admitted);
             self.rejected.get_or_create(&l).inc_by(s.rejected);
+            self.expired.get_or_create(&l).inc_by(state[i].expired);
             for (reason, v) in [("backlog", s.dropped_backlog), ("rate", s.dropped_rate)] {
                 let d = DropLabels {
                     iface: iface.to_string(),
@@ -184,6 +186,11 @@ impl Scrape {
             ("vlan", "Frames with a VLAN tag", p.vlan),
             ("ipv6", "IPv6 packets", p.ipv6),
             ("ipv4_options", "IPv4 packets with options", p.ipv4_options),
+            (
+                "pending_full",
+                "Units refused because their pending table was full",
+                p.pending_full,
+            ),
         ] {
             add(&mut self.parser, name, help, iface, v);
         }
@@ -204,6 +211,11 @@ impl Scrape {
                 "Clients turned away actively (TLS reset)",
                 &self.rejected,
             ),
+            (
+                "gateway_class_expired",
+                "Admitted units the server left unanswered past their timeout, released",
+                &self.expired,
+            ),
         ];
         for (name, help, fam) in classes {
             fam.encode(e.encode_descriptor(name, help, None, MetricType::Counter)?)?;
@@ -216,7 +228,7 @@ impl Scrape {
         )?)?;
         self.backlog.encode(e.encode_descriptor(
             "gateway_class_backlog",
-            "Admitted and not yet completed",
+            "Admitted units not yet ended (admitted - completed - expired)",
             None,
             MetricType::Gauge,
         )?)?;

@@ -1,6 +1,6 @@
-//! What the daemon tells the datapath about the TLS connections it terminates: the session keys it
-//! issued (so resumption offers can be verified at the NIC) and each connection's completion (so the
-//! datapath's backlog is exact).
+//! What the daemon tells the datapath about the TLS sessions it issues: their keys, so resumption
+//! offers can be verified at the NIC. (Completions need no telling: the datapath sees the
+//! server's answers leave, for the daemon's own connections as for any server's.)
 //!
 //! One [`Feedback`] serves every attached interface; a daemon running without a datapath (no
 //! interface attached) gets an empty one, whose calls do nothing.
@@ -12,19 +12,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, HashMap, MapData};
+use aya::maps::{HashMap, MapData};
 use gateway_common::{
-    Class, NUM_CLASSES,
-    maps::{
-        COMPLETION_BY_DAEMON, COMPLETION_COUNTED, DaemonCompletions, FLOW_ADMITTED, FlowKey,
-        IssuedKey, IssuedValue, MAX_TLS_ISSUED, TlsFlow, names,
-    },
+    maps::{FlowKey, IssuedKey, IssuedValue, MAX_TLS_ISSUED, names},
     tls::KEY_LEN,
 };
 use tracing::warn;
 
 use crate::{
-    maps::{MapsError, monotonic_ns, op, open_as},
+    maps::{MapsError, monotonic_ns, open_as},
     pins::PinDir,
 };
 
@@ -40,11 +36,7 @@ pub enum IssuedKind {
 /// One interface's maps.
 struct Iface {
     name: String,
-    flows: HashMap<MapData, FlowKey, TlsFlow>,
     issued: HashMap<MapData, IssuedKey, IssuedValue>,
-    completions: Array<MapData, DaemonCompletions>,
-    /// This daemon's view of `completions` (it is the only writer).
-    done: [u64; NUM_CLASSES],
 }
 
 struct Inner {
@@ -81,21 +73,9 @@ impl Feedback {
     pub fn open(pins: &[(String, PinDir)], lifetime: Duration) -> Result<Self, MapsError> {
         let mut ifaces = Vec::new();
         for (name, pd) in pins {
-            let completions: Array<MapData, DaemonCompletions> =
-                open_as(pd, names::DAEMON_COMPLETIONS)?;
-            let mut done = [0u64; NUM_CLASSES];
-            for (i, d) in done.iter_mut().enumerate() {
-                *d = completions
-                    .get(&(i as u32), 0)
-                    .map_err(op(names::DAEMON_COMPLETIONS))?
-                    .completed;
-            }
             ifaces.push(Iface {
                 name: name.clone(),
-                flows: open_as(pd, names::TLS_FLOWS)?,
                 issued: open_as(pd, names::TLS_ISSUED)?,
-                completions,
-                done,
             });
         }
         Ok(Self::with(ifaces, lifetime))
@@ -175,59 +155,6 @@ impl Feedback {
     /// Keys published and not yet expired.
     pub fn published(&self) -> usize {
         self.lock().expiry.len()
-    }
-
-    /// Completes every connection the datapath admitted and left to a daemon to complete: called
-    /// at start, before anything is accepted, when every such connection belonged to a previous
-    /// daemon process and is gone (a crash, or a restart with `on_exit: keep`, would otherwise leave
-    /// them in the backlog for good). Returns how many.
-    pub fn complete_orphans(&self) -> usize {
-        let keys: Vec<FlowKey> = {
-            let inner = self.lock();
-            inner
-                .ifaces
-                .iter()
-                .flat_map(|i| {
-                    i.flows
-                        .iter()
-                        .filter_map(Result::ok)
-                        .filter(|(_, f)| {
-                            f.state == FLOW_ADMITTED && f.completed == COMPLETION_BY_DAEMON
-                        })
-                        .map(|(k, _)| k)
-                        .collect::<Vec<_>>()
-                })
-                .collect()
-        };
-        keys.iter().filter(|k| self.complete(k).is_some()).count()
-    }
-
-    /// Counts the completion of the connection `key` (its handshake finished, failed or was cut
-    /// short) if the datapath admitted it and left its completion to the daemon. Returns its
-    /// class; `None` when the datapath did not see it (or counted it itself): nothing to do.
-    pub fn complete(&self, key: &FlowKey) -> Option<Class> {
-        let mut inner = self.lock();
-        for i in &mut inner.ifaces {
-            let Ok(mut flow) = i.flows.get(key, 0) else {
-                continue;
-            };
-            if flow.state != FLOW_ADMITTED || flow.completed != COMPLETION_BY_DAEMON {
-                return None;
-            }
-            let class = Class::from_id(u32::from(flow.class))?;
-            flow.completed = COMPLETION_COUNTED;
-            // The flow says counted even if a later packet raced this update: only the daemon
-            // counts completions of these flows, and it reaches here once per connection.
-            let _ = i.flows.insert(key, flow, 0);
-            let slot = &mut i.done[class.id() as usize];
-            *slot += 1;
-            let value = DaemonCompletions { completed: *slot };
-            if let Err(e) = i.completions.set(class.id(), value, 0) {
-                warn!(iface = %i.name, error = %e, "cannot count a completion");
-            }
-            return Some(class);
-        }
-        None
     }
 }
 

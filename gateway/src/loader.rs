@@ -224,6 +224,8 @@ fn expected_layout(name: &str) -> Option<(usize, usize)> {
         names::SIP_TXNS => (8, size_of::<SipTxn>()),
         names::SIP_LATENCY => (4, size_of::<LatencyHistogram>()),
         names::XDP_JUMP | names::TC_JUMP => (4, 4),
+        names::TLS_PENDING => (size_of::<FlowKey>(), size_of::<Pending>()),
+        names::SIP_PENDING => (8, size_of::<Pending>()),
         _ => return None,
     })
 }

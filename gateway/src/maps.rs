@@ -4,9 +4,9 @@ use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
-        ClassPolicy, ClassState, ClassStats, DaemonCompletions, DatapathConfig, DatapathCounters,
-        FlowKey, IssuedKey, IssuedValue, LatencyHistogram, ServiceKey, ServiceValue, SipTxn,
-        TlsCounters, TlsFlow, names,
+        ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
+        IssuedValue, LatencyHistogram, Pending, ServiceKey, ServiceValue, SipTxn, TlsCounters,
+        TlsFlow, names,
     },
 };
 use thiserror::Error;
@@ -123,7 +123,8 @@ pub struct Maps {
     tls_counters: PerCpuArray<MapData, TlsCounters>,
     sip_txns: HashMap<MapData, u64, SipTxn>,
     sip_latency: PerCpuArray<MapData, LatencyHistogram>,
-    daemon_completions: Array<MapData, DaemonCompletions>,
+    tls_pending: HashMap<MapData, FlowKey, Pending>,
+    sip_pending: HashMap<MapData, u64, Pending>,
 }
 
 /// Opens the map `name` pinned in `pins` as the typed map `T`.
@@ -167,7 +168,8 @@ impl Maps {
             tls_counters: open_as(pins, names::TLS_COUNTERS)?,
             sip_txns: open_as(pins, names::SIP_TXNS)?,
             sip_latency: open_as(pins, names::SIP_LATENCY)?,
-            daemon_completions: open_as(pins, names::DAEMON_COMPLETIONS)?,
+            tls_pending: open_as(pins, names::TLS_PENDING)?,
+            sip_pending: open_as(pins, names::SIP_PENDING)?,
         })
     }
 
@@ -185,8 +187,7 @@ impl Maps {
         sum(&self.counters, 0, names::DP_COUNTERS)
     }
 
-    /// Admission state of every class; `completed` counts the datapath's and the daemon's
-    /// completions together.
+    /// Admission state of every class.
     pub fn class_state(&self) -> Result<[ClassState; NUM_CLASSES], MapsError> {
         let mut out = [ClassState::default(); NUM_CLASSES];
         for (i, slot) in out.iter_mut().enumerate() {
@@ -194,11 +195,6 @@ impl Maps {
                 .state
                 .get(&(i as u32), 0)
                 .map_err(op(names::CLASS_STATE))?;
-            let by_daemon = self
-                .daemon_completions
-                .get(&(i as u32), 0)
-                .map_err(op(names::DAEMON_COMPLETIONS))?;
-            slot.completed += by_daemon.completed;
         }
         Ok(out)
     }
@@ -302,6 +298,35 @@ impl Maps {
             .map_err(op(names::TLS_ISSUED))?;
         out.sort_by_key(|(k, _)| *k);
         Ok(out)
+    }
+
+    /// Units admitted and not ended yet, per class: TLS connections and SIP requests whose
+    /// server has not answered and whose timeout has not been swept.
+    pub fn pending(&self) -> Result<Vec<(Class, Pending)>, MapsError> {
+        let tls = self
+            .tls_pending
+            .iter()
+            .map(|r| r.map(|(_, v)| v))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(op(names::TLS_PENDING))?;
+        let sip = self
+            .sip_pending
+            .iter()
+            .map(|r| r.map(|(_, v)| v))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(op(names::SIP_PENDING))?;
+        Ok(tls
+            .into_iter()
+            .chain(sip)
+            .filter_map(|p| Some((Class::from_id(p.class)?, p)))
+            .collect())
+    }
+
+    /// Forgets every pending unit without counting its end: for test fixtures that replay frames
+    /// as if never seen (the backlog counters still hold the forgotten units).
+    pub fn forget_pending(&mut self) -> Result<(), MapsError> {
+        clear(&mut self.tls_pending, names::TLS_PENDING)?;
+        clear(&mut self.sip_pending, names::SIP_PENDING)
     }
 
     /// Every tracked TLS connection.

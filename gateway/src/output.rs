@@ -47,7 +47,7 @@ impl StatsView<'_> {
                     "id": c.id(), "name": c.name(), "packets": s.packets, "bytes": s.bytes,
                     "admitted": s.admitted, "dropped_backlog": s.dropped_backlog,
                     "dropped_rate": s.dropped_rate, "rejected": s.rejected,
-                    "backlog": st.backlog(),
+                    "backlog": st.backlog(), "expired": st.expired,
                 })
             })
             .collect();
@@ -62,6 +62,7 @@ impl StatsView<'_> {
                 "malformed": c.malformed, "fragments": c.fragments,
                 "unparseable": c.unparseable, "policy_dropped": c.policy_dropped,
                 "vlan": c.vlan, "ipv6": c.ipv6, "ipv4_options": c.ipv4_options,
+                "pending_full": c.pending_full,
             },
             "tls": {
                 "hellos": self.tls.hellos, "unverified_offers": self.tls.unverified_offers,
@@ -84,7 +85,7 @@ impl StatsView<'_> {
     pub fn table(&self) -> String {
         let i = self.info;
         let mut out = format!(
-            "{} ({} mode, link {}, program {})\n{:<20}{:>12}{:>14}{:>12}{:>14}{:>12}{:>10}{:>9}\n",
+            "{} ({} mode, link {}, program {})\n{:<20}{:>12}{:>14}{:>12}{:>14}{:>12}{:>10}{:>9}{:>9}\n",
             i.iface,
             i.mode,
             i.link_id,
@@ -96,12 +97,13 @@ impl StatsView<'_> {
             "drop-backlog",
             "drop-rate",
             "rejected",
-            "backlog"
+            "backlog",
+            "expired"
         );
         for c in Class::ALL {
             let s = &self.classes[c.id() as usize];
             out += &format!(
-                "{:<20}{:>12}{:>14}{:>12}{:>14}{:>12}{:>10}{:>9}\n",
+                "{:<20}{:>12}{:>14}{:>12}{:>14}{:>12}{:>10}{:>9}{:>9}\n",
                 c.name(),
                 s.packets,
                 s.bytes,
@@ -109,13 +111,14 @@ impl StatsView<'_> {
                 s.dropped_backlog,
                 s.dropped_rate,
                 s.rejected,
-                self.state[c.id() as usize].backlog()
+                self.state[c.id() as usize].backlog(),
+                self.state[c.id() as usize].expired
             );
         }
         let c = self.counters;
         out += &format!(
             "datapath: packets {} not-ip {} truncated {} malformed {} fragments {} unparseable {} \
-             policy-dropped {} vlan {} ipv6 {} ipv4-options {}\n",
+             policy-dropped {} vlan {} ipv6 {} ipv4-options {} pending-full {}\n",
             self.total_packets(),
             c.not_ip,
             c.truncated,
@@ -125,7 +128,8 @@ impl StatsView<'_> {
             c.policy_dropped,
             c.vlan,
             c.ipv6,
-            c.ipv4_options
+            c.ipv4_options,
+            c.pending_full
         );
         let t = self.tls;
         out += &format!(
@@ -164,28 +168,32 @@ pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> Str
     if as_json {
         let v: Vec<Value> = rows
             .iter()
-            .map(|(c, p, s)| {
-                let p = PolicyConfig::from_map(p);
+            .map(|(c, m, s)| {
+                let p = PolicyConfig::from_map(m);
                 json!({"class": c.name(), "backlog_limit": p.backlog, "rate": p.rate,
                        "burst": p.burst, "backlog": s.backlog(),
-                       "admitted_total": s.admitted, "completed_total": s.completed})
+                       "timeout_ms": gateway_common::maps::timeout_ns(*c, m) / 1_000_000,
+                       "admitted_total": s.admitted, "completed_total": s.completed,
+                       "expired_total": s.expired})
             })
             .collect();
         return Value::Array(v).to_string();
     }
     let mut out = format!(
-        "{:<20}{:>14}{:>12}{:>10}{:>10}\n",
-        "class", "backlog-limit", "rate/s", "burst", "backlog"
+        "{:<20}{:>14}{:>12}{:>10}{:>10}{:>10}{:>10}\n",
+        "class", "backlog-limit", "rate/s", "burst", "timeout", "backlog", "expired"
     );
-    for (c, p, s) in rows {
-        let p = PolicyConfig::from_map(p);
+    for (c, m, s) in rows {
+        let p = PolicyConfig::from_map(m);
         out += &format!(
-            "{:<20}{:>14}{:>12}{:>10}{:>10}\n",
+            "{:<20}{:>14}{:>12}{:>10}{:>10}{:>10}{:>10}\n",
             c.name(),
             limit(p.backlog),
             limit(p.rate),
             limit(p.burst),
-            s.backlog()
+            format!("{}ms", gateway_common::maps::timeout_ns(*c, m) / 1_000_000),
+            s.backlog(),
+            s.expired
         );
     }
     out

@@ -56,6 +56,8 @@ pub struct Frame {
     pub seq: u32,
     /// Transport payload.
     pub payload: Vec<u8>,
+    /// Sent by the server (10.99.0.1, fd00:99::1) to the client, rather than the other way.
+    pub from_server: bool,
 }
 
 impl Frame {
@@ -73,6 +75,7 @@ impl Frame {
             tcp_flags: 0,
             seq: 1,
             payload: payload.to_vec(),
+            from_server: false,
         }
     }
 
@@ -88,6 +91,13 @@ impl Frame {
     /// Sets the source port.
     pub fn from_port(mut self, port: u16) -> Self {
         self.src_port = port;
+        self
+    }
+
+    /// A frame the server sends: the addresses swap (set the ports with [`Frame::from_port`]
+    /// and the destination port as usual).
+    pub fn from_server(mut self) -> Self {
+        self.from_server = true;
         self
     }
 
@@ -159,7 +169,11 @@ impl Frame {
                 f.extend_from_slice(&[0x12, 0x34]);
                 f.extend_from_slice(&frag.to_be_bytes());
                 f.extend_from_slice(&[64, self.proto, 0, 0]);
-                f.extend_from_slice(&[10, 99, 0, 2, 10, 99, 0, 1]);
+                if self.from_server {
+                    f.extend_from_slice(&[10, 99, 0, 1, 10, 99, 0, 2]);
+                } else {
+                    f.extend_from_slice(&[10, 99, 0, 2, 10, 99, 0, 1]);
+                }
                 f.extend_from_slice(options);
             }
             Ip::V6 { ext } => {
@@ -170,8 +184,9 @@ impl Frame {
                 f.extend_from_slice(&((ext_len + l4.len()) as u16).to_be_bytes());
                 f.push(ext.first().map_or(self.proto, |e| e.0));
                 f.push(64);
-                f.extend_from_slice(&[0xfd, 0, 0, 0x99, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
-                f.extend_from_slice(&[0xfd, 0, 0, 0x99, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+                let (src, dst) = if self.from_server { (1, 2) } else { (2, 1) };
+                f.extend_from_slice(&[0xfd, 0, 0, 0x99, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, src]);
+                f.extend_from_slice(&[0xfd, 0, 0, 0x99, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, dst]);
                 for (i, (kind, len)) in ext.iter().enumerate() {
                     marks.push(f.len());
                     let next = ext.get(i + 1).map_or(self.proto, |e| e.0);

@@ -15,7 +15,7 @@ use gateway_common::{
     },
     packet::{Kind, parse},
     sip::parse_sip,
-    tls::{HelloState, KEY_LEN, Segment, Verdict},
+    tls::{HelloState, KEY_LEN, Verdict},
 };
 
 use crate::netns::Bpffs;
@@ -150,12 +150,13 @@ impl TestProgram {
         Ok((r.return_value, r.duration.as_nanos() as f64))
     }
 
-    /// [`TestProgram::run`] on a connection the program has never seen: forgets every TLS flow and
-    /// SIP transaction first, so frames that share a 4-tuple or a transaction do not continue
-    /// each other's.
+    /// [`TestProgram::run`] on a connection the program has never seen: forgets every TLS flow,
+    /// SIP transaction and pending unit first, so frames that share a 4-tuple or a transaction do
+    /// not continue each other's.
     pub fn run_fresh(&mut self, hook: Hook, frame: &[u8]) -> Result<(u32, f64), ProgramError> {
         self.maps.clear_tls_flows().expect("clear flows");
         self.maps.clear_sip_txns().expect("clear transactions");
+        self.maps.forget_pending().expect("clear pending units");
         let left = self.maps.tls_flows().expect("flows");
         assert!(left.is_empty(), "flows left after clearing: {left:?}");
         self.try_run(hook, frame, 1)
@@ -174,6 +175,25 @@ impl TestProgram {
 impl Default for TestProgram {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Whether the program must refuse `frame` with no limits set: a SIP original (to udp/5060) that
+/// has no unit key, which no response could ever complete (see `SipInfo::unit_key`).
+pub fn expected_refused(frame: &[u8]) -> bool {
+    let pkt = parse(&SliceBytes(frame));
+    let t = pkt.transport;
+    if pkt.kind != Kind::Transport || (t.proto, t.dst_port) != (IPPROTO_UDP, 5060) {
+        return false;
+    }
+    let start = t.payload_offset as usize;
+    let copied = (pkt.payload_len() as usize).min(gateway_common::sip::MAX_SCAN);
+    match frame.get(start..start + copied) {
+        Some(bytes) if copied > 0 => {
+            let info = parse_sip(&SliceBytes(bytes), copied);
+            info.class() == Class::SipOriginal && info.unit_key().is_none()
+        }
+        _ => false,
     }
 }
 
@@ -215,20 +235,12 @@ pub fn expected_class(frame: &[u8], issued: &[[u8; KEY_LEN]]) -> Class {
         Some(22) => {}
         Some(_) => return Class::TlsNew,
     }
-    // The program copies min(payload, 2048) bytes; a copy past the frame fails.
-    let copied = payload_len.min(2048);
-    let Some(bytes) = frame.get(start..start + copied) else {
+    // The program copies the payload window by window; a copy past the frame fails.
+    let Some(bytes) = frame.get(start..start + payload_len) else {
         return Class::TlsFlow;
     };
     let mut st = HelloState::new();
-    st.feed(
-        &SliceBytes(bytes),
-        &Segment {
-            offset: 0,
-            len: payload_len as u32,
-            stream_offset: 0,
-        },
-    );
+    st.feed(bytes, 0);
     match st.verdict() {
         Verdict::Pending => Class::TlsFlow,
         Verdict::Offer if st.offer_key().is_some_and(|k| issued.contains(&k)) => Class::TlsResumed,

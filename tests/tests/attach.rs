@@ -14,15 +14,23 @@ use gateway_tests::{
     netns::{GW_V4, GW_V6, TestNet, class_counter, sh},
 };
 
+/// An INVITE whose `#` the sender replaces with a fresh transaction's number (see [`send_udp`]).
 const INVITE: &[u8] =
-    b"INVITE sip:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bK77\r\n\r\n";
+    b"INVITE sip:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bK#\r\n\
+Call-ID: #@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
 
+/// Sends `payload` `n` times; every `#` in it becomes a number unique to the datagram, so that
+/// each INVITE is a transaction of its own (an original), not a retransmission of the first.
 fn send_udp(net: &TestNet, dst: &str, port: u16, payload: &[u8], n: usize) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static SENT: AtomicUsize = AtomicUsize::new(0);
     let dst = format!("{dst}:{port}");
     net.in_peer(|| {
         let s = UdpSocket::bind("[::]:0").expect("bind");
         for _ in 0..n {
-            s.send_to(payload, &dst).expect("send");
+            let id = SENT.fetch_add(1, Ordering::Relaxed).to_string();
+            let msg = String::from_utf8_lossy(payload).replace('#', &id);
+            s.send_to(msg.as_bytes(), &dst).expect("send");
         }
     });
 }

@@ -208,7 +208,7 @@ fn a_pinned_map_of_another_layout_is_refused_before_anything_changes() {
         &[
             "pinned map CLASS_POLICY",
             "value 16 B",
-            "value 32 B",
+            "value 40 B",
             "detach",
         ],
     );

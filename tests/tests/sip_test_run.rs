@@ -156,6 +156,7 @@ fn set(prog: &mut TestProgram, class: Class, backlog: Option<u64>, rate: Option<
                 backlog,
                 rate,
                 burst: rate.map(|_| 0),
+                ..Default::default()
             }
             .to_map(),
         )
@@ -266,5 +267,72 @@ fn the_first_response_leaving_completes_the_transaction_and_records_its_service_
     assert_eq!(
         prog.maps.class_state().unwrap()[Class::SipOriginal.id() as usize].completed,
         1
+    );
+}
+
+#[test]
+fn unanswered_requests_expire_and_key_less_ones_still_complete() {
+    if !have_root("unanswered_requests_expire") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let timeout = std::time::Duration::from_millis(300);
+    prog.maps
+        .set_policy(
+            Class::SipOriginal,
+            gateway::config::PolicyConfig {
+                backlog: Some(2),
+                timeout: Some(gateway::proxy::config::Span(timeout)),
+                ..Default::default()
+            }
+            .to_map(),
+        )
+        .unwrap();
+    let state = |p: &TestProgram| p.maps.class_state().unwrap()[Class::SipOriginal.id() as usize];
+    // The server is down: two originals fill the class, a third is refused.
+    assert_eq!(action(&prog, &invite("z9hG4bK-down1", "")), XDP_PASS);
+    assert_eq!(action(&prog, &invite("z9hG4bK-down2", "")), XDP_PASS);
+    assert_eq!(action(&prog, &invite("z9hG4bK-down3", "")), XDP_DROP);
+    let filled = std::time::Instant::now();
+    // With no daemon, after the timeout the class admits again: the two expired.
+    let deadline = filled + timeout + std::time::Duration::from_secs(2);
+    let mut n = 0;
+    while action(&prog, &invite(&format!("z9hG4bK-up{n}"), "")) != XDP_PASS {
+        assert!(std::time::Instant::now() < deadline, "never healed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        n += 1;
+    }
+    assert!(filled.elapsed() >= timeout, "expired early");
+    assert_eq!((state(&prog).expired, state(&prog).backlog()), (2, 1));
+    // A request without a Via branch is keyed by Call-ID and CSeq, which its response carries:
+    // answered, it leaves nothing in the backlog.
+    let no_branch = String::from_utf8(invite("z9hG4bK-x", ""))
+        .unwrap()
+        .replacen(";branch=z9hG4bK-x", "", 1);
+    let before = state(&prog);
+    assert_eq!(action(&prog, no_branch.as_bytes()), XDP_PASS);
+    assert_eq!(state(&prog).backlog(), before.backlog() + 1);
+    let call_id = no_branch
+        .lines()
+        .find(|l| l.starts_with("Call-ID"))
+        .unwrap()
+        .to_string();
+    let trying = format!(
+        "SIP/2.0 100 Trying\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;received=10.99.0.2\r\n{call_id}\r\nCSeq: 1 INVITE\r\n\r\n"
+    );
+    prog.run(
+        Hook::TcEgress,
+        &Frame::udp(5061, trying.as_bytes()).from_port(5060).build(),
+        1,
+    );
+    assert_eq!(state(&prog).backlog(), before.backlog());
+    assert_eq!(state(&prog).completed, before.completed + 1);
+    // A request with no key at all (no branch, no Call-ID) is refused: nothing could complete it.
+    let bare = no_branch.replacen(&format!("{call_id}\r\n"), "", 1);
+    let dropped = prog.counters().classes[Class::SipOriginal.id() as usize].dropped_backlog;
+    assert_eq!(action(&prog, bare.as_bytes()), XDP_DROP);
+    assert_eq!(
+        prog.counters().classes[Class::SipOriginal.id() as usize].dropped_backlog,
+        dropped + 1
     );
 }

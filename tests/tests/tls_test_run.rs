@@ -214,9 +214,17 @@ fn an_out_of_order_segment_falls_back_to_new() {
     prog.maps.clear_tls_flows().unwrap();
 }
 
+/// The server's first flight to client `port` (a ServerHello record), leaving the host.
+fn server_hello_to(port: u16) -> Vec<u8> {
+    Frame::tcp(port, &[22, 3, 3, 0, 4, 2, 0, 0, 0])
+        .from_port(443)
+        .from_server()
+        .build()
+}
+
 #[test]
-fn the_backlog_is_admitted_minus_completed() {
-    if !have_root("the_backlog_is_admitted_minus_completed") {
+fn only_the_servers_answer_completes_a_connection() {
+    if !have_root("only_the_servers_answer_completes_a_connection") {
         return;
     }
     let prog = TestProgram::new();
@@ -227,7 +235,7 @@ fn the_backlog_is_admitted_minus_completed() {
         assert_eq!(class_of(&prog, Hook::Xdp, &f), Some(Class::TlsNew));
     }
     assert_eq!(backlog(&prog), 3);
-    // One sends its second flight (a ChangeCipherSpec record), one closes, one stays in handshake.
+    // What the client sends releases nothing: a ChangeCipherSpec right after the hello, a close.
     let ccs = Frame::tcp(443, &[20, 3, 3, 0, 1, 1])
         .from_port(1)
         .seq(10 + hello.len() as u32);
@@ -237,12 +245,72 @@ fn the_backlog_is_admitted_minus_completed() {
         .flags(TCP_FIN_FLAG | 0x10)
         .seq(10 + hello.len() as u32);
     class_of(&prog, Hook::Tc, &fin.build());
+    assert_eq!(backlog(&prog), 3);
+    assert_eq!(prog.counters().tls.completions, 0);
+    // The server answers 1 (its first flight) and closes 2; 3 stays unanswered.
+    assert_eq!(prog.run(Hook::TcEgress, &server_hello_to(1), 1).0, 0);
+    let server_fin = Frame::tcp(2, &[])
+        .from_port(443)
+        .from_server()
+        .flags(TCP_FIN_FLAG | 0x10)
+        .build();
+    prog.run(Hook::TcEgress, &server_fin, 1);
     assert_eq!(backlog(&prog), 1);
-    // A completion is counted once.
-    class_of(&prog, Hook::Xdp, &ccs.build());
-    class_of(&prog, Hook::Xdp, &fin.build());
+    // A completion is counted once; later data and answers to unknown clients count nothing.
+    prog.run(Hook::TcEgress, &server_hello_to(1), 1);
+    prog.run(Hook::TcEgress, &server_fin, 1);
+    prog.run(Hook::TcEgress, &server_hello_to(9), 1);
+    let data = Frame::tcp(3, &[23, 3, 3, 0, 1, 0])
+        .from_port(443)
+        .from_server()
+        .build();
+    prog.run(Hook::TcEgress, &data, 1);
     assert_eq!(backlog(&prog), 1);
     assert_eq!(prog.counters().tls.completions, 2);
+    let st = prog.maps.class_state().unwrap()[Class::TlsNew.id() as usize];
+    assert_eq!((st.admitted, st.completed, st.expired), (3, 2, 0));
+}
+
+#[test]
+fn an_unanswered_connection_expires_and_frees_its_place() {
+    if !have_root("an_unanswered_connection_expires_and_frees_its_place") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let hello = HelloBuilder::default().build();
+    let timeout = std::time::Duration::from_millis(300);
+    set_policy(
+        &mut prog,
+        Class::TlsNew,
+        gateway::config::PolicyConfig {
+            backlog: Some(2),
+            timeout: Some(gateway::proxy::config::Span(timeout)),
+            ..Default::default()
+        },
+    );
+    let hello_from = |port: u16| Frame::tcp(443, &hello).from_port(port).seq(1).build();
+    // Two silent clients fill the class (the server never answers them).
+    assert_eq!(prog.run(Hook::Xdp, &hello_from(1), 1).0, XDP_PASS);
+    assert_eq!(prog.run(Hook::Xdp, &hello_from(2), 1).0, XDP_PASS);
+    assert_eq!(prog.run(Hook::Xdp, &hello_from(3), 1).0, XDP_DROP);
+    let admitted_at = std::time::Instant::now();
+    // Past their timeout (and the sweep interval), with no daemon, the next hello is admitted
+    // and the two are counted as expired.
+    let deadline = admitted_at + timeout + std::time::Duration::from_secs(2);
+    let mut port = 10;
+    while prog.run(Hook::Xdp, &hello_from(port), 1).0 != XDP_PASS {
+        assert!(std::time::Instant::now() < deadline, "never healed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        port += 1;
+    }
+    assert!(admitted_at.elapsed() >= timeout, "expired early");
+    let st = prog.maps.class_state().unwrap()[Class::TlsNew.id() as usize];
+    assert_eq!(st.expired, 2);
+    assert_eq!(st.backlog(), 1);
+    // An expired connection the server answers late counts nothing more.
+    prog.run(Hook::TcEgress, &server_hello_to(1), 1);
+    let st = prog.maps.class_state().unwrap()[Class::TlsNew.id() as usize];
+    assert_eq!((st.completed, st.expired, st.backlog()), (0, 2, 1));
 }
 
 const XDP_DROP: u32 = 1;
@@ -331,12 +399,8 @@ fn the_backlog_limit_admits_again_after_a_completion() {
     assert_eq!(prog.run(Hook::Xdp, &hello_from(1), 1).0, XDP_PASS);
     assert_eq!(prog.run(Hook::Xdp, &hello_from(2), 1).0, XDP_PASS);
     assert_eq!(prog.run(Hook::Xdp, &hello_from(3), 1).0, XDP_DROP);
-    // Connection 1 finishes its handshake: room for one more.
-    let ccs = Frame::tcp(443, &[20, 3, 3, 0, 1, 1])
-        .from_port(1)
-        .seq(1 + hello.len() as u32)
-        .build();
-    prog.run(Hook::Xdp, &ccs, 1);
+    // The server answers connection 1: room for one more.
+    prog.run(Hook::TcEgress, &server_hello_to(1), 1);
     assert_eq!(prog.run(Hook::Xdp, &hello_from(4), 1).0, XDP_PASS);
     assert_eq!(prog.run(Hook::Xdp, &hello_from(5), 1).0, XDP_DROP);
 }
@@ -472,8 +536,8 @@ fn mutated_offers_are_resumed_only_when_the_model_says_so() {
 }
 
 #[test]
-fn a_terminated_service_leaves_completions_to_the_daemon() {
-    if !have_root("a_terminated_service_leaves_completions_to_the_daemon") {
+fn a_terminated_service_completes_like_any_other() {
+    if !have_root("a_terminated_service_completes_like_any_other") {
         return;
     }
     use gateway_common::maps::{SERVICE_TERMINATED, ServiceKey, ServiceKind, ServiceValue};
@@ -498,39 +562,17 @@ fn a_terminated_service_leaves_completions_to_the_daemon() {
     let hello = HelloBuilder::default().build();
     let hello_from = |port: u16| Frame::tcp(8443, &hello).from_port(port).seq(1).build();
     assert_eq!(prog.run(Hook::Xdp, &hello_from(1), 1).0, XDP_PASS);
-    // The client's second flight does not complete it here: the daemon will.
-    let ccs = Frame::tcp(8443, &[20, 3, 3, 0, 1, 1])
-        .from_port(1)
-        .seq(1 + hello.len() as u32)
-        .build();
-    prog.run(Hook::Xdp, &ccs, 1);
-    assert_eq!(prog.counters().tls.completions, 0);
     assert_eq!(prog.run(Hook::Xdp, &hello_from(2), 1).0, XDP_DROP);
-    // The daemon's completion (its handshake ended) frees the backlog, once.
-    let feedback = gateway::feedback::Feedback::open(
-        &[("testrun".to_string(), prog.pins.clone())],
-        std::time::Duration::from_secs(60),
-    )
-    .unwrap();
-    let key = gateway::feedback::flow_key(
-        "10.99.0.2:1".parse().unwrap(),
-        "10.99.0.1:8443".parse().unwrap(),
-    );
-    assert_eq!(feedback.complete(&key), Some(Class::TlsNew));
-    assert_eq!(feedback.complete(&key), None);
+    // The daemon's proxy answers from 8443: the one owner of completions is the egress program,
+    // whichever listener (or server) answered.
+    let answer = Frame::tcp(1, &[22, 3, 3, 0, 4, 2, 0, 0, 0])
+        .from_port(8443)
+        .from_server()
+        .build();
+    prog.run(Hook::TcEgress, &answer, 1);
+    prog.run(Hook::TcEgress, &answer, 1);
     assert_eq!(backlog(&prog), 0);
     assert_eq!(prog.run(Hook::Xdp, &hello_from(3), 1).0, XDP_PASS);
-    // A connection the datapath never saw (or rejected) is nothing to complete.
-    let unseen = gateway::feedback::flow_key(
-        "10.99.0.2:9".parse().unwrap(),
-        "10.99.0.1:8443".parse().unwrap(),
-    );
-    assert_eq!(feedback.complete(&unseen), None);
-    let rejected = gateway::feedback::flow_key(
-        "10.99.0.2:2".parse().unwrap(),
-        "10.99.0.1:8443".parse().unwrap(),
-    );
-    assert_eq!(feedback.complete(&rejected), None);
     assert_eq!(backlog(&prog), 1);
 }
 
@@ -556,12 +598,14 @@ fn a_reused_client_port_starts_afresh() {
     assert_eq!(prog.run(Hook::Xdp, &syn(7), 1).0, XDP_PASS);
     assert_eq!(prog.run(Hook::Xdp, &from(7), 1).0, XDP_PASS);
     assert_eq!(backlog(&prog), 1);
-    // Reused again while admitted and not completed: the old connection completes.
+    // Reused again before the server answered: judged afresh; the old unanswered unit ends as
+    // expired when the new one takes its key, so the backlog holds one, not two.
     assert_eq!(prog.run(Hook::Xdp, &syn(7), 1).0, XDP_PASS);
-    assert_eq!(backlog(&prog), 0);
     assert_eq!(
         class_of(&prog, Hook::Xdp, &from(7)),
         Some(Class::TlsNew),
         "judged afresh, not passed as tls-flow"
     );
+    let st = prog.maps.class_state().unwrap()[Class::TlsNew.id() as usize];
+    assert_eq!((st.backlog(), st.expired), (1, 1));
 }

@@ -1,4 +1,5 @@
-//! Project tasks: `cargo xtask setup | build-ebpf [--check] | test | demo | bench`.
+//! Project tasks: `cargo xtask setup | build-ebpf [--check] | test | fuzz [SECONDS] | demo |
+//! bench`.
 
 mod source_hash;
 
@@ -28,7 +29,8 @@ const APT_PACKAGES: &[&str] = &[
     "tcpdump",
 ];
 
-const USAGE: &str = "usage: cargo xtask <setup | build-ebpf [--check] | test | demo | bench>";
+const USAGE: &str =
+    "usage: cargo xtask <setup | build-ebpf [--check] | test | fuzz [SECONDS] | demo | bench>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -36,6 +38,14 @@ fn main() -> ExitCode {
         Some("setup") => setup(),
         Some("build-ebpf") => build_ebpf(args.iter().any(|a| a == "--check")),
         Some("test") => setup().and_then(|()| test()),
+        Some("fuzz") => match args.get(1).map(|s| s.parse::<u32>()) {
+            None => setup().and_then(|()| fuzz(DEFAULT_FUZZ_SECONDS)),
+            Some(Ok(seconds)) if seconds > 0 => setup().and_then(|()| fuzz(seconds)),
+            Some(_) => {
+                eprintln!("xtask fuzz: SECONDS must be a positive whole number\n{USAGE}");
+                return ExitCode::from(2);
+            }
+        },
         Some("demo") => setup().and_then(|()| demo()),
         Some("bench") => setup().and_then(|()| bench()),
         _ => {
@@ -241,7 +251,6 @@ fn test() -> Result<()> {
         "--",
         "--test-threads=2",
     ]))?;
-    fuzz(FUZZ_SECONDS)?;
     // The plain closing line: the sum over every test binary (the last binary alone may be one
     // with no tests, such as the doc tests).
     println!("tests: {passed} passed, {failed} failed, {ignored} skipped");
@@ -289,17 +298,35 @@ fn run_tests(cmd: &mut Command) -> Result<(u64, u64, u64)> {
     Ok((passed, failed, ignored))
 }
 
-/// Seconds each fuzz target runs in `cargo xtask test` (a CI-sized burst).
-const FUZZ_SECONDS: u32 = 20;
+/// Seconds each fuzz target runs in `cargo xtask fuzz` when none are given.
+const DEFAULT_FUZZ_SECONDS: u32 = 300;
 
-/// Runs every fuzz target for `seconds` (cargo-fuzz, libFuzzer, on nightly); a crash fails.
+/// The fuzz targets (`tests/fuzz/fuzz_targets/`, one per property in
+/// `gateway_common::testing::properties`).
+const FUZZ_TARGETS: [&str; 3] = ["client_hello", "packet", "sip"];
+
+/// Open-ended fuzzing, outside CI: runs every target for `seconds` (cargo-fuzz, libFuzzer, on
+/// nightly), growing `tests/fuzz/corpus/TARGET/`, then minimizes the corpus. A crash stops it and
+/// leaves its input in `tests/fuzz/artifacts/TARGET/`: copy it to `tests/fuzz/regressions/TARGET/`
+/// and commit it with the fix, and `cargo xtask test` replays it from then on.
 fn fuzz(seconds: u32) -> Result<()> {
     let dir = root().join("tests/fuzz");
-    for target in ["client_hello", "packet", "sip"] {
+    for target in FUZZ_TARGETS {
+        let corpus = dir.join("corpus").join(target);
+        let regressions = dir.join("regressions").join(target);
+        std::fs::create_dir_all(&corpus)?;
+        std::fs::create_dir_all(&regressions)?;
         run(Command::new("rustup")
-            .args(["run", "nightly", "cargo", "fuzz", "run", target, "--"])
+            .args(["run", "nightly", "cargo", "fuzz", "run", target])
+            .arg(&corpus)
+            .arg(&regressions)
+            .arg("--")
             .arg(format!("-max_total_time={seconds}"))
             .arg("-rss_limit_mb=2048")
+            .current_dir(&dir))?;
+        run(Command::new("rustup")
+            .args(["run", "nightly", "cargo", "fuzz", "cmin", target])
+            .arg(&corpus)
             .current_dir(&dir))?;
     }
     Ok(())

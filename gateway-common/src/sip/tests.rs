@@ -140,3 +140,33 @@ fn bad_input_is_an_original_never_exempt() {
         None
     );
 }
+
+#[test]
+fn a_request_without_a_branch_still_has_a_unit_key_its_response_matches() {
+    extern crate std;
+    use std::string::String;
+    let no_branch = String::from_utf8(SIPP_INVITE.to_vec()).unwrap().replacen(
+        ";branch=z9hG4bK-4101-1-0",
+        "",
+        1,
+    );
+    let req = parse(no_branch.as_bytes());
+    assert_eq!(req.transaction_key(), None);
+    let key = req.unit_key().expect("a Call-ID and CSeq key");
+    // The server's response copies Via, Call-ID and CSeq.
+    let resp = String::from(
+        "SIP/2.0 100 Trying\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;received=10.99.0.2\r\n\
+         Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n",
+    );
+    assert_eq!(parse(resp.as_bytes()).unit_key(), Some(key));
+    // Another CSeq number is another unit; a branch key never equals a fallback key.
+    let next = no_branch.replacen("CSeq: 1 INVITE", "CSeq: 2 INVITE", 1);
+    assert_ne!(parse(next.as_bytes()).unit_key(), Some(key));
+    assert_eq!(
+        parse(SIPP_INVITE).unit_key(),
+        parse(SIPP_INVITE).transaction_key()
+    );
+    // No Call-ID and no branch: no key at all.
+    let bare = no_branch.replacen("Call-ID: 1-4101@10.99.0.2\r\n", "", 1);
+    assert_eq!(parse(bare.as_bytes()).unit_key(), None);
+}

@@ -1,7 +1,7 @@
 use alloc::vec::Vec;
 
 use super::*;
-use crate::{bytes::SliceBytes, testing::HelloBuilder};
+use crate::testing::HelloBuilder;
 
 fn key(fill: u8) -> Vec<u8> {
     (0..32).map(|i| fill.wrapping_add(i)).collect()
@@ -12,15 +12,7 @@ fn feed_split(data: &[u8], cuts: &[usize]) -> HelloState {
     let mut st = HelloState::default();
     let mut start = 0;
     for &end in cuts.iter().chain([&data.len()]) {
-        let seg = &data[start..end];
-        st.feed(
-            &SliceBytes(seg),
-            &Segment {
-                offset: 0,
-                len: seg.len() as u32,
-                stream_offset: start as u32,
-            },
-        );
+        st.feed(&data[start..end], start as u32);
         start = end;
     }
     st
@@ -158,25 +150,9 @@ fn prefixes_are_pending_never_offers() {
 fn a_gap_or_overlap_between_segments_is_malformed() {
     let data = HelloBuilder::tls13().build();
     let mut st = HelloState::default();
-    let first = &data[..100];
-    st.feed(
-        &SliceBytes(first),
-        &Segment {
-            offset: 0,
-            len: 100,
-            stream_offset: 0,
-        },
-    );
+    st.feed(&data[..100], 0);
     assert_eq!(st.verdict(), Verdict::Pending);
-    let later = &data[150..];
-    st.feed(
-        &SliceBytes(later),
-        &Segment {
-            offset: 0,
-            len: later.len() as u32,
-            stream_offset: 150,
-        },
-    );
+    st.feed(&data[150..], 150);
     assert_eq!(st.verdict(), Verdict::Malformed);
 }
 
@@ -300,5 +276,71 @@ fn psk_lengths_near_64k_are_malformed_not_overflowing() {
             "{identities:#x}/{identity:#x}"
         );
         assert_eq!(st.offer_key(), None);
+    }
+}
+
+#[test]
+fn the_field_budget_belongs_to_the_hello_not_the_segment() {
+    // Enough empty extensions to pass the budget in one hello: each costs one field. Before the
+    // budget was per hello, one shot ran out of steps (malformed) while two segments got twice
+    // the steps (an offer): the fuzzer's split divergence.
+    for extra in [MAX_FIELDS as usize / 2, MAX_FIELDS as usize] {
+        let data = HelloBuilder {
+            session_id: key(1),
+            padding_extensions: (0..extra).map(|i| (0xff00 + i as u16, 0)).collect(),
+            ..Default::default()
+        }
+        .build();
+        let whole = parse_hello(&data);
+        let expect = if extra == MAX_FIELDS as usize {
+            Verdict::Malformed
+        } else {
+            Verdict::Offer
+        };
+        assert_eq!(whole.verdict(), expect, "{extra} extensions");
+        for cut in (1..data.len()).step_by(7) {
+            assert_eq!(
+                feed_split(&data, &[cut]),
+                whole,
+                "{extra} extensions, cut at {cut}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_segment_longer_than_a_window_reads_on() {
+    // A post-quantum hello padded past one window, with the PSK identity beyond it: one segment
+    // (as over loopback or jumbo frames) gives the offer, like any split.
+    let data = HelloBuilder {
+        psk_identity: Some(key(4)),
+        padding_extensions: alloc::vec![(21, 1500)],
+        ..HelloBuilder::tls13()
+    }
+    .build();
+    assert!(
+        data.len() > WINDOW as usize + 500,
+        "the PSK lies past the first window"
+    );
+    let whole = parse_hello(&data);
+    assert_eq!(whole.verdict(), Verdict::Offer);
+    assert_eq!(whole.offer_key().map(|k| k[0]), Some(4));
+    for cut in (1..data.len()).step_by(61) {
+        assert_eq!(feed_split(&data, &[cut]), whole, "cut at {cut}");
+    }
+}
+
+#[test]
+fn a_hello_longer_than_the_cap_is_malformed_however_cut() {
+    let data = HelloBuilder {
+        session_id: key(1),
+        padding_extensions: alloc::vec![(21, MAX_HELLO as usize)],
+        ..Default::default()
+    }
+    .build();
+    let whole = parse_hello(&data);
+    assert_eq!(whole.verdict(), Verdict::Malformed);
+    for cut in (1..data.len()).step_by(509) {
+        assert_eq!(feed_split(&data, &[cut]), whole, "cut at {cut}");
     }
 }

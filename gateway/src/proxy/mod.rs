@@ -31,7 +31,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{debug, warn};
 
-use crate::feedback::{Feedback, flow_key};
+use crate::feedback::Feedback;
 use config::ProxyConfig;
 use cputime::CpuTimed;
 use pool::{Pool, Slot};
@@ -133,12 +133,6 @@ impl Proxy {
         }
     }
 
-    fn complete(&self, peer: SocketAddr, local: SocketAddr) {
-        if self.feedback.complete(&flow_key(peer, local)).is_some() {
-            self.own.completions.inc();
-        }
-    }
-
     async fn connection(self: Arc<Self>, sock: TcpStream, peer: SocketAddr) {
         self.own.open.inc();
         let outcome = self.run(sock, peer).await;
@@ -151,7 +145,6 @@ impl Proxy {
         let local = sock.local_addr().unwrap_or(self.cfg.listen);
         let _ = sock.set_nodelay(true);
         if !self.pool.has_room() {
-            self.complete(peer, local);
             // A reset: the refusal is immediate and unambiguous, and leaves no TIME_WAIT here.
             let reset = libc::linger {
                 l_onoff: 1,
@@ -162,7 +155,6 @@ impl Proxy {
         }
         let handshake = CpuTimed::new(self.acceptor.accept(sock));
         let done = tokio::time::timeout(self.cfg.timeouts.handshake.0, handshake).await;
-        self.complete(peer, local);
         let mut tls = match done {
             Err(_) => return Outcome::HandshakeTimeout,
             Ok((Err(e), _)) => {

@@ -114,8 +114,6 @@ pub struct ProxyStats {
     pub outcomes: Family<OutcomeLabels, Counter>,
     /// Connections open now (from accept to close).
     pub open: Family<ListenerLabels, Gauge>,
-    /// Datapath completions the daemon counted.
-    pub completions: Family<ListenerLabels, Counter>,
     /// Backend connections served now, per member.
     pub backend_active: Family<BackendLabels, Gauge>,
     /// Connections waiting in a member's backlog.
@@ -149,11 +147,6 @@ impl ProxyStats {
             "open_connections",
             "Connections open now",
             self.open.clone(),
-        );
-        r.register(
-            "datapath_completions",
-            "Completions counted into the datapath's backlog",
-            self.completions.clone(),
         );
         r.register(
             "backend_active",
@@ -204,7 +197,6 @@ impl ProxyStats {
         };
         ListenerStats {
             open: self.open.get_or_create(&labels).clone(),
-            completions: self.completions.get_or_create(&labels).clone(),
             handshakes: [
                 handshake(HandshakeKind::Full),
                 handshake(HandshakeKind::Resumed),
@@ -218,8 +210,6 @@ impl ProxyStats {
 pub struct ListenerStats {
     /// Connections open now.
     pub open: Gauge,
-    /// Datapath completions the daemon counted.
-    pub completions: Counter,
     handshakes: [(Counter, Counter<f64, AtomicU64>); 2],
     outcomes: [Counter; Outcome::ALL.len()],
 }

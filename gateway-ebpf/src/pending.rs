@@ -1,0 +1,154 @@
+//! Admitted units of work that have not ended: one entry per TLS connection (`TLS_PENDING`) or
+//! SIP request (`SIP_PENDING`), in hash maps that are not LRU, so no other traffic can evict
+//! them. A unit ends exactly once, by whoever deletes its entry:
+//!
+//! - it completes when the server's answer leaves the host ([`complete`], from the egress
+//!   program): only the server's work releases a slot, never a packet from the client side;
+//! - or it expires when its class's timeout passes first ([`sweep_if_due`], from the admission
+//!   path, at most every `SWEEP_INTERVAL_NS` per class), with no daemon involved.
+//!
+//! The deleter counts the end (`completed` or `expired` in `CLASS_STATE`), so the backlog,
+//! `admitted - completed - expired`, stays exact under any interleaving of CPUs. A full table
+//! refuses new work and keeps the work it holds.
+// Map keys and values go by reference, as in the TLS module (the BPF stack is 512 bytes).
+#![allow(clippy::needless_borrows_for_generic_args)]
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    btf_maps::HashMap,
+    helpers::generated::{bpf_for_each_map_elem, bpf_map_delete_elem},
+};
+use gateway_common::{
+    Class,
+    maps::{MAX_PENDING, Pending, SWEEP_INTERVAL_NS, timeout_ns},
+};
+
+use crate::{
+    admission::{atomic_add, now_ns},
+    maps::{CLASS_POLICY, CLASS_STATE, SIP_PENDING, TLS_PENDING},
+};
+
+/// A pending table.
+pub type Table<K> = HashMap<K, Pending, { MAX_PENDING as usize }>;
+
+/// Holds the unit `key` of `class`, admitted now, and counts its admission. `false` when the
+/// table is full (the unit is not admitted). A stale unit under the same key (a client that
+/// reused its port before the server answered the old connection) ends as expired first.
+#[inline(always)]
+pub fn hold<K>(table: &Table<K>, key: &K, class: Class) -> bool {
+    let now = now_ns();
+    let timeout = CLASS_POLICY
+        .get(class.id())
+        .map_or(timeout_ns(class, &Default::default()), |p| {
+            timeout_ns(class, p)
+        });
+    let unit = Pending {
+        admitted_ns: now,
+        deadline_ns: now.saturating_add(timeout),
+        class: class.id(),
+        pad: 0,
+    };
+    if table.insert(key, &unit, u64::from(BPF_NOEXIST)).is_err()
+        && (end(table, key, Field::Expired).is_none()
+            || table.insert(key, &unit, u64::from(BPF_NOEXIST)).is_err())
+    {
+        return false;
+    }
+    count(class.id(), Field::Admitted);
+    true
+}
+
+/// The unit `key` was answered by the server: it completes (counted in its class). Returns it,
+/// or `None` when there was no such unit (never admitted, or already ended).
+#[inline(always)]
+pub fn complete<K>(table: &Table<K>, key: &K) -> Option<Pending> {
+    end(table, key, Field::Completed)
+}
+
+/// Which counter of `ClassState` an event adds to.
+#[derive(Clone, Copy)]
+enum Field {
+    Admitted,
+    Completed,
+    Expired,
+}
+
+/// Ends the unit `key`, counting it in `field` of its class, if this call is the one that
+/// deletes it.
+#[inline(always)]
+fn end<K>(table: &Table<K>, key: &K, field: Field) -> Option<Pending> {
+    // SAFETY: a copy of the value is taken before the entry goes.
+    let unit = unsafe { *table.get_ptr(key)? };
+    table.remove(key).ok()?;
+    count(unit.class, field);
+    Some(unit)
+}
+
+#[inline(always)]
+fn count(class: u32, field: Field) {
+    if let Some(st) = CLASS_STATE.get_ptr_mut(class) {
+        // SAFETY: shared counters, only ever changed by atomic adds.
+        unsafe {
+            match field {
+                Field::Admitted => atomic_add(&raw mut (*st).admitted, 1),
+                Field::Completed => atomic_add(&raw mut (*st).completed, 1),
+                Field::Expired => atomic_add(&raw mut (*st).expired, 1),
+            }
+        }
+    }
+}
+
+/// Releases the expired units of `class`'s table when the class's sweep is due. Two CPUs may
+/// sweep at once; each unit is still counted once, by the CPU whose delete succeeds.
+#[inline(always)]
+pub fn sweep_if_due(class: Class) {
+    let Some(st) = CLASS_STATE.get_ptr_mut(class.id()) else {
+        return;
+    };
+    let mut now = now_ns();
+    // SAFETY: a plain schedule; a racing CPU at worst sweeps once more.
+    unsafe {
+        if core::ptr::read_volatile(&raw const (*st).sweep_ns) > now {
+            return;
+        }
+        core::ptr::write_volatile(&raw mut (*st).sweep_ns, now + SWEEP_INTERVAL_NS);
+    }
+    let (map, callback) = match class {
+        Class::TlsNew | Class::TlsResumed => (
+            (&raw const TLS_PENDING).cast_mut().cast::<c_void>(),
+            expire::<gateway_common::maps::FlowKey> as *mut c_void,
+        ),
+        Class::SipOriginal | Class::SipRetransmission => (
+            (&raw const SIP_PENDING).cast_mut().cast::<c_void>(),
+            expire::<u64> as *mut c_void,
+        ),
+        _ => return,
+    };
+    // SAFETY: `expire` has the callback signature the helper expects; `now` outlives the call.
+    unsafe {
+        bpf_for_each_map_elem(map, callback, (&raw mut now).cast(), 0);
+    }
+}
+
+/// One entry of a sweep (a `bpf_for_each_map_elem` callback): past its deadline, the unit ends
+/// as expired. Returns 0 to go on.
+#[inline(never)]
+extern "C" fn expire<K>(
+    map: *mut c_void,
+    key: *mut K,
+    unit: *mut Pending,
+    now: *mut c_void,
+) -> i64 {
+    // SAFETY: the helper passes a live entry and the caller's `now`.
+    let (deadline, class, now) =
+        unsafe { ((*unit).deadline_ns, (*unit).class, *now.cast::<u64>()) };
+    if deadline < now {
+        // SAFETY: deleting the entry being visited is allowed for hash maps.
+        if unsafe { bpf_map_delete_elem(map, key.cast()) } == 0 {
+            count(class, Field::Expired);
+        }
+    }
+    0
+}

@@ -348,6 +348,11 @@ pub const CONFIG_DROP_FRAGMENTS: u64 = 1 << 0;
 /// instead of passing them.
 pub const CONFIG_DROP_UNPARSEABLE: u64 = 1 << 1;
 
+/// [`DatapathConfig::flags`]: judge TLS hellos without asking whether the kernel has their
+/// connection. Only for test fixtures that replay synthetic frames with no socket behind them
+/// (BPF_PROG_TEST_RUN); the loader and the config never set it.
+pub const CONFIG_TRUST_UNCONNECTED: u64 = 1 << 2;
+
 /// How the program is attached, as recorded by the loader in [`DatapathConfig::attach_mode`].
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -526,6 +531,9 @@ pub struct TlsCounters {
     pub rejected_flow_packets: u64,
     /// Admitted connections the server answered (its first flight, or its close, seen leaving).
     pub completions: u64,
+    /// Segments with payload on a 4-tuple the kernel has no connection for (spoofed, or left
+    /// over): dropped after one socket lookup, no state created.
+    pub no_connection: u64,
 }
 
 impl TlsCounters {
@@ -538,6 +546,7 @@ impl TlsCounters {
         self.out_of_order += o.out_of_order;
         self.rejected_flow_packets += o.rejected_flow_packets;
         self.completions += o.completions;
+        self.no_connection += o.no_connection;
     }
 }
 
@@ -671,7 +680,7 @@ mod tests {
         );
         assert_eq!(size_of::<IssuedKey>(), 16);
         assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8);
-        assert_eq!(size_of::<TlsCounters>(), 7 * 8);
+        assert_eq!(size_of::<TlsCounters>(), 8 * 8);
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);
         assert_eq!(size_of::<LatencyHistogram>(), LATENCY_BUCKETS * 8);

@@ -29,9 +29,8 @@ use crate::{
 ///
 /// GCRA (RFC 7415's leaky bucket): emission interval `T = 1 s / rate`, tolerance
 /// `tau = burst * T`; a connection conforms when the theoretical arrival time is at most `tau`
-/// ahead of now, and then advances it by `T`. A rate of zero admits nothing. The TAT update is a
-/// plain store: two CPUs admitting at the same instant can both pass, so the limiter may admit
-/// one more per racing CPU, never fewer.
+/// ahead of now, and then advances it by `T`. A rate of zero admits nothing. The TAT advances by
+/// compare-and-swap, so CPUs admitting at the same instant never both pass on one slot.
 #[inline(always)]
 pub fn admission(policy_of: Class, backlog_of: Class) -> Option<u8> {
     sweep_if_due(backlog_of);
@@ -63,13 +62,25 @@ pub fn admission(policy_of: Class, backlog_of: Class) -> Option<u8> {
         };
         let tolerance = burst * interval;
         let now = now_ns();
-        // SAFETY: see the race note above.
-        let tat = unsafe { core::ptr::read_volatile(&raw const (*rate_st).gcra_tat_ns) };
-        let tat = if tat < now { now } else { tat };
-        if tat - now > tolerance {
+        // SAFETY: the TAT is only changed by compare-and-swap, so of two CPUs that read the same
+        // TAT only one advances it; the other tries again from the new value.
+        let tat_ptr = unsafe { &raw mut (*rate_st).gcra_tat_ns };
+        let mut admitted = false;
+        for _ in 0..GCRA_TRIES {
+            let seen = unsafe { core::ptr::read_volatile(tat_ptr) };
+            let tat = if seen < now { now } else { seen };
+            if tat - now > tolerance {
+                return Some(REJECT_RATE);
+            }
+            if unsafe { compare_and_swap(tat_ptr, seen, tat + interval) } {
+                admitted = true;
+                break;
+            }
+        }
+        if !admitted {
+            // Lost every race: as many CPUs admitted at once, so the limiter is busy anyway.
             return Some(REJECT_RATE);
         }
-        unsafe { core::ptr::write_volatile(&raw mut (*rate_st).gcra_tat_ns, tat + interval) };
     }
     None
 }
@@ -110,6 +121,27 @@ pub unsafe fn atomic_add(dst: *mut u64, v: u64) {
         core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
             dst, v,
         );
+    }
+}
+
+/// Attempts at advancing a class's GCRA state before an arrival counts as refused (each failed
+/// attempt means another CPU admitted in between).
+const GCRA_TRIES: usize = 4;
+
+/// Sets `*dst` to `new` if it holds `old` (BPF_ATOMIC | BPF_CMPXCHG); whether it did.
+///
+/// # Safety
+/// `dst` must point to a live, aligned u64.
+#[inline(always)]
+unsafe fn compare_and_swap(dst: *mut u64, old: u64, new: u64) -> bool {
+    // SAFETY: upheld by the caller.
+    unsafe {
+        core::intrinsics::atomic_cxchg::<
+            u64,
+            { core::intrinsics::AtomicOrdering::SeqCst },
+            { core::intrinsics::AtomicOrdering::SeqCst },
+        >(dst, old, new)
+        .1
     }
 }
 

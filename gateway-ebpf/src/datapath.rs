@@ -16,7 +16,7 @@ use gateway_common::{
 use crate::{
     maps::{CLASS_STATS, DP_CONFIG, DP_COUNTERS, SERVICE_PORTS},
     sip::sip_packet,
-    tls::{CopyOut, tls_packet},
+    tls::{ConnectionLookup, CopyOut, tls_packet},
 };
 
 /// What to do with a packet.
@@ -31,7 +31,7 @@ pub enum Verdict {
 /// Classifies and counts one frame of `len` bytes. `ctx` serves aya-log records (compiled in at
 /// debug level, off unless the loader raises the level) and copies of TLS payloads.
 #[inline(always)]
-pub fn process<C: EbpfContext + CopyOut + JumpToSip, B: PacketBytes>(
+pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + JumpToSip, B: PacketBytes>(
     ctx: &C,
     b: &B,
     len: u64,

@@ -28,15 +28,19 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    helpers::generated::{bpf_loop, bpf_skb_load_bytes, bpf_xdp_load_bytes},
+    EbpfContext,
+    bindings::bpf_sock_tuple,
+    helpers::generated::{
+        bpf_loop, bpf_sk_release, bpf_skb_load_bytes, bpf_skc_lookup_tcp, bpf_xdp_load_bytes,
+    },
     programs::{TcContext, XdpContext},
 };
 use gateway_common::{
     Class,
     bytes::PacketBytes,
     maps::{
-        FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED, FlowKey, IssuedKey, REJECT_FULL, RejectEvent,
-        TlsCounters, TlsFlow,
+        CONFIG_TRUST_UNCONNECTED, FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED, FlowKey, IssuedKey,
+        REJECT_FULL, RejectEvent, TlsCounters, TlsFlow,
     },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     tls::{HelloState, MAX_STEPS, MAX_WINDOWS, Segment, Verdict, WINDOW},
@@ -46,7 +50,7 @@ use crate::{
     admission::{admission, count_refusal},
     bytes::{ScratchBytes, opaque},
     datapath::Verdict as Action,
-    maps::{TLS_COUNTERS, TLS_FLOWS, TLS_ISSUED, TLS_PENDING, TLS_REJECTS, TLS_SCRATCH},
+    maps::{DP_CONFIG, TLS_COUNTERS, TLS_FLOWS, TLS_ISSUED, TLS_PENDING, TLS_REJECTS, TLS_SCRATCH},
     pending,
 };
 
@@ -72,6 +76,84 @@ pub struct Scratch {
     key: FlowKey,
     /// A flow record being created.
     flow: TlsFlow,
+    /// The socket lookup's tuple (`bpf_sock_tuple`: IPv4 in its first 12 bytes, IPv6 in 36).
+    tuple: [u8; 40],
+}
+
+/// Whether the kernel has a connection (not just a listener) for a 4-tuple: a socket lookup, as
+/// xdp_synproxy does, so that segments of connections that do not exist create no state.
+pub trait ConnectionLookup {
+    /// Looks `tuple` (`size` bytes, the packet's own direction) up in the device's namespace.
+    fn has_connection(&self, tuple: *mut u8, size: u32) -> bool;
+}
+
+/// `struct sock` states that are a connection the client really made: established, and a
+/// request socket awaiting the handshake's last ACK (SYN_RECV, NEW_SYN_RECV).
+const TCP_ESTABLISHED: u32 = 1;
+const TCP_SYN_RECV: u32 = 3;
+const TCP_NEW_SYN_RECV: u32 = 12;
+
+#[inline(always)]
+fn lookup<C: EbpfContext>(ctx: &C, tuple: *mut u8, size: u32) -> bool {
+    // SAFETY: `tuple` points to 40 bytes of map memory; the result is released below.
+    let sk = unsafe {
+        bpf_skc_lookup_tcp(
+            ctx.as_ptr(),
+            tuple.cast::<bpf_sock_tuple>(),
+            size,
+            u64::MAX, // BPF_F_CURRENT_NETNS: the device's namespace
+            0,
+        )
+    };
+    if sk.is_null() {
+        return false;
+    }
+    // SAFETY: a live socket reference, released right after the read.
+    let state = unsafe { (*sk).state };
+    unsafe { bpf_sk_release(sk.cast()) };
+    matches!(state, TCP_ESTABLISHED | TCP_SYN_RECV | TCP_NEW_SYN_RECV)
+}
+
+impl ConnectionLookup for XdpContext {
+    #[inline(always)]
+    fn has_connection(&self, tuple: *mut u8, size: u32) -> bool {
+        lookup(self, tuple, size)
+    }
+}
+
+impl ConnectionLookup for TcContext {
+    #[inline(always)]
+    fn has_connection(&self, tuple: *mut u8, size: u32) -> bool {
+        lookup(self, tuple, size)
+    }
+}
+
+/// Whether the kernel has the connection of `s.key` (a segment's, client to server). Skipped
+/// when the datapath config says so (test fixtures only).
+#[inline(always)]
+fn kernel_has_connection<C: ConnectionLookup>(ctx: &C, s: &mut Scratch, v4: bool) -> bool {
+    if DP_CONFIG
+        .get(0)
+        .is_some_and(|c| c.flags & CONFIG_TRUST_UNCONNECTED != 0)
+    {
+        return true;
+    }
+    let k = &s.key;
+    let t = &mut s.tuple;
+    let size = if v4 {
+        t[0..4].copy_from_slice(&k.saddr[12..16]);
+        t[4..8].copy_from_slice(&k.daddr[12..16]);
+        t[8..10].copy_from_slice(&k.sport.to_be_bytes());
+        t[10..12].copy_from_slice(&k.dport.to_be_bytes());
+        12
+    } else {
+        t[0..16].copy_from_slice(&k.saddr);
+        t[16..32].copy_from_slice(&k.daddr);
+        t[32..34].copy_from_slice(&k.sport.to_be_bytes());
+        t[34..36].copy_from_slice(&k.dport.to_be_bytes());
+        36
+    };
+    ctx.has_connection(t.as_mut_ptr(), size)
 }
 
 /// Copies packet bytes out, for either hook.
@@ -211,7 +293,11 @@ fn flow_key<B: PacketBytes>(b: &B, pkt: &Packet, key: &mut FlowKey, from_server:
 
 /// Classifies a TCP packet to a TLS port.
 #[inline(always)]
-pub fn tls_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (Class, Action) {
+pub fn tls_packet<C: CopyOut + ConnectionLookup, B: PacketBytes>(
+    ctx: &C,
+    b: &B,
+    pkt: &Packet,
+) -> (Class, Action) {
     let t = &pkt.transport;
     let payload_len = u32::from(pkt.payload_len());
     let Some(s) = TLS_SCRATCH.get_ptr_mut(0) else {
@@ -277,6 +363,12 @@ pub fn tls_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
     let mut first = [0u8; 1];
     if payload_len == 0 || !b.read(t.payload_offset as usize, &mut first) {
         return (Class::TlsFlow, Action::Pass);
+    }
+    // State only for connections the kernel really has: a spoofed segment costs one lookup, and
+    // neither a flow entry nor a unit of the backlog (the kernel would discard it anyway).
+    if !kernel_has_connection(ctx, s, pkt.ip_version == 4) {
+        count(|c| c.no_connection += 1);
+        return (Class::TlsFlow, Action::Drop);
     }
     s.state = HelloState::new();
     match first[0] {

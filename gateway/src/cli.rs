@@ -135,6 +135,9 @@ pub enum PolicyAction {
         /// Admissions allowed in a burst above the rate.
         #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=config::MAX_BURST))]
         burst: Option<u64>,
+        /// How long an admitted unit may go unanswered before it expires (`500ms`, `10s`).
+        #[arg(long)]
+        timeout: Option<crate::proxy::config::Span>,
         /// Which attachment.
         #[command(flatten)]
         target: Target,

@@ -231,11 +231,12 @@ fn policy(root: &std::path::Path, action: PolicyAction) -> Result<(), CommandErr
             backlog,
             rate,
             burst,
+            timeout,
             target,
         } => {
-            if backlog.is_none() && rate.is_none() && burst.is_none() {
+            if backlog.is_none() && rate.is_none() && burst.is_none() && timeout.is_none() {
                 return Err(CommandError::Usage(
-                    "policy set needs at least one of --backlog, --rate, --burst".into(),
+                    "policy set needs at least one of --backlog, --rate, --burst, --timeout".into(),
                 ));
             }
             let (pd, mut maps) = open(root, target.iface.as_deref())?;
@@ -243,6 +244,7 @@ fn policy(root: &std::path::Path, action: PolicyAction) -> Result<(), CommandErr
             p.backlog = backlog.or(p.backlog);
             p.rate = rate.or(p.rate);
             p.burst = burst.or(p.burst);
+            p.timeout = timeout.or(p.timeout);
             if p.burst.is_some() && p.rate.is_none() {
                 return Err(CommandError::Usage(format!(
                     "--burst needs a rate: class {} has none, pass --rate",
@@ -263,8 +265,11 @@ fn policy(root: &std::path::Path, action: PolicyAction) -> Result<(), CommandErr
 
 fn describe(p: &PolicyConfig) -> String {
     let show = |v: Option<u64>| v.map_or("unlimited".to_owned(), |v| v.to_string());
+    let timeout = p.timeout.map_or("default".to_owned(), |t| {
+        humantime::format_duration(t.0).to_string()
+    });
     format!(
-        "backlog {}, rate {}/s, burst {}",
+        "backlog {}, rate {}/s, burst {}, timeout {timeout}",
         show(p.backlog),
         show(p.rate),
         p.burst.unwrap_or(0)

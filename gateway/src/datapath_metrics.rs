@@ -157,8 +157,13 @@ impl Scrape {
             ),
             (
                 "completions",
-                "Completions the datapath saw (second flight or close)",
+                "Admitted connections the server answered (first flight or close)",
                 t.completions,
+            ),
+            (
+                "no_connection",
+                "Segments on 4-tuples the kernel has no connection for, dropped",
+                t.no_connection,
             ),
         ] {
             add(&mut self.tls, name, help, iface, v);

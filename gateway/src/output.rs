@@ -70,6 +70,7 @@ impl StatsView<'_> {
                 "malformed_hellos": self.tls.malformed, "out_of_order_hellos": self.tls.out_of_order,
                 "rejected_flow_packets": self.tls.rejected_flow_packets,
                 "completions": self.tls.completions,
+                "no_connection": self.tls.no_connection,
             },
             "sip": {
                 "service_time_samples": self.sip_latency.count(),
@@ -134,14 +135,15 @@ impl StatsView<'_> {
         let t = self.tls;
         out += &format!(
             "tls: hellos {} unverified-offers {} multi-segment {} malformed {} out-of-order {} \
-             rejected-flow-packets {} completions {}\n",
+             rejected-flow-packets {} completions {} no-connection {}\n",
             t.hellos,
             t.unverified_offers,
             t.multi_segment,
             t.malformed,
             t.out_of_order,
             t.rejected_flow_packets,
-            t.completions
+            t.completions,
+            t.no_connection
         );
         let h = self.sip_latency;
         let q = |p| {

@@ -71,7 +71,8 @@ impl Counters {
 }
 
 impl TestProgram {
-    /// Loads the object and its three programs; protects tcp/443 (tls) and udp/5060 (sip).
+    /// Loads the object and its three programs; protects tcp/443 (tls) and udp/5060 (sip). TLS
+    /// hellos are judged without the socket lookup (`CONFIG_TRUST_UNCONNECTED`).
     pub fn new() -> Self {
         let bpffs = Bpffs::new();
         let pd = PinDir::new(&bpffs.root(), "testrun");
@@ -99,6 +100,13 @@ impl TestProgram {
             )
             .unwrap();
         }
+        // Synthetic frames have no socket behind them: judge them as if they had (the namespace
+        // tests run the real check with real connections).
+        maps.set_config(gateway_common::maps::DatapathConfig {
+            flags: gateway_common::maps::CONFIG_TRUST_UNCONNECTED,
+            ..Default::default()
+        })
+        .unwrap();
         TestProgram {
             ebpf,
             pins: pd,

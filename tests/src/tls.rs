@@ -300,7 +300,8 @@ impl rustls::server::ProducesTickets for RecordingTicketer {
 }
 
 /// A small HTTPS server on rustls (aws-lc-rs: X25519MLKEM768 first, TLS 1.3 tickets) for tests:
-/// answers `HTTP/1.0 200` to each connection in turn and records the tickets it issues.
+/// answers `HTTP/1.0 200` to each connection, each on a thread of its own (a silent client stalls
+/// only itself, for at most 10 s), and records the tickets it issues.
 pub struct RustlsServer {
     /// The address it listens on.
     pub addr: std::net::SocketAddr,
@@ -331,7 +332,8 @@ impl RustlsServer {
         let thread = std::thread::spawn(move || {
             // accept fails once Drop shuts the listening socket down.
             while let Ok((sock, _)) = listener.accept() {
-                let _ = serve_one(&config, sock);
+                let config = config.clone();
+                std::thread::spawn(move || serve_one(&config, sock));
             }
         });
         RustlsServer {

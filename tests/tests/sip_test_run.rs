@@ -336,3 +336,70 @@ fn unanswered_requests_expire_and_key_less_ones_still_complete() {
         dropped + 1
     );
 }
+
+#[test]
+fn two_cpus_racing_on_one_rate_limiter_admit_no_more_than_it_allows() {
+    if !have_root("two_cpus_racing_on_one_rate_limiter") {
+        return;
+    }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("skipped: needs two CPUs");
+        return;
+    }
+    const RATE: u64 = 100_000;
+    const RUNS: u32 = 200_000;
+    let mut prog = TestProgram::new();
+    // The retransmissions of one INVITE, through the retransmission class's limiter: one slot
+    // every 10 µs, far less than two CPUs replaying the frame offer, so they contend for every
+    // slot; a small burst keeps the theoretical arrival time ahead of the clock, so it advances
+    // by exactly one interval per admission.
+    prog.maps
+        .set_policy(
+            Class::SipRetransmission,
+            gateway::config::PolicyConfig {
+                rate: Some(RATE),
+                burst: Some(10),
+                ..Default::default()
+            }
+            .to_map(),
+        )
+        .unwrap();
+    let frame = Frame::udp(5060, &invite("z9hG4bK-race", "")).build();
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, &invite("z9hG4bK-race", "")),
+        Some(Class::SipOriginal)
+    );
+    // The kernel's clock (bpf_ktime_get_ns is CLOCK_MONOTONIC).
+    let start_ns = gateway::maps::monotonic_ns();
+    std::thread::scope(|s| {
+        for cpu in 0..2 {
+            let (prog, frame) = (&prog, &frame);
+            s.spawn(move || {
+                // SAFETY: a zeroed cpu_set_t with one bit set, for this thread.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
+                }
+                for _ in 0..RUNS / 1000 {
+                    prog.run(Hook::Xdp, frame, 1000);
+                }
+            });
+        }
+    });
+    let c = prog.counters().classes[Class::SipRetransmission.id() as usize];
+    assert_eq!(c.packets, 2 * u64::from(RUNS));
+    assert_eq!(c.admitted + c.dropped_rate, c.packets);
+    // Every admission advances the theoretical arrival time by at least one interval from where
+    // the run started, so admissions fit in the span it advanced over; two CPUs passing on one
+    // slot would advance it once for two admissions.
+    let tat = prog.maps.class_state().unwrap()[Class::SipRetransmission.id() as usize].gcra_tat_ns;
+    let slots = (tat - start_ns) * RATE / 1_000_000_000;
+    eprintln!("{} admitted of {}, {slots} slots", c.admitted, c.packets);
+    assert!(
+        c.admitted <= slots,
+        "{} admitted in {slots} slots",
+        c.admitted
+    );
+    assert!(c.admitted > 1000, "{} admitted", c.admitted);
+}

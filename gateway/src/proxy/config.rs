@@ -8,18 +8,23 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer, de::Error as _};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Span(pub Duration);
 
+impl std::str::FromStr for Span {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match humantime::parse_duration(text) {
+            Ok(v) if !v.is_zero() => Ok(Span(v)),
+            Ok(_) => Err(format!("duration '{text}' must be above zero")),
+            Err(e) => Err(format!(
+                "invalid duration '{text}' ({e}; examples: 500ms, 10s, 2m, 1h)"
+            )),
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for Span {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        match humantime::parse_duration(&text) {
-            Ok(v) if !v.is_zero() => Ok(Span(v)),
-            Ok(_) => Err(D::Error::custom(format!(
-                "duration '{text}' must be above zero"
-            ))),
-            Err(e) => Err(D::Error::custom(format!(
-                "invalid duration '{text}' ({e}; examples: 500ms, 10s, 2m, 1h)"
-            ))),
-        }
+        String::deserialize(d)?.parse().map_err(D::Error::custom)
     }
 }
 

@@ -24,8 +24,10 @@ fn main() {
         std::process::exit(1);
     }
     let prog = TestProgram::new();
+    // Keyed (branch, Call-ID, CSeq): repeated runs after the first are its retransmissions.
     let invite =
-        b"INVITE sip:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bK1\r\n\r\n";
+        b"INVITE sip:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bK1\r\n\
+Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
     let cases = [
         ("non-service UDP (other)", Frame::udp(9999, invite).build()),
         (
@@ -77,6 +79,7 @@ fn main() {
 
     tls_costs(&mut TestProgram::new());
     sip_costs(&mut TestProgram::new());
+    egress_costs(&TestProgram::new());
 
     let net = TestNet::new();
     let daemon = Daemon::start(&net, &["--iface", &net.gw_if], Duration::from_secs(30));
@@ -119,7 +122,7 @@ fn tls_costs(prog: &mut TestProgram) {
         let frame = Frame::tcp(443, hello).build();
         let (mut ours, mut bare) = (Vec::new(), Vec::new());
         for _ in 0..SINGLE {
-            prog.maps.clear_tls_flows().unwrap();
+            forget(prog);
             ours.push(prog.run(Hook::Xdp, &frame, 1).1);
             bare.push(prog.run(Hook::BarePass, &frame, 1).1);
         }
@@ -191,7 +194,7 @@ Content-Length: 600\r\n\r\n"
     let frame = Frame::udp(5060, &invite).build();
     let (mut ours, mut bare) = (Vec::new(), Vec::new());
     for _ in 0..SINGLE {
-        prog.maps.clear_sip_txns().unwrap();
+        forget(prog);
         ours.push(prog.run(Hook::Xdp, &frame, 1).1);
         bare.push(prog.run(Hook::BarePass, &frame, 1).1);
     }
@@ -215,6 +218,51 @@ Content-Length: 600\r\n\r\n"
         "| the same INVITE again (retransmission) | {o:.0} | {b:.0} | {:.1}x | - |",
         o / b
     );
+}
+
+/// Forgets what the program remembers of connections and transactions, so the next frame is new.
+fn forget(prog: &mut TestProgram) {
+    prog.maps.clear_tls_flows().unwrap();
+    prog.maps.clear_sip_txns().unwrap();
+    prog.maps.forget_pending().unwrap();
+}
+
+/// The egress program on what servers send: it looks for answers that complete pending units.
+fn egress_costs(prog: &TestProgram) {
+    println!(
+        "\n# Egress cost\n\nThe TC egress program (BPF_PROG_TEST_RUN on an skb), repeat {REPEAT}, median \
+         of {ROUNDS} rounds; no pending unit matches, the common case (a unit completes once).\n"
+    );
+    println!("| packet leaving | tc egress ns |");
+    println!("|---|---:|");
+    let trying = b"SIP/2.0 100 Trying\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bK1\r\n\
+Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
+    for (name, frame) in [
+        (
+            "TLS server data (application record)",
+            Frame::tcp(40000, &[23u8; 64]).from_port(443).build(),
+        ),
+        (
+            "TLS server flight (handshake record)",
+            Frame::tcp(40000, &[22, 3, 3, 0, 4, 2, 0, 0, 0])
+                .from_port(443)
+                .build(),
+        ),
+        (
+            "SIP response",
+            Frame::udp(40000, trying).from_port(5060).build(),
+        ),
+        (
+            "non-service UDP",
+            Frame::udp(9999, trying).from_port(9998).build(),
+        ),
+    ] {
+        let mut ours = Vec::new();
+        for _ in 0..ROUNDS {
+            ours.push(timed(prog, Hook::TcEgress, &frame));
+        }
+        println!("| {name} | {:.1} |", median(ours));
+    }
 }
 
 /// Nanoseconds per run of `hook` on `frame`, from the wall time of one repeated test run.

@@ -314,32 +314,17 @@ pub struct ServiceValue {
 /// proxy listener). Informational: completions are counted the same way for every service.
 pub const SERVICE_TERMINATED: u32 = 1 << 0;
 
-/// Bit of a `SERVICE_PORTS` byte set for a [`SERVICE_TERMINATED`] service; the low bits hold the
-/// [`ServiceKind`] id.
-pub const PORT_TERMINATED: u8 = 0x80;
-
 impl ServiceValue {
-    /// The service's byte in the `SERVICE_PORTS` array.
+    /// The service's byte in the `SERVICE_PORTS` array: its [`ServiceKind`] id.
     pub const fn port_byte(&self) -> u8 {
-        let kind = (self.kind & 0x7f) as u8;
-        if self.flags & SERVICE_TERMINATED != 0 {
-            kind | PORT_TERMINATED
-        } else {
-            kind
-        }
+        self.kind as u8
     }
 }
 
 /// The service kind a `SERVICE_PORTS` byte carries (`None`: not protected).
 #[inline(always)]
 pub const fn port_kind(byte: u8) -> Option<ServiceKind> {
-    ServiceKind::from_id((byte & !PORT_TERMINATED) as u32)
-}
-
-/// Whether a `SERVICE_PORTS` byte marks a [`SERVICE_TERMINATED`] service.
-#[inline(always)]
-pub const fn port_terminated(byte: u8) -> bool {
-    byte & PORT_TERMINATED != 0
+    ServiceKind::from_id(byte as u32)
 }
 
 /// [`DatapathConfig::flags`]: drop IP fragments instead of passing them.
@@ -688,20 +673,15 @@ mod tests {
     }
 
     #[test]
-    fn port_byte_carries_kind_and_termination() {
-        let mut v = ServiceValue {
-            kind: ServiceKind::Tls as u32,
-            flags: 0,
-        };
-        assert_eq!(v.port_byte(), 1);
-        v.flags = SERVICE_TERMINATED;
-        assert_eq!(v.port_byte(), 1 | PORT_TERMINATED);
-        assert_eq!(
-            ServiceKind::from_id(u32::from(v.port_byte() & !PORT_TERMINATED)),
-            Some(ServiceKind::Tls)
-        );
-        assert_eq!(port_kind(v.port_byte()), Some(ServiceKind::Tls));
-        assert!(port_terminated(v.port_byte()));
+    fn port_byte_carries_the_kind_whatever_the_flags() {
+        for flags in [0, SERVICE_TERMINATED] {
+            let v = ServiceValue {
+                kind: ServiceKind::Tls as u32,
+                flags,
+            };
+            assert_eq!(v.port_byte(), 1);
+            assert_eq!(port_kind(v.port_byte()), Some(ServiceKind::Tls));
+        }
         assert_eq!(port_kind(0), None);
     }
 

@@ -22,22 +22,33 @@ use aya_ebpf::{
 };
 use gateway_common::{
     Class,
-    maps::{MAX_PENDING, Pending, SWEEP_INTERVAL_NS, timeout_ns},
+    maps::{MAX_PENDING, Pending, REJECT_FULL, SWEEP_INTERVAL_NS, timeout_ns},
 };
 
 use crate::{
-    admission::{atomic_add, now_ns},
+    admission::{admission, atomic_add, now_ns},
     maps::{CLASS_POLICY, CLASS_STATE, SIP_PENDING, TLS_PENDING},
 };
 
 /// A pending table.
 pub type Table<K> = HashMap<K, Pending, { MAX_PENDING as usize }>;
 
+/// Admits the unit `key` of `class` against the class's own limits and holds it, or says why
+/// not (`REJECT_*`, `REJECT_FULL` when the table is full).
+#[inline(always)]
+pub fn admit<K>(table: &Table<K>, key: &K, class: Class) -> Option<u8> {
+    match admission(class, class) {
+        None if hold(table, key, class) => None,
+        None => Some(REJECT_FULL),
+        refused => refused,
+    }
+}
+
 /// Holds the unit `key` of `class`, admitted now, and counts its admission. `false` when the
 /// table is full (the unit is not admitted). A stale unit under the same key (a client that
 /// reused its port before the server answered the old connection) ends as expired first.
 #[inline(always)]
-pub fn hold<K>(table: &Table<K>, key: &K, class: Class) -> bool {
+fn hold<K>(table: &Table<K>, key: &K, class: Class) -> bool {
     let now = now_ns();
     let timeout = CLASS_POLICY
         .get(class.id())

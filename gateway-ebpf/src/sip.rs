@@ -22,7 +22,7 @@ use aya_ebpf::helpers::generated::bpf_loop;
 use gateway_common::{
     Class,
     bytes::PacketBytes,
-    maps::{LATENCY_BUCKETS, LatencyHistogram, REJECT_BACKLOG, REJECT_FULL, SipTxn},
+    maps::{LATENCY_BUCKETS, LatencyHistogram, REJECT_BACKLOG, SipTxn},
     packet::Packet,
     sip::{Kind, MAX_SCAN, MAX_STEPS, SipInfo, SipState},
 };
@@ -139,11 +139,7 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
     // retransmissions only while the originals' backlog is under the retransmission policy's
     // threshold (see admission::admission). Exempt messages finish work: never dropped.
     let refused = match (class, key) {
-        (Class::SipOriginal, Some(key)) => match admission(class, class) {
-            None if pending::hold(&SIP_PENDING, &key, class) => None,
-            None => Some(REJECT_FULL),
-            Some(reason) => Some(reason),
-        },
+        (Class::SipOriginal, Some(key)) => pending::admit(&SIP_PENDING, &key, class),
         (Class::SipRetransmission, _) => admission(class, Class::SipOriginal),
         _ => None,
     };

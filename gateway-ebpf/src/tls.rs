@@ -40,14 +40,14 @@ use gateway_common::{
     bytes::PacketBytes,
     maps::{
         CONFIG_TRUST_UNCONNECTED, FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED, FlowKey, IssuedKey,
-        REJECT_FULL, RejectEvent, TlsCounters, TlsFlow,
+        RejectEvent, TlsCounters, TlsFlow,
     },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     tls::{HelloState, MAX_STEPS, MAX_WINDOWS, Segment, Verdict, WINDOW},
 };
 
 use crate::{
-    admission::{admission, count_refusal},
+    admission::count_refusal,
     bytes::{ScratchBytes, opaque},
     datapath::Verdict as Action,
     maps::{DP_CONFIG, TLS_COUNTERS, TLS_FLOWS, TLS_ISSUED, TLS_PENDING, TLS_REJECTS, TLS_SCRATCH},
@@ -426,12 +426,7 @@ fn decide(key: &FlowKey, f: &mut TlsFlow) -> (Class, Action) {
         _ => Class::TlsNew,
     };
     f.class = class as u8;
-    let refused = match admission(class, class) {
-        None if pending::hold(&TLS_PENDING, key, class) => None,
-        None => Some(REJECT_FULL),
-        Some(reason) => Some(reason),
-    };
-    match refused {
+    match pending::admit(&TLS_PENDING, key, class) {
         None => {
             f.state = FLOW_ADMITTED;
             (class, Action::Pass)

@@ -7,14 +7,13 @@
 
 use std::{
     collections::VecDeque,
-    net::{IpAddr, SocketAddr},
     sync::Mutex,
     time::{Duration, Instant},
 };
 
 use aya::maps::{HashMap, MapData};
 use gateway_common::{
-    maps::{FlowKey, IssuedKey, IssuedValue, MAX_TLS_ISSUED, names},
+    maps::{IssuedKey, IssuedValue, MAX_TLS_ISSUED, names},
     tls::KEY_LEN,
 };
 use tracing::warn;
@@ -50,21 +49,6 @@ struct Inner {
 pub struct Feedback {
     inner: Mutex<Inner>,
     lifetime: Duration,
-}
-
-/// The datapath's key of a connection accepted from `peer` on `local`.
-pub fn flow_key(peer: SocketAddr, local: SocketAddr) -> FlowKey {
-    let v6 = |ip: IpAddr| match ip {
-        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
-        IpAddr::V6(a) => a.octets(),
-    };
-    FlowKey {
-        saddr: v6(peer.ip()),
-        daddr: v6(local.ip()),
-        sport: peer.port(),
-        dport: local.port(),
-        pad: 0,
-    }
 }
 
 impl Feedback {

@@ -300,28 +300,6 @@ impl Maps {
         Ok(out)
     }
 
-    /// Units admitted and not ended yet, per class: TLS connections and SIP requests whose
-    /// server has not answered and whose timeout has not been swept.
-    pub fn pending(&self) -> Result<Vec<(Class, Pending)>, MapsError> {
-        let tls = self
-            .tls_pending
-            .iter()
-            .map(|r| r.map(|(_, v)| v))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(op(names::TLS_PENDING))?;
-        let sip = self
-            .sip_pending
-            .iter()
-            .map(|r| r.map(|(_, v)| v))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(op(names::SIP_PENDING))?;
-        Ok(tls
-            .into_iter()
-            .chain(sip)
-            .filter_map(|p| Some((Class::from_id(p.class)?, p)))
-            .collect())
-    }
-
     /// Forgets every pending unit without counting its end: for test fixtures that replay frames
     /// as if never seen (the backlog counters still hold the forgotten units).
     pub fn forget_pending(&mut self) -> Result<(), MapsError> {

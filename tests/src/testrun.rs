@@ -162,12 +162,17 @@ impl TestProgram {
     /// SIP transaction and pending unit first, so frames that share a 4-tuple or a transaction do
     /// not continue each other's.
     pub fn run_fresh(&mut self, hook: Hook, frame: &[u8]) -> Result<(u32, f64), ProgramError> {
-        self.maps.clear_tls_flows().expect("clear flows");
-        self.maps.clear_sip_txns().expect("clear transactions");
-        self.maps.forget_pending().expect("clear pending units");
+        self.forget();
         let left = self.maps.tls_flows().expect("flows");
         assert!(left.is_empty(), "flows left after clearing: {left:?}");
         self.try_run(hook, frame, 1)
+    }
+
+    /// Forgets every TLS flow, SIP transaction and pending unit, so the next frame is new.
+    pub fn forget(&mut self) {
+        self.maps.clear_tls_flows().expect("clear flows");
+        self.maps.clear_sip_txns().expect("clear transactions");
+        self.maps.forget_pending().expect("clear pending units");
     }
 
     /// Every counter now.

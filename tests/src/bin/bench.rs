@@ -122,7 +122,7 @@ fn tls_costs(prog: &mut TestProgram) {
         let frame = Frame::tcp(443, hello).build();
         let (mut ours, mut bare) = (Vec::new(), Vec::new());
         for _ in 0..SINGLE {
-            forget(prog);
+            prog.forget();
             ours.push(prog.run(Hook::Xdp, &frame, 1).1);
             bare.push(prog.run(Hook::BarePass, &frame, 1).1);
         }
@@ -194,7 +194,7 @@ Content-Length: 600\r\n\r\n"
     let frame = Frame::udp(5060, &invite).build();
     let (mut ours, mut bare) = (Vec::new(), Vec::new());
     for _ in 0..SINGLE {
-        forget(prog);
+        prog.forget();
         ours.push(prog.run(Hook::Xdp, &frame, 1).1);
         bare.push(prog.run(Hook::BarePass, &frame, 1).1);
     }
@@ -218,13 +218,6 @@ Content-Length: 600\r\n\r\n"
         "| the same INVITE again (retransmission) | {o:.0} | {b:.0} | {:.1}x | - |",
         o / b
     );
-}
-
-/// Forgets what the program remembers of connections and transactions, so the next frame is new.
-fn forget(prog: &mut TestProgram) {
-    prog.maps.clear_tls_flows().unwrap();
-    prog.maps.clear_sip_txns().unwrap();
-    prog.maps.forget_pending().unwrap();
 }
 
 /// The egress program on what servers send: it looks for answers that complete pending units.

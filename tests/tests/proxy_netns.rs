@@ -730,3 +730,134 @@ fn the_proxys_answer_completes_a_silent_hello_and_a_killed_daemon_leaves_nothing
     assert_eq!(s.backlog("tls-new"), 0);
     assert_eq!(s.class("tls-new", "expired"), 0);
 }
+
+#[test]
+fn two_listeners_share_one_owner_of_completions_over_a_thousand_handshakes() {
+    if !have_root("two_listeners_share_one_owner_of_completions") {
+        return;
+    }
+    let mut s = Setup::new();
+    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+    let listener = |port: u16| {
+        format!(
+            "  - listen: {GW_V4}:{port}\n    tls: {{cert: {}, key: {}}}\n    backends: [{{address: {}}}]\n",
+            s.cert.cert().display(),
+            s.cert.key().display(),
+            backend.addr
+        )
+    };
+    // The limit the report used: two listeners wrote their own copies of the
+    // completions over each other and pushed the backlog past it.
+    let body = format!(
+        "metrics: 127.0.0.1:{METRICS}\npolicy:\n  tls-new: {{backlog: 300}}\n  tls-resumed: {{backlog: 300}}\nproxies:\n{}{}",
+        listener(PORT),
+        listener(PORT + 1)
+    );
+    s.daemon = Some(Daemon::start_config(&s.net, &s.cert.file(""), &body));
+    const PER_THREAD: usize = 250;
+    let config = rustls_config(&s.cert);
+    let served = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for t in 0..4u16 {
+            let (net, config, served) = (&s.net, &config, &served);
+            let addr = format!("{GW_V4}:{}", PORT + t % 2);
+            scope.spawn(move || {
+                net.in_peer(|| {
+                    for _ in 0..PER_THREAD {
+                        if rustls_fetch(config, &addr).is_ok() {
+                            served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                })
+            });
+        }
+    });
+    assert_eq!(served.into_inner(), 4 * PER_THREAD, "every client served");
+    let admitted = s.class("tls-new", "admitted") + s.class("tls-resumed", "admitted");
+    assert_eq!(admitted, 4 * PER_THREAD as u64);
+    for class in ["tls-new", "tls-resumed"] {
+        assert_eq!(s.backlog(class), 0, "{class}");
+        assert_eq!(s.class(class, "expired"), 0, "{class}");
+        assert_eq!(s.class(class, "dropped_backlog"), 0, "{class}");
+    }
+}
+
+#[test]
+fn after_a_flood_of_new_hellos_the_backlog_heals_and_new_clients_are_served() {
+    if !have_root("after_a_flood_of_new_hellos") {
+        return;
+    }
+    let mut s = Setup::new();
+    let timeout = Duration::from_secs(1);
+    // One runtime thread and tls-new limited well below what the flood offers.
+    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+    s.start(
+        &format!("{{address: {}}}", backend.addr),
+        "",
+        "workers: 1\npolicy:\n  tls-new: {backlog: 16, timeout: 1s}\n",
+    );
+    // The flood: clients that connect, send a precomputed hello and go away at once, from
+    // eight threads for two seconds (bounded in count too).
+    let hello = gateway_common::testing::HelloBuilder::default().build();
+    let sent = std::sync::atomic::AtomicUsize::new(0);
+    let flood_end = Instant::now() + Duration::from_secs(2);
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            let (net, hello, sent) = (&s.net, &hello, &sent);
+            scope.spawn(move || {
+                net.in_peer(|| {
+                    use std::io::Write as _;
+                    for _ in 0..5_000 {
+                        if Instant::now() >= flood_end {
+                            break;
+                        }
+                        if let Ok(mut c) = TcpStream::connect((GW_V4, PORT)) {
+                            let _ = c.write_all(hello);
+                            sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                })
+            });
+        }
+    });
+    let flooded = Instant::now();
+    let sent = sent.into_inner();
+    let refused = s.class("tls-new", "dropped_backlog");
+    eprintln!(
+        "flood: {sent} hellos sent, {} admitted, {refused} refused at the NIC",
+        s.class("tls-new", "admitted")
+    );
+    assert!(
+        refused > 0,
+        "the flood never reached the limit ({sent} sent)"
+    );
+    // Within the timeout plus a second, every admitted hello has ended (answered, or expired
+    // when its connection never reached the daemon) and a new client is served.
+    let config = rustls_config(&s.cert);
+    wait_until_served(&s, &config, flooded + timeout + Duration::from_secs(1));
+    let admitted = s.class("tls-new", "admitted");
+    let (backlog, expired) = (s.backlog("tls-new"), s.class("tls-new", "expired"));
+    eprintln!("after: backlog {backlog}, expired {expired} of {admitted} admitted");
+    // The client just served completed as well; nothing else is left.
+    assert_eq!(backlog, 0);
+}
+
+/// Retries a fetch until one succeeds, failing at `deadline`.
+fn wait_until_served(s: &Setup, config: &std::sync::Arc<rustls::ClientConfig>, deadline: Instant) {
+    loop {
+        let addr = s.addr();
+        let ok = s.net.in_peer(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let config = config.clone();
+            std::thread::spawn(move || tx.send(rustls_fetch(&config, &addr).is_ok()));
+            rx.recv_timeout(Duration::from_millis(500)).unwrap_or(false)
+        });
+        if ok {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new client served by the deadline"
+        );
+    }
+}

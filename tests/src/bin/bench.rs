@@ -80,6 +80,7 @@ Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
     tls_costs(&mut TestProgram::new());
     sip_costs(&mut TestProgram::new());
     egress_costs(&TestProgram::new());
+    spoofed_costs();
 
     let net = TestNet::new();
     let daemon = Daemon::start(&net, &["--iface", &net.gw_if], Duration::from_secs(30));
@@ -218,6 +219,56 @@ Content-Length: 600\r\n\r\n"
         "| the same INVITE again (retransmission) | {o:.0} | {b:.0} | {:.1}x | - |",
         o / b
     );
+}
+
+/// What a spoofed segment costs (the socket lookup that finds no connection, then the drop),
+/// and the kernel memory the pending tables take at their limit.
+fn spoofed_costs() {
+    let mut prog = TestProgram::new();
+    // The real check, as attached: no CONFIG_TRUST_UNCONNECTED.
+    prog.maps
+        .set_config(gateway_common::maps::DatapathConfig::default())
+        .unwrap();
+    let garbage = Frame::tcp(443, &[0xde, 0xad, 0xbe, 0xef, 0, 1, 2, 3])
+        .from_port(7)
+        .build();
+    let (mut ours, mut bare) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        ours.push(timed(&prog, Hook::Xdp, &garbage));
+        bare.push(timed(&prog, Hook::BarePass, &garbage));
+    }
+    let (o, b) = (median(ours), median(bare));
+    assert!(
+        prog.counters().tls.no_connection >= u64::from(REPEAT),
+        "the segments went through the socket lookup"
+    );
+    println!(
+        "\n# Spoofed segments\n\nA TLS-port segment from a 4-tuple with no connection: one socket lookup, \
+         dropped, no state. Repeat {REPEAT}, median of {ROUNDS} rounds.\n"
+    );
+    println!("| packet | gateway_xdp ns | bare XDP_PASS ns | per core |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| spoofed segment (no connection) | {o:.1} | {b:.1} | {:.1} Mpps |",
+        1e3 / o
+    );
+    println!(
+        "\n| pending table (65,536 entries, preallocated) | kernel memory (bpftool memlock) |"
+    );
+    println!("|---|---:|");
+    for name in [
+        gateway_common::maps::names::TLS_PENDING,
+        gateway_common::maps::names::SIP_PENDING,
+    ] {
+        let out = std::process::Command::new("bpftool")
+            .args(["-j", "map", "show", "pinned"])
+            .arg(prog.pins.map(name))
+            .output()
+            .expect("bpftool");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
+        let bytes = v["bytes_memlock"].as_u64().expect("bytes_memlock");
+        println!("| {name} | {:.1} MiB |", bytes as f64 / (1 << 20) as f64);
+    }
 }
 
 /// The egress program on what servers send: it looks for answers that complete pending units.

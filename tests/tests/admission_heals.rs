@@ -295,3 +295,109 @@ Call-ID: outage-{n}@10.99.0.2\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n"
         counter(&net, "sip-original", "backlog") == 0
     });
 }
+
+/// An INVITE of transaction `n` (`branch`: whether the top Via carries one).
+fn sip_invite(n: usize, branch: bool) -> String {
+    let branch = if branch {
+        format!(";branch=z9hG4bK-{n}")
+    } else {
+        String::new()
+    };
+    format!(
+        "INVITE sip:service@{GW_V4}:5060 SIP/2.0\r\n\
+Via: SIP/2.0/UDP 10.99.0.2:5061{branch}\r\n\
+From: <sip:caller@10.99.0.2>;tag={n}\r\nTo: <sip:service@{GW_V4}>\r\n\
+Call-ID: call-{n}@10.99.0.2\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n"
+    )
+}
+
+#[test]
+fn answered_requests_without_a_branch_leave_nothing_in_the_backlog() {
+    if !have_root("answered_requests_without_a_branch") {
+        return;
+    }
+    let net = TestNet::new();
+    attach(&net);
+    policy(&net, "sip-original", 20, "30s");
+    let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).expect("bind"));
+    let _server = SlowSipServer::start(socket, 1 << 20, Duration::ZERO, Duration::ZERO);
+    let client = net.in_peer(|| UdpSocket::bind("10.99.0.2:5061").expect("bind"));
+    client
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    // Forty branch-less requests through a class of twenty, each answered before the next.
+    let mut buf = [0u8; 2048];
+    for n in 0..40 {
+        client
+            .send_to(sip_invite(n, false).as_bytes(), (GW_V4, 5060))
+            .expect("send");
+        let (len, _) = client.recv_from(&mut buf).expect("an answer");
+        assert!(buf[..len].starts_with(b"SIP/2.0 200 OK"));
+    }
+    wait_until("answers complete", Duration::from_secs(2), || {
+        counter(&net, "sip-original", "backlog") == 0
+    });
+    assert_eq!(counter(&net, "sip-original", "admitted"), 40);
+    assert_eq!(counter(&net, "sip-original", "expired"), 0);
+}
+
+#[test]
+fn a_flood_of_transactions_cannot_evict_admitted_work() {
+    if !have_root("a_flood_of_transactions_cannot_evict") {
+        return;
+    }
+    // More distinct transactions than SIP_TXNS (an LRU) holds, each sent twice.
+    const FLOOD: usize = 70_000;
+    let net = TestNet::new();
+    attach(&net);
+    policy(&net, "sip-original", 20, "60s");
+    net.gateway_ok(&["policy", "set", "sip-retransmission", "--backlog", "10"]);
+    // A slow server: it holds twenty admitted INVITEs while the flood passes.
+    let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).expect("bind"));
+    let server_socket = socket.try_clone().unwrap();
+    let client = net.in_peer(|| UdpSocket::bind("10.99.0.2:5061").expect("bind"));
+    for n in 0..20 {
+        client
+            .send_to(sip_invite(n, true).as_bytes(), (GW_V4, 5060))
+            .expect("send");
+    }
+    wait_until("twenty admitted", Duration::from_secs(5), || {
+        counter(&net, "sip-original", "backlog") == 20
+    });
+    let flooder = net.in_peer(|| UdpSocket::bind("10.99.0.2:0").expect("bind"));
+    for n in 0..FLOOD {
+        let msg = sip_invite(1_000_000 + n, true);
+        for _ in 0..2 {
+            let _ = flooder.send_to(msg.as_bytes(), (GW_V4, 5060));
+        }
+    }
+    assert_eq!(
+        counter(&net, "sip-original", "backlog"),
+        20,
+        "the flood admitted nothing"
+    );
+    // The server now answers what it holds (its queue: the twenty, then whatever of the flood
+    // the NIC let through, which is nothing).
+    let _server = SlowSipServer::start(server_socket, 1 << 20, Duration::ZERO, Duration::ZERO);
+    drop(socket);
+    wait_until("the twenty complete", Duration::from_secs(5), || {
+        counter(&net, "sip-original", "backlog") == 0
+    });
+    assert_eq!(counter(&net, "sip-original", "expired"), 0);
+    // Fresh calls get through.
+    client
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut buf = [0u8; 2048];
+    for n in 0..10 {
+        let msg = sip_invite(2_000_000 + n, true);
+        let mut answered = false;
+        // The server first drains the twenty's answers to this socket.
+        while !answered {
+            client.send_to(msg.as_bytes(), (GW_V4, 5060)).expect("send");
+            let (len, _) = client.recv_from(&mut buf).expect("an answer");
+            answered =
+                String::from_utf8_lossy(&buf[..len]).contains(&format!("call-{}@", 2_000_000 + n));
+        }
+    }
+}

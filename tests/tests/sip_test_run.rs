@@ -403,3 +403,36 @@ fn two_cpus_racing_on_one_rate_limiter_admit_no_more_than_it_allows() {
     );
     assert!(c.admitted > 1000, "{} admitted", c.admitted);
 }
+
+#[test]
+fn a_full_pending_table_refuses_new_work_and_keeps_what_it_holds() {
+    if !have_root("a_full_pending_table_refuses_new_work") {
+        return;
+    }
+    let prog = TestProgram::new();
+    let max = gateway_common::maps::MAX_PENDING as usize;
+    // No limits: every distinct INVITE is admitted and held until answered.
+    for n in 0..max {
+        assert_eq!(
+            action(&prog, &invite(&format!("z9hG4bK-f{n}"), "")),
+            XDP_PASS,
+            "{n}"
+        );
+    }
+    let st = |p: &TestProgram| p.maps.class_state().unwrap()[Class::SipOriginal.id() as usize];
+    assert_eq!(st(&prog).backlog(), max as u64);
+    // Full: the next one is refused and counted, and what is held stays held.
+    assert_eq!(action(&prog, &invite("z9hG4bK-over", "")), XDP_DROP);
+    assert_eq!(prog.counters().datapath.pending_full, 1);
+    assert_eq!(st(&prog).backlog(), max as u64);
+    // The server answers one: its place is free again.
+    let trying = "SIP/2.0 100 Trying\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-f7\r\nCSeq: 1 INVITE\r\n\r\n";
+    prog.run(
+        Hook::TcEgress,
+        &Frame::udp(5061, trying.as_bytes()).from_port(5060).build(),
+        1,
+    );
+    assert_eq!(st(&prog).backlog(), max as u64 - 1);
+    assert_eq!(action(&prog, &invite("z9hG4bK-over", "")), XDP_PASS);
+    assert_eq!(prog.counters().datapath.pending_full, 1);
+}

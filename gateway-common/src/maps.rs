@@ -397,7 +397,8 @@ pub struct DatapathCounters {
     pub truncated: u64,
     /// Headers with impossible fields (IPv4 IHL < 5, TCP data offset < 5, wrong IP version).
     pub malformed: u64,
-    /// IPv4 or IPv6 fragments.
+    /// IPv4 or IPv6 fragments. A first fragment is also classified (it carries the ports and
+    /// the start of the message); later ones are passed or dropped by policy.
     pub fragments: u64,
     /// Headers beyond the parser's bounds (too many VLAN tags or IPv6 extension headers, ESP).
     pub unparseable: u64,

@@ -86,7 +86,8 @@ pub enum Kind {
     Truncated,
     /// The header at [`Packet::offset`] has an impossible field.
     Malformed,
-    /// An IPv4 or IPv6 fragment; ports are not looked at.
+    /// An IPv4 or IPv6 fragment other than the first (no transport header to look at). A first
+    /// fragment is parsed as far as its transport header, with [`Packet::fragmented`] set.
     Fragment,
     /// Headers that cannot be followed within the parser's bounds, from [`Packet::offset`].
     Unparseable,
@@ -115,6 +116,9 @@ pub struct Packet {
     pub l3_offset: u16,
     /// Offset just past the IP datagram, per its length field (Ethernet padding excluded).
     pub ip_end: u16,
+    /// The first fragment of a fragmented datagram: its transport header and the start of its
+    /// payload are here, the rest comes in fragments that carry no ports.
+    pub fragmented: bool,
     /// The transport header, for `Transport` (zero otherwise).
     pub transport: Transport,
 }
@@ -261,10 +265,12 @@ fn parse_ipv4<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
     }
     pkt.proto = h[9];
     let frag = u16::from_be_bytes([h[6], h[7]]);
-    // More-fragments flag or a non-zero fragment offset.
-    if frag & 0x3fff != 0 {
+    // A non-zero fragment offset: no transport header here.
+    if frag & 0x1fff != 0 {
         return pkt.stop(Kind::Fragment, off);
     }
+    // More fragments follow: this first one carries the transport header.
+    pkt.fragmented = frag & 0x2000 != 0;
     parse_transport(b, off + hlen, pkt);
 }
 
@@ -304,8 +310,24 @@ fn parse_ipv6<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
                 len
             }
             IPV6_FRAGMENT => {
-                pkt.proto = next;
-                return pkt.stop(Kind::Fragment, off);
+                // next header, reserved, offset (13 bits) | 2 reserved | M, identification.
+                let mut f = [0u8; 4];
+                if off > MAX_L4_OFFSET || !b.read(off, &mut f) {
+                    pkt.proto = next;
+                    return pkt.stop(Kind::Fragment, off);
+                }
+                let frag = u16::from_be_bytes([f[2], f[3]]);
+                if frag & 0xfff8 != 0 {
+                    pkt.proto = next;
+                    return pkt.stop(Kind::Fragment, off);
+                }
+                // The first fragment: the walk ends here, and its transport header must follow
+                // (any other header after it is unparseable). Ending the walk keeps the loop
+                // free of state the verifier would have to follow through every iteration.
+                pkt.fragmented = true;
+                next = f[0];
+                off += 8;
+                break;
             }
             IPV6_ESP => {
                 pkt.proto = next;

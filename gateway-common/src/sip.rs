@@ -15,13 +15,15 @@
 //! The retransmission marker (seed 001: "a marker on the request line") is a Request-URI
 //! parameter named `x-retransmit`, for example `INVITE sip:bob@example.com;x-retransmit SIP/2.0`.
 //! As an `other-param` of the SIP URI grammar (RFC 3261 §25.1), it keeps the request valid SIP for
-//! servers that do not know it. A client that sets it on retransmissions gets them classed as
-//! such outright.
+//! servers that do not know it. It can only demote: a marked request that would be exempt is a
+//! retransmission, and a marked request of no known transaction is an original like any other
+//! (a marker costs a client nothing, so it buys nothing).
 //!
 //! A transaction is identified (RFC 3261 §17.2.3) by the top Via's branch and sent-by and the
-//! CSeq method. ACK to a non-2xx reuses the INVITE's branch with method ACK, and CANCEL reuses it
-//! with method CANCEL; both are exempt anyway. The key is a 64-bit FNV-1a hash over those three
-//! fields.
+//! CSeq method. The key also covers the Call-ID and the CSeq number, which a retransmission
+//! repeats byte for byte: a fresh request that reuses a known branch is not a retransmission.
+//! The key is a 64-bit FNV-1a hash over those fields. A value is hashed whole or not at all: one
+//! longer than [`MAX_VALUE`] bytes counts as absent, never as its prefix.
 
 use crate::{Class, bytes::PacketBytes};
 
@@ -33,8 +35,10 @@ pub const MAX_LINE: usize = 256;
 pub const MAX_LINES: usize = 48;
 /// Bytes of a header name compared (longer names are other headers).
 const MAX_NAME: usize = 16;
-/// Bytes hashed of one value.
-const MAX_VALUE: usize = 96;
+/// Longest value (branch, sent-by, Call-ID, CSeq method) hashed; a longer one counts as absent.
+pub const MAX_VALUE: usize = 96;
+/// [`SipState::token_len`] of a value longer than [`MAX_VALUE`].
+const TOO_LONG: u8 = u8::MAX;
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
@@ -139,16 +143,27 @@ impl SipInfo {
         }
     }
 
-    /// The transaction key: branch, sent-by and CSeq method. `None` without a top-Via branch or a
-    /// CSeq (such a request cannot be matched to its retransmissions).
+    /// The transaction key: branch, sent-by and CSeq method, with the Call-ID (when present)
+    /// and the CSeq number. `None` without a top-Via branch or a CSeq (such a request cannot be
+    /// matched to its retransmissions).
     pub const fn transaction_key(&self) -> Option<u64> {
         if self.have & (HAVE_BRANCH | HAVE_CSEQ) != HAVE_BRANCH | HAVE_CSEQ {
             return None;
         }
+        let call_id = if self.have & HAVE_CALL_ID != 0 {
+            self.call_id_hash
+        } else {
+            0
+        };
         let mut h = FNV_OFFSET;
         h = mix(h, self.branch_hash);
         h = mix(h, self.sent_by_hash);
         h = mix(h, self.cseq_method_hash);
+        h = mix(h, call_id);
+        h = mix(
+            h,
+            self.cseq as u64 | ((self.have & HAVE_CALL_ID) as u64) << 32,
+        );
         Some(h)
     }
 
@@ -173,18 +188,21 @@ impl SipInfo {
     }
 
     /// The class by the message alone: responses, ACK, CANCEL, BYE and in-dialog requests are
-    /// exempt; a marked request is a retransmission; any other request, and anything malformed or
-    /// unfinished, is an original. (The datapath turns originals whose transaction it has seen
-    /// into retransmissions.)
+    /// exempt, unless marked as retransmissions (the marker only demotes); any other request,
+    /// marked or not, and anything malformed or unfinished, is an original. (The datapath turns
+    /// originals whose transaction it has seen into retransmissions.)
     pub const fn class(&self) -> Class {
         match self.kind() {
             Kind::Response => Class::SipExempt,
-            Kind::Request => match self.method() {
-                Method::Ack | Method::Cancel | Method::Bye => Class::SipExempt,
-                _ if self.in_dialog != 0 => Class::SipExempt,
-                _ if self.marker != 0 => Class::SipRetransmission,
-                _ => Class::SipOriginal,
-            },
+            Kind::Request => {
+                let exempt = matches!(self.method(), Method::Ack | Method::Cancel | Method::Bye)
+                    || self.in_dialog != 0;
+                match (exempt, self.marker != 0) {
+                    (true, true) => Class::SipRetransmission,
+                    (true, false) => Class::SipExempt,
+                    _ => Class::SipOriginal,
+                }
+            }
             _ => Class::SipOriginal,
         }
     }
@@ -359,14 +377,19 @@ impl SipState {
             Phase::ViaProtocol => self.via_protocol(b),
             Phase::ViaSentBy => {
                 if self.hash_token(b, self.via_end as usize) {
-                    self.info.sent_by_hash = self.hash;
-                    self.phase = Phase::ViaComma as u8;
+                    if self.token_len == TOO_LONG {
+                        // No sent-by to key on: no branch either.
+                        self.next_line();
+                    } else {
+                        self.info.sent_by_hash = self.hash;
+                        self.phase = Phase::ViaComma as u8;
+                    }
                 }
             }
             Phase::ViaComma => self.via_comma(b),
             Phase::ViaBranch => {
                 if self.hash_token(b, self.via_end as usize) {
-                    if self.token_len > 0 {
+                    if self.token_len > 0 && self.token_len != TOO_LONG {
                         self.info.branch_hash = self.hash;
                         self.info.have |= HAVE_BRANCH;
                     }
@@ -376,7 +399,7 @@ impl SipState {
             Phase::CSeqNumber => self.cseq_number(b),
             Phase::CSeqMethod => {
                 if self.hash_token(b, self.line_end as usize) {
-                    if self.token_len > 0 {
+                    if self.token_len > 0 && self.token_len != TOO_LONG {
                         self.info.cseq_method_hash = self.hash;
                         self.info.have |= HAVE_CSEQ;
                     }
@@ -385,8 +408,10 @@ impl SipState {
             }
             Phase::CallId => {
                 if self.hash_token(b, self.line_end as usize) {
-                    self.info.call_id_hash = self.hash;
-                    self.info.have |= HAVE_CALL_ID;
+                    if self.token_len > 0 && self.token_len != TOO_LONG {
+                        self.info.call_id_hash = self.hash;
+                        self.info.have |= HAVE_CALL_ID;
+                    }
                     self.next_line();
                 }
             }
@@ -688,27 +713,28 @@ impl SipState {
         self.phase = Phase::Semi as u8;
     }
 
-    /// Hashes a token from `pos` up to its end (or `end`), up to [`CHUNK`] bytes a step and at
-    /// most [`MAX_VALUE`] in all. Returns `true` when the token is complete.
+    /// Hashes a token from `pos` up to its end (or `end`), up to [`CHUNK`] bytes a step. Returns
+    /// `true` when the token is complete, or longer than [`MAX_VALUE`] (`token_len` is then
+    /// [`TOO_LONG`]).
     #[inline(always)]
     fn hash_token<B: PacketBytes>(&mut self, b: &B, end: usize) -> bool {
         let from = self.pos as usize;
         let mut h = self.hash;
         for i in 0..CHUNK {
             let at = from + i;
-            if at >= end || self.token_len as usize + i >= MAX_VALUE {
+            if at >= end || ends_token(byte(b, at)) {
                 self.hash = h;
                 self.token_len += i as u8;
+                self.pos = at as u32;
+                return true;
+            }
+            if self.token_len as usize + i >= MAX_VALUE {
+                // Too long to hash whole: the value counts as absent.
+                self.token_len = TOO_LONG;
                 self.pos = at as u32;
                 return true;
             }
             let c = byte(b, at);
-            if ends_token(c) {
-                self.hash = h;
-                self.token_len += i as u8;
-                self.pos = at as u32;
-                return true;
-            }
             h ^= u64::from(c);
             h = h.wrapping_mul(FNV_PRIME);
         }

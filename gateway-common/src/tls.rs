@@ -43,7 +43,8 @@ pub const MAX_FIELDS: u8 = 160;
 /// Steps that one segment can take: every field of the budget, the step that uses the segment up
 /// (part of a field), and the one that finds it used up.
 pub const MAX_STEPS: usize = MAX_FIELDS as usize + 2;
-/// supported_versions entries examined; the rest of the list is skipped.
+/// supported_versions entries followed; a longer list makes the hello malformed (real clients
+/// send a handful), so TLS 1.3 can never hide past the entries examined.
 pub const MAX_VERSIONS: u8 = 16;
 
 const TLS13: u16 = 0x0304;
@@ -107,7 +108,6 @@ enum Step {
     TicketRest,
     VersionsLen,
     VersionEntry,
-    VersionsRest,
     PskHead,
     PskIdentity,
     PskRest,
@@ -134,9 +134,8 @@ impl Step {
             15 => Step::TicketRest,
             16 => Step::VersionsLen,
             17 => Step::VersionEntry,
-            18 => Step::VersionsRest,
-            19 => Step::PskHead,
-            20 => Step::PskIdentity,
+            18 => Step::PskHead,
+            19 => Step::PskIdentity,
             _ => Step::PskRest,
         }
     }
@@ -151,7 +150,6 @@ impl Step {
                 | Step::Compression
                 | Step::ExtSkip
                 | Step::TicketRest
-                | Step::VersionsRest
                 | Step::PskRest
         )
     }
@@ -528,7 +526,11 @@ impl HelloState {
             }
             Step::VersionsLen => {
                 let list = u16::from(self.acc[0]);
-                if list + 1 != self.ext_len || list < 2 || !list.is_multiple_of(2) {
+                if list + 1 != self.ext_len
+                    || list < 2
+                    || !list.is_multiple_of(2)
+                    || list / 2 > u16::from(MAX_VERSIONS)
+                {
                     return self.malformed();
                 }
                 self.versions_left = (list / 2) as u8;
@@ -543,8 +545,6 @@ impl HelloState {
                 self.versions_seen += 1;
                 if self.versions_left == 0 {
                     self.next_extension();
-                } else if self.versions_seen >= MAX_VERSIONS {
-                    self.expect(Step::VersionsRest, u32::from(self.versions_left) * 2);
                 } else {
                     self.expect(Step::VersionEntry, 2);
                 }
@@ -630,6 +630,71 @@ impl HelloState {
             Verdict::Offer
         } as u8;
     }
+}
+
+/// What a connection's first segment with payload holds before its ClientHello: see
+/// [`first_records`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FirstRecords {
+    /// `FIRST_*`.
+    pub what: u8,
+    /// Padding.
+    pub pad: [u8; 3],
+    /// For [`FIRST_HELLO`], the payload offset of the handshake record.
+    pub skip: u32,
+}
+
+/// [`FirstRecords::what`]: a handshake record (the hello) starts at `skip`.
+pub const FIRST_HELLO: u8 = 0;
+/// [`FirstRecords::what`]: application data first: a connection whose flow entry is gone.
+pub const FIRST_CONTINUES: u8 = 1;
+/// [`FirstRecords::what`]: only whole ChangeCipherSpec or alert records: the hello, if any, is in
+/// a later segment, which will be judged as a first one.
+pub const FIRST_NO_HELLO_YET: u8 = 2;
+/// [`FirstRecords::what`]: anything else (not TLS, a record cut by the segment's end, too many
+/// records before a hello): a malformed hello, never a resumption.
+pub const FIRST_MALFORMED: u8 = 3;
+/// ChangeCipherSpec or alert records skipped before a hello.
+pub const MAX_LEADING_RECORDS: usize = 4;
+
+/// Walks the records at the start of a connection's first segment with payload (`len` bytes at
+/// `offset` in `b`), so that records a client puts before its ClientHello (alerts,
+/// ChangeCipherSpec, which servers ignore) never hide the hello from judgement.
+#[inline(always)]
+pub fn first_records<B: PacketBytes>(b: &B, offset: usize, len: u32) -> FirstRecords {
+    let found = |what, skip| FirstRecords {
+        what,
+        pad: [0; 3],
+        skip,
+    };
+    let mut skip: u32 = 0;
+    for _ in 0..=MAX_LEADING_RECORDS {
+        if skip == len {
+            return found(FIRST_NO_HELLO_YET, 0);
+        }
+        let mut head = [0u8; 5];
+        let mut first = [0u8; 1];
+        if !b.read(offset + skip as usize, &mut first) {
+            return found(FIRST_MALFORMED, 0);
+        }
+        match first[0] {
+            22 => return found(FIRST_HELLO, skip),
+            23 if skip == 0 => return found(FIRST_CONTINUES, 0),
+            20 | 21 => {
+                if !b.read(offset + skip as usize, &mut head) {
+                    return found(FIRST_MALFORMED, 0);
+                }
+                let record = 5 + u32::from(u16::from_be_bytes([head[3], head[4]]));
+                skip += record;
+                if skip > len {
+                    return found(FIRST_MALFORMED, 0);
+                }
+            }
+            _ => return found(FIRST_MALFORMED, 0),
+        }
+    }
+    found(FIRST_MALFORMED, 0)
 }
 
 /// Parses a whole ClientHello held in one buffer (userspace convenience).

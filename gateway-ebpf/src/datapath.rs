@@ -39,8 +39,11 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + JumpToSip, B: Packe
     let pkt = parse(b);
     // The parser counters are looked up only when there is something to count, so plain IPv4
     // traffic pays for one per-CPU lookup (its class's counters) and no more.
-    if pkt.vlan_tags > 0 || pkt.ipv4_options || pkt.ip_version == 6 {
+    if pkt.vlan_tags > 0 || pkt.ipv4_options || pkt.ip_version == 6 || pkt.fragmented {
         count(|c| {
+            if pkt.fragmented {
+                c.fragments += 1;
+            }
             if pkt.vlan_tags > 0 {
                 c.vlan += 1;
             }
@@ -53,6 +56,12 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + JumpToSip, B: Packe
         });
     }
 
+    // A first fragment is classified like the whole datagram, unless fragments are dropped by
+    // policy (then all of them are, the first included).
+    if pkt.fragmented && policy(CONFIG_DROP_FRAGMENTS) == Verdict::Drop {
+        count_class(Class::Other, Verdict::Drop, len);
+        return Verdict::Drop;
+    }
     let (class, verdict) = match pkt.kind {
         Kind::Transport => {
             let t = &pkt.transport;

@@ -20,10 +20,11 @@
 //!   dropped when rejected.
 //! - A SYN on a 4-tuple the table knows (the client reused its port) ends the old entry, so the
 //!   new connection is judged afresh.
-//! - On a connection the table does not know, a first segment that is not a TLS record (SSLv2,
-//!   HTTP, garbage) is a malformed hello and judged as `tls-new`; one that continues a TLS
-//!   session (ChangeCipherSpec, alert, application data) passes as `tls-flow`, being most likely
-//!   a connection whose entry the LRU evicted.
+//! - On a connection the table does not know, ChangeCipherSpec and alert records before the
+//!   hello are skipped (`gateway_common::tls::first_records`), so they cannot hide it. A first
+//!   segment that is not TLS (SSLv2, HTTP, garbage) is a malformed hello and judged as
+//!   `tls-new`; one that starts with application data passes as `tls-flow`, being most likely a
+//!   connection whose entry the LRU evicted.
 
 use core::ffi::c_void;
 
@@ -43,7 +44,10 @@ use gateway_common::{
         RejectEvent, TlsCounters, TlsFlow,
     },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
-    tls::{HelloState, MAX_STEPS, MAX_WINDOWS, Segment, Verdict, WINDOW},
+    tls::{
+        FIRST_CONTINUES, FIRST_HELLO, FIRST_NO_HELLO_YET, HelloState, MAX_STEPS, MAX_WINDOWS,
+        Segment, Verdict, WINDOW, first_records,
+    },
 };
 
 use crate::{
@@ -355,13 +359,16 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup, B: PacketBytes>(
         f.hello = s.state;
         f.next_seq = t.seq.wrapping_add(payload_len);
         if f.hello.verdict() == Verdict::Pending {
-            return (Class::TlsFlow, Action::Pass);
+            if !pkt.fragmented {
+                return (Class::TlsFlow, Action::Pass);
+            }
+            // The rest of this segment comes in fragments nobody judges: decided now.
+            f.hello.verdict = Verdict::Malformed as u8;
         }
         return decide(&s.key, f);
     }
     // A connection we do not know. Without payload (the TCP handshake, bare ACKs) it passes.
-    let mut first = [0u8; 1];
-    if payload_len == 0 || !b.read(t.payload_offset as usize, &mut first) {
+    if payload_len == 0 {
         return (Class::TlsFlow, Action::Pass);
     }
     // State only for connections the kernel really has: a spoofed segment costs one lookup, and
@@ -371,23 +378,33 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup, B: PacketBytes>(
         return (Class::TlsFlow, Action::Drop);
     }
     s.state = HelloState::new();
-    match first[0] {
-        // A handshake record: the hello, parsed.
-        22 => {
-            if !parse_segment(ctx, s, u32::from(t.payload_offset), payload_len, 0) {
+    let first = first_records(b, t.payload_offset as usize, payload_len);
+    let skip = first.skip;
+    match first.what {
+        // The hello, after any ChangeCipherSpec or alert records in front of it: parsed.
+        FIRST_HELLO => {
+            let at = u32::from(t.payload_offset) + skip;
+            if !parse_segment(ctx, s, at, payload_len - skip, 0) {
                 return (Class::TlsFlow, Action::Pass);
             }
         }
-        // ChangeCipherSpec, alert, application data: a connection whose flow entry the LRU
-        // evicted. It passes rather than being judged (and perhaps reset) mid-connection.
-        20 | 21 | 23 => return (Class::TlsFlow, Action::Pass),
-        // Anything else (an SSLv2 hello, plain HTTP, garbage) where a ClientHello must be: a
-        // malformed hello, judged as tls-new, so no bytes bypass admission.
+        // Application data: a connection whose flow entry the LRU evicted; or records that
+        // servers ignore, with the hello still to come (its segment is judged as a first one).
+        FIRST_CONTINUES | FIRST_NO_HELLO_YET => return (Class::TlsFlow, Action::Pass),
+        // Anything else (an SSLv2 hello, plain HTTP, garbage, a record cut short) where a
+        // ClientHello must be: a malformed hello, judged as tls-new, so no bytes bypass
+        // admission.
         _ => s.state.verdict = Verdict::Malformed as u8,
+    }
+    if pkt.fragmented && s.state.verdict() == Verdict::Pending {
+        // An IP-fragmented segment: its later fragments carry no ports, so the hello cannot be
+        // followed to its end. It is decided on what this first fragment holds: malformed,
+        // tls-new, never resumed.
+        s.state.verdict = Verdict::Malformed as u8;
     }
     s.flow = TlsFlow {
         hello: s.state,
-        hello_seq: t.seq,
+        hello_seq: t.seq.wrapping_add(skip),
         next_seq: t.seq.wrapping_add(payload_len),
         state: FLOW_PENDING,
         class: Class::TlsNew as u8,

@@ -15,7 +15,10 @@ use gateway_common::{
     },
     packet::{Kind, parse},
     sip::parse_sip,
-    tls::{HelloState, KEY_LEN, Verdict},
+    tls::{
+        FIRST_CONTINUES, FIRST_HELLO, FIRST_NO_HELLO_YET, HelloState, KEY_LEN, Verdict,
+        first_records,
+    },
 };
 
 use crate::netns::Bpffs;
@@ -240,14 +243,21 @@ pub fn expected_class(frame: &[u8], issued: &[[u8; KEY_LEN]]) -> Class {
         }
         _ => return Class::Other,
     }
-    // A new TLS connection: a handshake record opens a flow; records that continue a session
-    // pass; anything else is a malformed hello.
-    match frame.get(start) {
-        _ if payload_len == 0 => return Class::TlsFlow,
-        None | Some(20 | 21 | 23) => return Class::TlsFlow,
-        Some(22) => {}
-        Some(_) => return Class::TlsNew,
+    // A new TLS connection: the hello (after any ChangeCipherSpec or alert records) opens a
+    // flow; application data, or only such records, pass; anything else is a malformed hello.
+    if payload_len == 0 {
+        return Class::TlsFlow;
     }
+    let first = first_records(&b, start, payload_len as u32);
+    match first.what {
+        FIRST_HELLO => {}
+        FIRST_CONTINUES | FIRST_NO_HELLO_YET => return Class::TlsFlow,
+        _ => return Class::TlsNew,
+    }
+    let (start, payload_len) = (
+        start + first.skip as usize,
+        payload_len - first.skip as usize,
+    );
     // The program copies the payload window by window; a copy past the frame fails.
     let Some(bytes) = frame.get(start..start + payload_len) else {
         return Class::TlsFlow;

@@ -87,10 +87,11 @@ fn corpus() -> Vec<(&'static str, Frame, Class)> {
             Frame::tcp(443, &hello).ipv4_options(40),
             Class::TlsNew,
         ),
+        // The first fragment carries the ports and the message's start: judged as the datagram.
         (
             "ipv4 first fragment",
             Frame::udp(5060, INVITE).ipv4_frag(0x2000),
-            Class::Other,
+            Class::SipOriginal,
         ),
         (
             "ipv4 later fragment",
@@ -120,9 +121,9 @@ fn corpus() -> Vec<(&'static str, Frame, Class)> {
             Class::SipOriginal,
         ),
         (
-            "ipv6 fragment",
+            "ipv6 first fragment",
             Frame::udp(5060, INVITE).ipv6(&[(ext::FRAGMENT, 8)]),
-            Class::Other,
+            Class::SipOriginal,
         ),
         (
             "ipv6 seven ext headers",
@@ -246,7 +247,9 @@ fn fragment_and_unparseable_policies_drop_only_when_asked() {
         return;
     }
     let mut prog = TestProgram::new();
-    let frag = Frame::udp(5060, INVITE).ipv4_frag(0x2000).build();
+    // A later fragment (no ports) and a first one (judged as the datagram).
+    let frag = Frame::udp(5060, INVITE).ipv4_frag(0x2010).build();
+    let first = Frame::udp(5060, INVITE).ipv4_frag(0x2000).build();
     let deep = Frame::udp(5060, INVITE)
         .ipv6(&[(ext::DEST_OPTS, 8); 7])
         .build();
@@ -292,6 +295,15 @@ fn fragment_and_unparseable_policies_drop_only_when_asked() {
             3 - drops,
             "dropped packets are not admitted"
         );
+        // The first fragment follows the fragment policy too; passed, it is a SIP original.
+        let (action, _) = prog.run_fresh(Hook::Xdp, &first).unwrap();
+        assert_eq!(action, frag_action, "first fragment, flags {flags}");
+        if frag_action == XDP_PASS {
+            assert_eq!(
+                prog.counters().class_since(&after),
+                Some(Class::SipOriginal)
+            );
+        }
     }
 }
 
@@ -372,4 +384,20 @@ fn mutated_frames_agree_with_userspace_and_never_crash() {
             "mutation {i} of {name}: {bytes:02x?}"
         );
     }
+}
+
+#[test]
+fn a_later_ipv6_fragment_carries_no_ports_and_is_other() {
+    if !have_root("a_later_ipv6_fragment") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let mut frame = Frame::udp(5060, INVITE).ipv6(&[(ext::FRAGMENT, 8)]).build();
+    // Fragment offset 1 (8 bytes) in the fragment header after the 40-byte IPv6 header.
+    frame[14 + 40 + 2..14 + 40 + 4].copy_from_slice(&[0x00, 0x08]);
+    let before = prog.counters();
+    assert_eq!(prog.run_fresh(Hook::Xdp, &frame).unwrap().0, XDP_PASS);
+    let after = prog.counters();
+    assert_eq!(after.class_since(&before), Some(Class::Other));
+    assert_eq!(after.datapath.fragments - before.datapath.fragments, 1);
 }

@@ -1,5 +1,5 @@
 //! SIP classification through the real program (BPF_PROG_TEST_RUN, XDP and TC): originals,
-//! retransmissions by transaction key and by marker, exempt messages, and bad input.
+//! retransmissions by transaction key (the marker only demotes), exempt messages, and bad input.
 
 use gateway_common::Class;
 use gateway_tests::{
@@ -58,7 +58,7 @@ fn a_request_seen_before_is_a_retransmission() {
     // The same transaction written in compact form is still a retransmission.
     let compact = b"INVITE sip:service@10.99.0.1:5060 SIP/2.0\r\n\
 v: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-1\r\n\
-i: whatever\r\n\
+i: 1-z9hG4bK-1@10.99.0.2\r\n\
 cseq: 1 INVITE\r\n\r\n";
     assert_eq!(
         class_of(&prog, Hook::Xdp, compact),
@@ -67,21 +67,57 @@ cseq: 1 INVITE\r\n\r\n";
 }
 
 #[test]
-fn the_request_line_marker_makes_a_retransmission_outright() {
+fn the_request_line_marker_only_demotes() {
     if !have_root("the_request_line_marker") {
         return;
     }
-    let prog = TestProgram::new();
+    let mut prog = TestProgram::new();
+    // sip-original closed by rate: marked fresh INVITEs obey it like unmarked ones.
+    set(&mut prog, Class::SipOriginal, None, Some(0));
     for hook in [Hook::Xdp, Hook::Tc] {
-        let marked = invite("z9hG4bK-9", ";x-retransmit");
+        for n in 0..20 {
+            let marked = invite(&format!("z9hG4bK-m{hook:?}{n}"), ";x-retransmit");
+            assert_eq!(
+                class_of(&prog, hook, &marked),
+                Some(Class::SipOriginal),
+                "{hook:?}"
+            );
+        }
+    }
+    let c = prog.counters().classes[Class::SipOriginal.id() as usize];
+    assert_eq!((c.admitted, c.dropped_rate), (0, 40));
+    // Marked, a request that would be exempt is a retransmission.
+    let bye = "BYE sip:s@h;x-retransmit SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-b\r\nCSeq: 2 BYE\r\n\r\n";
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, bye.as_bytes()),
+        Some(Class::SipRetransmission)
+    );
+}
+
+#[test]
+fn fresh_invites_reusing_a_known_branch_are_originals() {
+    if !have_root("fresh_invites_reusing_a_known_branch") {
+        return;
+    }
+    let prog = TestProgram::new();
+    let first = invite("z9hG4bK-shared", "");
+    assert_eq!(class_of(&prog, Hook::Xdp, &first), Some(Class::SipOriginal));
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, &first),
+        Some(Class::SipRetransmission),
+        "a byte-identical retransmission"
+    );
+    // Same branch and sent-by, another Call-ID or CSeq number: new work, not a free ride.
+    let text = String::from_utf8(first).unwrap();
+    for fresh in [
+        text.replacen("Call-ID: 1-", "Call-ID: 2-", 1),
+        text.replacen("CSeq: 1 INVITE", "CSeq: 2 INVITE", 1),
+    ] {
         assert_eq!(
-            class_of(&prog, hook, &marked),
-            Some(Class::SipRetransmission),
-            "{hook:?}"
+            class_of(&prog, Hook::Xdp, fresh.as_bytes()),
+            Some(Class::SipOriginal)
         );
     }
-    // A marked request is not recorded as an original.
-    assert!(prog.maps.sip_txns().unwrap().is_empty());
 }
 
 #[test]
@@ -239,7 +275,7 @@ fn the_first_response_leaving_completes_the_transaction_and_records_its_service_
         |p: &TestProgram| p.maps.class_state().unwrap()[Class::SipOriginal.id() as usize].backlog();
     assert_eq!(backlog(&prog), 1);
     // The server's 100 Trying leaves from port 5060 (egress sees server to client).
-    let trying = "SIP/2.0 100 Trying\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-e1\r\nCSeq: 1 INVITE\r\n\r\n";
+    let trying = "SIP/2.0 100 Trying\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-e1\r\nCall-ID: 1-z9hG4bK-e1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
     let out = Frame::udp(5061, trying.as_bytes()).from_port(5060).build();
     assert_eq!(prog.run(Hook::TcEgress, &out, 1).0, 0, "egress never drops");
     assert_eq!(backlog(&prog), 0);
@@ -258,7 +294,7 @@ fn the_first_response_leaving_completes_the_transaction_and_records_its_service_
         1
     );
     // A response to a transaction never admitted (or never seen) is ignored.
-    let other = trying.replace("z9hG4bK-e1", "z9hG4bK-none");
+    let other = trying.replace("branch=z9hG4bK-e1", "branch=z9hG4bK-none");
     prog.run(
         Hook::TcEgress,
         &Frame::udp(5061, other.as_bytes()).from_port(5060).build(),
@@ -426,7 +462,7 @@ fn a_full_pending_table_refuses_new_work_and_keeps_what_it_holds() {
     assert_eq!(prog.counters().datapath.pending_full, 1);
     assert_eq!(st(&prog).backlog(), max as u64);
     // The server answers one: its place is free again.
-    let trying = "SIP/2.0 100 Trying\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-f7\r\nCSeq: 1 INVITE\r\n\r\n";
+    let trying = "SIP/2.0 100 Trying\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-f7\r\nCall-ID: 1-z9hG4bK-f7@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
     prog.run(
         Hook::TcEgress,
         &Frame::udp(5061, trying.as_bytes()).from_port(5060).build(),

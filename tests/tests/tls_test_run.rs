@@ -609,3 +609,48 @@ fn a_reused_client_port_starts_afresh() {
     let st = prog.maps.class_state().unwrap()[Class::TlsNew.id() as usize];
     assert_eq!((st.backlog(), st.expired), (1, 1));
 }
+
+#[test]
+fn an_alert_in_front_of_a_hello_does_not_hide_it() {
+    if !have_root("an_alert_in_front_of_a_hello") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let resumable = HelloBuilder {
+        session_id: key(9),
+        ..Default::default()
+    }
+    .build();
+    publish(&mut prog, &resumable);
+    let closed = gateway::config::PolicyConfig {
+        backlog: Some(0),
+        ..Default::default()
+    };
+    set_policy(&mut prog, Class::TlsNew, closed);
+    let alert = [21u8, 3, 3, 0, 2, 1, 0];
+    let ccs = [20u8, 3, 3, 0, 1, 1];
+    let hello = HelloBuilder::default().build();
+    for (port, payload) in [
+        (1u16, [&alert[..], &hello].concat()),
+        (2, [&ccs[..], &alert, &hello].concat()),
+    ] {
+        let f = Frame::tcp(443, &payload).from_port(port).build();
+        assert_eq!(
+            class_of(&prog, Hook::Xdp, &f),
+            Some(Class::TlsNew),
+            "{port}"
+        );
+        assert_eq!(prog.run(Hook::Xdp, &f, 1).0, XDP_DROP, "{port}");
+    }
+    // A verified resumption behind an alert stays resumed (it is judged, not refused).
+    let f = Frame::tcp(443, &[&alert[..], &resumable].concat())
+        .from_port(3)
+        .build();
+    assert_eq!(class_of(&prog, Hook::Xdp, &f), Some(Class::TlsResumed));
+    // An alert alone passes without state; the hello in the next segment is judged.
+    let alone = Frame::tcp(443, &alert).from_port(4).seq(1).build();
+    assert_eq!(class_of(&prog, Hook::Xdp, &alone), Some(Class::TlsFlow));
+    let next = Frame::tcp(443, &hello).from_port(4).seq(8).build();
+    assert_eq!(class_of(&prog, Hook::Xdp, &next), Some(Class::TlsNew));
+    assert_eq!(prog.run(Hook::Xdp, &next, 1).0, XDP_DROP);
+}

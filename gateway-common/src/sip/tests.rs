@@ -33,7 +33,7 @@ fn a_sipp_invite() {
 }
 
 #[test]
-fn the_key_follows_branch_sent_by_and_cseq_method_only() {
+fn the_key_follows_the_transaction_and_what_a_retransmission_repeats() {
     let k = |m: &[u8]| parse(m).transaction_key().unwrap();
     let base = k(SIPP_INVITE);
     let swap = |from: &str, to: &str| {
@@ -45,15 +45,44 @@ fn the_key_follows_branch_sent_by_and_cseq_method_only() {
     };
     // A retransmission is byte-identical: same key. Other headers do not matter.
     assert_eq!(k(&swap("Max-Forwards: 70", "Max-Forwards: 69")), base);
-    assert_eq!(k(&swap("Call-ID: 1-4101", "Call-ID: 2-4101")), base);
-    // Branch, sent-by or CSeq method change it; the CSeq number does not (RFC 3261 17.2.3).
+    // A fresh request reusing the branch (another Call-ID or CSeq number) is not the same
+    // transaction's retransmission.
+    assert_ne!(k(&swap("Call-ID: 1-4101", "Call-ID: 2-4101")), base);
+    assert_ne!(k(&swap("CSeq: 1 INVITE", "CSeq: 2 INVITE")), base);
+    // Branch, sent-by or CSeq method change it (RFC 3261 17.2.3).
     assert_ne!(k(&swap("z9hG4bK-4101-1-0", "z9hG4bK-4101-2-0")), base);
     assert_ne!(
         k(&swap("10.99.0.2:5061;branch", "10.99.0.3:5061;branch")),
         base
     );
     assert_ne!(k(&swap("CSeq: 1 INVITE", "CSeq: 1 OPTIONS")), base);
-    assert_eq!(k(&swap("CSeq: 1 INVITE", "CSeq: 2 INVITE")), base);
+}
+
+#[test]
+fn a_value_too_long_to_hash_whole_counts_as_absent_never_as_its_prefix() {
+    extern crate std;
+    use std::{format, string::String};
+    let long = |tail: &str| {
+        let branch = format!("z9hG4bK{}{tail}", "x".repeat(MAX_VALUE));
+        let msg = String::from_utf8(SIPP_INVITE.to_vec()).unwrap().replacen(
+            "z9hG4bK-4101-1-0",
+            &branch,
+            1,
+        );
+        parse(msg.as_bytes())
+    };
+    let a = long("a");
+    // No branch: no transaction key; the unit key comes from Call-ID and CSeq.
+    assert_eq!(a.have & HAVE_BRANCH, 0);
+    assert_eq!(a.transaction_key(), None);
+    assert!(a.unit_key().is_some());
+    // A branch of exactly MAX_VALUE bytes is hashed whole.
+    let exact = String::from_utf8(SIPP_INVITE.to_vec()).unwrap().replacen(
+        "z9hG4bK-4101-1-0",
+        &"y".repeat(MAX_VALUE),
+        1,
+    );
+    assert!(parse(exact.as_bytes()).transaction_key().is_some());
 }
 
 #[test]
@@ -88,8 +117,10 @@ fn exempt_messages() {
         (b"INVITE sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK3\r\nTo: <sip:a@b>;tag=77\r\nCSeq: 3 INVITE\r\n\r\n", Class::SipExempt),
         (b"OPTIONS sip:a@b SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK4\r\nCSeq: 1 OPTIONS\r\n\r\n", Class::SipOriginal),
         (b"REGISTER sip:b SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK5\r\nCSeq: 1 REGISTER\r\n\r\n", Class::SipOriginal),
-        // The marker on the request line.
-        (b"INVITE sip:a@b;x-retransmit SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK6\r\nCSeq: 1 INVITE\r\n\r\n", Class::SipRetransmission),
+        // The marker only demotes: a marked INVITE is an original (unless its transaction is
+        // known, which the datapath decides); a marked BYE is a retransmission, not exempt.
+        (b"INVITE sip:a@b;x-retransmit SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK6\r\nCSeq: 1 INVITE\r\n\r\n", Class::SipOriginal),
+        (b"BYE sip:a@b;x-retransmit SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK7\r\nCSeq: 2 BYE\r\n\r\n", Class::SipRetransmission),
     ] {
         assert_eq!(parse(msg).class(), class, "{:?}", core::str::from_utf8(msg));
     }

@@ -19,6 +19,8 @@ pub struct HelloBuilder {
     pub versions_after_key_share: bool,
     /// Extra opaque extensions (type, length) before the rest.
     pub padding_extensions: Vec<(u16, usize)>,
+    /// The supported_versions list, replacing the one `tls13` implies.
+    pub versions: Option<Vec<u16>>,
 }
 
 impl Default for HelloBuilder {
@@ -31,6 +33,7 @@ impl Default for HelloBuilder {
             key_share_len: 32,
             versions_after_key_share: false,
             padding_extensions: Vec::new(),
+            versions: None,
         }
     }
 }
@@ -74,10 +77,16 @@ impl HelloBuilder {
         if let Some(t) = &self.ticket {
             ext(&mut exts, 35, t);
         }
-        let versions: &[u8] = if self.tls13 {
-            &[4, 3, 4, 3, 3]
-        } else {
-            &[2, 3, 3]
+        let custom: Option<Vec<u8>> = self.versions.as_ref().map(|list| {
+            let mut v = alloc::vec![(list.len() * 2) as u8];
+            list.iter()
+                .for_each(|x| v.extend_from_slice(&x.to_be_bytes()));
+            v
+        });
+        let versions: &[u8] = match &custom {
+            Some(v) => v,
+            None if self.tls13 => &[4, 3, 4, 3, 3],
+            None => &[2, 3, 3],
         };
         if !self.versions_after_key_share {
             ext(&mut exts, 43, versions);

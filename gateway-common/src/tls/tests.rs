@@ -344,3 +344,55 @@ fn a_hello_longer_than_the_cap_is_malformed_however_cut() {
         assert_eq!(feed_split(&data, &[cut]), whole, "cut at {cut}");
     }
 }
+
+#[test]
+fn tls13_cannot_hide_past_the_versions_followed() {
+    // 0x0304 as the 17th entry, with a session id of published shape: before, the entries past
+    // the 16th were skipped, the hello read as TLS 1.2 and its session id counted as an offer.
+    let mut list = alloc::vec![0x0a0a; MAX_VERSIONS as usize];
+    list.push(0x0304);
+    let hidden = HelloBuilder {
+        session_id: key(1),
+        versions: Some(list),
+        ..Default::default()
+    }
+    .build();
+    assert_eq!(parse_hello(&hidden).verdict(), Verdict::Malformed);
+    // Sixteen entries with 0x0304 last are followed: TLS 1.3, the session id means nothing.
+    let mut list = alloc::vec![0x0a0a; MAX_VERSIONS as usize - 1];
+    list.push(0x0304);
+    let fits = HelloBuilder {
+        session_id: key(1),
+        versions: Some(list),
+        ..Default::default()
+    }
+    .build();
+    let st = parse_hello(&fits);
+    assert!(st.tls13());
+    assert_eq!(st.verdict(), Verdict::New);
+}
+
+#[test]
+fn records_before_the_hello_never_hide_it() {
+    use crate::bytes::SliceBytes;
+    let hello = HelloBuilder::default().build();
+    let alert = [21u8, 3, 3, 0, 2, 1, 0];
+    let ccs = [20u8, 3, 3, 0, 1, 1];
+    let at = |parts: &[&[u8]]| {
+        let data: alloc::vec::Vec<u8> = parts.concat();
+        first_records(&SliceBytes(&data), 0, data.len() as u32)
+    };
+    assert_eq!(at(&[&hello]).what, FIRST_HELLO);
+    let r = at(&[&alert, &ccs, &hello]);
+    assert_eq!((r.what, r.skip), (FIRST_HELLO, 13));
+    assert_eq!(at(&[&alert]).what, FIRST_NO_HELLO_YET);
+    assert_eq!(at(&[&[23, 3, 3, 0, 1, 0]]).what, FIRST_CONTINUES);
+    // Data after an alert, a record cut by the segment's end, too many records, not TLS.
+    assert_eq!(at(&[&alert, &[23, 3, 3, 0, 1, 0]]).what, FIRST_MALFORMED);
+    assert_eq!(at(&[&[21, 3, 3, 0, 9, 1]]).what, FIRST_MALFORMED);
+    assert_eq!(
+        at(&[&alert, &alert, &alert, &alert, &alert, &hello]).what,
+        FIRST_MALFORMED
+    );
+    assert_eq!(at(&[b"GET / HTTP/1.1\r\n"]).what, FIRST_MALFORMED);
+}

@@ -1,0 +1,111 @@
+//! Every privilege a packet gets is earned (issue 10), with real clients and servers in
+//! namespaces and no daemon: what a client can put on the wire for free buys nothing.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    time::Duration,
+};
+
+use gateway_common::testing::HelloBuilder;
+use gateway_tests::{
+    have_root,
+    netns::{GW_V4, TestNet, class_counter},
+    tls::{Cert, RustlsServer},
+};
+
+/// Sends `payload` on a new connection to 443 and says whether the server answered within a
+/// second (any byte back).
+fn answered(net: &TestNet, payload: &[u8]) -> bool {
+    net.in_peer(|| {
+        let mut s = TcpStream::connect((GW_V4, 443)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        s.write_all(payload).expect("send");
+        let mut byte = [0u8; 1];
+        matches!(s.read(&mut byte), Ok(1))
+    })
+}
+
+#[test]
+fn an_alert_in_front_of_a_hello_obeys_tls_new() {
+    if !have_root("an_alert_in_front_of_a_hello_obeys_tls_new") {
+        return;
+    }
+    let net = TestNet::new();
+    let cert = Cert::new();
+    let listener = net.in_gw(|| TcpListener::bind((GW_V4, 443)).expect("bind"));
+    let _server = RustlsServer::start(&cert, listener);
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    net.gateway_ok(&["service", "add", "tls", "443"]);
+    // A warning alert (close_notify) in the same segment as the hello: rustls skips it and
+    // answers the hello, so the server really does the work.
+    let alert = [21u8, 3, 3, 0, 2, 1, 0];
+    let hello = HelloBuilder::tls13().build();
+    let sneaky = [&alert[..], &hello].concat();
+    assert!(
+        answered(&net, &sneaky),
+        "the server answers an alert-prefixed hello"
+    );
+    assert_eq!(class_counter(&net.stats(), "tls-new", "admitted"), 1);
+    // With tls-new closed, the alert buys nothing: refused at the NIC, no answer.
+    net.gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+    for _ in 0..5 {
+        assert!(
+            !answered(&net, &sneaky),
+            "an alert-prefixed hello got through"
+        );
+    }
+    let stats = net.stats();
+    assert_eq!(class_counter(&stats, "tls-new", "admitted"), 1);
+    assert_eq!(class_counter(&stats, "tls-new", "dropped_backlog"), 5);
+}
+
+#[test]
+fn fragmented_invites_obey_the_original_limits() {
+    if !have_root("fragmented_invites_obey_the_original_limits") {
+        return;
+    }
+    use gateway_tests::sipserver::SlowSipServer;
+    use std::net::UdpSocket;
+    let net = TestNet::new();
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    net.gateway_ok(&["service", "add", "sip", "5060"]);
+    let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).expect("bind"));
+    let _server = SlowSipServer::start(socket, 1 << 20, Duration::ZERO, Duration::ZERO);
+    let client = net.in_peer(|| UdpSocket::bind("10.99.0.2:5061").expect("bind"));
+    client
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    // INVITEs with a 2 KB body: over the veth's 1500-byte MTU, the kernel sends them as IP
+    // fragments.
+    let invite = |n: usize| {
+        let body = "v".repeat(2048);
+        format!(
+            "INVITE sip:service@{GW_V4}:5060 SIP/2.0\r\n\
+Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-frag-{n}\r\n\
+From: <sip:c@10.99.0.2>;tag={n}\r\nTo: <sip:service@{GW_V4}>\r\n\
+Call-ID: frag-{n}@10.99.0.2\r\nCSeq: 1 INVITE\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let mut buf = [0u8; 4096];
+    let mut answers = |from: usize, n: usize| {
+        (from..from + n)
+            .filter(|&k| {
+                client
+                    .send_to(invite(k).as_bytes(), (GW_V4, 5060))
+                    .expect("send");
+                client.recv_from(&mut buf).is_ok()
+            })
+            .count()
+    };
+    // Open, they are answered (so they really reach the server in fragments).
+    assert_eq!(answers(0, 5), 5);
+    let fragments = net.stats()["datapath"]["fragments"].as_u64().unwrap();
+    assert!(fragments >= 10, "{fragments} fragments seen");
+    // sip-original closed: none is answered, and each is refused as an original.
+    net.gateway_ok(&["policy", "set", "sip-original", "--rate", "0"]);
+    assert_eq!(answers(100, 50), 0);
+    let stats = net.stats();
+    assert_eq!(class_counter(&stats, "sip-original", "dropped_rate"), 50);
+}

@@ -670,7 +670,7 @@ mod tests {
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);
         assert_eq!(size_of::<LatencyHistogram>(), LATENCY_BUCKETS * 8);
-        assert_eq!(size_of::<crate::sip::SipInfo>(), 4 * 8 + 4 + 5 + 7);
+        assert_eq!(size_of::<crate::sip::SipInfo>(), 6 * 8 + 4 + 2 + 5 + 5);
     }
 
     #[test]

@@ -89,6 +89,10 @@ pub const HAVE_BRANCH: u8 = 1 << 1;
 pub const HAVE_CSEQ: u8 = 1 << 2;
 /// [`SipInfo::have`]: a Call-ID header was seen.
 pub const HAVE_CALL_ID: u8 = 1 << 3;
+/// [`SipInfo::have`]: the To header's tag was hashed.
+pub const HAVE_TO_TAG: u8 = 1 << 4;
+/// [`SipInfo::have`]: the From header's tag was hashed.
+pub const HAVE_FROM_TAG: u8 = 1 << 5;
 
 /// What the parser learnt of a message. `#[repr(C)]`, no implicit padding.
 #[repr(C)]
@@ -102,8 +106,14 @@ pub struct SipInfo {
     pub call_id_hash: u64,
     /// FNV-1a of the CSeq method.
     pub cseq_method_hash: u64,
+    /// FNV-1a of the To header's tag.
+    pub to_tag_hash: u64,
+    /// FNV-1a of the From header's tag.
+    pub from_tag_hash: u64,
     /// The CSeq number.
     pub cseq: u32,
+    /// A response's status code (0 for a request).
+    pub status: u16,
     /// A [`Kind`].
     pub kind: u8,
     /// A [`Method`].
@@ -115,7 +125,7 @@ pub struct SipInfo {
     /// The To header has a tag: an in-dialog request.
     pub in_dialog: u8,
     /// Padding, zero.
-    pub pad: [u8; 7],
+    pub pad: [u8; 5],
 }
 
 impl SipInfo {
@@ -167,6 +177,38 @@ impl SipInfo {
         Some(h)
     }
 
+    /// The key of the INVITE transaction an ACK (to a non-2xx response) or a CANCEL belongs to:
+    /// the transaction key with the CSeq method INVITE (RFC 3261 §9.1, §17.1.1.3: they reuse the
+    /// INVITE's branch, Call-ID and CSeq number).
+    pub const fn invite_key(&self) -> Option<u64> {
+        let mut invite = *self;
+        invite.cseq_method_hash = INVITE_HASH;
+        invite.transaction_key()
+    }
+
+    /// The key of the dialog the message belongs to: the Call-ID and both tags, in either order
+    /// (a dialog's requests flow both ways). `None` without all three.
+    pub const fn dialog_key(&self) -> Option<u64> {
+        let all = HAVE_CALL_ID | HAVE_TO_TAG | HAVE_FROM_TAG;
+        if self.have & all != all {
+            return None;
+        }
+        let mut h = mix(FNV_OFFSET, DIALOG_KEY_DOMAIN);
+        h = mix(h, self.call_id_hash);
+        h = mix(h, self.to_tag_hash ^ self.from_tag_hash);
+        Some(h)
+    }
+
+    /// Whether this is a server's 2xx response to an INVITE: the response that establishes a
+    /// dialog.
+    pub const fn establishes_dialog(&self) -> bool {
+        matches!(self.kind(), Kind::Response)
+            && self.status >= 200
+            && self.status < 300
+            && self.have & HAVE_CSEQ != 0
+            && self.cseq_method_hash == INVITE_HASH
+    }
+
     /// The key of the unit of work an admitted request is, the one its response completes: the
     /// transaction key when there is one, else a key over the Call-ID, the CSeq number and the
     /// CSeq method, which a response carries unchanged (RFC 3261 §8.2.6.2) even when the top Via
@@ -210,6 +252,23 @@ impl SipInfo {
 
 /// Mixed first into a fallback unit key (`b"unit-key"`).
 const UNIT_KEY_DOMAIN: u64 = u64::from_be_bytes(*b"unit-key");
+/// Mixed first into a dialog key (`b"dialog!!"`).
+const DIALOG_KEY_DOMAIN: u64 = u64::from_be_bytes(*b"dialog!!");
+
+/// FNV-1a of a byte string, as [`SipState`] hashes a value.
+const fn fnv(bytes: &[u8]) -> u64 {
+    let mut h = FNV_OFFSET;
+    let mut i = 0;
+    while i < bytes.len() {
+        h ^= bytes[i] as u64;
+        h = h.wrapping_mul(FNV_PRIME);
+        i += 1;
+    }
+    h
+}
+
+/// The hash of the CSeq method `INVITE`.
+const INVITE_HASH: u64 = fnv(b"INVITE");
 
 const fn mix(h: u64, v: u64) -> u64 {
     let mut h = h;
@@ -239,20 +298,12 @@ enum Phase {
     Confirm,
     /// Top Via: skip the protocol (`SIP/2.0/UDP`) up to the space.
     ViaProtocol,
-    /// Top Via: hash the sent-by.
-    ViaSentBy,
+    /// Hash a value from `pos` (which one: `target`, a `TARGET_*`).
+    Hash,
     /// Top Via: find where its value ends (the first comma).
     ViaComma,
-
-    /// Top Via: hash the branch.
-    ViaBranch,
     /// CSeq: the number.
     CSeqNumber,
-    /// CSeq: hash the method.
-    CSeqMethod,
-    /// Call-ID: hash it.
-    CallId,
-
     /// Parsing is over.
     Done,
 }
@@ -266,12 +317,9 @@ impl Phase {
             3 => Phase::Semi,
             4 => Phase::Confirm,
             5 => Phase::ViaProtocol,
-            6 => Phase::ViaSentBy,
+            6 => Phase::Hash,
             7 => Phase::ViaComma,
-            8 => Phase::ViaBranch,
-            9 => Phase::CSeqNumber,
-            10 => Phase::CSeqMethod,
-            11 => Phase::CallId,
+            8 => Phase::CSeqNumber,
             _ => Phase::Done,
         }
     }
@@ -316,8 +364,8 @@ pub struct SipState {
     name_len: u8,
     /// The needle being searched (`WANT_*`).
     want: u8,
-    /// Padding.
-    pad: [u8; 1],
+    /// The value being hashed (`TARGET_*`).
+    target: u8,
     /// Where the current search ends.
     scan_end: u32,
 }
@@ -328,6 +376,21 @@ const WANT_MARKER: u8 = 1;
 const WANT_BRANCH: u8 = 2;
 /// Searching for the To header's tag.
 const WANT_TAG: u8 = 3;
+/// Searching for the From header's tag.
+const WANT_FROM_TAG: u8 = 4;
+
+/// Hashing the top Via's sent-by.
+const TARGET_SENT_BY: u8 = 0;
+/// Hashing the top Via's branch.
+const TARGET_BRANCH: u8 = 1;
+/// Hashing the CSeq method.
+const TARGET_CSEQ_METHOD: u8 = 2;
+/// Hashing the Call-ID.
+const TARGET_CALL_ID: u8 = 3;
+/// Hashing the To tag.
+const TARGET_TO_TAG: u8 = 4;
+/// Hashing the From tag.
+const TARGET_FROM_TAG: u8 = 5;
 
 /// Reads one byte (0 past the end).
 #[inline(always)]
@@ -375,48 +438,65 @@ impl SipState {
             Phase::Semi => self.semi(b),
             Phase::Confirm => self.confirm(b),
             Phase::ViaProtocol => self.via_protocol(b),
-            Phase::ViaSentBy => {
-                if self.hash_token(b, self.via_end as usize) {
-                    if self.token_len == TOO_LONG {
-                        // No sent-by to key on: no branch either.
-                        self.next_line();
-                    } else {
-                        self.info.sent_by_hash = self.hash;
-                        self.phase = Phase::ViaComma as u8;
-                    }
+            Phase::Hash => {
+                if self.hash_token(b, self.scan_end as usize) {
+                    self.hashed();
                 }
             }
             Phase::ViaComma => self.via_comma(b),
-            Phase::ViaBranch => {
-                if self.hash_token(b, self.via_end as usize) {
-                    if self.token_len > 0 && self.token_len != TOO_LONG {
-                        self.info.branch_hash = self.hash;
-                        self.info.have |= HAVE_BRANCH;
-                    }
-                    self.next_line();
-                }
-            }
             Phase::CSeqNumber => self.cseq_number(b),
-            Phase::CSeqMethod => {
-                if self.hash_token(b, self.line_end as usize) {
-                    if self.token_len > 0 && self.token_len != TOO_LONG {
-                        self.info.cseq_method_hash = self.hash;
-                        self.info.have |= HAVE_CSEQ;
-                    }
-                    self.next_line();
-                }
-            }
-            Phase::CallId => {
-                if self.hash_token(b, self.line_end as usize) {
-                    if self.token_len > 0 && self.token_len != TOO_LONG {
-                        self.info.call_id_hash = self.hash;
-                        self.info.have |= HAVE_CALL_ID;
-                    }
-                    self.next_line();
-                }
-            }
         }
         self.phase == Phase::Done as u8
+    }
+
+    /// Starts hashing the value at `pos`, up to `end`, into `target`.
+    #[inline(always)]
+    fn hash_value(&mut self, target: u8, end: usize) {
+        self.hash = FNV_OFFSET;
+        self.token_len = 0;
+        self.target = target;
+        self.scan_end = end as u32;
+        self.phase = Phase::Hash as u8;
+    }
+
+    /// A value is hashed: record it where it belongs (unless too long to hash whole: absent).
+    #[inline(always)]
+    fn hashed(&mut self) {
+        let ok = self.token_len > 0 && self.token_len != TOO_LONG;
+        let h = self.hash;
+        match self.target {
+            TARGET_SENT_BY => {
+                if self.token_len == TOO_LONG {
+                    // No sent-by to key on: no branch either.
+                    return self.next_line();
+                }
+                self.info.sent_by_hash = h;
+                self.phase = Phase::ViaComma as u8;
+                return;
+            }
+            TARGET_BRANCH if ok => {
+                self.info.branch_hash = h;
+                self.info.have |= HAVE_BRANCH;
+            }
+            TARGET_CSEQ_METHOD if ok => {
+                self.info.cseq_method_hash = h;
+                self.info.have |= HAVE_CSEQ;
+            }
+            TARGET_CALL_ID if ok => {
+                self.info.call_id_hash = h;
+                self.info.have |= HAVE_CALL_ID;
+            }
+            TARGET_TO_TAG if ok => {
+                self.info.to_tag_hash = h;
+                self.info.have |= HAVE_TO_TAG;
+            }
+            TARGET_FROM_TAG if ok => {
+                self.info.from_tag_hash = h;
+                self.info.have |= HAVE_FROM_TAG;
+            }
+            _ => {}
+        }
+        self.next_line();
     }
 
     #[inline(always)]
@@ -547,9 +627,15 @@ impl SipState {
         } else if name_is(b"cseq") {
             Phase::CSeqNumber
         } else if name_is(b"call-id") || name_is(b"i") {
-            Phase::CallId
+            self.target = TARGET_CALL_ID;
+            self.scan_end = end as u32;
+            Phase::Hash
         } else if name_is(b"to") || name_is(b"t") {
             self.want = WANT_TAG;
+            self.scan_end = end as u32;
+            Phase::Semi
+        } else if name_is(b"from") || name_is(b"f") {
+            self.want = WANT_FROM_TAG;
             self.scan_end = end as u32;
             Phase::Semi
         } else {
@@ -572,8 +658,15 @@ impl SipState {
     fn start_line<B: PacketBytes>(&mut self, b: &B, start: usize, end: usize) {
         if starts_ci(b, start, end, b"sip/2.0 ") {
             // A response: its Via and CSeq (copied from the request) name the transaction it
-            // answers, so the headers are read too.
+            // answers, so the headers are read too; its status says whether it makes a dialog.
             self.info.kind = Kind::Response as u8;
+            let mut code = [0u8; 3];
+            if start + 11 <= end
+                && b.read(start + 8, &mut code)
+                && code.iter().all(u8::is_ascii_digit)
+            {
+                self.info.status = code.iter().fold(0u16, |n, d| n * 10 + u16::from(d - b'0'));
+            }
             return self.next_line();
         }
         // METHOD SP Request-URI SP SIP/2.0; methods are case-sensitive (RFC 3261 §7.1).
@@ -649,13 +742,16 @@ impl SipState {
             }
             WANT_BRANCH => {
                 self.pos += 8;
-                self.hash = FNV_OFFSET;
-                self.token_len = 0;
-                self.phase = Phase::ViaBranch as u8;
+                self.hash_value(TARGET_BRANCH, self.via_end as usize);
+            }
+            WANT_TAG => {
+                self.info.in_dialog = 1;
+                self.pos += 5;
+                self.hash_value(TARGET_TO_TAG, end);
             }
             _ => {
-                self.info.in_dialog = 1;
-                self.next_line();
+                self.pos += 5;
+                self.hash_value(TARGET_FROM_TAG, end);
             }
         }
     }
@@ -682,10 +778,7 @@ impl SipState {
                     }
                 }
                 self.pos = sb as u32;
-                self.hash = FNV_OFFSET;
-                self.token_len = 0;
-                self.phase = Phase::ViaSentBy as u8;
-                return;
+                return self.hash_value(TARGET_SENT_BY, end);
             }
         }
         self.pos = (from + CHUNK) as u32;
@@ -769,9 +862,7 @@ impl SipState {
         }
         self.info.cseq = n;
         self.pos = at as u32;
-        self.hash = FNV_OFFSET;
-        self.token_len = 0;
-        self.phase = Phase::CSeqMethod as u8;
+        self.hash_value(TARGET_CSEQ_METHOD, end);
     }
 }
 

@@ -26,7 +26,10 @@ fn a_sipp_invite() {
     assert_eq!(i.kind(), Kind::Request);
     assert_eq!(i.method(), Method::Invite);
     assert_eq!(i.cseq, 1);
-    assert_eq!(i.have, HAVE_VIA | HAVE_BRANCH | HAVE_CSEQ | HAVE_CALL_ID);
+    assert_eq!(
+        i.have,
+        HAVE_VIA | HAVE_BRANCH | HAVE_CSEQ | HAVE_CALL_ID | HAVE_FROM_TAG
+    );
     assert_eq!(i.in_dialog, 0);
     assert_eq!(i.class(), Class::SipOriginal);
     assert!(i.transaction_key().is_some());
@@ -200,4 +203,52 @@ fn a_request_without_a_branch_still_has_a_unit_key_its_response_matches() {
     // No Call-ID and no branch: no key at all.
     let bare = no_branch.replacen("Call-ID: 1-4101@10.99.0.2\r\n", "", 1);
     assert_eq!(parse(bare.as_bytes()).unit_key(), None);
+}
+
+#[test]
+fn dialogs_and_invite_transactions_are_keyed_as_the_server_made_them() {
+    extern crate std;
+    use std::string::String;
+    let invite = String::from_utf8(SIPP_INVITE.to_vec()).unwrap();
+    // The server's 200 OK: Via, From, Call-ID and CSeq copied, its own tag on To.
+    let ok = "SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-4101-1-0\r\n\
+              From: sipp <sip:sipp@10.99.0.2:5061>;tag=4101SIPpTag001\r\n\
+              To: service <sip:service@10.99.0.1:5060>;tag=srv77\r\n\
+              Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n";
+    let ok = parse(ok.as_bytes());
+    assert_eq!(ok.status, 200);
+    assert!(ok.establishes_dialog());
+    let dialog = ok.dialog_key().expect("a dialog key");
+    // The caller's BYE in that dialog: same Call-ID and tags, a new branch.
+    let bye = "BYE sip:service@10.99.0.1:5060 SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-bye\r\n\
+               From: sipp <sip:sipp@10.99.0.2:5061>;tag=4101SIPpTag001\r\n\
+               To: service <sip:service@10.99.0.1:5060>;tag=srv77\r\n\
+               Call-ID: 1-4101@10.99.0.2\r\nCSeq: 2 BYE\r\n\r\n";
+    assert_eq!(parse(bye.as_bytes()).dialog_key(), Some(dialog));
+    // The callee's BYE (tags the other way round) is in the same dialog.
+    let reverse = bye
+        .replace("tag=4101SIPpTag001", "tag=TMP")
+        .replace("tag=srv77", "tag=4101SIPpTag001")
+        .replace("tag=TMP", "tag=srv77");
+    assert_eq!(parse(reverse.as_bytes()).dialog_key(), Some(dialog));
+    // A forged tag is another dialog; a request without a To tag has none.
+    assert_ne!(
+        parse(bye.replace("srv77", "x").as_bytes()).dialog_key(),
+        Some(dialog)
+    );
+    assert_eq!(parse(SIPP_INVITE).dialog_key(), None);
+    // Provisional and non-INVITE 2xx responses make no dialog.
+    assert!(!parse(b"SIP/2.0 180 Ringing\r\nCSeq: 1 INVITE\r\n\r\n").establishes_dialog());
+    assert!(!parse(b"SIP/2.0 200 OK\r\nCSeq: 2 BYE\r\n\r\n").establishes_dialog());
+    // CANCEL and ACK to a non-2xx reuse the INVITE's branch, Call-ID and CSeq number.
+    let inv = parse(SIPP_INVITE).transaction_key();
+    let cancel = invite.replacen("INVITE sip", "CANCEL sip", 1).replacen(
+        "CSeq: 1 INVITE",
+        "CSeq: 1 CANCEL",
+        1,
+    );
+    assert_eq!(parse(cancel.as_bytes()).invite_key(), inv);
+    assert_ne!(parse(cancel.as_bytes()).transaction_key(), inv);
+    let other = cancel.replacen("branch=z9hG4bK-4101-1-0", "branch=z9hG4bK-x", 1);
+    assert_ne!(parse(other.as_bytes()).invite_key(), inv);
 }

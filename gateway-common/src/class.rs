@@ -19,7 +19,8 @@ pub enum Class {
     SipOriginal = 4,
     /// A SIP request whose transaction was already seen.
     SipRetransmission = 5,
-    /// SIP responses, ACK, CANCEL, BYE and in-dialog requests: never dropped.
+    /// SIP responses, and ACK, CANCEL, BYE and in-dialog requests of a dialog or transaction the
+    /// server made: never dropped below their own ceiling.
     SipExempt = 6,
 }
 
@@ -68,10 +69,11 @@ impl Class {
         Self::ALL.into_iter().find(|c| c.name() == name)
     }
 
-    /// Whether admission limits may be set on this class. `other` is not a protected service and
-    /// `sip-exempt` finishes work that was already admitted, so neither is ever limited.
+    /// Whether admission limits may be set on this class. `other` is not a protected service, so
+    /// it is never limited. (`sip-exempt` finishes work the server took on, but it has a ceiling
+    /// of its own: a flood of real ACKs and BYEs is still a flood.)
     pub const fn is_limitable(self) -> bool {
-        !matches!(self, Class::Other | Class::SipExempt)
+        !matches!(self, Class::Other)
     }
 }
 

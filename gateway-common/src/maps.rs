@@ -45,9 +45,12 @@ pub mod names {
     /// Admitted SIP requests the server has not answered yet (unit key, see
     /// `SipInfo::unit_key`, to [`super::Pending`]): not LRU either.
     pub const SIP_PENDING: &str = "SIP_PENDING";
+    /// SIP dialogs the server established (dialog key, see `SipInfo::dialog_key`, to
+    /// [`super::SipDialog`]), learnt from its 2xx responses to INVITEs.
+    pub const SIP_DIALOGS: &str = "SIP_DIALOGS";
 
     /// Every map the gateway pins, in a fixed order.
-    pub const ALL: [&str; 17] = [
+    pub const ALL: [&str; 18] = [
         CLASS_STATS,
         CLASS_POLICY,
         CLASS_STATE,
@@ -65,6 +68,7 @@ pub mod names {
         TC_JUMP,
         TLS_PENDING,
         SIP_PENDING,
+        SIP_DIALOGS,
     ];
 }
 
@@ -412,6 +416,9 @@ pub struct DatapathCounters {
     pub ipv4_options: u64,
     /// Units refused because their pending table was full.
     pub pending_full: u64,
+    /// SIP requests that claimed an exemption (ACK, CANCEL, BYE, a To tag) for a dialog or
+    /// transaction the server never made: judged as originals.
+    pub sip_unearned: u64,
 }
 
 impl DatapathCounters {
@@ -427,6 +434,7 @@ impl DatapathCounters {
         self.ipv6 += o.ipv6;
         self.ipv4_options += o.ipv4_options;
         self.pending_full += o.pending_full;
+        self.sip_unearned += o.sip_unearned;
     }
 }
 
@@ -578,6 +586,17 @@ pub struct SipTxn {
     pub flags: u32,
 }
 
+/// Entries of the SIP dialog table (LRU: losing a dialog only makes its requests originals).
+pub const MAX_SIP_DIALOGS: u32 = 65536;
+
+/// A dialog the server established: its requests (in-dialog, ACK, BYE) are exempt.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SipDialog {
+    /// When the server's 2xx left, `CLOCK_MONOTONIC` ns.
+    pub established_ns: u64,
+}
+
 /// Buckets of a [`LatencyHistogram`].
 pub const LATENCY_BUCKETS: usize = 32;
 
@@ -654,7 +673,8 @@ mod tests {
         assert_eq!(size_of::<ServiceKey>(), 2 + 1 + 1);
         assert_eq!(size_of::<ServiceValue>(), 4 + 4);
         assert_eq!(size_of::<DatapathConfig>(), 8 + 4 + 4);
-        assert_eq!(size_of::<DatapathCounters>(), 10 * 8);
+        assert_eq!(size_of::<DatapathCounters>(), 11 * 8);
+        assert_eq!(size_of::<SipDialog>(), 8);
         assert_eq!(size_of::<FlowKey>(), 16 + 16 + 2 + 2 + 4);
         assert_eq!(
             size_of::<crate::tls::HelloState>(),

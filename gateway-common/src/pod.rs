@@ -2,8 +2,8 @@
 
 use crate::maps::{
     ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
-    IssuedValue, LatencyHistogram, Pending, RejectEvent, ServiceKey, ServiceValue, SipTxn,
-    TlsCounters, TlsFlow,
+    IssuedValue, LatencyHistogram, Pending, RejectEvent, ServiceKey, ServiceValue, SipDialog,
+    SipTxn, TlsCounters, TlsFlow,
 };
 
 // SAFETY: every type is #[repr(C)], Copy, made only of integers, and has no implicit padding
@@ -24,3 +24,4 @@ unsafe impl aya::Pod for RejectEvent {}
 unsafe impl aya::Pod for SipTxn {}
 unsafe impl aya::Pod for LatencyHistogram {}
 unsafe impl aya::Pod for Pending {}
+unsafe impl aya::Pod for SipDialog {}

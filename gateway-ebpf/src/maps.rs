@@ -10,9 +10,9 @@ use gateway_common::{
     NUM_CLASSES,
     maps::{
         ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
-        IssuedValue, LatencyHistogram, MAX_SERVICES, MAX_SIP_TXNS, MAX_TLS_FLOWS, MAX_TLS_ISSUED,
-        RejectEvent, SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue, SipTxn, TLS_REJECTS_BYTES,
-        TlsCounters, TlsFlow,
+        IssuedValue, LatencyHistogram, MAX_SERVICES, MAX_SIP_DIALOGS, MAX_SIP_TXNS, MAX_TLS_FLOWS,
+        MAX_TLS_ISSUED, RejectEvent, SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue, SipDialog,
+        SipTxn, TLS_REJECTS_BYTES, TlsCounters, TlsFlow,
     },
 };
 
@@ -94,3 +94,9 @@ pub static TLS_PENDING: Table<FlowKey> = Table::new();
 /// Admitted SIP requests the server has not answered yet, by unit key (see `crate::pending`).
 #[btf_map]
 pub static SIP_PENDING: Table<u64> = Table::new();
+
+/// SIP dialogs the server established, by dialog key: learnt on egress from its 2xx responses
+/// to INVITEs; only their requests are exempt.
+#[btf_map]
+pub static SIP_DIALOGS: LruHashMap<u64, SipDialog, { MAX_SIP_DIALOGS as usize }> =
+    LruHashMap::new();

@@ -3,8 +3,12 @@
 //! A datagram to a SIP port is copied into per-CPU scratch memory (its first `MAX_SCAN` bytes) and
 //! parsed by the shared parser (`gateway_common::sip`), one step (one bounded scan) per `bpf_loop`
 //! callback.
-//! Responses, ACK, CANCEL, BYE and in-dialog requests are `sip-exempt`. A request carrying the
-//! request-line marker is a `sip-retransmission` outright. Any other request is keyed by its unit
+//! Responses are `sip-exempt`. ACK, CANCEL, BYE and in-dialog requests are exempt only when they
+//! belong to what the server made: a dialog it established (learnt from its 2xx responses to
+//! INVITEs, [`sip_response`]), or, for ACK and CANCEL, an INVITE transaction seen; otherwise they
+//! are judged as originals (a method name or a To tag costs an attacker nothing). An exempt
+//! request seen before is a retransmission, and exempt traffic has its own ceiling (the
+//! `sip-exempt` policy). The request-line marker only demotes. Any other request is keyed by its unit
 //! key (`SipInfo::unit_key`): one whose unit is pending (admitted, unanswered: `SIP_PENDING`, which
 //! nothing evicts) or seen before (`SIP_TXNS`, an LRU) is a `sip-retransmission`; a new one is
 //! stored and is `sip-original`. Anything the parser cannot follow is an original, never exempt;
@@ -22,16 +26,18 @@ use aya_ebpf::helpers::generated::bpf_loop;
 use gateway_common::{
     Class,
     bytes::PacketBytes,
-    maps::{LATENCY_BUCKETS, LatencyHistogram, REJECT_BACKLOG, SipTxn},
+    maps::{
+        DatapathCounters, LATENCY_BUCKETS, LatencyHistogram, REJECT_BACKLOG, SipDialog, SipTxn,
+    },
     packet::Packet,
-    sip::{Kind, MAX_SCAN, MAX_STEPS, SipInfo, SipState},
+    sip::{Kind, MAX_SCAN, MAX_STEPS, Method, SipInfo, SipState},
 };
 
 use crate::{
     admission::{admission, count_refusal, now_ns},
     bytes::{ScratchBytes, opaque},
     datapath::Verdict as Action,
-    maps::{SIP_LATENCY, SIP_PENDING, SIP_SCRATCH, SIP_TXNS},
+    maps::{DP_COUNTERS, SIP_DIALOGS, SIP_LATENCY, SIP_PENDING, SIP_SCRATCH, SIP_TXNS},
     pending,
     tls::CopyOut,
 };
@@ -109,6 +115,9 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
         return (Class::SipOriginal, Action::Pass);
     };
     let mut class = info.class();
+    if class == Class::SipExempt && info.kind() == Kind::Request {
+        class = earned_exemption(&info);
+    }
     let key = info.unit_key();
     if class == Class::SipOriginal {
         let Some(key) = key else {
@@ -141,6 +150,8 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
     let refused = match (class, key) {
         (Class::SipOriginal, Some(key)) => pending::admit(&SIP_PENDING, &key, class),
         (Class::SipRetransmission, _) => admission(class, Class::SipOriginal),
+        // Exempt work has a ceiling of its own (a rate; nothing of it is held).
+        (Class::SipExempt, _) => admission(class, class),
         _ => None,
     };
     if let Some(reason) = refused {
@@ -150,8 +161,49 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
     (class, Action::Pass)
 }
 
-/// A datagram leaving from a SIP port: when it is the server's first response to a pending
-/// request, the request completes (the backlog shrinks) and its service time, admission to first
+/// The class an exempt-looking request (ACK, CANCEL, BYE, a To tag) really gets: exempt when it
+/// belongs to a dialog the server established or (ACK, CANCEL) to an INVITE transaction seen,
+/// and then a retransmission when the same request was seen before; otherwise an original.
+#[inline(always)]
+fn earned_exemption(info: &SipInfo) -> Class {
+    let in_dialog = info
+        .dialog_key()
+        .is_some_and(|k| SIP_DIALOGS.get_ptr(&k).is_some());
+    let of_invite = matches!(info.method(), Method::Ack | Method::Cancel)
+        && info
+            .invite_key()
+            .is_some_and(|k| SIP_TXNS.get_ptr(&k).is_some() || SIP_PENDING.get_ptr(&k).is_some());
+    if !in_dialog && !of_invite {
+        count(|c| c.sip_unearned += 1);
+        return Class::SipOriginal;
+    }
+    let Some(key) = info.transaction_key() else {
+        return Class::SipExempt;
+    };
+    if let Some(t) = SIP_TXNS.get_ptr_mut(&key) {
+        // SAFETY: a plain counter; races only undercount it.
+        unsafe { (*t).requests = (*t).requests.wrapping_add(1) };
+        return Class::SipRetransmission;
+    }
+    let txn = SipTxn {
+        first_ns: now_ns(),
+        requests: 1,
+        flags: 0,
+    };
+    let _ = SIP_TXNS.insert(&key, &txn, 0);
+    Class::SipExempt
+}
+
+#[inline(always)]
+fn count(f: impl FnOnce(&mut DatapathCounters)) {
+    if let Some(c) = DP_COUNTERS.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot.
+        f(unsafe { &mut *c });
+    }
+}
+
+/// A datagram leaving from a SIP port: a 2xx to an INVITE establishes a dialog; when it is the
+/// server's first response to a pending request, the request completes (the backlog shrinks) and its service time, admission to first
 /// response, goes into the latency histogram. The server needs no change and no userspace hop.
 #[inline(always)]
 pub fn sip_response<C: CopyOut>(ctx: &C, pkt: &Packet) {
@@ -160,6 +212,15 @@ pub fn sip_response<C: CopyOut>(ctx: &C, pkt: &Packet) {
     };
     if info.kind() != Kind::Response {
         return;
+    }
+    // A 2xx to an INVITE: the server established a dialog, whose requests are exempt.
+    if info.establishes_dialog()
+        && let Some(dialog) = info.dialog_key()
+    {
+        let d = SipDialog {
+            established_ns: now_ns(),
+        };
+        let _ = SIP_DIALOGS.insert(&dialog, &d, 0);
     }
     let Some(key) = info.unit_key() else {
         return;

@@ -683,7 +683,7 @@ mod tests {
         let e = err("policy:\n  tls-old: {rate: 5}\n");
         assert!(e.contains("unknown class 'tls-old'"), "{e}");
         assert!(e.contains("tls-resumed"), "{e}");
-        let e = err("policy:\n  sip-exempt: {rate: 5}\n");
+        let e = err("policy:\n  other: {rate: 5}\n");
         assert!(e.contains("never limited"), "{e}");
         let e = err("interfaces:\n  - name: a\n  - name: a\n");
         assert!(e.contains("duplicate interface 'a'"), "{e}");

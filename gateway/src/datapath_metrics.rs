@@ -196,6 +196,11 @@ impl Scrape {
                 "Units refused because their pending table was full",
                 p.pending_full,
             ),
+            (
+                "sip_unearned",
+                "SIP requests claiming an exemption for no known dialog or transaction",
+                p.sip_unearned,
+            ),
         ] {
             add(&mut self.parser, name, help, iface, v);
         }

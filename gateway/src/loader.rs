@@ -226,6 +226,7 @@ fn expected_layout(name: &str) -> Option<(usize, usize)> {
         names::XDP_JUMP | names::TC_JUMP => (4, 4),
         names::TLS_PENDING => (size_of::<FlowKey>(), size_of::<Pending>()),
         names::SIP_PENDING => (8, size_of::<Pending>()),
+        names::SIP_DIALOGS => (8, size_of::<SipDialog>()),
         _ => return None,
     })
 }

@@ -62,7 +62,7 @@ impl StatsView<'_> {
                 "malformed": c.malformed, "fragments": c.fragments,
                 "unparseable": c.unparseable, "policy_dropped": c.policy_dropped,
                 "vlan": c.vlan, "ipv6": c.ipv6, "ipv4_options": c.ipv4_options,
-                "pending_full": c.pending_full,
+                "pending_full": c.pending_full, "sip_unearned": c.sip_unearned,
             },
             "tls": {
                 "hellos": self.tls.hellos, "unverified_offers": self.tls.unverified_offers,
@@ -119,7 +119,7 @@ impl StatsView<'_> {
         let c = self.counters;
         out += &format!(
             "datapath: packets {} not-ip {} truncated {} malformed {} fragments {} unparseable {} \
-             policy-dropped {} vlan {} ipv6 {} ipv4-options {} pending-full {}\n",
+             policy-dropped {} vlan {} ipv6 {} ipv4-options {} pending-full {} sip-unearned {}\n",
             self.total_packets(),
             c.not_ip,
             c.truncated,
@@ -130,7 +130,8 @@ impl StatsView<'_> {
             c.vlan,
             c.ipv6,
             c.ipv4_options,
-            c.pending_full
+            c.pending_full,
+            c.sip_unearned
         );
         let t = self.tls;
         out += &format!(

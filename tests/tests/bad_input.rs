@@ -87,7 +87,7 @@ fn bad_arguments_are_refused_before_touching_anything() {
         &["unknown class 'tls-old'", "valid: other, tls-new"],
     );
     refused(
-        &gateway(&["policy", "set", "sip-exempt", "--rate", "1"]),
+        &gateway(&["policy", "set", "other", "--rate", "1"]),
         &["never limited"],
     );
     refused(

@@ -109,3 +109,87 @@ Call-ID: frag-{n}@10.99.0.2\r\nCSeq: 1 INVITE\r\nContent-Length: {}\r\n\r\n{body
     let stats = net.stats();
     assert_eq!(class_counter(&stats, "sip-original", "dropped_rate"), 50);
 }
+
+#[test]
+fn forged_dialogs_buy_nothing_and_real_ones_keep_working_with_originals_closed() {
+    if !have_root("forged_dialogs_buy_nothing") {
+        return;
+    }
+    use gateway_tests::sipserver::SlowSipServer;
+    use std::net::UdpSocket;
+    let net = TestNet::new();
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    net.gateway_ok(&["service", "add", "sip", "5060"]);
+    let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).expect("bind"));
+    let _server = SlowSipServer::start(socket, 1 << 20, Duration::ZERO, Duration::ZERO);
+    let client = net.in_peer(|| UdpSocket::bind("10.99.0.2:5061").expect("bind"));
+    client
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let request = |method: &str, call: &str, cseq: u32, to_tag: &str| {
+        let to_tag = if to_tag.is_empty() {
+            String::new()
+        } else {
+            format!(";tag={to_tag}")
+        };
+        format!(
+            "{method} sip:service@{GW_V4}:5060 SIP/2.0\r\n\
+Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-{call}-{method}-{cseq}\r\n\
+From: <sip:c@10.99.0.2>;tag=caller\r\nTo: <sip:service@{GW_V4}>{to_tag}\r\n\
+Call-ID: {call}@10.99.0.2\r\nCSeq: {cseq} {method}\r\nContent-Length: 0\r\n\r\n"
+        )
+    };
+    let send = |msg: String| -> Option<String> {
+        let mut buf = [0u8; 2048];
+        client.send_to(msg.as_bytes(), (GW_V4, 5060)).expect("send");
+        client
+            .recv_from(&mut buf)
+            .ok()
+            .map(|(n, _)| String::from_utf8_lossy(&buf[..n]).into_owned())
+    };
+    net.gateway_ok(&["policy", "set", "sip-original", "--rate", "0"]);
+    // Forged: new INVITEs dressed as in-dialog, BYEs and ACKs of dialogs nobody made.
+    let forged = (0..1000)
+        .map(|n| request("INVITE", &format!("forged-{n}"), 1, "x"))
+        .chain((0..20).map(|n| request("BYE", &format!("nodialog-{n}"), 2, "x")))
+        .chain((0..20).map(|n| request("ACK", &format!("nodialog-{n}"), 1, "x")));
+    for msg in forged {
+        client.send_to(msg.as_bytes(), (GW_V4, 5060)).expect("send");
+    }
+    // Nothing comes back: the server never saw them.
+    client
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut buf = [0u8; 2048];
+    assert!(
+        client.recv_from(&mut buf).is_err(),
+        "the server answered a forged request"
+    );
+    client
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let stats = net.stats();
+    assert_eq!(class_counter(&stats, "sip-exempt", "packets"), 0);
+    assert_eq!(class_counter(&stats, "sip-original", "admitted"), 0);
+    assert!(
+        stats["datapath"]["sip_unearned"].as_u64().unwrap() >= 1040,
+        "{stats}"
+    );
+    // A real dialog: its INVITE while originals are open, the server's 200 OK (with its tag)...
+    net.gateway_ok(&["policy", "clear", "sip-original"]);
+    let ok = send(request("INVITE", "real", 1, "")).expect("the INVITE answered");
+    assert!(ok.starts_with("SIP/2.0 200 OK"), "{ok}");
+    assert!(ok.contains(";tag=server1"), "{ok}");
+    // ...then, originals closed again, its ACK, re-INVITE and BYE still reach the server.
+    net.gateway_ok(&["policy", "set", "sip-original", "--rate", "0"]);
+    assert_eq!(
+        send(request("ACK", "real", 1, "server1")),
+        None,
+        "ACK has no answer"
+    );
+    let reinvite = send(request("INVITE", "real", 2, "server1")).expect("re-INVITE answered");
+    assert!(reinvite.starts_with("SIP/2.0 200 OK"), "{reinvite}");
+    let bye = send(request("BYE", "real", 3, "server1")).expect("BYE answered");
+    assert!(bye.starts_with("SIP/2.0 200 OK"), "{bye}");
+    assert_eq!(class_counter(&net.stats(), "sip-exempt", "packets"), 3);
+}

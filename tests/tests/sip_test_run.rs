@@ -120,30 +120,125 @@ fn fresh_invites_reusing_a_known_branch_are_originals() {
     }
 }
 
+/// A request of the dialog the SIPp-like caller of [`invite`] has with the server, once the
+/// server answered `branch`'s INVITE with 200 (its tag `srv`).
+fn in_dialog(method: &str, branch: &str, cseq: u32, tag: &str) -> String {
+    format!(
+        "{method} sip:service@10.99.0.1:5060 SIP/2.0\r\n\
+Via: SIP/2.0/UDP 10.99.0.2:5061;branch={branch}-{method}\r\n\
+From: sipp <sip:sipp@10.99.0.2:5061>;tag=1\r\n\
+To: service <sip:service@10.99.0.1:5060>;tag={tag}\r\n\
+Call-ID: 1-{branch}@10.99.0.2\r\n\
+CSeq: {cseq} {method}\r\n\r\n"
+    )
+}
+
+/// The server's 200 OK to `branch`'s INVITE, with its tag `srv`, leaving through egress.
+fn server_ok(prog: &TestProgram, branch: &str) {
+    let ok = format!(
+        "SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch={branch}\r\n\
+From: sipp <sip:sipp@10.99.0.2:5061>;tag=1\r\n\
+To: service <sip:service@10.99.0.1:5060>;tag=srv\r\n\
+Call-ID: 1-{branch}@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n"
+    );
+    prog.run(
+        Hook::TcEgress,
+        &Frame::udp(5061, ok.as_bytes()).from_port(5060).build(),
+        1,
+    );
+}
+
 #[test]
-fn responses_ack_bye_cancel_and_in_dialog_requests_are_exempt_and_not_recorded() {
-    if !have_root("exempt_messages") {
+fn exemptions_are_earned_from_what_the_server_made() {
+    if !have_root("exemptions_are_earned") {
         return;
     }
-    let prog = TestProgram::new();
-    let via = "Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-7\r\n";
-    for msg in [
-        format!("SIP/2.0 100 Trying\r\n{via}CSeq: 1 INVITE\r\n\r\n"),
-        format!("SIP/2.0 200 OK\r\n{via}CSeq: 1 INVITE\r\n\r\n"),
-        format!("ACK sip:s@h SIP/2.0\r\n{via}CSeq: 1 ACK\r\n\r\n"),
-        format!("BYE sip:s@h SIP/2.0\r\n{via}CSeq: 2 BYE\r\n\r\n"),
-        format!("CANCEL sip:s@h SIP/2.0\r\n{via}CSeq: 1 CANCEL\r\n\r\n"),
-        format!("INVITE sip:s@h SIP/2.0\r\n{via}To: <sip:s@h>;tag=abc\r\nCSeq: 3 INVITE\r\n\r\n"),
-    ] {
-        for hook in [Hook::Xdp, Hook::Tc] {
+    let mut prog = TestProgram::new();
+    // sip-original closed: only what is really exempt gets through.
+    set(&mut prog, Class::SipOriginal, None, Some(0));
+    let unearned = prog.counters().datapath.sip_unearned;
+    // Forged: a To tag, a BYE, an ACK and a CANCEL of no dialog or transaction the server made.
+    let forged = |branch: &str| {
+        [
+            in_dialog("INVITE", branch, 2, "forged"),
+            in_dialog("BYE", branch, 3, "forged"),
+            in_dialog("ACK", branch, 1, "forged"),
+            String::from_utf8(invite(branch, ""))
+                .unwrap()
+                .replacen("INVITE sip", "CANCEL sip", 1)
+                .replacen("CSeq: 1 INVITE", "CSeq: 1 CANCEL", 1),
+        ]
+    };
+    for hook in [Hook::Xdp, Hook::Tc] {
+        for msg in forged(&format!("z9hG4bK-f{hook:?}")) {
             assert_eq!(
                 class_of(&prog, hook, msg.as_bytes()),
-                Some(Class::SipExempt),
+                Some(Class::SipOriginal),
                 "{hook:?} {msg}"
             );
         }
     }
-    assert!(prog.maps.sip_txns().unwrap().is_empty());
+    assert_eq!(prog.counters().datapath.sip_unearned - unearned, 8);
+    let orig = prog.counters().classes[Class::SipOriginal.id() as usize];
+    assert_eq!(orig.admitted, 0, "none reached the server");
+    // Responses stay exempt.
+    let trying = "SIP/2.0 100 Trying\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-d\r\nCSeq: 1 INVITE\r\n\r\n";
+    assert_eq!(action(&prog, trying.as_bytes()), XDP_PASS);
+    // A real dialog: the INVITE (admitted while open), the server's 200 OK, then its ACK,
+    // re-INVITE and BYE are exempt with sip-original closed again.
+    set(&mut prog, Class::SipOriginal, None, None);
+    assert_eq!(action(&prog, &invite("z9hG4bK-d", "")), XDP_PASS);
+    server_ok(&prog, "z9hG4bK-d");
+    set(&mut prog, Class::SipOriginal, None, Some(0));
+    for (method, cseq) in [("ACK", 1), ("INVITE", 2), ("BYE", 3)] {
+        let msg = in_dialog(method, "z9hG4bK-d", cseq, "srv");
+        assert_eq!(
+            class_of(&prog, Hook::Xdp, msg.as_bytes()),
+            Some(Class::SipExempt),
+            "{msg}"
+        );
+    }
+    // The same BYE again is a retransmission, not exempt.
+    let bye = in_dialog("BYE", "z9hG4bK-d", 3, "srv");
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, bye.as_bytes()),
+        Some(Class::SipRetransmission)
+    );
+    // CANCEL of an INVITE transaction the gateway saw (no dialog yet) is exempt.
+    set(&mut prog, Class::SipOriginal, None, None);
+    assert_eq!(action(&prog, &invite("z9hG4bK-c", "")), XDP_PASS);
+    set(&mut prog, Class::SipOriginal, None, Some(0));
+    let cancel = String::from_utf8(invite("z9hG4bK-c", ""))
+        .unwrap()
+        .replacen("INVITE sip", "CANCEL sip", 1)
+        .replacen("CSeq: 1 INVITE", "CSeq: 1 CANCEL", 1);
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, cancel.as_bytes()),
+        Some(Class::SipExempt)
+    );
+}
+
+#[test]
+fn exempt_traffic_has_a_ceiling_of_its_own() {
+    if !have_root("exempt_traffic_has_a_ceiling") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    assert_eq!(action(&prog, &invite("z9hG4bK-e", "")), XDP_PASS);
+    server_ok(&prog, "z9hG4bK-e");
+    // Two exempt requests a second, no burst: the first passes, the next two in a row do not.
+    set(&mut prog, Class::SipExempt, None, Some(2));
+    let actions: Vec<u32> = (0..3u32)
+        .map(|n| {
+            action(
+                &prog,
+                in_dialog("INFO", "z9hG4bK-e", 10 + n, "srv").as_bytes(),
+            )
+        })
+        .collect();
+    assert_eq!(actions, [XDP_PASS, XDP_DROP, XDP_DROP]);
+    let exempt = prog.counters().classes[Class::SipExempt.id() as usize];
+    assert_eq!(exempt.dropped_rate, 2);
 }
 
 #[test]
@@ -240,27 +335,6 @@ fn originals_are_admitted_up_to_their_backlog_and_retransmissions_only_below_the
         0,
         "SIP refusals are drops, not resets"
     );
-}
-
-#[test]
-fn exempt_messages_pass_even_with_originals_closed() {
-    if !have_root("sip_exempt_never_dropped") {
-        return;
-    }
-    let mut prog = TestProgram::new();
-    set(&mut prog, Class::SipOriginal, None, Some(0));
-    set(&mut prog, Class::SipRetransmission, Some(0), None);
-    assert_eq!(action(&prog, &invite("z9hG4bK-x", "")), XDP_DROP);
-    let via = "Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-x\r\n";
-    for msg in [
-        format!("SIP/2.0 200 OK\r\n{via}CSeq: 1 INVITE\r\n\r\n"),
-        format!("ACK sip:s@h SIP/2.0\r\n{via}CSeq: 1 ACK\r\n\r\n"),
-        format!("BYE sip:s@h SIP/2.0\r\n{via}CSeq: 2 BYE\r\n\r\n"),
-    ] {
-        assert_eq!(action(&prog, msg.as_bytes()), XDP_PASS, "{msg}");
-    }
-    let orig = prog.counters().classes[Class::SipOriginal.id() as usize];
-    assert_eq!(orig.dropped_rate, 1);
 }
 
 #[test]

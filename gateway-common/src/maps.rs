@@ -484,10 +484,12 @@ pub struct TlsFlow {
     pub pad: u8,
     /// Segments the hello took.
     pub segments: u8,
+    /// Padding, zero.
+    pub reserved: u32,
 }
 
-/// Key of the issued-sessions map: the first `KEY_LEN` bytes of a session id, ticket or PSK
-/// identity the server issued.
+/// Key of the issued-sessions map: the digest (`gateway_common::tls::offer_digest`) of a whole
+/// session id, ticket or PSK identity the server issued.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct IssuedKey {
@@ -678,11 +680,11 @@ mod tests {
         assert_eq!(size_of::<FlowKey>(), 16 + 16 + 2 + 2 + 4);
         assert_eq!(
             size_of::<crate::tls::HelloState>(),
-            4 * 4 + 2 + 6 + 2 + 2 + 4 + 3 * 16
+            4 * 4 + 2 + 6 + 2 + 2 + 4 + 3 * 16 + 2 * 8
         );
         assert_eq!(
             size_of::<TlsFlow>(),
-            size_of::<crate::tls::HelloState>() + 4 + 4 + 4
+            size_of::<crate::tls::HelloState>() + 4 + 4 + 4 + 4
         );
         assert_eq!(size_of::<IssuedKey>(), 16);
         assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8);

@@ -21,15 +21,20 @@
 //!   mode and is ignored.
 //! - TLS 1.2 and earlier: a non-empty session_ticket extension (35), else a non-empty session id.
 //!
-//! The key of an offer is its first [`KEY_LEN`] bytes. Anything that is not a well-formed
+//! The key of an offer is a 128-bit digest of the whole offered value ([`offer_digest`]): a
+//! session id, ticket or PSK identity must match all of what the server issued, not a prefix of
+//! it (a TLS 1.2 session id travels in clear, so a prefix is public). Values longer than
+//! [`MAX_OFFER`] bytes make the hello malformed. Anything that is not a well-formed
 //! ClientHello, including an SSLv2 hello, a hello split over several TLS records, a length that
 //! lies, an extension walk past the end or a pre_shared_key that is not last, is
 //! [`Verdict::Malformed`]. That is never a resumption.
 
 use crate::bytes::{MAX_READ_OFFSET, PacketBytes, SliceBytes};
 
-/// Bytes of an offered session id, ticket or PSK identity used as its key.
+/// Bytes of an offer's key (the digest of the whole offered value).
 pub const KEY_LEN: usize = 16;
+/// Longest session id, ticket or PSK identity digested; a longer one makes the hello malformed.
+pub const MAX_OFFER: u32 = 1024;
 /// Bytes of a segment a reader is given at once: one window.
 pub const WINDOW: u32 = MAX_READ_OFFSET as u32;
 /// Longest ClientHello followed (stream bytes, record header included); a longer one is
@@ -40,9 +45,12 @@ pub const MAX_HELLO: u32 = 8192;
 pub const MAX_WINDOWS: u32 = MAX_HELLO / WINDOW + 1;
 /// Fields one hello may complete; a hello that needs more is malformed.
 pub const MAX_FIELDS: u8 = 160;
-/// Steps that one segment can take: every field of the budget, the step that uses the segment up
-/// (part of a field), and the one that finds it used up.
-pub const MAX_STEPS: usize = MAX_FIELDS as usize + 2;
+/// Steps that one window can take: every field of the budget, the digest steps of an offered value
+/// (16 bytes each), the step that uses the window up (part of a field), and the one that finds
+/// it used up.
+pub const MAX_STEPS: usize = MAX_FIELDS as usize + (MAX_OFFER as usize).div_ceil(DIGEST_STEP) + 4;
+/// Bytes one digest step takes at most.
+const DIGEST_STEP: usize = 16;
 /// supported_versions entries followed; a longer list makes the hello malformed (real clients
 /// send a handful), so TLS 1.3 can never hide past the entries examined.
 pub const MAX_VERSIONS: u8 = 16;
@@ -96,7 +104,6 @@ enum Step {
     Random,
     SidLen,
     Sid,
-    SidRest,
     CipherSuitesLen,
     CipherSuites,
     CompressionLen,
@@ -105,7 +112,6 @@ enum Step {
     ExtHeader,
     ExtSkip,
     Ticket,
-    TicketRest,
     VersionsLen,
     VersionEntry,
     PskHead,
@@ -122,20 +128,18 @@ impl Step {
             3 => Step::Random,
             4 => Step::SidLen,
             5 => Step::Sid,
-            6 => Step::SidRest,
-            7 => Step::CipherSuitesLen,
-            8 => Step::CipherSuites,
-            9 => Step::CompressionLen,
-            10 => Step::Compression,
-            11 => Step::ExtensionsLen,
-            12 => Step::ExtHeader,
-            13 => Step::ExtSkip,
-            14 => Step::Ticket,
-            15 => Step::TicketRest,
-            16 => Step::VersionsLen,
-            17 => Step::VersionEntry,
-            18 => Step::PskHead,
-            19 => Step::PskIdentity,
+            6 => Step::CipherSuitesLen,
+            7 => Step::CipherSuites,
+            8 => Step::CompressionLen,
+            9 => Step::Compression,
+            10 => Step::ExtensionsLen,
+            11 => Step::ExtHeader,
+            12 => Step::ExtSkip,
+            13 => Step::Ticket,
+            14 => Step::VersionsLen,
+            15 => Step::VersionEntry,
+            16 => Step::PskHead,
+            17 => Step::PskIdentity,
             _ => Step::PskRest,
         }
     }
@@ -144,14 +148,13 @@ impl Step {
     const fn skips(self) -> bool {
         matches!(
             self,
-            Step::Random
-                | Step::SidRest
-                | Step::CipherSuites
-                | Step::Compression
-                | Step::ExtSkip
-                | Step::TicketRest
-                | Step::PskRest
+            Step::Random | Step::CipherSuites | Step::Compression | Step::ExtSkip | Step::PskRest
         )
+    }
+
+    /// Whether the step digests `need` bytes: the whole of an offered value.
+    const fn digests(self) -> bool {
+        matches!(self, Step::Sid | Step::Ticket | Step::PskIdentity)
     }
 }
 
@@ -222,10 +225,12 @@ pub struct HelloState {
     pad: [u8; 3],
     /// The current field's bytes.
     acc: [u8; KEY_LEN],
-    /// The session id's first bytes.
+    /// The session id's digest.
     sid_key: [u8; KEY_LEN],
-    /// The ticket's or the PSK identity's first bytes.
+    /// The ticket's or the PSK identity's digest.
     ext_key: [u8; KEY_LEN],
+    /// The digest of the value being read ([`offer_digest`]).
+    digest: [u64; 2],
 }
 
 /// TLS record header length.
@@ -260,6 +265,7 @@ impl HelloState {
             acc: [0; KEY_LEN],
             sid_key: [0; KEY_LEN],
             ext_key: [0; KEY_LEN],
+            digest: [0; 2],
         }
     }
 
@@ -288,8 +294,8 @@ impl HelloState {
         self.flags & FLAG_TLS13 != 0
     }
 
-    /// The key of the offer: its first [`KEY_LEN`] bytes. `None` when there is no offer or the
-    /// offered value is shorter than the key (such an offer can never be verified).
+    /// The key of the offer: the digest of the whole offered value. `None` when there is no offer
+    /// or the offered value is shorter than [`KEY_LEN`] (too short to be one a server issued).
     pub fn offer_key(&self) -> Option<[u8; KEY_LEN]> {
         match self.offer() {
             Offer::SessionId if self.sid_len as usize >= KEY_LEN => Some(self.sid_key),
@@ -375,8 +381,35 @@ impl HelloState {
             }
             return false;
         }
-        // Read up to KEY_LEN bytes of the current field into `acc`.
         let at = seg.offset + (self.consumed - seg.stream_offset) as usize;
+        if step.digests() {
+            // Up to DIGEST_STEP bytes of the offered value into its digest.
+            let n = if self.need < avail { self.need } else { avail };
+            for i in 0..DIGEST_STEP {
+                if i as u32 >= n {
+                    break;
+                }
+                let mut byte = [0u8; 1];
+                if !b.read(at + i, &mut byte) {
+                    self.malformed();
+                    return true;
+                }
+                digest_byte(&mut self.digest, byte[0]);
+            }
+            let n = if n < DIGEST_STEP as u32 {
+                n
+            } else {
+                DIGEST_STEP as u32
+            };
+            self.consumed += n;
+            self.need -= n;
+            if self.need == 0 {
+                self.fields += 1;
+                self.digested(step);
+            }
+            return false;
+        }
+        // Read up to KEY_LEN bytes of the current field into `acc`.
         let want = self.need - self.acc_len as u32;
         let n = if want < avail { want } else { avail };
         for i in 0..KEY_LEN {
@@ -415,8 +448,13 @@ impl HelloState {
         }
         self.step = step as u8;
         self.need = n;
+        if step.digests() {
+            self.digest = digest_start(n);
+        }
         if n == 0 {
-            if step.skips() {
+            if step.digests() {
+                self.digested(step);
+            } else if step.skips() {
                 self.after_skip(step);
             } else {
                 self.malformed();
@@ -466,15 +504,8 @@ impl HelloState {
                 if len == 0 {
                     self.expect(Step::CipherSuitesLen, 2);
                 } else {
-                    self.expect(Step::Sid, u32::from(len.min(KEY_LEN as u8)));
+                    self.expect(Step::Sid, u32::from(len));
                 }
-            }
-            Step::Sid => {
-                self.sid_key = self.acc;
-                self.expect(
-                    Step::SidRest,
-                    u32::from(self.sid_len.saturating_sub(KEY_LEN as u8)),
-                );
             }
             Step::CipherSuitesLen => {
                 let len = self.be16();
@@ -507,22 +538,16 @@ impl HelloState {
                 self.ext_left -= 4 + u32::from(len);
                 self.ext_len = len;
                 match kind {
+                    EXT_SESSION_TICKET if u32::from(len) > MAX_OFFER => self.malformed(),
                     EXT_SESSION_TICKET if len > 0 => {
                         self.flags |= FLAG_TICKET;
                         self.ext_key_len = len;
-                        self.expect(Step::Ticket, u32::from(len.min(KEY_LEN as u16)));
+                        self.expect(Step::Ticket, u32::from(len));
                     }
                     EXT_SUPPORTED_VERSIONS => self.expect(Step::VersionsLen, 1),
                     EXT_PRE_SHARED_KEY => self.expect(Step::PskHead, 4),
                     _ => self.expect(Step::ExtSkip, u32::from(len)),
                 }
-            }
-            Step::Ticket => {
-                self.ext_key = self.acc;
-                self.expect(
-                    Step::TicketRest,
-                    u32::from(self.ext_len.saturating_sub(KEY_LEN as u16)),
-                );
             }
             Step::VersionsLen => {
                 let list = u16::from(self.acc[0]);
@@ -558,17 +583,12 @@ impl HelloState {
                 if identity == 0
                     || identity32 + 6 > identities32
                     || identities32 + 2 > u32::from(self.ext_len)
+                    || identity32 > MAX_OFFER
                 {
                     return self.malformed();
                 }
                 self.ext_key_len = identity;
-                self.expect(Step::PskIdentity, u32::from(identity.min(KEY_LEN as u16)));
-            }
-            Step::PskIdentity => {
-                self.ext_key = self.acc;
-                self.flags |= FLAG_PSK;
-                let read = self.ext_key_len.min(KEY_LEN as u16);
-                self.expect(Step::PskRest, u32::from(self.ext_len - 4 - read));
+                self.expect(Step::PskIdentity, identity32);
             }
             // Skips finish in `after_skip`.
             _ => self.malformed(),
@@ -579,7 +599,7 @@ impl HelloState {
     fn after_skip(&mut self, step: Step) {
         match step {
             Step::Random => self.expect(Step::SidLen, 1),
-            Step::SidRest => self.expect(Step::CipherSuitesLen, 2),
+
             Step::CipherSuites => self.expect(Step::CompressionLen, 1),
             Step::Compression => {
                 if self.consumed == self.hs_end {
@@ -596,6 +616,30 @@ impl HelloState {
                 self.finish();
             }
             _ => self.next_extension(),
+        }
+    }
+
+    /// An offered value is digested whole: its key is kept, and the parse goes on.
+    #[inline(always)]
+    fn digested(&mut self, step: Step) {
+        let key = digest_finish(&self.digest);
+        match step {
+            Step::Sid => {
+                self.sid_key = key;
+                self.expect(Step::CipherSuitesLen, 2);
+            }
+            Step::Ticket => {
+                self.ext_key = key;
+                self.next_extension();
+            }
+            _ => {
+                self.ext_key = key;
+                self.flags |= FLAG_PSK;
+                self.expect(
+                    Step::PskRest,
+                    u32::from(self.ext_len - 4 - self.ext_key_len),
+                );
+            }
         }
     }
 
@@ -630,6 +674,48 @@ impl HelloState {
             Verdict::Offer
         } as u8;
     }
+}
+
+const DIGEST_PRIMES: [u64; 2] = [0x0000_0100_0000_01b3, 0x9e37_79b9_7f4a_7c15 | 1];
+const DIGEST_OFFSETS: [u64; 2] = [0xcbf2_9ce4_8422_2325, 0x6a09_e667_f3bc_c909];
+
+#[inline(always)]
+const fn digest_start(len: u32) -> [u64; 2] {
+    [
+        DIGEST_OFFSETS[0] ^ len as u64,
+        DIGEST_OFFSETS[1] ^ (len as u64).rotate_left(32),
+    ]
+}
+
+#[inline(always)]
+fn digest_byte(d: &mut [u64; 2], byte: u8) {
+    d[0] = (d[0] ^ u64::from(byte)).wrapping_mul(DIGEST_PRIMES[0]);
+    d[1] = (d[1] ^ u64::from(byte)).wrapping_mul(DIGEST_PRIMES[1]);
+}
+
+#[inline(always)]
+fn digest_finish(d: &[u64; 2]) -> [u8; KEY_LEN] {
+    // Each half mixed with the other, so that neither lane's structure shows.
+    let mix = |x: u64| {
+        let x = (x ^ (x >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        let x = (x ^ (x >> 33)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        x ^ (x >> 33)
+    };
+    let a = mix(d[0] ^ d[1].rotate_left(17));
+    let b = mix(d[1] ^ a);
+    let mut out = [0u8; KEY_LEN];
+    out[..8].copy_from_slice(&a.to_le_bytes());
+    out[8..].copy_from_slice(&b.to_le_bytes());
+    out
+}
+
+/// The key of an offered session id, ticket or PSK identity, as the datapath computes it while
+/// parsing a hello: a 128-bit digest (two FNV-1a lanes, mixed) of the whole value and its length.
+/// The daemon publishes exactly this for every session it issues.
+pub fn offer_digest(value: &[u8]) -> [u8; KEY_LEN] {
+    let mut d = digest_start(value.len() as u32);
+    value.iter().for_each(|&b| digest_byte(&mut d, b));
+    digest_finish(&d)
 }
 
 /// What a connection's first segment with payload holds before its ClientHello: see

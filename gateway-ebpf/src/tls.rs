@@ -410,6 +410,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup, B: PacketBytes>(
         class: Class::TlsNew as u8,
         pad: 0,
         segments: 1,
+        reserved: 0,
     };
     let result = if s.flow.hello.verdict() == Verdict::Pending {
         count(|c| c.multi_segment += 1);

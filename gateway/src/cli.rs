@@ -219,10 +219,10 @@ pub enum IssuedKind {
 /// `tls issued` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum IssuedAction {
-    /// Publish a key: the first 16 bytes (32 hex digits, or more: the rest is ignored) of an
-    /// issued session id, ticket or PSK identity.
+    /// Publish the key of an issued session id, ticket or PSK identity: give the whole value (at
+    /// least 16 bytes, in hex); its digest is what the datapath matches offers against.
     Add {
-        /// The bytes, in hex.
+        /// The whole issued value, in hex.
         #[arg(value_parser = parse_key)]
         key: gateway_common::maps::IssuedKey,
         /// What was issued.
@@ -232,9 +232,9 @@ pub enum IssuedAction {
         #[command(flatten)]
         target: Target,
     },
-    /// Withdraw a key.
+    /// Withdraw the key of an issued value.
     Del {
-        /// The bytes, in hex.
+        /// The whole issued value, in hex.
         #[arg(value_parser = parse_key)]
         key: gateway_common::maps::IssuedKey,
         /// Which attachment.
@@ -258,21 +258,29 @@ pub enum IssuedAction {
     },
 }
 
+/// The key of an issued value given in hex: its digest (`gateway_common::tls::offer_digest`).
 fn parse_key(s: &str) -> Result<gateway_common::maps::IssuedKey, String> {
-    let len = gateway_common::tls::KEY_LEN;
-    if s.len() < 2 * len || !s.len().is_multiple_of(2) {
+    let (min, max) = (
+        gateway_common::tls::KEY_LEN,
+        gateway_common::tls::MAX_OFFER as usize,
+    );
+    if s.len() < 2 * min || s.len() > 2 * max || !s.len().is_multiple_of(2) {
         return Err(format!(
-            "need at least {} hex digits (the first {len} bytes), got {}",
-            2 * len,
+            "need the whole issued value: an even number of hex digits, {} to {}, got {}",
+            2 * min,
+            2 * max,
             s.len()
         ));
     }
-    let mut key = gateway_common::maps::IssuedKey::default();
-    for (i, b) in key.key.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
-            .map_err(|_| format!("not hex at digit {}: {s}", 2 * i))?;
-    }
-    Ok(key)
+    let value = (0..s.len() / 2)
+        .map(|i| {
+            u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
+                .map_err(|_| format!("not hex at digit {}: {s}", 2 * i))
+        })
+        .collect::<Result<Vec<u8>, _>>()?;
+    Ok(gateway_common::maps::IssuedKey {
+        key: gateway_common::tls::offer_digest(&value),
+    })
 }
 
 /// `config` subcommands.

@@ -14,7 +14,7 @@ use std::{
 use aya::maps::{HashMap, MapData};
 use gateway_common::{
     maps::{IssuedKey, IssuedValue, MAX_TLS_ISSUED, names},
-    tls::KEY_LEN,
+    tls::{KEY_LEN, MAX_OFFER, offer_digest},
 };
 use tracing::warn;
 
@@ -142,9 +142,14 @@ impl Feedback {
     }
 }
 
+/// The datapath's key of an issued value: the digest of all of it. Values shorter than
+/// `KEY_LEN` or longer than `MAX_OFFER` are never verified by the datapath and not published.
 fn issued_key(issued: &[u8]) -> Option<IssuedKey> {
-    let key: [u8; KEY_LEN] = issued.get(..KEY_LEN)?.try_into().ok()?;
-    Some(IssuedKey { key })
+    (KEY_LEN..=MAX_OFFER as usize)
+        .contains(&issued.len())
+        .then(|| IssuedKey {
+            key: offer_digest(issued),
+        })
 }
 
 impl std::fmt::Debug for Feedback {

@@ -189,8 +189,8 @@ pub fn non_empty(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.len() > 0)
 }
 
-/// The key a client resuming from session file `sess` offers: the first 16 bytes of its ticket
-/// (TLS 1.3 PSK identity or TLS 1.2 ticket), else of its session id; as hex.
+/// What a client resuming from session file `sess` offers, whole, as hex: its ticket (TLS 1.3
+/// PSK identity or TLS 1.2 ticket), else its session id (`gateway tls issued add` takes it).
 pub fn session_key(sess: &Path) -> String {
     let out = Command::new("openssl")
         .args(["sess_id", "-noout", "-text", "-in"])
@@ -198,30 +198,33 @@ pub fn session_key(sess: &Path) -> String {
         .output()
         .expect("openssl sess_id");
     let text = String::from_utf8_lossy(&out.stdout);
-    let mut lines = text.lines().map(str::trim);
-    if let Some(first) = lines
-        .by_ref()
+    // "0000 - 8b 5a 1a c3 99 e1 7e 2b-b0 f6 79 50 71 f7 e5 00   .Z....", one line per 16 bytes.
+    let ticket: String = text
+        .lines()
+        .map(str::trim)
         .skip_while(|l| !l.starts_with("TLS session ticket:"))
-        .nth(1)
-        .filter(|l| l.starts_with("0000 - "))
-    {
-        // "0000 - 8b 5a 1a c3 99 e1 7e 2b-b0 f6 79 50 71 f7 e5 00   .Z...."
-        let hex: String = first[7..]
-            .split("   ")
-            .next()
-            .unwrap()
-            .chars()
-            .filter(char::is_ascii_hexdigit)
-            .collect();
-        assert_eq!(hex.len(), 32, "ticket line: {first}");
-        return hex.to_lowercase();
+        .skip(1)
+        .take_while(|l| l.len() > 7 && l.as_bytes()[4..7] == *b" - ")
+        .flat_map(|l| {
+            l[7..]
+                .split("   ")
+                .next()
+                .unwrap()
+                .chars()
+                .filter(char::is_ascii_hexdigit)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    if !ticket.is_empty() {
+        assert!(ticket.len() >= 32, "ticket: {ticket}");
+        return ticket.to_lowercase();
     }
     let sid = text
         .lines()
         .find_map(|l| l.trim().strip_prefix("Session-ID: "))
         .expect("Session-ID");
     assert!(sid.len() >= 32, "session id: {sid}");
-    sid[..32].to_lowercase()
+    sid.to_lowercase()
 }
 
 /// A rustls client configuration (aws-lc-rs, post-quantum key exchange preferred, TLS 1.2 and
@@ -344,13 +347,23 @@ impl RustlsServer {
         }
     }
 
-    /// The first 16 bytes of every ticket issued so far, as hex.
+    /// Every ticket issued so far, whole, as hex (`gateway tls issued add` takes it).
     pub fn issued_keys(&self) -> Vec<String> {
         self.issued
             .lock()
             .unwrap()
             .iter()
-            .map(|t| t[..16].iter().map(|b| format!("{b:02x}")).collect())
+            .map(|t| t.iter().map(|b| format!("{b:02x}")).collect())
+            .collect()
+    }
+
+    /// The datapath's key of every ticket issued so far (its digest).
+    pub fn issued_digests(&self) -> Vec<[u8; gateway_common::tls::KEY_LEN]> {
+        self.issued
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|t| gateway_common::tls::offer_digest(t))
             .collect()
     }
 }

@@ -242,3 +242,52 @@ fn a_post_quantum_rustls_resumption_spans_two_segments_and_is_verified() {
     let (status, log) = daemon.terminate(Duration::from_secs(10));
     assert!(status.success(), "{log:?}");
 }
+
+#[test]
+fn a_public_session_id_prefix_buys_nothing_while_the_real_session_resumes() {
+    if !have_root("a_public_session_id_prefix_buys_nothing") {
+        return;
+    }
+    let s = Setup::new(&["-no_ticket"]);
+    let sess = s.cert.file("sess.pem");
+    let sess = sess.to_str().unwrap();
+    let out = s.client(&["-tls1_2", "-sess_out", sess, "-ign_eof"]);
+    assert!(out.contains("New,"), "{out}");
+    // The daemon (here, by hand) publishes the session id it issued, which the ServerHello
+    // carried in clear.
+    let key = session_key(std::path::Path::new(sess));
+    s.net
+        .gateway_ok(&["tls", "issued", "add", &key, "--kind", "session-id"]);
+    s.net
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+    // Twenty clients offer the id's first 16 bytes and 16 random ones: tls-new, refused.
+    let prefix: Vec<u8> = (0..16)
+        .map(|i| u8::from_str_radix(&key[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let before = s.tls("unverified_offers");
+    for n in 0..20u8 {
+        let mut id = prefix.clone();
+        id.extend((0..16).map(|i| n.wrapping_mul(31).wrapping_add(i)));
+        let hello = gateway_common::testing::HelloBuilder {
+            session_id: id,
+            ..Default::default()
+        }
+        .build();
+        let answered = s.net.in_peer(|| {
+            use std::io::{Read as _, Write as _};
+            let mut c = TcpStream::connect((GW_V4, 443)).expect("connect");
+            c.set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            c.write_all(&hello).expect("hello");
+            let mut b = [0u8; 1];
+            matches!(c.read(&mut b), Ok(1))
+        });
+        assert!(!answered, "a forged offer was served");
+    }
+    assert_eq!(s.tls("unverified_offers") - before, 20);
+    assert_eq!(s.counter("tls-resumed", "packets"), 0);
+    // The real session still resumes, as tls-resumed.
+    let out = s.client(&["-tls1_2", "-sess_in", sess, "-ign_eof"]);
+    assert!(out.contains("Reused,"), "{out}");
+    assert_eq!(s.counter("tls-resumed", "packets"), 1);
+}

@@ -75,23 +75,37 @@ fn verdicts() {
 }
 
 #[test]
-fn offer_keys_are_the_first_bytes() {
-    let st = parse_hello(
-        &HelloBuilder {
-            session_id: key(9),
+fn an_offer_key_is_the_digest_of_the_whole_value_never_a_prefix() {
+    let key_of = |b: HelloBuilder| parse_hello(&b.build()).offer_key();
+    let sid = key(9);
+    assert_eq!(
+        key_of(HelloBuilder {
+            session_id: sid.clone(),
             ..Default::default()
-        }
-        .build(),
+        }),
+        Some(offer_digest(&sid))
     );
-    assert_eq!(st.offer_key().unwrap()[..], key(9)[..KEY_LEN]);
-    let st = parse_hello(
-        &HelloBuilder {
-            psk_identity: Some(key(40)),
+    let ticket: alloc::vec::Vec<u8> = (0..200).map(|i| i as u8).collect();
+    assert_eq!(
+        key_of(HelloBuilder {
+            ticket: Some(ticket.clone()),
+            ..Default::default()
+        }),
+        Some(offer_digest(&ticket))
+    );
+    assert_eq!(
+        key_of(HelloBuilder {
+            psk_identity: Some(ticket.clone()),
             ..HelloBuilder::tls13()
-        }
-        .build(),
+        }),
+        Some(offer_digest(&ticket))
     );
-    assert_eq!(st.offer_key().unwrap()[..], key(40)[..KEY_LEN]);
+    // The same first 16 bytes and anything after them: another key (the prefix of a TLS 1.2
+    // session id is public, it travels in clear in the ServerHello).
+    let mut forged = sid.clone();
+    forged[20] ^= 1;
+    assert_ne!(offer_digest(&forged), offer_digest(&sid));
+    assert_ne!(offer_digest(&sid[..31]), offer_digest(&sid));
     // Too short to be verified.
     let st = parse_hello(
         &HelloBuilder {
@@ -102,6 +116,16 @@ fn offer_keys_are_the_first_bytes() {
     );
     assert_eq!(st.offer(), Offer::SessionId);
     assert_eq!(st.offer_key(), None);
+    // Longer than MAX_OFFER: malformed.
+    let huge = alloc::vec![7u8; MAX_OFFER as usize + 1];
+    let st = parse_hello(
+        &HelloBuilder {
+            ticket: Some(huge),
+            ..Default::default()
+        }
+        .build(),
+    );
+    assert_eq!(st.verdict(), Verdict::Malformed);
 }
 
 #[test]
@@ -324,7 +348,7 @@ fn a_segment_longer_than_a_window_reads_on() {
     );
     let whole = parse_hello(&data);
     assert_eq!(whole.verdict(), Verdict::Offer);
-    assert_eq!(whole.offer_key().map(|k| k[0]), Some(4));
+    assert_eq!(whole.offer_key(), Some(offer_digest(&key(4))));
     for cut in (1..data.len()).step_by(61) {
         assert_eq!(feed_split(&data, &[cut]), whole, "cut at {cut}");
     }

@@ -584,9 +584,14 @@ pub struct SipTxn {
     pub first_ns: u64,
     /// Requests of it seen (the original and its retransmissions).
     pub requests: u32,
-    /// Reserved, zero.
+    /// `TXN_*` bits.
     pub flags: u32,
 }
+
+/// [`SipTxn::flags`]: its original was admitted (the server took the work on). Only such an
+/// INVITE transaction lets its ACK and CANCEL be exempt: one that was refused (or merely seen)
+/// buys them nothing.
+pub const TXN_ADMITTED: u32 = 1 << 0;
 
 /// Entries of the SIP dialog table (LRU: losing a dialog only makes its requests originals).
 pub const MAX_SIP_DIALOGS: u32 = 65536;

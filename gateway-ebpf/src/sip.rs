@@ -28,6 +28,7 @@ use gateway_common::{
     bytes::PacketBytes,
     maps::{
         DatapathCounters, LATENCY_BUCKETS, LatencyHistogram, REJECT_BACKLOG, SipDialog, SipTxn,
+        TXN_ADMITTED,
     },
     packet::Packet,
     sip::{Kind, MAX_SCAN, MAX_STEPS, Method, SipInfo, SipState},
@@ -158,6 +159,14 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
         count_refusal(class, reason, false);
         return (class, Action::Drop);
     }
+    if class == Class::SipOriginal
+        && let Some(key) = key
+        && let Some(t) = SIP_TXNS.get_ptr_mut(&key)
+    {
+        // The server takes it on: its ACK and CANCEL may be exempt from now on.
+        // SAFETY: the flags of this transaction's entry.
+        unsafe { (*t).flags |= TXN_ADMITTED };
+    }
     (class, Action::Pass)
 }
 
@@ -169,10 +178,16 @@ fn earned_exemption(info: &SipInfo) -> Class {
     let in_dialog = info
         .dialog_key()
         .is_some_and(|k| SIP_DIALOGS.get_ptr(&k).is_some());
+    // An INVITE transaction the server took on (admitted): pending, or flagged so in SIP_TXNS.
+    // One that was refused, or merely seen, buys its ACK and CANCEL nothing.
     let of_invite = matches!(info.method(), Method::Ack | Method::Cancel)
-        && info
-            .invite_key()
-            .is_some_and(|k| SIP_TXNS.get_ptr(&k).is_some() || SIP_PENDING.get_ptr(&k).is_some());
+        && info.invite_key().is_some_and(|k| {
+            SIP_PENDING.get_ptr(&k).is_some()
+                // SAFETY: the flags of a transaction entry, a plain load.
+                || SIP_TXNS
+                    .get_ptr(&k)
+                    .is_some_and(|t| unsafe { (*t).flags } & TXN_ADMITTED != 0)
+        });
     if !in_dialog && !of_invite {
         count(|c| c.sip_unearned += 1);
         return Class::SipOriginal;

@@ -179,6 +179,17 @@ fn exemptions_are_earned_from_what_the_server_made() {
         }
     }
     assert_eq!(prog.counters().datapath.sip_unearned - unearned, 8);
+    // An INVITE that was refused (or any request naming CSeq INVITE) buys its CANCEL nothing:
+    // only an INVITE the server took on does (found by the mutation campaign).
+    assert_eq!(action(&prog, &invite("z9hG4bK-r", "")), XDP_DROP);
+    let cancel = String::from_utf8(invite("z9hG4bK-r", ""))
+        .unwrap()
+        .replacen("INVITE sip", "CANCEL sip", 1)
+        .replacen("CSeq: 1 INVITE", "CSeq: 1 CANCEL", 1);
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, cancel.as_bytes()),
+        Some(Class::SipOriginal)
+    );
     let orig = prog.counters().classes[Class::SipOriginal.id() as usize];
     assert_eq!(orig.admitted, 0, "none reached the server");
     // Responses stay exempt.

@@ -385,16 +385,10 @@ impl HelloState {
         if step.digests() {
             // Up to DIGEST_STEP bytes of the offered value into its digest.
             let n = if self.need < avail { self.need } else { avail };
-            for i in 0..DIGEST_STEP {
-                if i as u32 >= n {
-                    break;
-                }
-                let mut byte = [0u8; 1];
-                if !b.read(at + i, &mut byte) {
-                    self.malformed();
-                    return true;
-                }
-                digest_byte(&mut self.digest, byte[0]);
+            let digest = &mut self.digest;
+            if !each_byte::<B, DIGEST_STEP>(b, at, n, |_, byte| digest_byte(digest, byte)) {
+                self.malformed();
+                return true;
             }
             let n = if n < DIGEST_STEP as u32 {
                 n
@@ -412,17 +406,12 @@ impl HelloState {
         // Read up to KEY_LEN bytes of the current field into `acc`.
         let want = self.need - self.acc_len as u32;
         let n = if want < avail { want } else { avail };
-        for i in 0..KEY_LEN {
-            if i as u32 >= n {
-                break;
-            }
-            let mut byte = [0u8; 1];
-            if !b.read(at + i, &mut byte) {
-                self.malformed();
-                return true;
-            }
-            let slot = (self.acc_len as usize + i) & (KEY_LEN - 1);
-            self.acc[slot] = byte[0];
+        let (acc, acc_len) = (&mut self.acc, self.acc_len as usize);
+        if !each_byte::<B, KEY_LEN>(b, at, n, |i, byte| {
+            acc[(acc_len + i) & (KEY_LEN - 1)] = byte;
+        }) {
+            self.malformed();
+            return true;
         }
         self.acc_len += n as u8;
         self.consumed += n;
@@ -674,6 +663,28 @@ impl HelloState {
             Verdict::Offer
         } as u8;
     }
+}
+
+/// Hands the first `n` (at most `N`) bytes at `at` to `f`, one at a time with their index, in a
+/// loop the verifier sees bounded by `N`. `false` when a byte cannot be read.
+#[inline(always)]
+fn each_byte<B: PacketBytes, const N: usize>(
+    b: &B,
+    at: usize,
+    n: u32,
+    mut f: impl FnMut(usize, u8),
+) -> bool {
+    for i in 0..N {
+        if i as u32 >= n {
+            break;
+        }
+        let mut byte = [0u8; 1];
+        if !b.read(at + i, &mut byte) {
+            return false;
+        }
+        f(i, byte[0]);
+    }
+    true
 }
 
 const DIGEST_PRIMES: [u64; 2] = [0x0000_0100_0000_01b3, 0x9e37_79b9_7f4a_7c15 | 1];

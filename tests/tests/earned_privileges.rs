@@ -3,7 +3,7 @@
 
 use std::{
     io::{Read as _, Write as _},
-    net::{TcpListener, TcpStream},
+    net::{TcpListener, TcpStream, UdpSocket},
     time::Duration,
 };
 
@@ -11,6 +11,7 @@ use gateway_common::testing::HelloBuilder;
 use gateway_tests::{
     have_root,
     netns::{GW_V4, TestNet, class_counter},
+    sipserver::SlowSipServer,
     tls::{Cert, RustlsServer},
 };
 
@@ -60,19 +61,24 @@ fn an_alert_in_front_of_a_hello_obeys_tls_new() {
     assert_eq!(class_counter(&stats, "tls-new", "dropped_backlog"), 5);
 }
 
+/// Namespaces with the datapath attached (no daemon) protecting sip/5060, a SIP server behind
+/// it that answers INVITEs and BYEs (200 OK, its tag `server1`), and a client socket.
+fn sip_behind_the_gateway() -> (TestNet, SlowSipServer, UdpSocket) {
+    let net = TestNet::new();
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    net.gateway_ok(&["service", "add", "sip", "5060"]);
+    let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).expect("bind"));
+    let server = SlowSipServer::start(socket, 1 << 20, Duration::ZERO, Duration::ZERO);
+    let client = net.in_peer(|| UdpSocket::bind("10.99.0.2:5061").expect("bind"));
+    (net, server, client)
+}
+
 #[test]
 fn fragmented_invites_obey_the_original_limits() {
     if !have_root("fragmented_invites_obey_the_original_limits") {
         return;
     }
-    use gateway_tests::sipserver::SlowSipServer;
-    use std::net::UdpSocket;
-    let net = TestNet::new();
-    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
-    net.gateway_ok(&["service", "add", "sip", "5060"]);
-    let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).expect("bind"));
-    let _server = SlowSipServer::start(socket, 1 << 20, Duration::ZERO, Duration::ZERO);
-    let client = net.in_peer(|| UdpSocket::bind("10.99.0.2:5061").expect("bind"));
+    let (net, _server, client) = sip_behind_the_gateway();
     client
         .set_read_timeout(Some(Duration::from_millis(300)))
         .unwrap();
@@ -115,14 +121,7 @@ fn forged_dialogs_buy_nothing_and_real_ones_keep_working_with_originals_closed()
     if !have_root("forged_dialogs_buy_nothing") {
         return;
     }
-    use gateway_tests::sipserver::SlowSipServer;
-    use std::net::UdpSocket;
-    let net = TestNet::new();
-    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
-    net.gateway_ok(&["service", "add", "sip", "5060"]);
-    let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).expect("bind"));
-    let _server = SlowSipServer::start(socket, 1 << 20, Duration::ZERO, Duration::ZERO);
-    let client = net.in_peer(|| UdpSocket::bind("10.99.0.2:5061").expect("bind"));
+    let (net, _server, client) = sip_behind_the_gateway();
     client
         .set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();

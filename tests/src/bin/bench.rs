@@ -219,6 +219,35 @@ Content-Length: 600\r\n\r\n"
         "| the same INVITE again (retransmission) | {o:.0} | {b:.0} | {:.1}x | - |",
         o / b
     );
+    // An exempt request: a BYE of the dialog the server established (its 200 OK left first).
+    let ok = b"SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-4101-1-0\r\n\
+From: sipp <sip:sipp@10.99.0.2:5061>;tag=4101SIPpTag001\r\n\
+To: service <sip:service@10.99.0.1:5060>;tag=srv\r\n\
+Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
+    prog.run(
+        Hook::TcEgress,
+        &Frame::udp(5061, ok).from_port(5060).build(),
+        1,
+    );
+    let bye = Frame::udp(
+        5060,
+        b"BYE sip:service@10.99.0.1:5060 SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-b\r\n\
+From: sipp <sip:sipp@10.99.0.2:5061>;tag=4101SIPpTag001\r\n\
+To: service <sip:service@10.99.0.1:5060>;tag=srv\r\n\
+Call-ID: 1-4101@10.99.0.2\r\nCSeq: 2 BYE\r\n\r\n",
+    )
+    .build();
+    let (mut ours, mut bare) = (Vec::new(), Vec::new());
+    for _ in 0..SINGLE {
+        prog.forget();
+        ours.push(prog.run(Hook::Xdp, &bye, 1).1);
+        bare.push(prog.run(Hook::BarePass, &bye, 1).1);
+    }
+    let (o, b) = (median(ours), median(bare));
+    println!(
+        "| BYE of an established dialog (exempt) | {o:.0} | {b:.0} | {:.1}x | - |",
+        o / b
+    );
 }
 
 /// What a spoofed segment costs (the socket lookup that finds no connection, then the drop),

@@ -245,6 +245,9 @@ pub struct Pending {
     pub class: u32,
     /// Padding, zero.
     pub pad: u32,
+    /// For a `tls-resumed` connection, the issued key ([`IssuedKey`]) its offer holds a place of
+    /// ([`IssuedValue::in_use`]), given back when the unit ends; zero otherwise.
+    pub offer: [u8; crate::tls::KEY_LEN],
 }
 
 /// IP protocol number of TCP.
@@ -498,15 +501,55 @@ pub struct IssuedKey {
 }
 
 /// Value of the issued-sessions map.
+///
+/// A key travels in clear (a TLS 1.2 session id in the ServerHello) or can be replayed by whoever
+/// saw it, so it buys the `tls-resumed` class for at most `limit` connections at a time: each
+/// admitted resumed connection holds one place (`in_use`) until its unit ends (the server
+/// answered, or it expired). See [`resume_holders`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IssuedValue {
     /// What was issued: 1 session id, 2 ticket, 3 TLS 1.3 PSK identity (an `Offer` id).
     pub kind: u32,
-    /// Reserved, zero.
-    pub flags: u32,
+    /// Connections the key may hold in the resumed class at once; 0 means
+    /// [`DEFAULT_RESUME_LIMIT`]. Set by whoever published it.
+    pub limit: u32,
     /// When it was published, `CLOCK_MONOTONIC` nanoseconds (informational).
     pub issued_ns: u64,
+    /// Resumed connections holding a place now (the datapath's count).
+    pub in_use: u64,
+    /// When the datapath last gave a place, `bpf_ktime_get_ns`.
+    pub granted_ns: u64,
+}
+
+/// Resumed connections one issued key may hold at once unless its publisher says otherwise:
+/// browsers open up to six connections to one origin at once, and HTTP/1.1 clients share one
+/// TLS 1.2 session between them.
+pub const DEFAULT_RESUME_LIMIT: u32 = 6;
+/// Largest accepted per-key resume limit.
+pub const MAX_RESUME_LIMIT: u32 = 1024;
+
+/// The places of an issued key that are still held at `now_ns`: `in_use`, unless its last place
+/// was given more than `timeout_ns` ago, in which case every unit that held one has ended (a
+/// unit lives at most its class's timeout), and a count left too high by a lost release heals
+/// to zero.
+#[inline(always)]
+pub const fn resume_holders(in_use: u64, granted_ns: u64, now_ns: u64, timeout_ns: u64) -> u64 {
+    if now_ns.saturating_sub(granted_ns) > timeout_ns {
+        0
+    } else {
+        in_use
+    }
+}
+
+/// The limit in force for an issued key whose value says `limit`.
+#[inline(always)]
+pub const fn resume_limit(limit: u32) -> u64 {
+    if limit == 0 {
+        DEFAULT_RESUME_LIMIT as u64
+    } else {
+        limit as u64
+    }
 }
 
 /// TLS counters, the single entry of the per-CPU `TLS_COUNTERS` array.
@@ -530,6 +573,9 @@ pub struct TlsCounters {
     /// Segments with payload on a 4-tuple the kernel has no connection for (spoofed, or left
     /// over): dropped after one socket lookup, no state created.
     pub no_connection: u64,
+    /// Offers of an issued key that already held its limit of resumed connections (a replayed
+    /// or shared key): classed tls-new.
+    pub replays_bounded: u64,
 }
 
 impl TlsCounters {
@@ -543,6 +589,7 @@ impl TlsCounters {
         self.rejected_flow_packets += o.rejected_flow_packets;
         self.completions += o.completions;
         self.no_connection += o.no_connection;
+        self.replays_bounded += o.replays_bounded;
     }
 }
 
@@ -670,13 +717,26 @@ mod tests {
     use super::*;
     use core::mem::size_of;
 
+    #[test]
+    fn a_resume_place_is_held_until_released_or_healed_after_a_timeout() {
+        let t = 10;
+        assert_eq!(resume_holders(3, 100, 105, t), 3);
+        assert_eq!(resume_holders(3, 100, 110, t), 3);
+        // Nobody was given a place for longer than a unit lives: every holder has ended.
+        assert_eq!(resume_holders(3, 100, 111, t), 0);
+        // A clock that reads earlier than the grant (another CPU) keeps the count.
+        assert_eq!(resume_holders(3, 100, 90, t), 3);
+        assert_eq!(resume_limit(0), u64::from(DEFAULT_RESUME_LIMIT));
+        assert_eq!(resume_limit(1), 1);
+    }
+
     /// Sum of field sizes equals the struct size: no implicit padding anywhere.
     #[test]
     fn no_implicit_padding() {
         assert_eq!(size_of::<ClassStats>(), 6 * 8);
         assert_eq!(size_of::<ClassPolicy>(), 5 * 8);
         assert_eq!(size_of::<ClassState>(), 5 * 8);
-        assert_eq!(size_of::<Pending>(), 8 + 8 + 4 + 4);
+        assert_eq!(size_of::<Pending>(), 8 + 8 + 4 + 4 + 16);
         assert_eq!(size_of::<ServiceKey>(), 2 + 1 + 1);
         assert_eq!(size_of::<ServiceValue>(), 4 + 4);
         assert_eq!(size_of::<DatapathConfig>(), 8 + 4 + 4);
@@ -692,8 +752,8 @@ mod tests {
             size_of::<crate::tls::HelloState>() + 4 + 4 + 4 + 4
         );
         assert_eq!(size_of::<IssuedKey>(), 16);
-        assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8);
-        assert_eq!(size_of::<TlsCounters>(), 8 * 8);
+        assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8 + 8 + 8);
+        assert_eq!(size_of::<TlsCounters>(), 8 * 9);
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);
         assert_eq!(size_of::<LatencyHistogram>(), LATENCY_BUCKETS * 8);

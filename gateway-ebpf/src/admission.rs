@@ -133,7 +133,7 @@ const GCRA_TRIES: usize = 4;
 /// # Safety
 /// `dst` must point to a live, aligned u64.
 #[inline(always)]
-unsafe fn compare_and_swap(dst: *mut u64, old: u64, new: u64) -> bool {
+pub unsafe fn compare_and_swap(dst: *mut u64, old: u64, new: u64) -> bool {
     // SAFETY: upheld by the caller.
     unsafe {
         core::intrinsics::atomic_cxchg::<

@@ -14,6 +14,7 @@ mod bytes;
 mod datapath;
 mod maps;
 mod pending;
+mod resume;
 mod sip;
 mod tc;
 mod tls;

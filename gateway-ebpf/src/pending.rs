@@ -23,22 +23,26 @@ use aya_ebpf::{
 use gateway_common::{
     Class,
     maps::{MAX_PENDING, Pending, REJECT_FULL, SWEEP_INTERVAL_NS, timeout_ns},
+    tls::KEY_LEN,
 };
 
 use crate::{
     admission::{admission, atomic_add, now_ns},
     maps::{CLASS_POLICY, CLASS_STATE, SIP_PENDING, TLS_PENDING},
+    resume,
 };
 
 /// A pending table.
 pub type Table<K> = HashMap<K, Pending, { MAX_PENDING as usize }>;
 
 /// Admits the unit `key` of `class` against the class's own limits and holds it, or says why
-/// not (`REJECT_*`, `REJECT_FULL` when the table is full).
+/// not (`REJECT_*`, `REJECT_FULL` when the table is full). `offer` is the issued key whose
+/// place a `tls-resumed` unit holds (`crate::resume`), given back when the unit ends; zero for
+/// any other unit. A refused unit holds nothing: the caller gives the place back.
 #[inline(always)]
-pub fn admit<K>(table: &Table<K>, key: &K, class: Class) -> Option<u8> {
+pub fn admit<K>(table: &Table<K>, key: &K, class: Class, offer: &[u8; KEY_LEN]) -> Option<u8> {
     match admission(class, class) {
-        None if hold(table, key, class) => None,
+        None if hold(table, key, class, offer) => None,
         None => Some(REJECT_FULL),
         refused => refused,
     }
@@ -48,7 +52,7 @@ pub fn admit<K>(table: &Table<K>, key: &K, class: Class) -> Option<u8> {
 /// table is full (the unit is not admitted). A stale unit under the same key (a client that
 /// reused its port before the server answered the old connection) ends as expired first.
 #[inline(always)]
-fn hold<K>(table: &Table<K>, key: &K, class: Class) -> bool {
+fn hold<K>(table: &Table<K>, key: &K, class: Class, offer: &[u8; KEY_LEN]) -> bool {
     let now = now_ns();
     let timeout = CLASS_POLICY
         .get(class.id())
@@ -60,6 +64,7 @@ fn hold<K>(table: &Table<K>, key: &K, class: Class) -> bool {
         deadline_ns: now.saturating_add(timeout),
         class: class.id(),
         pad: 0,
+        offer: *offer,
     };
     if table.insert(key, &unit, u64::from(BPF_NOEXIST)).is_err()
         && (end(table, key, Field::Expired).is_none()
@@ -94,7 +99,17 @@ fn end<K>(table: &Table<K>, key: &K, field: Field) -> Option<Pending> {
     let unit = unsafe { *table.get_ptr(key)? };
     table.remove(key).ok()?;
     count(unit.class, field);
+    release(&unit);
     Some(unit)
+}
+
+/// Gives back what an ended unit held besides its class's place: a resumed connection's place
+/// of its issued key.
+#[inline(always)]
+fn release(unit: &Pending) {
+    if unit.class == Class::TlsResumed.id() {
+        resume::give_back(&unit.offer);
+    }
 }
 
 #[inline(always)]
@@ -153,12 +168,14 @@ extern "C" fn expire<K>(
     now: *mut c_void,
 ) -> i64 {
     // SAFETY: the helper passes a live entry and the caller's `now`.
-    let (deadline, class, now) =
-        unsafe { ((*unit).deadline_ns, (*unit).class, *now.cast::<u64>()) };
+    let (deadline, now) = unsafe { ((*unit).deadline_ns, *now.cast::<u64>()) };
     if deadline < now {
-        // SAFETY: deleting the entry being visited is allowed for hash maps.
+        // SAFETY: a copy is taken before the entry goes; deleting the entry being visited is
+        // allowed for hash maps.
+        let ended = unsafe { *unit };
         if unsafe { bpf_map_delete_elem(map, key.cast()) } == 0 {
-            count(class, Field::Expired);
+            count(ended.class, Field::Expired);
+            release(&ended);
         }
     }
     0

@@ -32,6 +32,7 @@ use gateway_common::{
     },
     packet::Packet,
     sip::{Kind, MAX_SCAN, MAX_STEPS, Method, SipInfo, SipState},
+    tls::KEY_LEN,
 };
 
 use crate::{
@@ -149,7 +150,7 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
     // retransmissions only while the originals' backlog is under the retransmission policy's
     // threshold (see admission::admission). Exempt messages finish work: never dropped.
     let refused = match (class, key) {
-        (Class::SipOriginal, Some(key)) => pending::admit(&SIP_PENDING, &key, class),
+        (Class::SipOriginal, Some(key)) => pending::admit(&SIP_PENDING, &key, class, &[0; KEY_LEN]),
         (Class::SipRetransmission, _) => admission(class, Class::SipOriginal),
         // Exempt work has a ceiling of its own (a rate; nothing of it is held).
         (Class::SipExempt, _) => admission(class, class),

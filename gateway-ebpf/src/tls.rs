@@ -11,8 +11,10 @@
 //! - A hello that needs more bytes leaves the flow pending. Its segment passes as `tls-flow`, and
 //!   the next in-order segment resumes the parse. A segment out of order decides the hello as
 //!   `tls-new`.
-//! - A complete hello is decided. An offer whose key is in `TLS_ISSUED` is `tls-resumed`. Any
-//!   other offer is `tls-new` and counted as unverified, and so are new and malformed hellos.
+//! - A complete hello is decided. An offer whose key is in `TLS_ISSUED` and has a free place
+//!   (`crate::resume`) is `tls-resumed`. An offer of a key whose places are all held is `tls-new`
+//!   and counted as `replays_bounded`; any other offer is `tls-new` and counted as unverified,
+//!   and so are new and malformed hellos.
 //! - An admitted connection is a pending unit (`crate::pending`) until the server answers: its
 //!   first flight (a handshake or alert record) or its close, seen by the egress program
 //!   ([`tls_answer`]). Nothing the client sends completes it; unanswered, it expires.
@@ -40,13 +42,13 @@ use gateway_common::{
     Class,
     bytes::PacketBytes,
     maps::{
-        CONFIG_TRUST_UNCONNECTED, FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED, FlowKey, IssuedKey,
-        RejectEvent, TlsCounters, TlsFlow,
+        CONFIG_TRUST_UNCONNECTED, FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED, FlowKey, RejectEvent,
+        TlsCounters, TlsFlow,
     },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     tls::{
-        FIRST_CONTINUES, FIRST_HELLO, FIRST_NO_HELLO_YET, HelloState, MAX_STEPS, MAX_WINDOWS,
-        Segment, Verdict, WINDOW, first_records,
+        FIRST_CONTINUES, FIRST_HELLO, FIRST_NO_HELLO_YET, HelloState, KEY_LEN, MAX_STEPS,
+        MAX_WINDOWS, Segment, Verdict, WINDOW, first_records,
     },
 };
 
@@ -54,8 +56,9 @@ use crate::{
     admission::count_refusal,
     bytes::{ScratchBytes, opaque},
     datapath::Verdict as Action,
-    maps::{DP_CONFIG, TLS_COUNTERS, TLS_FLOWS, TLS_ISSUED, TLS_PENDING, TLS_REJECTS, TLS_SCRATCH},
+    maps::{DP_CONFIG, TLS_COUNTERS, TLS_FLOWS, TLS_PENDING, TLS_REJECTS, TLS_SCRATCH},
     pending,
+    resume::{self, Place},
 };
 
 /// Bytes of a segment the parser looks at in one go: one window (a longer segment is copied and
@@ -426,13 +429,24 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup, B: PacketBytes>(
 #[inline(always)]
 fn decide(key: &FlowKey, f: &mut TlsFlow) -> (Class, Action) {
     count(|c| c.hellos += 1);
+    let mut offer = [0u8; KEY_LEN];
     let class = match f.hello.verdict() {
         Verdict::Offer => match f.hello.offer_key() {
-            // SAFETY: the value is only tested for presence.
-            Some(key) if unsafe { TLS_ISSUED.get(&IssuedKey { key }) }.is_some() => {
-                Class::TlsResumed
-            }
-            _ => {
+            Some(key) => match resume::take(&key) {
+                Place::Taken => {
+                    offer = key;
+                    Class::TlsResumed
+                }
+                Place::Full => {
+                    count(|c| c.replays_bounded += 1);
+                    Class::TlsNew
+                }
+                Place::Unknown => {
+                    count(|c| c.unverified_offers += 1);
+                    Class::TlsNew
+                }
+            },
+            None => {
                 count(|c| c.unverified_offers += 1);
                 Class::TlsNew
             }
@@ -444,12 +458,15 @@ fn decide(key: &FlowKey, f: &mut TlsFlow) -> (Class, Action) {
         _ => Class::TlsNew,
     };
     f.class = class as u8;
-    match pending::admit(&TLS_PENDING, key, class) {
+    match pending::admit(&TLS_PENDING, key, class, &offer) {
         None => {
             f.state = FLOW_ADMITTED;
             (class, Action::Pass)
         }
         Some(reason) => {
+            if class == Class::TlsResumed {
+                resume::give_back(&offer);
+            }
             f.state = FLOW_REJECTED;
             reject(key, class, reason);
             (class, Action::Drop)

@@ -228,6 +228,10 @@ pub enum IssuedAction {
         /// What was issued.
         #[arg(long, value_enum, default_value_t = IssuedKind::SessionId)]
         kind: IssuedKind,
+        /// Connections the key may hold in the tls-resumed class at once.
+        #[arg(long, default_value_t = gateway_common::maps::DEFAULT_RESUME_LIMIT,
+              value_parser = clap::value_parser!(u32).range(1..=i64::from(gateway_common::maps::MAX_RESUME_LIMIT)))]
+        limit: u32,
         /// Which attachment.
         #[command(flatten)]
         target: Target,

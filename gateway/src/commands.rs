@@ -346,7 +346,12 @@ fn issued(root: &std::path::Path, action: IssuedAction) -> Result<(), CommandErr
         k.key.iter().map(|b| format!("{b:02x}")).collect::<String>()
     };
     match action {
-        IssuedAction::Add { key, kind, target } => {
+        IssuedAction::Add {
+            key,
+            kind,
+            limit,
+            target,
+        } => {
             let (pd, mut maps) = open(root, target.iface.as_deref())?;
             let kind = match kind {
                 IssuedKind::SessionId => gateway_common::tls::Offer::SessionId,
@@ -357,8 +362,9 @@ fn issued(root: &std::path::Path, action: IssuedAction) -> Result<(), CommandErr
                 key,
                 IssuedValue {
                     kind: kind as u32,
-                    flags: 0,
+                    limit,
                     issued_ns: crate::maps::monotonic_ns(),
+                    ..Default::default()
                 },
             )?;
             println!("published {} on {}", hex(&key), pd.iface);
@@ -386,12 +392,24 @@ fn issued(root: &std::path::Path, action: IssuedAction) -> Result<(), CommandErr
             if json {
                 let v: Vec<serde_json::Value> = rows
                     .iter()
-                    .map(|(k, v)| serde_json::json!({"key": hex(k), "kind": kind(v)}))
+                    .map(|(k, v)| {
+                        serde_json::json!({
+                            "key": hex(k), "kind": kind(v),
+                            "limit": gateway_common::maps::resume_limit(v.limit),
+                            "in_use": v.in_use,
+                        })
+                    })
                     .collect();
                 println!("{}", serde_json::Value::Array(v));
             } else {
                 for (k, v) in rows {
-                    println!("{} {}", hex(&k), kind(&v));
+                    println!(
+                        "{} {} limit {} in-use {}",
+                        hex(&k),
+                        kind(&v),
+                        gateway_common::maps::resume_limit(v.limit),
+                        v.in_use
+                    );
                 }
             }
         }

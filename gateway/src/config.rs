@@ -670,6 +670,11 @@ mod tests {
         assert!(e.contains("rate -1 out of range"), "{e}");
         assert!(e.contains("policy.tls-new"), "{e}");
         assert!(e.contains("line 3"), "{e}");
+        let e = err(
+            "proxies:\n  - listen: 127.0.0.1:8443\n    tls: {resume_limit: 0}\n    backends: [{address: 127.0.0.1:1}]\n",
+        );
+        assert!(e.contains("tls.resume_limit: 0 is out of range"), "{e}");
+        assert!(e.contains("proxies[0]"), "{e}");
     }
 
     #[test]

@@ -274,7 +274,7 @@ async fn start_proxies(
     let mut ready = Vec::new();
     for (index, p) in cfg.proxies.iter().enumerate() {
         let lifetime = p.tls.session_lifetime.0;
-        let feedback = Arc::new(Feedback::open(pins, lifetime)?);
+        let feedback = Arc::new(Feedback::open(pins, lifetime, p.tls.resume_limit)?);
         let tls = crate::tls::server_config(&p.tls, feedback.clone()).map_err(|source| {
             DaemonError::Tls {
                 index,

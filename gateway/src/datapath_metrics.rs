@@ -165,6 +165,11 @@ impl Scrape {
                 "Segments on 4-tuples the kernel has no connection for, dropped",
                 t.no_connection,
             ),
+            (
+                "replays_bounded",
+                "Offers of an issued key already holding its limit of resumed connections (classed tls-new)",
+                t.replays_bounded,
+            ),
         ] {
             add(&mut self.tls, name, help, iface, v);
         }

@@ -49,12 +49,17 @@ struct Inner {
 pub struct Feedback {
     inner: Mutex<Inner>,
     lifetime: Duration,
+    resume_limit: u32,
 }
 
 impl Feedback {
     /// Feedback to the interfaces pinned under `pins` (`(name, pin dir)`), publishing keys that
-    /// expire after `lifetime`.
-    pub fn open(pins: &[(String, PinDir)], lifetime: Duration) -> Result<Self, MapsError> {
+    /// expire after `lifetime` and may each hold `resume_limit` resumed connections at once.
+    pub fn open(
+        pins: &[(String, PinDir)],
+        lifetime: Duration,
+        resume_limit: u32,
+    ) -> Result<Self, MapsError> {
         let mut ifaces = Vec::new();
         for (name, pd) in pins {
             ifaces.push(Iface {
@@ -62,21 +67,22 @@ impl Feedback {
                 issued: open_as(pd, names::TLS_ISSUED)?,
             });
         }
-        Ok(Self::with(ifaces, lifetime))
+        Ok(Self::with(ifaces, lifetime, resume_limit))
     }
 
     /// Feedback to no datapath at all.
     pub fn none(lifetime: Duration) -> Self {
-        Self::with(Vec::new(), lifetime)
+        Self::with(Vec::new(), lifetime, 1)
     }
 
-    fn with(ifaces: Vec<Iface>, lifetime: Duration) -> Self {
+    fn with(ifaces: Vec<Iface>, lifetime: Duration, resume_limit: u32) -> Self {
         Feedback {
             inner: Mutex::new(Inner {
                 ifaces,
                 expiry: VecDeque::new(),
             }),
             lifetime,
+            resume_limit,
         }
     }
 
@@ -94,8 +100,9 @@ impl Feedback {
         };
         let value = IssuedValue {
             kind: kind as u32,
-            flags: 0,
+            limit: self.resume_limit,
             issued_ns: monotonic_ns(),
+            ..Default::default()
         };
         let mut inner = self.lock();
         for i in &mut inner.ifaces {
@@ -120,6 +127,17 @@ impl Feedback {
                 let _ = i.issued.remove(&key);
             }
         }
+    }
+
+    /// Withdraws the key `key` (an offer of it did not resume); whether any interface had it.
+    pub fn withdraw_key(&self, key: &[u8; KEY_LEN]) -> bool {
+        let key = IssuedKey { key: *key };
+        let mut inner = self.lock();
+        let mut had = false;
+        for i in &mut inner.ifaces {
+            had |= i.issued.remove(&key).is_ok();
+        }
+        had
     }
 
     /// Withdraws every key whose lifetime ended by `now`; returns how many.

@@ -301,10 +301,17 @@ impl Maps {
     }
 
     /// Forgets every pending unit without counting its end: for test fixtures that replay frames
-    /// as if never seen (the backlog counters still hold the forgotten units).
+    /// as if never seen (the backlog counters still hold the forgotten units). The places the
+    /// forgotten resumed units held of their issued keys are forgotten with them.
     pub fn forget_pending(&mut self) -> Result<(), MapsError> {
         clear(&mut self.tls_pending, names::TLS_PENDING)?;
-        clear(&mut self.sip_pending, names::SIP_PENDING)
+        clear(&mut self.sip_pending, names::SIP_PENDING)?;
+        for (key, value) in self.issued()? {
+            if value.in_use != 0 {
+                self.add_issued(key, IssuedValue { in_use: 0, ..value })?;
+            }
+        }
+        Ok(())
     }
 
     /// Every tracked TLS connection.

@@ -71,6 +71,7 @@ impl StatsView<'_> {
                 "rejected_flow_packets": self.tls.rejected_flow_packets,
                 "completions": self.tls.completions,
                 "no_connection": self.tls.no_connection,
+                "replays_bounded": self.tls.replays_bounded,
             },
             "sip": {
                 "service_time_samples": self.sip_latency.count(),
@@ -136,7 +137,7 @@ impl StatsView<'_> {
         let t = self.tls;
         out += &format!(
             "tls: hellos {} unverified-offers {} multi-segment {} malformed {} out-of-order {} \
-             rejected-flow-packets {} completions {} no-connection {}\n",
+             rejected-flow-packets {} completions {} no-connection {} replays-bounded {}\n",
             t.hellos,
             t.unverified_offers,
             t.multi_segment,
@@ -144,7 +145,8 @@ impl StatsView<'_> {
             t.out_of_order,
             t.rejected_flow_packets,
             t.completions,
-            t.no_connection
+            t.no_connection,
+            t.replays_bounded
         );
         let h = self.sip_latency;
         let q = |p| {

@@ -125,19 +125,7 @@ fn forged_dialogs_buy_nothing_and_real_ones_keep_working_with_originals_closed()
     client
         .set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
-    let request = |method: &str, call: &str, cseq: u32, to_tag: &str| {
-        let to_tag = if to_tag.is_empty() {
-            String::new()
-        } else {
-            format!(";tag={to_tag}")
-        };
-        format!(
-            "{method} sip:service@{GW_V4}:5060 SIP/2.0\r\n\
-Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-{call}-{method}-{cseq}\r\n\
-From: <sip:c@10.99.0.2>;tag=caller\r\nTo: <sip:service@{GW_V4}>{to_tag}\r\n\
-Call-ID: {call}@10.99.0.2\r\nCSeq: {cseq} {method}\r\nContent-Length: 0\r\n\r\n"
-        )
-    };
+    let request = dialog_request;
     let send = |msg: String| -> Option<String> {
         let mut buf = [0u8; 2048];
         client.send_to(msg.as_bytes(), (GW_V4, 5060)).expect("send");
@@ -191,4 +179,79 @@ Call-ID: {call}@10.99.0.2\r\nCSeq: {cseq} {method}\r\nContent-Length: 0\r\n\r\n"
     let bye = send(request("BYE", "real", 3, "server1")).expect("BYE answered");
     assert!(bye.starts_with("SIP/2.0 200 OK"), "{bye}");
     assert_eq!(class_counter(&net.stats(), "sip-exempt", "packets"), 3);
+}
+
+/// A request of the dialog `call` from the peer's 10.99.0.2:5061, with `to_tag` (none if empty).
+fn dialog_request(method: &str, call: &str, cseq: u32, to_tag: &str) -> String {
+    let to_tag = if to_tag.is_empty() {
+        String::new()
+    } else {
+        format!(";tag={to_tag}")
+    };
+    format!(
+        "{method} sip:service@{GW_V4}:5060 SIP/2.0\r\n\
+Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-{call}-{method}-{cseq}\r\n\
+From: <sip:c@10.99.0.2>;tag=caller\r\nTo: <sip:service@{GW_V4}>{to_tag}\r\n\
+Call-ID: {call}@10.99.0.2\r\nCSeq: {cseq} {method}\r\nMax-Forwards: 70\r\n\
+Content-Length: 0\r\n\r\n"
+    )
+}
+
+#[test]
+fn a_real_kamailio_dialog_passes_with_originals_closed_and_forgeries_do_not() {
+    if !have_root("a_real_kamailio_dialog_passes_with_originals_closed") {
+        return;
+    }
+    let net = TestNet::new();
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    net.gateway_ok(&["service", "add", "sip", "5060"]);
+    let _kamailio = gateway_tests::kamailio::Kamailio::start(
+        &["ip", "netns", "exec", &net.gw_ns],
+        format!("{GW_V4}:5060").parse().unwrap(),
+    );
+    let client = net.in_peer(|| UdpSocket::bind("10.99.0.2:5061").expect("bind"));
+    client
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let send = |msg: &str| -> Option<String> {
+        let mut buf = [0u8; 2048];
+        client.send_to(msg.as_bytes(), (GW_V4, 5060)).expect("send");
+        client
+            .recv_from(&mut buf)
+            .ok()
+            .map(|(n, _)| String::from_utf8_lossy(&buf[..n]).into_owned())
+    };
+    // Kamailio takes a moment to start: OPTIONS until it answers (bounded).
+    let ready =
+        (0..50).any(|n| send(&dialog_request("OPTIONS", &format!("up-{n}"), 1, "")).is_some());
+    assert!(ready, "kamailio never answered");
+    // The dialog's INVITE while originals are open; Kamailio's 200 OK carries its To tag.
+    let ok = send(&dialog_request("INVITE", "kam", 1, "")).expect("the INVITE answered");
+    assert!(ok.starts_with("SIP/2.0 200 OK"), "{ok}");
+    let tag = ok
+        .lines()
+        .find(|l| l.starts_with("To:") || l.starts_with("t:"))
+        .and_then(|l| l.split(";tag=").nth(1))
+        .map(|t| t.trim().to_string())
+        .expect("a To tag");
+    // Originals closed: forged in-dialog requests get nothing, the real dialog goes on.
+    net.gateway_ok(&["policy", "set", "sip-original", "--rate", "0"]);
+    assert_eq!(send(&dialog_request("INVITE", "forged", 1, &tag)), None);
+    assert_eq!(send(&dialog_request("BYE", "nodialog", 2, &tag)), None);
+    assert_eq!(send(&dialog_request("INVITE", "kam-other", 2, "x")), None);
+    let exempt = class_counter(&net.stats(), "sip-exempt", "packets");
+    assert_eq!(exempt, 0);
+    assert_eq!(
+        send(&dialog_request("ACK", "kam", 1, &tag)),
+        None,
+        "ACK has no answer"
+    );
+    let reinvite = send(&dialog_request("INVITE", "kam", 2, &tag)).expect("re-INVITE answered");
+    assert!(reinvite.starts_with("SIP/2.0 200 OK"), "{reinvite}");
+    assert_eq!(send(&dialog_request("ACK", "kam", 2, &tag)), None);
+    let bye = send(&dialog_request("BYE", "kam", 3, &tag)).expect("BYE answered");
+    assert!(bye.starts_with("SIP/2.0 200 OK"), "{bye}");
+    let stats = net.stats();
+    assert_eq!(class_counter(&stats, "sip-exempt", "packets"), 4, "{stats}");
+    assert_eq!(class_counter(&stats, "sip-original", "dropped_rate"), 3);
 }

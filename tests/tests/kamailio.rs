@@ -2,11 +2,7 @@
 //! (started by the test with a minimal config that answers every request with 200 OK) on
 //! loopback; its responses must name the requests' transactions.
 
-use std::{
-    net::UdpSocket,
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::{net::UdpSocket, time::Duration};
 
 use gateway_common::{
     Class,
@@ -16,33 +12,9 @@ use gateway_common::{
 use gateway_tests::{
     frames::Frame,
     have_root,
+    kamailio::Kamailio,
     testrun::{Hook, TestProgram},
-    tls::Proc,
 };
-
-fn kamailio(port: u16, dir: &std::path::Path) -> Proc {
-    let cfg = dir.join("kamailio.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "#!KAMAILIO\ndebug=1\nlog_stderror=yes\nchildren=1\nlisten=udp:127.0.0.1:{port}\n\
-             loadmodule \"sl.so\"\nrequest_route {{\n    sl_send_reply(\"200\", \"OK\");\n}}\n"
-        ),
-    )
-    .unwrap();
-    Proc(
-        Command::new("kamailio")
-            .args(["-DD", "-E", "-f"])
-            .arg(&cfg)
-            .arg("-P")
-            .arg(dir.join("kamailio.pid"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("kamailio"),
-    )
-}
 
 fn request(method: &str, port: u16, local: u16, branch: &str) -> String {
     format!(
@@ -59,14 +31,12 @@ Content-Length: 0\r\n\r\n"
 
 #[test]
 fn kamailio_responses_name_the_requests_transactions() {
-    let dir = std::env::temp_dir().join(format!("gwt-kamailio-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let port = UdpSocket::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let _k = kamailio(port, &dir);
+    let _k = Kamailio::start(&[], ([127, 0, 0, 1], port).into());
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let local = sock.local_addr().unwrap().port();
     sock.set_read_timeout(Some(Duration::from_millis(200)))
@@ -99,7 +69,6 @@ fn kamailio_responses_name_the_requests_transactions() {
         assert_eq!(r.cseq, 7);
         answered.push((req, resp));
     }
-    let _ = std::fs::remove_dir_all(&dir);
 
     // Through the real programs: Kamailio's answer to the INVITE, leaving, completes it.
     if !have_root("kamailio_response_completes") {

@@ -861,3 +861,72 @@ fn wait_until_served(s: &Setup, config: &std::sync::Arc<rustls::ClientConfig>, d
         );
     }
 }
+
+#[test]
+fn a_replayed_session_id_that_does_not_resume_is_withdrawn_and_buys_nothing_more() {
+    if !have_root("a_replayed_session_id_that_does_not_resume_is_withdrawn") {
+        return;
+    }
+    let mut s = Setup::new();
+    let _b = s.with_backend(Mode::Answer, "", "");
+    // A real client gets a TLS 1.2 session id: it travels in clear in the ServerHello.
+    let out = s.s_client(&["-tls1_2", "-no_ticket", "-ign_eof"]);
+    assert!(out.contains("New,"), "{out}");
+    let id = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Session-ID: "))
+        .map(|hex| {
+            (0..hex.len() / 2)
+                .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+                .collect::<Vec<u8>>()
+        })
+        .expect("a session id");
+    assert_eq!(id.len(), 32, "{out}");
+    s.net
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+    // An eavesdropper replays it: the datapath cannot tell, and gives it a resumed place.
+    let replay = gateway_common::testing::HelloBuilder {
+        session_id: id,
+        ..Default::default()
+    }
+    .build();
+    let resumed = s.class("tls-resumed", "admitted");
+    let stream = s.raw(&replay);
+    wait_for(
+        &s.net,
+        METRICS,
+        "gateway_proxy_open_connections",
+        &[],
+        |v| v == 1.0,
+        Duration::from_secs(5),
+    );
+    assert_eq!(s.class("tls-resumed", "admitted"), resumed + 1);
+    // It cannot finish the handshake (no master secret): when it gives up, the proxy learns
+    // that the offer did not resume and withdraws the key from the datapath.
+    drop(stream);
+    let text = wait_for(
+        &s.net,
+        METRICS,
+        "gateway_proxy_offers_withdrawn_total",
+        &[],
+        |v| v == 1.0,
+        Duration::from_secs(10),
+    );
+    assert_eq!(outcome(&text, "handshake_error"), 1.0, "{text}");
+    // The same replay is now an unverified offer, judged as new: refused with tls-new closed.
+    let unverified = s.net.stats()["tls"]["unverified_offers"].as_u64().unwrap();
+    let mut again = s.raw(&replay);
+    again
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert!(
+        !matches!(std::io::Read::read(&mut again, &mut byte), Ok(1)),
+        "a withdrawn key was answered"
+    );
+    assert_eq!(s.class("tls-resumed", "admitted"), resumed + 1);
+    assert_eq!(
+        s.net.stats()["tls"]["unverified_offers"].as_u64().unwrap(),
+        unverified + 1
+    );
+}

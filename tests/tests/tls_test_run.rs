@@ -18,11 +18,15 @@ fn key(fill: u8) -> Vec<u8> {
     (0..32).map(|i| fill.wrapping_add(i)).collect()
 }
 
+/// Publishes the key `hello` offers, with room for as many resumed connections at once as a
+/// key may have (these tests admit many that no server answers).
 fn publish(prog: &mut TestProgram, hello: &[u8]) {
     let key = parse_hello(hello).offer_key().expect("an offer with a key");
-    prog.maps
-        .add_issued(IssuedKey { key }, IssuedValue::default())
-        .unwrap();
+    let value = IssuedValue {
+        limit: gateway_common::maps::MAX_RESUME_LIMIT,
+        ..Default::default()
+    };
+    prog.maps.add_issued(IssuedKey { key }, value).unwrap();
 }
 
 /// Runs one frame; returns the class it was counted in.
@@ -653,4 +657,98 @@ fn an_alert_in_front_of_a_hello_does_not_hide_it() {
     let next = Frame::tcp(443, &hello).from_port(4).seq(8).build();
     assert_eq!(class_of(&prog, Hook::Xdp, &next), Some(Class::TlsNew));
     assert_eq!(prog.run(Hook::Xdp, &next, 1).0, XDP_DROP);
+}
+
+#[test]
+fn a_published_key_buys_the_resumed_class_for_its_limit_of_connections_at_a_time() {
+    if !have_root("a_published_key_buys_the_resumed_class_for_its_limit") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let timeout = std::time::Duration::from_millis(300);
+    set_policy(
+        &mut prog,
+        Class::TlsResumed,
+        gateway::config::PolicyConfig {
+            timeout: Some(gateway::proxy::config::Span(timeout)),
+            ..Default::default()
+        },
+    );
+    // A TLS 1.2 session id travels in clear in the ServerHello: anyone can replay it.
+    let hello = HelloBuilder {
+        session_id: key(7),
+        ..Default::default()
+    }
+    .build();
+    let issued = IssuedKey {
+        key: parse_hello(&hello).offer_key().unwrap(),
+    };
+    prog.maps
+        .add_issued(
+            issued,
+            IssuedValue {
+                limit: 2,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let in_use = |prog: &TestProgram| {
+        prog.maps
+            .issued()
+            .unwrap()
+            .into_iter()
+            .find(|(k, _)| *k == issued)
+            .map(|(_, v)| v.in_use)
+    };
+    let from = |port: u16| Frame::tcp(443, &hello).from_port(port).seq(1).build();
+    // Four connections replay it at once: two are resumed, the others judged as new.
+    let classes: Vec<_> = (1..=4)
+        .map(|port| class_of(&prog, Hook::Xdp, &from(port)))
+        .collect();
+    assert_eq!(
+        classes,
+        [
+            Some(Class::TlsResumed),
+            Some(Class::TlsResumed),
+            Some(Class::TlsNew),
+            Some(Class::TlsNew)
+        ]
+    );
+    assert_eq!(prog.counters().tls.replays_bounded, 2);
+    assert_eq!(prog.counters().tls.unverified_offers, 0);
+    assert_eq!(in_use(&prog), Some(2));
+    // The server answers connection 1 (its unit completes): its place is free again, once.
+    prog.run(Hook::TcEgress, &server_hello_to(1), 1);
+    prog.run(Hook::TcEgress, &server_hello_to(1), 1);
+    assert_eq!(in_use(&prog), Some(1));
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, &from(5)),
+        Some(Class::TlsResumed)
+    );
+    assert_eq!(class_of(&prog, Hook::Xdp, &from(6)), Some(Class::TlsNew));
+    // Connections the server never answers give their places back when they expire, with no
+    // daemon: past the timeout (and the sweep interval) the key resumes again.
+    let deadline = std::time::Instant::now() + timeout + std::time::Duration::from_secs(2);
+    let mut port = 100;
+    while class_of(&prog, Hook::Xdp, &from(port)) != Some(Class::TlsResumed) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "places never came back"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        port += 1;
+    }
+    let st = prog.maps.class_state().unwrap()[Class::TlsResumed.id() as usize];
+    assert_eq!(
+        st.expired, 2,
+        "the two unanswered resumed connections expired"
+    );
+    assert_eq!(in_use(&prog), Some(1));
+    // Withdrawn, the key buys nothing; a late answer to its holder takes no count below zero.
+    assert!(prog.maps.remove_issued(&issued).unwrap());
+    prog.maps
+        .add_issued(issued, IssuedValue::default())
+        .unwrap();
+    prog.run(Hook::TcEgress, &server_hello_to(port), 1);
+    assert_eq!(in_use(&prog), Some(0));
 }

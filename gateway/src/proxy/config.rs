@@ -112,6 +112,9 @@ pub struct TlsConfig {
     pub session_lifetime: Span,
     /// Entries of the server-side session cache (TLS 1.2 session ids).
     pub session_cache: usize,
+    /// Connections one issued session may hold in the tls-resumed class at once (the datapath
+    /// counts them; a replayed or shared key gets no more).
+    pub resume_limit: u32,
 }
 
 #[derive(Deserialize)]
@@ -129,6 +132,8 @@ struct RawTls {
     session_lifetime: Span,
     #[serde(default = "default_cache")]
     session_cache: usize,
+    #[serde(default = "default_resume_limit")]
+    resume_limit: u32,
 }
 
 fn default_rotation() -> Span {
@@ -139,6 +144,9 @@ fn default_lifetime() -> Span {
 }
 fn default_cache() -> usize {
     10_000
+}
+fn default_resume_limit() -> u32 {
+    gateway_common::maps::DEFAULT_RESUME_LIMIT
 }
 
 impl TryFrom<RawTls> for TlsConfig {
@@ -153,12 +161,20 @@ impl TryFrom<RawTls> for TlsConfig {
         if r.session_lifetime.0 > Duration::from_secs(7 * 86400) {
             return Err("session_lifetime: at most 7 days (RFC 8446, 4.6.1)".into());
         }
+        let max = gateway_common::maps::MAX_RESUME_LIMIT;
+        if !(1..=max).contains(&r.resume_limit) {
+            return Err(format!(
+                "tls.resume_limit: {} is out of range, need 1 to {max}",
+                r.resume_limit
+            ));
+        }
         Ok(TlsConfig {
             cert_key,
             ticket_key_file: r.ticket_key_file,
             ticket_rotation: r.ticket_rotation,
             session_lifetime: r.session_lifetime,
             session_cache: r.session_cache,
+            resume_limit: r.resume_limit,
         })
     }
 }
@@ -171,6 +187,7 @@ impl Default for TlsConfig {
             ticket_rotation: default_rotation(),
             session_lifetime: default_lifetime(),
             session_cache: default_cache(),
+            resume_limit: default_resume_limit(),
         }
     }
 }
@@ -178,13 +195,14 @@ impl Default for TlsConfig {
 impl Serialize for TlsConfig {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct as _;
-        let mut st = s.serialize_struct("TlsConfig", 6)?;
+        let mut st = s.serialize_struct("TlsConfig", 7)?;
         st.serialize_field("cert", &self.cert_key.as_ref().map(|c| &c.0))?;
         st.serialize_field("key", &self.cert_key.as_ref().map(|c| &c.1))?;
         st.serialize_field("ticket_key_file", &self.ticket_key_file)?;
         st.serialize_field("ticket_rotation", &self.ticket_rotation)?;
         st.serialize_field("session_lifetime", &self.session_lifetime)?;
         st.serialize_field("session_cache", &self.session_cache)?;
+        st.serialize_field("resume_limit", &self.resume_limit)?;
         st.end()
     }
 }

@@ -5,7 +5,9 @@
 //! 1. Accepted. When every pool member is down or full, the connection is refused at once with a
 //!    reset, before any handshake work.
 //! 2. The TLS handshake, bounded by the handshake timeout and CPU-timed by kind (full, resumed).
-//!    Its end (finished, failed, timed out) is the connection's completion for the datapath.
+//!    A hello that offered an issued key and did not resume (a full handshake, a failure, a
+//!    timeout) withdraws that key from the datapath ([`tap`]): a replayed or stale key keeps
+//!    no resumed places.
 //! 3. The backend connection: a place with the next member by weight is reserved only now, so a
 //!    slow or stalled handshake (slowloris) holds no backend capacity. After a wait in the
 //!    member's backlog if it had no free slot, a bounded connect; a member that refuses or times
@@ -20,6 +22,7 @@ pub mod header;
 pub mod pool;
 pub mod relay;
 pub mod stats;
+pub mod tap;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
@@ -153,13 +156,14 @@ impl Proxy {
             let _ = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::Linger, &reset);
             return Outcome::RefusedFull;
         }
+        let (sock, hello) = tap::Tap::new(sock);
         let handshake = CpuTimed::new(self.acceptor.accept(sock));
         let done = tokio::time::timeout(self.cfg.timeouts.handshake.0, handshake).await;
-        let mut tls = match done {
-            Err(_) => return Outcome::HandshakeTimeout,
+        let (outcome, kind) = match done {
+            Err(_) => (Err(Outcome::HandshakeTimeout), None),
             Ok((Err(e), _)) => {
                 debug!(listener = %self.label, %peer, error = %e, "handshake failed");
-                return Outcome::HandshakeError;
+                (Err(Outcome::HandshakeError), None)
             }
             Ok((Ok(tls), cpu)) => {
                 let kind = match tls.get_ref().1.handshake_kind() {
@@ -167,8 +171,22 @@ impl Proxy {
                     _ => HandshakeKind::Full,
                 };
                 self.own.handshake(kind, cpu);
+                (Ok(tls), Some(kind))
+            }
+        };
+        if kind != Some(HandshakeKind::Resumed)
+            && let Some(key) = hello.offer_key()
+            && self.feedback.withdraw_key(&key)
+        {
+            self.own.offer_withdrawn();
+            debug!(listener = %self.label, %peer, "an offer did not resume: its key is withdrawn");
+        }
+        let mut tls = match outcome {
+            Ok(mut tls) => {
+                tls.get_mut().0.stop();
                 tls
             }
+            Err(outcome) => return outcome,
         };
         let Some((mut backend, _slot)) = self.connect_backend().await else {
             let _ = tls.shutdown().await;

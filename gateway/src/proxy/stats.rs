@@ -122,6 +122,8 @@ pub struct ProxyStats {
     pub backend_up: Family<BackendLabels, Gauge>,
     /// Connects a member refused or did not answer in time.
     pub backend_failures: Family<BackendLabels, Counter>,
+    /// Issued keys withdrawn because a hello offered them and did not resume.
+    pub offers_withdrawn: Family<ListenerLabels, Counter>,
 }
 
 impl ProxyStats {
@@ -168,6 +170,11 @@ impl ProxyStats {
             "Connects a backend member refused or did not answer in time",
             self.backend_failures.clone(),
         );
+        r.register(
+            "offers_withdrawn",
+            "Issued keys withdrawn from the datapath because a hello offered them and did not resume",
+            self.offers_withdrawn.clone(),
+        );
     }
 
     /// The series of the listener `listener`, looked up once: a connection then touches its
@@ -197,6 +204,7 @@ impl ProxyStats {
         };
         ListenerStats {
             open: self.open.get_or_create(&labels).clone(),
+            withdrawn: self.offers_withdrawn.get_or_create(&labels).clone(),
             handshakes: [
                 handshake(HandshakeKind::Full),
                 handshake(HandshakeKind::Resumed),
@@ -210,6 +218,7 @@ impl ProxyStats {
 pub struct ListenerStats {
     /// Connections open now.
     pub open: Gauge,
+    withdrawn: Counter,
     handshakes: [(Counter, Counter<f64, AtomicU64>); 2],
     outcomes: [Counter; Outcome::ALL.len()],
 }
@@ -228,6 +237,11 @@ impl ListenerStats {
         let (n, secs) = &self.handshakes[kind as usize];
         let n = n.get();
         (n > 0).then(|| Duration::from_secs_f64(secs.get() / n as f64))
+    }
+
+    /// Counts an issued key withdrawn because its offer did not resume.
+    pub fn offer_withdrawn(&self) {
+        self.withdrawn.inc();
     }
 
     /// Counts an outcome.

@@ -1,0 +1,85 @@
+//! Places of issued keys: a published key buys the `tls-resumed` class for at most its limit of
+//! connections at a time (`gateway_common::maps::IssuedValue`). A resumed connection takes a
+//! place when it is admitted and gives it back when its unit ends (`crate::pending`), so a key
+//! read off the wire or replayed on many connections at once buys little.
+// Map keys go by reference, as in the TLS module (the BPF stack is 512 bytes).
+#![allow(clippy::needless_borrows_for_generic_args)]
+
+use gateway_common::{
+    Class,
+    maps::{IssuedKey, resume_holders, resume_limit, timeout_ns},
+    tls::KEY_LEN,
+};
+
+use crate::{
+    admission::{compare_and_swap, now_ns},
+    maps::{CLASS_POLICY, TLS_ISSUED},
+    pending::sweep_if_due,
+};
+
+/// What an offer's key got.
+pub enum Place {
+    /// The key was issued and had room: the connection holds one of its places.
+    Taken,
+    /// The key was issued but every place is held.
+    Full,
+    /// The key was never issued (or was withdrawn).
+    Unknown,
+}
+
+/// Attempts at a compare-and-swap before an offer counts as having lost the race (each failed
+/// attempt means another CPU took or gave back a place in between).
+const TRIES: usize = 4;
+
+/// Takes a place of the issued key `key`. Expired resumed units are released first (when their
+/// sweep is due), so their places are free before the count is read; the healing rule of
+/// `resume_holders` is only the safety net for a release lost to contention.
+#[inline(always)]
+pub fn take(key: &[u8; KEY_LEN]) -> Place {
+    sweep_if_due(Class::TlsResumed);
+    let Some(v) = TLS_ISSUED.get_ptr_mut(&IssuedKey { key: *key }) else {
+        return Place::Unknown;
+    };
+    let timeout = CLASS_POLICY
+        .get(Class::TlsResumed.id())
+        .map_or(0, |p| timeout_ns(Class::TlsResumed, p));
+    let now = now_ns();
+    // SAFETY: `in_use` is only changed by compare-and-swap; `granted_ns` is informational for
+    // the healing rule, a racing write at worst keeps a count a little longer.
+    unsafe {
+        let limit = resume_limit(core::ptr::read_volatile(&raw const (*v).limit));
+        let in_use = &raw mut (*v).in_use;
+        for _ in 0..TRIES {
+            let seen = core::ptr::read_volatile(in_use);
+            let granted = core::ptr::read_volatile(&raw const (*v).granted_ns);
+            let held = resume_holders(seen, granted, now, timeout);
+            if held >= limit {
+                return Place::Full;
+            }
+            if compare_and_swap(in_use, seen, held + 1) {
+                core::ptr::write_volatile(&raw mut (*v).granted_ns, now);
+                return Place::Taken;
+            }
+        }
+    }
+    Place::Full
+}
+
+/// Gives back a place of the issued key `key` (a resumed unit ended). Never below zero: a key
+/// withdrawn and published again in between starts from its own count.
+#[inline(always)]
+pub fn give_back(key: &[u8; KEY_LEN]) {
+    let Some(v) = TLS_ISSUED.get_ptr_mut(&IssuedKey { key: *key }) else {
+        return;
+    };
+    // SAFETY: as in `take`.
+    unsafe {
+        let in_use = &raw mut (*v).in_use;
+        for _ in 0..TRIES {
+            let seen = core::ptr::read_volatile(in_use);
+            if seen == 0 || compare_and_swap(in_use, seen, seen - 1) {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! A real Kamailio for the tests: one worker, stateless, answering every request with `200 OK`
+//! (the `sl` module adds its own To tag), started by the test and killed when dropped.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Command, Stdio},
+};
+
+use crate::{fresh_temp_dir, tls::Proc};
+
+/// A running Kamailio and its directory.
+pub struct Kamailio {
+    _proc: Proc,
+    dir: PathBuf,
+}
+
+impl Kamailio {
+    /// Starts Kamailio listening on udp `listen`, run under `prefix` (for example
+    /// `["ip", "netns", "exec", NS]`; empty for this namespace). It may take a moment before it
+    /// answers: callers resend (bounded) until it does.
+    pub fn start(prefix: &[&str], listen: SocketAddr) -> Self {
+        let dir = fresh_temp_dir("gwt-kamailio");
+        let cfg = dir.join("kamailio.cfg");
+        std::fs::write(
+            &cfg,
+            format!(
+                "#!KAMAILIO\ndebug=1\nlog_stderror=yes\nchildren=1\nlisten=udp:{listen}\n\
+                 loadmodule \"sl.so\"\nrequest_route {{\n    sl_send_reply(\"200\", \"OK\");\n}}\n"
+            ),
+        )
+        .unwrap();
+        let mut all: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
+        all.extend(["kamailio", "-DD", "-E", "-f"].map(String::from));
+        all.push(cfg.display().to_string());
+        all.push("-P".into());
+        all.push(dir.join("kamailio.pid").display().to_string());
+        let child = Command::new(&all[0])
+            .args(&all[1..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("kamailio (cargo xtask setup installs it)");
+        Kamailio {
+            _proc: Proc(child),
+            dir,
+        }
+    }
+}
+
+impl Drop for Kamailio {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -113,11 +113,31 @@ fn tls_costs(prog: &mut TestProgram) {
     );
     println!("| packet | gateway_xdp ns | bare XDP_PASS ns | ratio | target |");
     println!("|---|---:|---:|---:|---:|");
+    // A resuming hello whose key was published: verified, and a place of the key taken.
+    let resuming = HelloBuilder {
+        psk_identity: Some(vec![9; 32]),
+        ..HelloBuilder::tls13()
+    }
+    .build();
+    let issued = gateway_common::maps::IssuedKey {
+        key: gateway_common::tls::parse_hello(&resuming)
+            .offer_key()
+            .expect("an offer"),
+    };
+    let room = gateway_common::maps::IssuedValue {
+        limit: gateway_common::maps::MAX_RESUME_LIMIT,
+        ..Default::default()
+    };
+    prog.maps.add_issued(issued, room).unwrap();
     for (name, hello) in [
         ("ClientHello, TLS 1.2, 153 B", &plain),
         (
             "ClientHello, TLS 1.3 + ML-KEM share, 1.4 KB (scratch copy 1.4 KB)",
             &pq,
+        ),
+        (
+            "ClientHello, TLS 1.3 + ML-KEM share, resumed (key verified, place taken)",
+            &resuming,
         ),
     ] {
         let frame = Frame::tcp(443, hello).build();

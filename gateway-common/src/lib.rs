@@ -13,8 +13,10 @@ extern crate alloc;
 
 pub mod bytes;
 pub mod class;
+pub mod counters;
 pub mod maps;
 pub mod packet;
+pub mod policy;
 pub mod sip;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -5,71 +5,92 @@
 
 use crate::class::NUM_CLASSES;
 
-/// Map names, as declared in the eBPF object and used as pin file names.
-pub mod names {
+/// Declares the table of maps: each map's name (as declared in the eBPF object and used as its
+/// pin file name) with its key and value types, from which [`names`] and [`layout`] follow.
+macro_rules! map_table {
+    ($( $(#[doc = $doc:literal])* $name:ident: $key:ty => $value:ty, )*) => {
+        /// Map names, as declared in the eBPF object and used as pin file names.
+        pub mod names {
+            $(
+                $(#[doc = $doc])*
+                pub const $name: &str = stringify!($name);
+            )*
+
+            /// Every map the gateway pins, in a fixed order.
+            pub const ALL: &[&str] = &[$($name),*];
+        }
+
+        /// The key and value sizes the map `name` has in this build; `None` for an unknown
+        /// name, `(0, 0)` for the ring buffer (which has neither).
+        pub const fn layout(name: &str) -> Option<(usize, usize)> {
+            $(
+                if const_eq(name, names::$name) {
+                    return Some((core::mem::size_of::<$key>(), core::mem::size_of::<$value>()));
+                }
+            )*
+            None
+        }
+    };
+}
+
+/// `a == b` for strings, in a `const fn`.
+const fn const_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+map_table! {
     /// Per-class, per-CPU packet and admission counters ([`super::ClassStats`]).
-    pub const CLASS_STATS: &str = "CLASS_STATS";
+    CLASS_STATS: u32 => ClassStats,
     /// Per-class admission limits ([`super::ClassPolicy`]).
-    pub const CLASS_POLICY: &str = "CLASS_POLICY";
+    CLASS_POLICY: u32 => ClassPolicy,
     /// Per-class admission state ([`super::ClassState`]).
-    pub const CLASS_STATE: &str = "CLASS_STATE";
+    CLASS_STATE: u32 => ClassState,
     /// Protected services, keyed by [`super::ServiceKey`]: the operator-facing source of truth.
-    pub const SERVICES: &str = "SERVICES";
+    SERVICES: ServiceKey => ServiceValue,
     /// The datapath's index of [`SERVICES`]: one byte of service kind per (protocol, port), see
     /// [`super::service_port_index`].
-    pub const SERVICE_PORTS: &str = "SERVICE_PORTS";
+    SERVICE_PORTS: u32 => u8,
     /// Per-CPU parser counters ([`super::DatapathCounters`]).
-    pub const DP_COUNTERS: &str = "DP_COUNTERS";
+    DP_COUNTERS: u32 => DatapathCounters,
     /// Datapath-wide settings ([`super::DatapathConfig`]).
-    pub const DP_CONFIG: &str = "DP_CONFIG";
+    DP_CONFIG: u32 => DatapathConfig,
     /// TLS connections by 4-tuple ([`super::FlowKey`] to [`super::TlsFlow`]).
-    pub const TLS_FLOWS: &str = "TLS_FLOWS";
+    TLS_FLOWS: FlowKey => TlsFlow,
     /// Keys of the sessions the server issued ([`super::IssuedKey`] to [`super::IssuedValue`]).
-    pub const TLS_ISSUED: &str = "TLS_ISSUED";
+    TLS_ISSUED: IssuedKey => IssuedValue,
     /// Per-CPU TLS counters ([`super::TlsCounters`]).
-    pub const TLS_COUNTERS: &str = "TLS_COUNTERS";
+    TLS_COUNTERS: u32 => TlsCounters,
     /// Rejected TLS connections, for the daemon to tear down ([`super::RejectEvent`]).
-    pub const TLS_REJECTS: &str = "TLS_REJECTS";
+    TLS_REJECTS: () => (),
     /// SIP transactions seen (transaction key to [`super::SipTxn`]).
-    pub const SIP_TXNS: &str = "SIP_TXNS";
+    SIP_TXNS: u64 => SipTxn,
     /// Per-class, per-CPU service-time histograms ([`super::LatencyHistogram`]).
-    pub const SIP_LATENCY: &str = "SIP_LATENCY";
+    SIP_LATENCY: u32 => LatencyHistogram,
     /// The XDP hook's jump table (index 0: the SIP program). Pinned: the kernel empties a program
     /// array when its last userspace reference goes away, and a pin is one.
-    pub const XDP_JUMP: &str = "XDP_JUMP";
+    XDP_JUMP: u32 => u32,
     /// The TC hook's jump table (index 0: the SIP program), pinned likewise.
-    pub const TC_JUMP: &str = "TC_JUMP";
+    TC_JUMP: u32 => u32,
     /// Admitted TLS connections the server has not answered yet ([`super::FlowKey`] to
     /// [`super::Pending`]): not LRU, so nothing can evict them.
-    pub const TLS_PENDING: &str = "TLS_PENDING";
+    TLS_PENDING: FlowKey => Pending,
     /// Admitted SIP requests the server has not answered yet (unit key, see
     /// `SipInfo::unit_key`, to [`super::Pending`]): not LRU either.
-    pub const SIP_PENDING: &str = "SIP_PENDING";
+    SIP_PENDING: u64 => Pending,
     /// SIP dialogs the server established (dialog key, see `SipInfo::dialog_key`, to
     /// [`super::SipDialog`]), learnt from its 2xx responses to INVITEs.
-    pub const SIP_DIALOGS: &str = "SIP_DIALOGS";
-
-    /// Every map the gateway pins, in a fixed order.
-    pub const ALL: [&str; 18] = [
-        CLASS_STATS,
-        CLASS_POLICY,
-        CLASS_STATE,
-        SERVICES,
-        SERVICE_PORTS,
-        DP_COUNTERS,
-        DP_CONFIG,
-        TLS_FLOWS,
-        TLS_ISSUED,
-        TLS_COUNTERS,
-        TLS_REJECTS,
-        SIP_TXNS,
-        SIP_LATENCY,
-        XDP_JUMP,
-        TC_JUMP,
-        TLS_PENDING,
-        SIP_PENDING,
-        SIP_DIALOGS,
-    ];
+    SIP_DIALOGS: u64 => SipDialog,
 }
 
 /// Program names in the eBPF object.
@@ -109,33 +130,21 @@ pub const fn service_port_index(proto: u8, port: u16) -> Option<u32> {
     }
 }
 
-/// Per-class counters. One copy per CPU; userspace sums them.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ClassStats {
-    /// Packets classified into this class.
-    pub packets: u64,
-    /// Bytes of those packets (whole frames).
-    pub bytes: u64,
-    /// Packets (or, for classes with a notion of connection or request, admissions) let through.
-    pub admitted: u64,
-    /// Dropped because the class's backlog was at its limit.
-    pub dropped_backlog: u64,
-    /// Dropped because the class's rate limit was exceeded.
-    pub dropped_rate: u64,
-    /// Rejected actively (for TCP, answered with a reset).
-    pub rejected: u64,
-}
-
-impl ClassStats {
-    /// Adds another CPU's counters to these.
-    pub fn accumulate(&mut self, other: &ClassStats) {
-        self.packets += other.packets;
-        self.bytes += other.bytes;
-        self.admitted += other.admitted;
-        self.dropped_backlog += other.dropped_backlog;
-        self.dropped_rate += other.dropped_rate;
-        self.rejected += other.rejected;
+crate::counters! {
+    /// Per-class counters. One copy per CPU; userspace sums them.
+    pub struct ClassStats {
+        /// Packets classified into this class.
+        pub packets: u64,
+        /// Bytes of those packets (whole frames).
+        pub bytes: u64,
+        /// Packets (or, for classes with a notion of connection or request, admissions) let through.
+        pub admitted: u64,
+        /// Dropped because the class's backlog was at its limit.
+        pub dropped_backlog: u64,
+        /// Dropped because the class's rate limit was exceeded.
+        pub dropped_rate: u64,
+        /// Rejected actively (for TCP, answered with a reset).
+        pub rejected: u64,
     }
 }
 
@@ -393,51 +402,34 @@ pub struct DatapathConfig {
     pub ifindex: u32,
 }
 
-/// Parser counters, the single entry of the per-CPU `DP_COUNTERS` array. Touched only when a
-/// packet has something to count here (the total is the sum of the per-class packet counts).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DatapathCounters {
-    /// Not IPv4 or IPv6 (ARP, LLDP, ...), passed.
-    pub not_ip: u64,
-    /// Frames that ended inside a header.
-    pub truncated: u64,
-    /// Headers with impossible fields (IPv4 IHL < 5, TCP data offset < 5, wrong IP version).
-    pub malformed: u64,
-    /// IPv4 or IPv6 fragments. A first fragment is also classified (it carries the ports and
-    /// the start of the message); later ones are passed or dropped by policy.
-    pub fragments: u64,
-    /// Headers beyond the parser's bounds (too many VLAN tags or IPv6 extension headers, ESP).
-    pub unparseable: u64,
-    /// Packets dropped by the fragment or unparseable policy.
-    pub policy_dropped: u64,
-    /// Frames carrying at least one VLAN tag.
-    pub vlan: u64,
-    /// IPv6 packets.
-    pub ipv6: u64,
-    /// IPv4 packets carrying options.
-    pub ipv4_options: u64,
-    /// Units refused because their pending table was full.
-    pub pending_full: u64,
-    /// SIP requests that claimed an exemption (ACK, CANCEL, BYE, a To tag) for a dialog or
-    /// transaction the server never made: judged as originals.
-    pub sip_unearned: u64,
-}
-
-impl DatapathCounters {
-    /// Adds another CPU's counters to these.
-    pub fn accumulate(&mut self, o: &DatapathCounters) {
-        self.not_ip += o.not_ip;
-        self.truncated += o.truncated;
-        self.malformed += o.malformed;
-        self.fragments += o.fragments;
-        self.unparseable += o.unparseable;
-        self.policy_dropped += o.policy_dropped;
-        self.vlan += o.vlan;
-        self.ipv6 += o.ipv6;
-        self.ipv4_options += o.ipv4_options;
-        self.pending_full += o.pending_full;
-        self.sip_unearned += o.sip_unearned;
+crate::counters! {
+    /// Parser counters, the single entry of the per-CPU `DP_COUNTERS` array. Touched only when a
+    /// packet has something to count here (the total is the sum of the per-class packet counts).
+    pub struct DatapathCounters {
+        /// Not IPv4 or IPv6 (ARP, LLDP, ...), passed.
+        pub not_ip: u64,
+        /// Frames that ended inside a header.
+        pub truncated: u64,
+        /// Headers with impossible fields (IPv4 IHL < 5, TCP data offset < 5, wrong IP version).
+        pub malformed: u64,
+        /// IPv4 or IPv6 fragments. A first fragment is also classified (it carries the ports and
+        /// the start of the message); later ones are passed or dropped by policy.
+        pub fragments: u64,
+        /// Headers beyond the parser's bounds (too many VLAN tags or IPv6 extension headers, ESP).
+        pub unparseable: u64,
+        /// Packets dropped by the fragment or unparseable policy.
+        pub policy_dropped: u64,
+        /// Frames carrying at least one VLAN tag.
+        pub vlan: u64,
+        /// IPv6 packets.
+        pub ipv6: u64,
+        /// IPv4 packets carrying options.
+        pub ipv4_options: u64,
+        /// Units refused because their pending table was full.
+        pub pending_full: u64,
+        /// SIP requests that claimed an exemption (ACK, CANCEL, BYE, a To tag) for a dialog or
+        /// transaction the server never made: judged as originals.
+        pub sip_unearned: u64,
     }
 }
 
@@ -552,44 +544,29 @@ pub const fn resume_limit(limit: u32) -> u64 {
     }
 }
 
-/// TLS counters, the single entry of the per-CPU `TLS_COUNTERS` array.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TlsCounters {
-    /// ClientHellos decided (admitted or rejected).
-    pub hellos: u64,
-    /// Hellos that offered a resumption whose key the server never issued (classed tls-new).
-    pub unverified_offers: u64,
-    /// Hellos that took more than one segment.
-    pub multi_segment: u64,
-    /// Hellos that were not well formed (classed tls-new).
-    pub malformed: u64,
-    /// Hellos whose next segment did not arrive in order (classed tls-new).
-    pub out_of_order: u64,
-    /// Packets of rejected connections, dropped.
-    pub rejected_flow_packets: u64,
-    /// Admitted connections the server answered (its first flight, or its close, seen leaving).
-    pub completions: u64,
-    /// Segments with payload on a 4-tuple the kernel has no connection for (spoofed, or left
-    /// over): dropped after one socket lookup, no state created.
-    pub no_connection: u64,
-    /// Offers of an issued key that already held its limit of resumed connections (a replayed
-    /// or shared key): classed tls-new.
-    pub replays_bounded: u64,
-}
-
-impl TlsCounters {
-    /// Adds another CPU's counters to these.
-    pub fn accumulate(&mut self, o: &TlsCounters) {
-        self.hellos += o.hellos;
-        self.unverified_offers += o.unverified_offers;
-        self.multi_segment += o.multi_segment;
-        self.malformed += o.malformed;
-        self.out_of_order += o.out_of_order;
-        self.rejected_flow_packets += o.rejected_flow_packets;
-        self.completions += o.completions;
-        self.no_connection += o.no_connection;
-        self.replays_bounded += o.replays_bounded;
+crate::counters! {
+    /// TLS counters, the single entry of the per-CPU `TLS_COUNTERS` array.
+    pub struct TlsCounters {
+        /// ClientHellos decided (admitted or rejected).
+        pub hellos: u64,
+        /// Hellos that offered a resumption whose key the server never issued (classed tls-new).
+        pub unverified_offers: u64,
+        /// Hellos that took more than one segment.
+        pub multi_segment: u64,
+        /// Hellos that were not well formed (classed tls-new).
+        pub malformed: u64,
+        /// Hellos whose next segment did not arrive in order (classed tls-new).
+        pub out_of_order: u64,
+        /// Packets of rejected connections, dropped.
+        pub rejected_flow_packets: u64,
+        /// Admitted connections the server answered (its first flight, or its close, seen leaving).
+        pub completions: u64,
+        /// Segments with payload on a 4-tuple the kernel has no connection for (spoofed, or left
+        /// over): dropped after one socket lookup, no state created.
+        pub no_connection: u64,
+        /// Offers of an issued key that already held its limit of resumed connections (a replayed
+        /// or shared key): classed tls-new.
+        pub replays_bounded: u64,
     }
 }
 

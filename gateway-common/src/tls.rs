@@ -79,19 +79,45 @@ pub enum Verdict {
     Malformed = 3,
 }
 
-/// The resumption a hello offers.
+/// The resumption a hello offers, and what a server issued for it (the `kind` of an
+/// `IssuedValue`): the one vocabulary of issued kinds for the datapath, the daemon and the CLI.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Offer {
     /// None.
     #[default]
     None = 0,
-    /// TLS 1.2 session id resumption.
+    /// TLS 1.2 session id resumption (or a stateful TLS 1.3 PSK identity from a session cache).
     SessionId = 1,
-    /// TLS 1.2 session ticket (RFC 5077).
+    /// TLS 1.2 session ticket (RFC 5077), or a ticket sent as a TLS 1.3 PSK identity.
     Ticket = 2,
     /// TLS 1.3 pre-shared key.
     Psk = 3,
+}
+
+impl Offer {
+    /// Every kind a server can issue.
+    pub const ISSUED: [Offer; 3] = [Offer::SessionId, Offer::Ticket, Offer::Psk];
+
+    /// The offer of id `id` (`Offer as u32`); `None` for an unknown id.
+    pub const fn from_id(id: u32) -> Offer {
+        match id {
+            1 => Offer::SessionId,
+            2 => Offer::Ticket,
+            3 => Offer::Psk,
+            _ => Offer::None,
+        }
+    }
+
+    /// Its name, as the CLI and JSON spell it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Offer::None => "none",
+            Offer::SessionId => "session-id",
+            Offer::Ticket => "ticket",
+            Offer::Psk => "psk",
+        }
+    }
 }
 
 #[repr(u8)]
@@ -281,12 +307,7 @@ impl HelloState {
 
     /// The resumption offered, for [`Verdict::Offer`].
     pub const fn offer(&self) -> Offer {
-        match self.offer {
-            1 => Offer::SessionId,
-            2 => Offer::Ticket,
-            3 => Offer::Psk,
-            _ => Offer::None,
-        }
+        Offer::from_id(self.offer as u32)
     }
 
     /// Whether the hello announced TLS 1.3.

@@ -2,7 +2,6 @@
 //! a GCRA rate limit. Shared by the TLS and SIP datapaths. What an admitted unit becomes is in
 //! [`crate::pending`].
 
-use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
 use gateway_common::{
     Class,
     maps::{
@@ -13,14 +12,14 @@ use gateway_common::{
 
 use crate::{
     maps::{CLASS_POLICY, CLASS_STATE, CLASS_STATS, DP_COUNTERS},
-    pending::sweep_if_due,
+    sync::{compare_and_swap, now_ns},
 };
 
 /// Whether one arrival may be admitted under the policy of `policy_of`, or why not
 /// (`REJECT_*`): the backlog of `backlog_of` is at the policy's backlog limit, or the GCRA rate
-/// limiter of `policy_of` has no room. Expired units of `backlog_of` are released first when its
-/// sweep is due, so a class never stays shut on work nobody answers. The caller then holds the
-/// unit (`pending::hold`), which counts the admission.
+/// limiter of `policy_of` has no room. Callers go through `crate::pending`, which releases the
+/// expired units of `backlog_of` first (so a class never stays shut on work nobody answers) and
+/// then holds the admitted unit, counting its admission.
 ///
 /// A class normally answers for itself (`admission(c, c)`). SIP retransmissions are admitted
 /// under their own policy but against the originals' backlog, and add nothing to it: with the
@@ -33,7 +32,6 @@ use crate::{
 /// compare-and-swap, so CPUs admitting at the same instant never both pass on one slot.
 #[inline(always)]
 pub fn admission(policy_of: Class, backlog_of: Class) -> Option<u8> {
-    sweep_if_due(backlog_of);
     let st = CLASS_STATE.get_ptr_mut(backlog_of.id())?;
     let rate_st = CLASS_STATE.get_ptr_mut(policy_of.id())?;
     let p = CLASS_POLICY.get(policy_of.id())?;
@@ -110,44 +108,6 @@ pub fn count_refusal(class: Class, reason: u8, rejected: bool) {
     }
 }
 
-/// A relaxed atomic add (BPF_ATOMIC | BPF_ADD).
-///
-/// # Safety
-/// `dst` must point to a live, aligned u64.
-#[inline(always)]
-pub unsafe fn atomic_add(dst: *mut u64, v: u64) {
-    // SAFETY: upheld by the caller.
-    unsafe {
-        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
-            dst, v,
-        );
-    }
-}
-
 /// Attempts at advancing a class's GCRA state before an arrival counts as refused (each failed
 /// attempt means another CPU admitted in between).
 const GCRA_TRIES: usize = 4;
-
-/// Sets `*dst` to `new` if it holds `old` (BPF_ATOMIC | BPF_CMPXCHG); whether it did.
-///
-/// # Safety
-/// `dst` must point to a live, aligned u64.
-#[inline(always)]
-pub unsafe fn compare_and_swap(dst: *mut u64, old: u64, new: u64) -> bool {
-    // SAFETY: upheld by the caller.
-    unsafe {
-        core::intrinsics::atomic_cxchg::<
-            u64,
-            { core::intrinsics::AtomicOrdering::SeqCst },
-            { core::intrinsics::AtomicOrdering::SeqCst },
-        >(dst, old, new)
-        .1
-    }
-}
-
-/// Nanoseconds of `CLOCK_MONOTONIC`.
-#[inline(always)]
-pub fn now_ns() -> u64 {
-    // SAFETY: no arguments.
-    unsafe { bpf_ktime_get_ns() }
-}

@@ -14,19 +14,11 @@ use gateway_common::{
 };
 
 use crate::{
+    context::{Action, ConnectionLookup, CopyOut, JumpToSip},
     maps::{CLASS_STATS, DP_CONFIG, DP_COUNTERS, SERVICE_PORTS},
     sip::sip_packet,
-    tls::{ConnectionLookup, CopyOut, tls_packet},
+    tls::tls_packet,
 };
-
-/// What to do with a packet.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Let it through.
-    Pass,
-    /// Drop it here.
-    Drop,
-}
 
 /// Classifies and counts one frame of `len` bytes. `ctx` serves aya-log records (compiled in at
 /// debug level, off unless the loader raises the level) and copies of TLS payloads.
@@ -35,7 +27,7 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + JumpToSip, B: Packe
     ctx: &C,
     b: &B,
     len: u64,
-) -> Verdict {
+) -> Action {
     let pkt = parse(b);
     // The parser counters are looked up only when there is something to count, so plain IPv4
     // traffic pays for one per-CPU lookup (its class's counters) and no more.
@@ -58,43 +50,40 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + JumpToSip, B: Packe
 
     // A first fragment is classified like the whole datagram, unless fragments are dropped by
     // policy (then all of them are, the first included).
-    if pkt.fragmented && policy(CONFIG_DROP_FRAGMENTS) == Verdict::Drop {
-        count_class(Class::Other, Verdict::Drop, len);
-        return Verdict::Drop;
+    if pkt.fragmented && policy(CONFIG_DROP_FRAGMENTS) == Action::Drop {
+        count_class(Class::Other, Action::Drop, len);
+        return Action::Drop;
     }
     let (class, verdict) = match pkt.kind {
         Kind::Transport => {
             let t = &pkt.transport;
-            let port = service_port_index(t.proto, t.dst_port)
-                .and_then(|i| SERVICE_PORTS.get(i))
-                .map_or(0, |k| *k);
-            match port_kind(port) {
+            match service_kind(t.proto, t.dst_port) {
                 Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => tls_packet(ctx, b, &pkt),
                 Some(ServiceKind::Sip) if t.proto == IPPROTO_UDP => {
                     // SIP runs in a program of its own, verified on its own (its parser would
                     // otherwise be verified again for every path that reaches it here).
                     ctx.jump_to_sip();
                     // Only when the jump table is empty: an original, never exempt.
-                    (Class::SipOriginal, Verdict::Pass)
+                    (Class::SipOriginal, Action::Pass)
                 }
                 // A service over the other transport (SIP over TCP, TLS over UDP): counted, passed.
-                Some(_) => (Class::Other, Verdict::Pass),
-                None => (Class::Other, Verdict::Pass),
+                Some(_) => (Class::Other, Action::Pass),
+                None => (Class::Other, Action::Pass),
             }
         }
         Kind::NotIp => {
             count(|c| c.not_ip += 1);
-            (Class::Other, Verdict::Pass)
+            (Class::Other, Action::Pass)
         }
-        Kind::OtherL4 => (Class::Other, Verdict::Pass),
+        Kind::OtherL4 => (Class::Other, Action::Pass),
         Kind::Truncated => {
             count(|c| c.truncated += 1);
-            (Class::Other, Verdict::Pass)
+            (Class::Other, Action::Pass)
         }
         Kind::Malformed => {
             debug!(ctx, "malformed header at offset {}", pkt.offset);
             count(|c| c.malformed += 1);
-            (Class::Other, Verdict::Pass)
+            (Class::Other, Action::Pass)
         }
         Kind::Fragment => {
             count(|c| c.fragments += 1);
@@ -117,63 +106,49 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + JumpToSip, B: Packe
 /// counted by the program that jumped here), the datagram classified and admitted or not, and its
 /// class counted.
 #[inline(always)]
-pub fn process_sip<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, len: u64) -> Verdict {
+pub fn process_sip<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, len: u64) -> Action {
     let pkt = parse(b);
     let (class, verdict) = if pkt.kind == Kind::Transport {
         sip_packet(ctx, b, &pkt)
     } else {
-        (Class::SipOriginal, Verdict::Pass)
+        (Class::SipOriginal, Action::Pass)
     };
     count_class(class, verdict, len);
     verdict
 }
 
+/// The kind of service protected on (`proto`, `port`), if any: one inlined array lookup.
+#[inline(always)]
+pub fn service_kind(proto: u8, port: u16) -> Option<ServiceKind> {
+    service_port_index(proto, port)
+        .and_then(|i| SERVICE_PORTS.get(i))
+        .and_then(|k| port_kind(*k))
+}
+
 /// Counts a packet of `len` bytes in its class.
 #[inline(always)]
-fn count_class(class: Class, verdict: Verdict, len: u64) {
+fn count_class(class: Class, verdict: Action, len: u64) {
     if let Some(s) = CLASS_STATS.get_ptr_mut(class.id()) {
         // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
         unsafe {
             (*s).packets += 1;
             (*s).bytes += len;
-            if verdict == Verdict::Pass {
+            if verdict == Action::Pass {
                 (*s).admitted += 1;
             }
         }
     }
 }
 
-/// Tail calls into the hook's SIP program.
-pub trait JumpToSip {
-    /// Jumps; returns only when the jump table is empty.
-    fn jump_to_sip(&self);
-}
-
-impl JumpToSip for aya_ebpf::programs::XdpContext {
-    #[inline(always)]
-    fn jump_to_sip(&self) {
-        // SAFETY: a tail call never returns on success; on failure we carry on.
-        unsafe { crate::maps::XDP_JUMP.tail_call(self, 0) };
-    }
-}
-
-impl JumpToSip for aya_ebpf::programs::TcContext {
-    #[inline(always)]
-    fn jump_to_sip(&self) {
-        // SAFETY: as above.
-        unsafe { crate::maps::TC_JUMP.tail_call(self, 0) };
-    }
-}
-
 /// Drop (and count it) when the datapath config has `flag` set. Only fragments and unparseable
 /// packets consult the config, so other traffic never pays for its lookup.
 #[inline(always)]
-fn policy(flag: u64) -> Verdict {
+fn policy(flag: u64) -> Action {
     if DP_CONFIG.get(0).is_some_and(|c| c.flags & flag != 0) {
         count(|c| c.policy_dropped += 1);
-        Verdict::Drop
+        Action::Drop
     } else {
-        Verdict::Pass
+        Action::Pass
     }
 }
 

@@ -11,11 +11,13 @@
 
 mod admission;
 mod bytes;
+mod context;
 mod datapath;
 mod maps;
 mod pending;
 mod resume;
 mod sip;
+mod sync;
 mod tc;
 mod tls;
 mod xdp;

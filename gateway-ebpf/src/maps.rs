@@ -1,7 +1,6 @@
 //! The gateway's maps. All are BTF-defined so `bpftool map dump` prints field names. Userspace
 //! pins them per interface under the names in `gateway_common::maps::names`.
 
-use crate::pending::Table;
 use aya_ebpf::{
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
     macros::btf_map,
@@ -10,11 +9,14 @@ use gateway_common::{
     NUM_CLASSES,
     maps::{
         ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
-        IssuedValue, LatencyHistogram, MAX_SERVICES, MAX_SIP_DIALOGS, MAX_SIP_TXNS, MAX_TLS_FLOWS,
-        MAX_TLS_ISSUED, RejectEvent, SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue, SipDialog,
-        SipTxn, TLS_REJECTS_BYTES, TlsCounters, TlsFlow,
+        IssuedValue, LatencyHistogram, MAX_PENDING, MAX_SERVICES, MAX_SIP_DIALOGS, MAX_SIP_TXNS,
+        MAX_TLS_FLOWS, MAX_TLS_ISSUED, Pending, RejectEvent, SERVICE_PORT_ENTRIES, ServiceKey,
+        ServiceValue, SipDialog, SipTxn, TLS_REJECTS_BYTES, TlsCounters, TlsFlow,
     },
 };
+
+/// A pending table: admitted units that have not ended (`crate::pending`).
+pub type PendingTable<K> = HashMap<K, Pending, { MAX_PENDING as usize }>;
 
 /// Per-class counters, per CPU.
 #[btf_map]
@@ -89,11 +91,11 @@ pub static TC_JUMP: ProgramArray<1> = ProgramArray::new();
 
 /// Admitted TLS connections the server has not answered yet (see `crate::pending`).
 #[btf_map]
-pub static TLS_PENDING: Table<FlowKey> = Table::new();
+pub static TLS_PENDING: PendingTable<FlowKey> = PendingTable::new();
 
 /// Admitted SIP requests the server has not answered yet, by unit key (see `crate::pending`).
 #[btf_map]
-pub static SIP_PENDING: Table<u64> = Table::new();
+pub static SIP_PENDING: PendingTable<u64> = PendingTable::new();
 
 /// SIP dialogs the server established, by dialog key: learnt on egress from its 2xx responses
 /// to INVITEs; only their requests are exempt.

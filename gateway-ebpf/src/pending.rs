@@ -17,23 +17,20 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    btf_maps::HashMap,
     helpers::generated::{bpf_for_each_map_elem, bpf_map_delete_elem},
 };
 use gateway_common::{
     Class,
-    maps::{MAX_PENDING, Pending, REJECT_FULL, SWEEP_INTERVAL_NS, timeout_ns},
+    maps::{Pending, REJECT_FULL, SWEEP_INTERVAL_NS, timeout_ns},
     tls::KEY_LEN,
 };
 
 use crate::{
-    admission::{admission, atomic_add, now_ns},
-    maps::{CLASS_POLICY, CLASS_STATE, SIP_PENDING, TLS_PENDING},
+    admission::admission,
+    maps::{CLASS_POLICY, CLASS_STATE, PendingTable as Table, SIP_PENDING, TLS_PENDING},
     resume,
+    sync::{atomic_add, now_ns},
 };
-
-/// A pending table.
-pub type Table<K> = HashMap<K, Pending, { MAX_PENDING as usize }>;
 
 /// Admits the unit `key` of `class` against the class's own limits and holds it, or says why
 /// not (`REJECT_*`, `REJECT_FULL` when the table is full). `offer` is the issued key whose
@@ -41,11 +38,21 @@ pub type Table<K> = HashMap<K, Pending, { MAX_PENDING as usize }>;
 /// any other unit. A refused unit holds nothing: the caller gives the place back.
 #[inline(always)]
 pub fn admit<K>(table: &Table<K>, key: &K, class: Class, offer: &[u8; KEY_LEN]) -> Option<u8> {
-    match admission(class, class) {
+    match admit_against(class, class) {
         None if hold(table, key, class, offer) => None,
         None => Some(REJECT_FULL),
         refused => refused,
     }
+}
+
+/// Whether one arrival may be admitted under `policy_of`'s limits against `backlog_of`'s backlog
+/// (`crate::admission::admission`), once the expired units of `backlog_of` are released (when
+/// its sweep is due). For arrivals that hold no unit of their own (SIP retransmissions and
+/// exempt requests); [`admit`] holds one.
+#[inline(always)]
+pub fn admit_against(policy_of: Class, backlog_of: Class) -> Option<u8> {
+    sweep_if_due(backlog_of);
+    admission(policy_of, backlog_of)
 }
 
 /// Holds the unit `key` of `class`, admitted now, and counts its admission. `false` when the

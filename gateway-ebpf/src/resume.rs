@@ -12,9 +12,8 @@ use gateway_common::{
 };
 
 use crate::{
-    admission::{compare_and_swap, now_ns},
     maps::{CLASS_POLICY, TLS_ISSUED},
-    pending::sweep_if_due,
+    sync::{compare_and_swap, now_ns},
 };
 
 /// What an offer's key got.
@@ -31,12 +30,11 @@ pub enum Place {
 /// attempt means another CPU took or gave back a place in between).
 const TRIES: usize = 4;
 
-/// Takes a place of the issued key `key`. Expired resumed units are released first (when their
-/// sweep is due), so their places are free before the count is read; the healing rule of
-/// `resume_holders` is only the safety net for a release lost to contention.
+/// Takes a place of the issued key `key`. The caller releases expired resumed units first
+/// (`crate::pending::sweep_if_due`), so their places are free before the count is read; the
+/// healing rule of `resume_holders` is only the safety net for a release lost to contention.
 #[inline(always)]
 pub fn take(key: &[u8; KEY_LEN]) -> Place {
-    sweep_if_due(Class::TlsResumed);
     let Some(v) = TLS_ISSUED.get_ptr_mut(&IssuedKey { key: *key }) else {
         return Place::Unknown;
     };

@@ -36,12 +36,12 @@ use gateway_common::{
 };
 
 use crate::{
-    admission::{admission, count_refusal, now_ns},
+    admission::count_refusal,
     bytes::{ScratchBytes, opaque},
-    datapath::Verdict as Action,
+    context::{Action, CopyOut},
     maps::{DP_COUNTERS, SIP_DIALOGS, SIP_LATENCY, SIP_PENDING, SIP_SCRATCH, SIP_TXNS},
     pending,
-    tls::CopyOut,
+    sync::now_ns,
 };
 
 /// Per-CPU scratch: the datagram's first bytes and the parser state.
@@ -151,9 +151,9 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
     // threshold (see admission::admission). Exempt messages finish work: never dropped.
     let refused = match (class, key) {
         (Class::SipOriginal, Some(key)) => pending::admit(&SIP_PENDING, &key, class, &[0; KEY_LEN]),
-        (Class::SipRetransmission, _) => admission(class, Class::SipOriginal),
+        (Class::SipRetransmission, _) => pending::admit_against(class, Class::SipOriginal),
         // Exempt work has a ceiling of its own (a rate; nothing of it is held).
-        (Class::SipExempt, _) => admission(class, class),
+        (Class::SipExempt, _) => pending::admit_against(class, class),
         _ => None,
     };
     if let Some(reason) = refused {

@@ -1,20 +1,15 @@
 //! TC programs: the fallback hook for devices without usable XDP.
 
-use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_SHOT},
-    macros::classifier,
-    programs::TcContext,
-};
+use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
 
 use gateway_common::{
-    maps::{IPPROTO_TCP, IPPROTO_UDP, ServiceKind, port_kind, service_port_index},
+    maps::{IPPROTO_TCP, IPPROTO_UDP, ServiceKind},
     packet::{Kind, parse},
 };
 
 use crate::{
     bytes::SkbBytes,
-    datapath::{Verdict, process, process_sip},
-    maps::SERVICE_PORTS,
+    datapath::{process, process_sip, service_kind},
     sip::sip_response,
     tls::tls_answer,
 };
@@ -23,20 +18,14 @@ use crate::{
 #[classifier]
 pub fn gateway_tc_ingress(ctx: TcContext) -> i32 {
     let len = u64::from(ctx.len());
-    match process(&ctx, &SkbBytes::new(&ctx), len) {
-        Verdict::Pass => TC_ACT_OK,
-        Verdict::Drop => TC_ACT_SHOT,
-    }
+    process(&ctx, &SkbBytes::new(&ctx), len).tc()
 }
 
 /// The SIP classifier, reached from `gateway_tc_ingress` by tail call.
 #[classifier]
 pub fn gateway_tc_sip(ctx: TcContext) -> i32 {
     let len = u64::from(ctx.len());
-    match process_sip(&ctx, &SkbBytes::new(&ctx), len) {
-        Verdict::Pass => TC_ACT_OK,
-        Verdict::Drop => TC_ACT_SHOT,
-    }
+    process_sip(&ctx, &SkbBytes::new(&ctx), len).tc()
 }
 
 /// The egress classifier: completions of the units the server answers (TLS connections, SIP
@@ -48,10 +37,7 @@ pub fn gateway_tc_egress(ctx: TcContext) -> i32 {
     let pkt = parse(&bytes);
     if pkt.kind == Kind::Transport {
         let t = &pkt.transport;
-        let kind = service_port_index(t.proto, t.src_port)
-            .and_then(|i| SERVICE_PORTS.get(i))
-            .and_then(|k| port_kind(*k));
-        match kind {
+        match service_kind(t.proto, t.src_port) {
             Some(ServiceKind::Sip) if t.proto == IPPROTO_UDP => sip_response(&ctx, &pkt),
             Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => tls_answer(&bytes, &pkt),
             _ => {}

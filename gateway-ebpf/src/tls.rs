@@ -30,14 +30,7 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::{
-    EbpfContext,
-    bindings::bpf_sock_tuple,
-    helpers::generated::{
-        bpf_loop, bpf_sk_release, bpf_skb_load_bytes, bpf_skc_lookup_tcp, bpf_xdp_load_bytes,
-    },
-    programs::{TcContext, XdpContext},
-};
+use aya_ebpf::helpers::generated::bpf_loop;
 use gateway_common::{
     Class,
     bytes::PacketBytes,
@@ -55,7 +48,7 @@ use gateway_common::{
 use crate::{
     admission::count_refusal,
     bytes::{ScratchBytes, opaque},
-    datapath::Verdict as Action,
+    context::{Action, ConnectionLookup, CopyOut},
     maps::{DP_CONFIG, TLS_COUNTERS, TLS_FLOWS, TLS_PENDING, TLS_REJECTS, TLS_SCRATCH},
     pending,
     resume::{self, Place},
@@ -87,54 +80,6 @@ pub struct Scratch {
     tuple: [u8; 40],
 }
 
-/// Whether the kernel has a connection (not just a listener) for a 4-tuple: a socket lookup, as
-/// xdp_synproxy does, so that segments of connections that do not exist create no state.
-pub trait ConnectionLookup {
-    /// Looks `tuple` (`size` bytes, the packet's own direction) up in the device's namespace.
-    fn has_connection(&self, tuple: *mut u8, size: u32) -> bool;
-}
-
-/// `struct sock` states that are a connection the client really made: established, and a
-/// request socket awaiting the handshake's last ACK (SYN_RECV, NEW_SYN_RECV).
-const TCP_ESTABLISHED: u32 = 1;
-const TCP_SYN_RECV: u32 = 3;
-const TCP_NEW_SYN_RECV: u32 = 12;
-
-#[inline(always)]
-fn lookup<C: EbpfContext>(ctx: &C, tuple: *mut u8, size: u32) -> bool {
-    // SAFETY: `tuple` points to 40 bytes of map memory; the result is released below.
-    let sk = unsafe {
-        bpf_skc_lookup_tcp(
-            ctx.as_ptr(),
-            tuple.cast::<bpf_sock_tuple>(),
-            size,
-            u64::MAX, // BPF_F_CURRENT_NETNS: the device's namespace
-            0,
-        )
-    };
-    if sk.is_null() {
-        return false;
-    }
-    // SAFETY: a live socket reference, released right after the read.
-    let state = unsafe { (*sk).state };
-    unsafe { bpf_sk_release(sk.cast()) };
-    matches!(state, TCP_ESTABLISHED | TCP_SYN_RECV | TCP_NEW_SYN_RECV)
-}
-
-impl ConnectionLookup for XdpContext {
-    #[inline(always)]
-    fn has_connection(&self, tuple: *mut u8, size: u32) -> bool {
-        lookup(self, tuple, size)
-    }
-}
-
-impl ConnectionLookup for TcContext {
-    #[inline(always)]
-    fn has_connection(&self, tuple: *mut u8, size: u32) -> bool {
-        lookup(self, tuple, size)
-    }
-}
-
 /// Whether the kernel has the connection of `s.key` (a segment's, client to server). Skipped
 /// when the datapath config says so (test fixtures only).
 #[inline(always)]
@@ -161,28 +106,6 @@ fn kernel_has_connection<C: ConnectionLookup>(ctx: &C, s: &mut Scratch, v4: bool
         36
     };
     ctx.has_connection(t.as_mut_ptr(), size)
-}
-
-/// Copies packet bytes out, for either hook.
-pub trait CopyOut {
-    /// Copies `len` (1..=SCRATCH_LEN) bytes at `offset` into `dst`.
-    fn copy_out(&self, offset: u32, dst: *mut u8, len: u64) -> bool;
-}
-
-impl CopyOut for XdpContext {
-    #[inline(always)]
-    fn copy_out(&self, offset: u32, dst: *mut u8, len: u64) -> bool {
-        // SAFETY: dst has room for SCRATCH_LEN bytes and len is at most that.
-        unsafe { bpf_xdp_load_bytes(self.ctx, offset, dst.cast(), len as u32) == 0 }
-    }
-}
-
-impl CopyOut for TcContext {
-    #[inline(always)]
-    fn copy_out(&self, offset: u32, dst: *mut u8, len: u64) -> bool {
-        // SAFETY: as above.
-        unsafe { bpf_skb_load_bytes(self.skb.skb.cast(), offset, dst.cast(), len as u32) == 0 }
-    }
 }
 
 /// One parser step, as a `bpf_loop` callback: returns 1 to stop.
@@ -432,20 +355,24 @@ fn decide(key: &FlowKey, f: &mut TlsFlow) -> (Class, Action) {
     let mut offer = [0u8; KEY_LEN];
     let class = match f.hello.verdict() {
         Verdict::Offer => match f.hello.offer_key() {
-            Some(key) => match resume::take(&key) {
-                Place::Taken => {
-                    offer = key;
-                    Class::TlsResumed
+            Some(key) => {
+                // Places of expired resumed units are given back before this one is taken.
+                pending::sweep_if_due(Class::TlsResumed);
+                match resume::take(&key) {
+                    Place::Taken => {
+                        offer = key;
+                        Class::TlsResumed
+                    }
+                    Place::Full => {
+                        count(|c| c.replays_bounded += 1);
+                        Class::TlsNew
+                    }
+                    Place::Unknown => {
+                        count(|c| c.unverified_offers += 1);
+                        Class::TlsNew
+                    }
                 }
-                Place::Full => {
-                    count(|c| c.replays_bounded += 1);
-                    Class::TlsNew
-                }
-                Place::Unknown => {
-                    count(|c| c.unverified_offers += 1);
-                    Class::TlsNew
-                }
-            },
+            }
             None => {
                 count(|c| c.unverified_offers += 1);
                 Class::TlsNew

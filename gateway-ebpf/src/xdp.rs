@@ -4,27 +4,21 @@ use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 
 use crate::{
     bytes::XdpBytes,
-    datapath::{Verdict, process, process_sip},
+    datapath::{process, process_sip},
 };
 
 /// The ingress classifier at the NIC.
 #[xdp]
 pub fn gateway_xdp(ctx: XdpContext) -> u32 {
     let bytes = XdpBytes::new(&ctx);
-    match process(&ctx, &bytes, bytes.len()) {
-        Verdict::Pass => xdp_action::XDP_PASS,
-        Verdict::Drop => xdp_action::XDP_DROP,
-    }
+    process(&ctx, &bytes, bytes.len()).xdp()
 }
 
 /// The SIP classifier, reached from `gateway_xdp` by tail call.
 #[xdp]
 pub fn gateway_xdp_sip(ctx: XdpContext) -> u32 {
     let bytes = XdpBytes::new(&ctx);
-    match process_sip(&ctx, &bytes, bytes.len()) {
-        Verdict::Pass => xdp_action::XDP_PASS,
-        Verdict::Drop => xdp_action::XDP_DROP,
-    }
+    process_sip(&ctx, &bytes, bytes.len()).xdp()
 }
 
 /// A program that passes everything and does nothing else: the benchmark's baseline.

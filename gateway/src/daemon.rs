@@ -20,8 +20,9 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{debug, info, warn};
 
 use crate::{
+    attached::Attached,
     config::{Config, OnExit},
-    feedback::Feedback,
+    issued::IssuedKeys,
     loader::{self, AttachOptions, Attachment, LoaderError},
     maps::{Maps, MapsError},
     pins::PinDir,
@@ -77,8 +78,7 @@ impl DaemonError {
 
 /// Writes the config's services, policies and datapath settings into one attachment's maps.
 /// Services not in the config are removed; classes without a policy become unlimited.
-pub fn apply(pins: &PinDir, cfg: &Config) -> Result<(), MapsError> {
-    let mut maps = Maps::open(pins)?;
+pub fn apply(maps: &mut Maps, cfg: &Config) -> Result<(), MapsError> {
     let services = cfg.all_services();
     let wanted: BTreeSet<ServiceKey> = services.iter().map(|(k, _)| *k).collect();
     for (key, _) in maps.services()? {
@@ -90,13 +90,7 @@ pub fn apply(pins: &PinDir, cfg: &Config) -> Result<(), MapsError> {
         maps.add_service(key, value)?;
     }
     for class in Class::ALL.into_iter().filter(|c| c.is_limitable()) {
-        let p = cfg
-            .policy
-            .iter()
-            .find(|(c, _)| *c == class)
-            .map(|(_, p)| p)
-            .unwrap_or_default();
-        maps.set_policy(class, p.to_map())?;
+        maps.set_policy(class, cfg.policy.of(class).to_map())?;
     }
     let dp = maps.config()?;
     maps.set_config(gateway_common::maps::DatapathConfig {
@@ -121,7 +115,7 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
             ebpf_log_level: cfg.datapath.ebpf_log_level.value(),
         };
         let result = loader::attach(&opts).and_then(|a| {
-            apply(&PinDir::new(&cfg.bpffs, &a.iface), &cfg)?;
+            apply(&mut Maps::open(&PinDir::new(&cfg.bpffs, &a.iface))?, &cfg)?;
             Ok(a)
         });
         match result {
@@ -182,24 +176,24 @@ async fn serve(cfg: &Config, attachments: &mut [Attachment]) -> Result<(), Daemo
             Err(e) => warn!(iface = %a.iface, error = %e, "eBPF logs unavailable"),
         }
     }
-    let mut reject_tasks = Vec::new();
-    for a in attachments.iter() {
-        let pins = PinDir::new(&cfg.bpffs, &a.iface);
-        reject_tasks.push(tokio::spawn(destroy_rejected(a.iface.clone(), pins)));
-    }
-    let pins: Vec<(String, PinDir)> = attachments
+    // Each attachment's maps, opened once and shared by every part of the daemon.
+    let attached = attachments
         .iter()
-        .map(|a| (a.iface.clone(), PinDir::new(&cfg.bpffs, &a.iface)))
-        .collect();
+        .map(|a| Attached::open(&a.iface, PinDir::new(&cfg.bpffs, &a.iface)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut reject_tasks = Vec::new();
+    for a in &attached {
+        reject_tasks.push(tokio::spawn(destroy_rejected(a.clone())));
+    }
     let stop = CancellationToken::new();
     let tracker = TaskTracker::new();
-    let proxies = start_proxies(cfg, &pins, &stop, &tracker).await?;
+    let proxies = start_proxies(cfg, &attached, &stop, &tracker).await?;
     if let Some(addr) = cfg.metrics {
         let mut registry = Registry::default();
         proxies.stats.register(&mut registry);
-        registry.register_collector(Box::new(crate::datapath_metrics::DatapathCollector::open(
-            &pins,
-        )?));
+        registry.register_collector(Box::new(crate::datapath_metrics::DatapathCollector::new(
+            &attached,
+        )));
         let listener = bind(addr).await?;
         let refresh: Vec<crate::metrics::Refresh> = proxies
             .proxies
@@ -266,7 +260,7 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, DaemonError> {
 /// Sets up and starts every proxy listener of the config; all or none.
 async fn start_proxies(
     cfg: &Config,
-    pins: &[(String, PinDir)],
+    attached: &[Arc<Attached>],
     stop: &CancellationToken,
     tracker: &TaskTracker,
 ) -> Result<Proxies, DaemonError> {
@@ -274,8 +268,8 @@ async fn start_proxies(
     let mut ready = Vec::new();
     for (index, p) in cfg.proxies.iter().enumerate() {
         let lifetime = p.tls.session_lifetime.0;
-        let feedback = Arc::new(Feedback::open(pins, lifetime, p.tls.resume_limit)?);
-        let tls = crate::tls::server_config(&p.tls, feedback.clone()).map_err(|source| {
+        let issued = Arc::new(IssuedKeys::new(attached, lifetime, p.tls.resume_limit));
+        let tls = crate::tls::server_config(&p.tls, issued.clone()).map_err(|source| {
             DaemonError::Tls {
                 index,
                 listen: p.listen,
@@ -283,7 +277,7 @@ async fn start_proxies(
             }
         })?;
         let listener = bind(p.listen).await?;
-        let proxy = Arc::new(Proxy::new(p.clone(), tls, feedback, stats.clone()));
+        let proxy = Arc::new(Proxy::new(p.clone(), tls, issued, stats.clone()));
         ready.push((proxy, listener));
     }
     let mut drain = Duration::ZERO;
@@ -314,8 +308,9 @@ async fn start_proxies(
 
 /// Destroys the server-side socket of every connection the datapath rejects (see `sockdiag`):
 /// the client gets a reset at once and the server does not wait on a hello that will not come.
-async fn destroy_rejected(iface: String, pins: PinDir) {
-    let (ring, mut diag) = match (crate::maps::open_rejects(&pins), SockDiag::new()) {
+async fn destroy_rejected(attached: Arc<Attached>) {
+    let iface = attached.iface();
+    let (ring, mut diag) = match (crate::maps::open_rejects(attached.pins()), SockDiag::new()) {
         (Ok(r), Ok(d)) => (r, d),
         (Err(e), _) => return warn!(%iface, error = %e, "reject events unavailable"),
         (_, Err(e)) => return warn!(%iface, error = %e, "cannot destroy rejected sockets"),

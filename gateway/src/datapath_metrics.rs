@@ -2,9 +2,9 @@
 //! (packets, bytes, admitted, dropped by reason, rejected, backlog), the TLS counters and the
 //! parser counters, per interface.
 
-use std::{fmt, sync::Mutex};
+use std::{fmt, sync::Arc};
 
-use gateway_common::Class;
+use gateway_common::{Class, counters::Counters};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
@@ -13,8 +13,8 @@ use prometheus_client::{
 use tracing::warn;
 
 use crate::{
+    attached::Attached,
     maps::{Maps, MapsError},
-    pins::PinDir,
 };
 
 /// Labels of a per-interface series.
@@ -40,12 +40,12 @@ struct DropLabels {
 
 /// Reads every attached interface's maps when scraped.
 pub struct DatapathCollector {
-    ifaces: Vec<(String, Mutex<Maps>)>,
+    ifaces: Vec<Arc<Attached>>,
 }
 
 impl fmt::Debug for DatapathCollector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = self.ifaces.iter().map(|(n, _)| n.as_str()).collect();
+        let names: Vec<&str> = self.ifaces.iter().map(|a| a.iface()).collect();
         f.debug_struct("DatapathCollector")
             .field("ifaces", &names)
             .finish()
@@ -53,13 +53,11 @@ impl fmt::Debug for DatapathCollector {
 }
 
 impl DatapathCollector {
-    /// A collector over the interfaces pinned in `pins` (`(name, pin dir)`).
-    pub fn open(pins: &[(String, PinDir)]) -> Result<Self, MapsError> {
-        let ifaces = pins
-            .iter()
-            .map(|(name, pd)| Ok((name.clone(), Mutex::new(Maps::open(pd)?))))
-            .collect::<Result<_, MapsError>>()?;
-        Ok(DatapathCollector { ifaces })
+    /// A collector over the attached interfaces `ifaces`.
+    pub fn new(ifaces: &[Arc<Attached>]) -> Self {
+        DatapathCollector {
+            ifaces: ifaces.to_vec(),
+        }
     }
 }
 
@@ -99,6 +97,17 @@ fn add(
         .inc_by(v);
 }
 
+/// Adds every field of the counter struct `c` to `list`, one series per field.
+fn add_all<T: Counters>(
+    list: &mut Vec<(&'static str, &'static str, Family<IfaceLabels, Counter>)>,
+    c: &T,
+    iface: &str,
+) {
+    for f in T::FIELDS {
+        add(list, f.name, f.help(), iface, (f.get)(c));
+    }
+}
+
 impl Scrape {
     fn read(&mut self, iface: &str, maps: &Maps) -> Result<(), MapsError> {
         let stats = maps.class_stats()?;
@@ -127,88 +136,8 @@ impl Scrape {
                 .get_or_create(&l)
                 .set(state[i].backlog().min(i64::MAX as u64) as i64);
         }
-        let t = maps.tls_counters()?;
-        for (name, help, v) in [
-            ("hellos", "ClientHellos decided", t.hellos),
-            (
-                "unverified_offers",
-                "Resumption offers whose key was never issued (classed tls-new)",
-                t.unverified_offers,
-            ),
-            (
-                "multi_segment",
-                "Hellos over more than one segment",
-                t.multi_segment,
-            ),
-            (
-                "malformed",
-                "Malformed hellos (classed tls-new)",
-                t.malformed,
-            ),
-            (
-                "out_of_order",
-                "Hellos cut by an out-of-order segment",
-                t.out_of_order,
-            ),
-            (
-                "rejected_flow_packets",
-                "Packets of rejected connections, dropped",
-                t.rejected_flow_packets,
-            ),
-            (
-                "completions",
-                "Admitted connections the server answered (first flight or close)",
-                t.completions,
-            ),
-            (
-                "no_connection",
-                "Segments on 4-tuples the kernel has no connection for, dropped",
-                t.no_connection,
-            ),
-            (
-                "replays_bounded",
-                "Offers of an issued key already holding its limit of resumed connections (classed tls-new)",
-                t.replays_bounded,
-            ),
-        ] {
-            add(&mut self.tls, name, help, iface, v);
-        }
-        let p = maps.counters()?;
-        for (name, help, v) in [
-            ("not_ip", "Frames that are not IP", p.not_ip),
-            (
-                "truncated",
-                "Frames that ended inside a header",
-                p.truncated,
-            ),
-            ("malformed", "Headers with impossible fields", p.malformed),
-            ("fragments", "IP fragments", p.fragments),
-            (
-                "unparseable",
-                "Headers beyond the parser's bounds",
-                p.unparseable,
-            ),
-            (
-                "policy_dropped",
-                "Dropped by the fragment or unparseable policy",
-                p.policy_dropped,
-            ),
-            ("vlan", "Frames with a VLAN tag", p.vlan),
-            ("ipv6", "IPv6 packets", p.ipv6),
-            ("ipv4_options", "IPv4 packets with options", p.ipv4_options),
-            (
-                "pending_full",
-                "Units refused because their pending table was full",
-                p.pending_full,
-            ),
-            (
-                "sip_unearned",
-                "SIP requests claiming an exemption for no known dialog or transaction",
-                p.sip_unearned,
-            ),
-        ] {
-            add(&mut self.parser, name, help, iface, v);
-        }
+        add_all(&mut self.tls, &maps.tls_counters()?, iface);
+        add_all(&mut self.parser, &maps.counters()?, iface);
         Ok(())
     }
 
@@ -263,10 +192,9 @@ impl Scrape {
 impl Collector for DatapathCollector {
     fn encode(&self, encoder: DescriptorEncoder) -> fmt::Result {
         let mut scrape = Scrape::default();
-        for (name, maps) in &self.ifaces {
-            let maps = maps.lock().unwrap_or_else(|p| p.into_inner());
-            if let Err(e) = scrape.read(name, &maps) {
-                warn!(iface = %name, error = %e, "metrics: cannot read the datapath maps");
+        for a in &self.ifaces {
+            if let Err(e) = scrape.read(a.iface(), &a.maps()) {
+                warn!(iface = %a.iface(), error = %e, "metrics: cannot read the datapath maps");
             }
         }
         scrape.encode(encoder)

@@ -3,13 +3,13 @@
 #![deny(missing_docs)]
 
 pub mod accept;
+pub mod attached;
 pub mod caps;
-pub mod cli;
-pub mod commands;
+pub mod cmd;
 pub mod config;
 pub mod daemon;
 pub mod datapath_metrics;
-pub mod feedback;
+pub mod issued;
 pub mod loader;
 pub mod maps;
 pub mod metrics;

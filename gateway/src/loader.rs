@@ -19,42 +19,16 @@ use aya::{
     },
 };
 use gateway_common::maps::{AttachMode, DatapathConfig, names, programs};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use thiserror::Error;
 
 use crate::{
     EBPF_OBJECT,
     caps::{self, CapsError, Need},
+    config::ModeRequest,
     maps::{Maps, MapsError},
     pins::{self, PinDir, PinsError},
 };
-
-/// The hook an attach asks for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum ModeRequest {
-    /// Native (driver) XDP.
-    #[default]
-    Native,
-    /// Generic (SKB) XDP.
-    Generic,
-    /// TC ingress (tcx link).
-    Tc,
-    /// Native XDP, falling back to generic XDP when the driver refuses (reported).
-    Auto,
-}
-
-impl ModeRequest {
-    /// The single mode this request demands, `None` for `auto`.
-    pub const fn exact(self) -> Option<AttachMode> {
-        match self {
-            ModeRequest::Native => Some(AttachMode::Native),
-            ModeRequest::Generic => Some(AttachMode::Generic),
-            ModeRequest::Tc => Some(AttachMode::Tc),
-            ModeRequest::Auto => None,
-        }
-    }
-}
 
 /// Errors of loading, attaching and detaching.
 #[derive(Debug, Error)]
@@ -208,27 +182,7 @@ pub fn detach(root: &Path, iface: &str) -> Result<(), LoaderError> {
 /// The key and value sizes each map must have in this build (`None`: not checked, the ring
 /// buffer has none).
 fn expected_layout(name: &str) -> Option<(usize, usize)> {
-    use core::mem::size_of;
-    use gateway_common::maps::*;
-    Some(match name {
-        names::CLASS_STATS => (4, size_of::<ClassStats>()),
-        names::CLASS_POLICY => (4, size_of::<ClassPolicy>()),
-        names::CLASS_STATE => (4, size_of::<ClassState>()),
-        names::SERVICES => (size_of::<ServiceKey>(), size_of::<ServiceValue>()),
-        names::SERVICE_PORTS => (4, 1),
-        names::DP_COUNTERS => (4, size_of::<DatapathCounters>()),
-        names::DP_CONFIG => (4, size_of::<DatapathConfig>()),
-        names::TLS_FLOWS => (size_of::<FlowKey>(), size_of::<TlsFlow>()),
-        names::TLS_ISSUED => (size_of::<IssuedKey>(), size_of::<IssuedValue>()),
-        names::TLS_COUNTERS => (4, size_of::<TlsCounters>()),
-        names::SIP_TXNS => (8, size_of::<SipTxn>()),
-        names::SIP_LATENCY => (4, size_of::<LatencyHistogram>()),
-        names::XDP_JUMP | names::TC_JUMP => (4, 4),
-        names::TLS_PENDING => (size_of::<FlowKey>(), size_of::<Pending>()),
-        names::SIP_PENDING => (8, size_of::<Pending>()),
-        names::SIP_DIALOGS => (8, size_of::<SipDialog>()),
-        _ => return None,
-    })
+    gateway_common::maps::layout(name).filter(|sizes| *sizes != (0, 0))
 }
 
 /// Refuses pinned maps whose layout is not this build's (left by an older or newer gateway):

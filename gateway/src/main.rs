@@ -3,7 +3,7 @@
 use std::{io::IsTerminal as _, process::ExitCode};
 
 use clap::Parser as _;
-use gateway::{cli::Cli, commands};
+use gateway::cmd::{self, Cli};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
@@ -29,7 +29,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    match commands::run(cli) {
+    match cmd::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line. A kernel refusal can carry the verifier's whole log: that goes to the debug

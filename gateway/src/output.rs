@@ -1,5 +1,6 @@
 //! Human and JSON renderings of what the commands show.
 
+use gateway_common::counters::Counters;
 use gateway_common::{
     Class,
     maps::{
@@ -9,10 +10,7 @@ use gateway_common::{
 };
 use serde_json::{Value, json};
 
-use crate::{
-    config::{PolicyConfig, Proto},
-    loader::AttachmentInfo,
-};
+use crate::{config::Proto, loader::AttachmentInfo};
 
 /// Everything `gateway stats` shows for one interface.
 pub struct StatsView<'a> {
@@ -51,28 +49,15 @@ impl StatsView<'_> {
                 })
             })
             .collect();
-        let c = self.counters;
-        let packets = self.total_packets();
+        let mut datapath = serde_json::Map::new();
+        datapath.insert("packets".into(), self.total_packets().into());
+        datapath.extend(counter_map(self.counters));
         json!({
             "iface": self.info.iface, "mode": self.info.mode,
             "link_id": self.info.link_id, "program_id": self.info.program_id,
             "classes": classes,
-            "datapath": {
-                "packets": packets, "not_ip": c.not_ip, "truncated": c.truncated,
-                "malformed": c.malformed, "fragments": c.fragments,
-                "unparseable": c.unparseable, "policy_dropped": c.policy_dropped,
-                "vlan": c.vlan, "ipv6": c.ipv6, "ipv4_options": c.ipv4_options,
-                "pending_full": c.pending_full, "sip_unearned": c.sip_unearned,
-            },
-            "tls": {
-                "hellos": self.tls.hellos, "unverified_offers": self.tls.unverified_offers,
-                "multi_segment_hellos": self.tls.multi_segment,
-                "malformed_hellos": self.tls.malformed, "out_of_order_hellos": self.tls.out_of_order,
-                "rejected_flow_packets": self.tls.rejected_flow_packets,
-                "completions": self.tls.completions,
-                "no_connection": self.tls.no_connection,
-                "replays_bounded": self.tls.replays_bounded,
-            },
+            "datapath": datapath,
+            "tls": counter_map(self.tls),
             "sip": {
                 "service_time_samples": self.sip_latency.count(),
                 "service_time_us_p50": self.sip_latency.quantile_us(500),
@@ -117,37 +102,12 @@ impl StatsView<'_> {
                 self.state[c.id() as usize].expired
             );
         }
-        let c = self.counters;
         out += &format!(
-            "datapath: packets {} not-ip {} truncated {} malformed {} fragments {} unparseable {} \
-             policy-dropped {} vlan {} ipv6 {} ipv4-options {} pending-full {} sip-unearned {}\n",
+            "datapath: packets {}{}\n",
             self.total_packets(),
-            c.not_ip,
-            c.truncated,
-            c.malformed,
-            c.fragments,
-            c.unparseable,
-            c.policy_dropped,
-            c.vlan,
-            c.ipv6,
-            c.ipv4_options,
-            c.pending_full,
-            c.sip_unearned
+            counter_line(self.counters)
         );
-        let t = self.tls;
-        out += &format!(
-            "tls: hellos {} unverified-offers {} multi-segment {} malformed {} out-of-order {} \
-             rejected-flow-packets {} completions {} no-connection {} replays-bounded {}\n",
-            t.hellos,
-            t.unverified_offers,
-            t.multi_segment,
-            t.malformed,
-            t.out_of_order,
-            t.rejected_flow_packets,
-            t.completions,
-            t.no_connection,
-            t.replays_bounded
-        );
+        out += &format!("tls:{}\n", counter_line(self.tls));
         let h = self.sip_latency;
         let q = |p| {
             h.quantile_us(p)
@@ -174,7 +134,7 @@ pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> Str
         let v: Vec<Value> = rows
             .iter()
             .map(|(c, m, s)| {
-                let p = PolicyConfig::from_map(m);
+                let p = gateway_common::policy::Policy::from_map(m);
                 json!({"class": c.name(), "backlog_limit": p.backlog, "rate": p.rate,
                        "burst": p.burst, "backlog": s.backlog(),
                        "timeout_ms": gateway_common::maps::timeout_ns(*c, m) / 1_000_000,
@@ -189,7 +149,7 @@ pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> Str
         "class", "backlog-limit", "rate/s", "burst", "timeout", "backlog", "expired"
     );
     for (c, m, s) in rows {
-        let p = PolicyConfig::from_map(m);
+        let p = gateway_common::policy::Policy::from_map(m);
         out += &format!(
             "{:<20}{:>14}{:>12}{:>10}{:>10}{:>10}{:>10}\n",
             c.name(),
@@ -222,4 +182,20 @@ pub fn services(rows: &[(ServiceKey, ServiceValue)], as_json: bool) -> String {
         out += &format!("{:<6}{:<6}{:>6}\n", kind(v), proto(k), k.port);
     }
     out
+}
+
+/// A counter struct's fields as a JSON object, by field name.
+fn counter_map<T: Counters>(c: &T) -> serde_json::Map<String, Value> {
+    T::FIELDS
+        .iter()
+        .map(|f| (f.name.to_string(), Value::from((f.get)(c))))
+        .collect()
+}
+
+/// A counter struct's fields as ` name value` pairs, names with dashes.
+fn counter_line<T: Counters>(c: &T) -> String {
+    T::FIELDS
+        .iter()
+        .map(|f| format!(" {} {}", f.label(), (f.get)(c)))
+        .collect()
 }

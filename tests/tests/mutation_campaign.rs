@@ -55,7 +55,7 @@ fn mutate(rng: &mut Rng, payload: &[u8]) -> Vec<u8> {
     p
 }
 
-fn policy(prog: &mut TestProgram, class: Class, p: gateway::config::PolicyConfig) {
+fn policy(prog: &mut TestProgram, class: Class, p: gateway_common::policy::Policy) {
     prog.maps.set_policy(class, p.to_map()).unwrap();
 }
 
@@ -130,11 +130,11 @@ fn a_million_mutated_packets_buy_no_privilege() {
         }
     }
     // The privileges under test: tls-new, sip-original and sip-retransmission closed.
-    let closed_backlog = gateway::config::PolicyConfig {
+    let closed_backlog = gateway_common::policy::Policy {
         backlog: Some(0),
         ..Default::default()
     };
-    let closed_rate = gateway::config::PolicyConfig {
+    let closed_rate = gateway_common::policy::Policy {
         rate: Some(0),
         ..Default::default()
     };

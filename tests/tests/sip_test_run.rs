@@ -294,7 +294,7 @@ fn set(prog: &mut TestProgram, class: Class, backlog: Option<u64>, rate: Option<
     prog.maps
         .set_policy(
             class,
-            gateway::config::PolicyConfig {
+            gateway_common::policy::Policy {
                 backlog,
                 rate,
                 burst: rate.map(|_| 0),
@@ -401,9 +401,9 @@ fn unanswered_requests_expire_and_key_less_ones_still_complete() {
     prog.maps
         .set_policy(
             Class::SipOriginal,
-            gateway::config::PolicyConfig {
+            gateway_common::policy::Policy {
                 backlog: Some(2),
-                timeout: Some(gateway::proxy::config::Span(timeout)),
+                timeout: Some(timeout),
                 ..Default::default()
             }
             .to_map(),
@@ -477,7 +477,7 @@ fn two_cpus_racing_on_one_rate_limiter_admit_no_more_than_it_allows() {
     prog.maps
         .set_policy(
             Class::SipRetransmission,
-            gateway::config::PolicyConfig {
+            gateway_common::policy::Policy {
                 rate: Some(RATE),
                 burst: Some(10),
                 ..Default::default()

@@ -157,11 +157,11 @@ fn a_resuming_hello_split_by_a_small_mtu_is_still_verified() {
     }
     let sess = s.published_session();
     let sess = sess.to_str().unwrap();
-    let before = s.tls("multi_segment_hellos");
+    let before = s.tls("multi_segment");
     let out = s.client(&["-tls1_3", "-sess_in", sess, "-ign_eof"]);
     assert!(out.contains("Reused,"), "{out}");
     assert!(
-        s.tls("multi_segment_hellos") > before,
+        s.tls("multi_segment") > before,
         "the hello took several segments"
     );
     assert_eq!(s.counter("tls-resumed", "packets"), 1);
@@ -231,12 +231,12 @@ fn a_post_quantum_rustls_resumption_spans_two_segments_and_is_verified() {
     }
     // The resuming hello (X25519MLKEM768 share, then the PSK; ~1.7 KB) takes two segments at
     // MTU 1500 and is verified against the published keys when the second arrives.
-    let before = tls("multi_segment_hellos");
+    let before = tls("multi_segment");
     assert_eq!(
         net.in_peer(|| rustls_get(&config, &addr)).unwrap(),
         rustls::HandshakeKind::Resumed
     );
-    assert!(tls("multi_segment_hellos") > before, "two segments");
+    assert!(tls("multi_segment") > before, "two segments");
     assert_eq!(stat("tls-resumed"), 1);
     assert_eq!(tls("unverified_offers"), 0);
     let (status, log) = daemon.terminate(Duration::from_secs(10));

@@ -286,9 +286,9 @@ fn an_unanswered_connection_expires_and_frees_its_place() {
     set_policy(
         &mut prog,
         Class::TlsNew,
-        gateway::config::PolicyConfig {
+        gateway_common::policy::Policy {
             backlog: Some(2),
-            timeout: Some(gateway::proxy::config::Span(timeout)),
+            timeout: Some(timeout),
             ..Default::default()
         },
     );
@@ -325,7 +325,7 @@ fn backlog(prog: &TestProgram) -> u64 {
     prog.maps.class_state().unwrap()[Class::TlsNew.id() as usize].backlog()
 }
 
-fn set_policy(prog: &mut TestProgram, class: Class, p: gateway::config::PolicyConfig) {
+fn set_policy(prog: &mut TestProgram, class: Class, p: gateway_common::policy::Policy) {
     prog.maps.set_policy(class, p.to_map()).unwrap();
 }
 
@@ -347,7 +347,7 @@ fn over_its_limits_a_new_connection_is_rejected_and_remembered() {
     set_policy(
         &mut prog,
         Class::TlsNew,
-        gateway::config::PolicyConfig {
+        gateway_common::policy::Policy {
             backlog: Some(0),
             ..Default::default()
         },
@@ -394,7 +394,7 @@ fn the_backlog_limit_admits_again_after_a_completion() {
     set_policy(
         &mut prog,
         Class::TlsNew,
-        gateway::config::PolicyConfig {
+        gateway_common::policy::Policy {
             backlog: Some(2),
             ..Default::default()
         },
@@ -420,7 +420,7 @@ fn the_rate_limit_allows_a_burst_then_rejects() {
     set_policy(
         &mut prog,
         Class::TlsNew,
-        gateway::config::PolicyConfig {
+        gateway_common::policy::Policy {
             rate: Some(1),
             burst: Some(2),
             ..Default::default()
@@ -439,7 +439,7 @@ fn the_rate_limit_allows_a_burst_then_rejects() {
     set_policy(
         &mut prog,
         Class::TlsNew,
-        gateway::config::PolicyConfig {
+        gateway_common::policy::Policy {
             rate: Some(0),
             ..Default::default()
         },
@@ -558,7 +558,7 @@ fn a_terminated_service_completes_like_any_other() {
     set_policy(
         &mut prog,
         Class::TlsNew,
-        gateway::config::PolicyConfig {
+        gateway_common::policy::Policy {
             backlog: Some(1),
             ..Default::default()
         },
@@ -587,7 +587,7 @@ fn a_reused_client_port_starts_afresh() {
     }
     let mut prog = TestProgram::new();
     let hello = HelloBuilder::default().build();
-    let closed = gateway::config::PolicyConfig {
+    let closed = gateway_common::policy::Policy {
         backlog: Some(0),
         ..Default::default()
     };
@@ -626,7 +626,7 @@ fn an_alert_in_front_of_a_hello_does_not_hide_it() {
     }
     .build();
     publish(&mut prog, &resumable);
-    let closed = gateway::config::PolicyConfig {
+    let closed = gateway_common::policy::Policy {
         backlog: Some(0),
         ..Default::default()
     };
@@ -669,8 +669,8 @@ fn a_published_key_buys_the_resumed_class_for_its_limit_of_connections_at_a_time
     set_policy(
         &mut prog,
         Class::TlsResumed,
-        gateway::config::PolicyConfig {
-            timeout: Some(gateway::proxy::config::Span(timeout)),
+        gateway_common::policy::Policy {
+            timeout: Some(timeout),
             ..Default::default()
         },
     );

@@ -34,7 +34,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{debug, warn};
 
-use crate::feedback::Feedback;
+use crate::issued::IssuedKeys;
 use config::ProxyConfig;
 use cputime::CpuTimed;
 use pool::{Pool, Slot};
@@ -46,7 +46,7 @@ pub struct Proxy {
     label: String,
     acceptor: TlsAcceptor,
     pool: Pool,
-    feedback: Arc<Feedback>,
+    issued: Arc<IssuedKeys>,
     stats: Arc<ProxyStats>,
     /// This listener's series of `stats`.
     own: ListenerStats,
@@ -57,7 +57,7 @@ impl Proxy {
     pub fn new(
         cfg: ProxyConfig,
         tls: rustls::ServerConfig,
-        feedback: Arc<Feedback>,
+        issued: Arc<IssuedKeys>,
         stats: Arc<ProxyStats>,
     ) -> Self {
         let pool = Pool::new(&cfg.backends, cfg.retry_interval.0);
@@ -68,7 +68,7 @@ impl Proxy {
             acceptor: TlsAcceptor::from(Arc::new(tls)),
             pool,
             cfg,
-            feedback,
+            issued,
             stats,
         }
     }
@@ -105,7 +105,7 @@ impl Proxy {
                 _ = stop.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            self.feedback.expire(std::time::Instant::now());
+            self.issued.expire(std::time::Instant::now());
         }
     }
 
@@ -176,7 +176,7 @@ impl Proxy {
         };
         if kind != Some(HandshakeKind::Resumed)
             && let Some(key) = hello.offer_key()
-            && self.feedback.withdraw_key(&key)
+            && self.issued.withdraw_key(&key)
         {
             self.own.offer_withdrawn();
             debug!(listener = %self.label, %peer, "an offer did not resume: its key is withdrawn");

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use rustls::{ServerConfig, crypto::aws_lc_rs};
 use thiserror::Error;
 
-use crate::{feedback::Feedback, proxy::config::TlsConfig};
+use crate::{issued::IssuedKeys, proxy::config::TlsConfig};
 
 /// Errors of setting TLS up.
 #[derive(Debug, Error)]
@@ -29,7 +29,7 @@ pub enum TlsError {
 
 /// The server configuration of one listener: its certificate (from files, or self-signed), a
 /// publishing session cache and a publishing rotating ticketer.
-pub fn server_config(cfg: &TlsConfig, feedback: Arc<Feedback>) -> Result<ServerConfig, TlsError> {
+pub fn server_config(cfg: &TlsConfig, issued: Arc<IssuedKeys>) -> Result<ServerConfig, TlsError> {
     let (chain, key) = match &cfg.cert_key {
         Some((cert, key)) => certs::load(cert, key)?,
         None => certs::self_signed()?,
@@ -50,7 +50,7 @@ pub fn server_config(cfg: &TlsConfig, feedback: Arc<Feedback>) -> Result<ServerC
         })?;
     config.session_storage = Arc::new(store::PublishingCache::new(
         cfg.session_cache,
-        feedback.clone(),
+        issued.clone(),
     ));
     let secret = match &cfg.ticket_key_file {
         Some(path) => tickets::Secret::from_file(path)?,
@@ -60,7 +60,7 @@ pub fn server_config(cfg: &TlsConfig, feedback: Arc<Feedback>) -> Result<ServerC
         secret,
         cfg.ticket_rotation.0,
         cfg.session_lifetime.0,
-        feedback,
+        issued,
     ));
     Ok(config)
 }

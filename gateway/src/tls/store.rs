@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use rustls::server::{ServerSessionMemoryCache, StoresServerSessions};
 
-use crate::feedback::{Feedback, IssuedKind};
+use gateway_common::tls::Offer;
+
+use crate::issued::IssuedKeys;
 
 /// rustls's bounded in-memory cache, with every stored key published (and a taken one withdrawn).
 /// An entry the cache evicts early stays published until its lifetime ends: an offer of it is then
@@ -12,15 +14,15 @@ use crate::feedback::{Feedback, IssuedKind};
 #[derive(Debug)]
 pub struct PublishingCache {
     inner: Arc<ServerSessionMemoryCache>,
-    feedback: Arc<Feedback>,
+    issued: Arc<IssuedKeys>,
 }
 
 impl PublishingCache {
     /// A cache of `size` entries.
-    pub fn new(size: usize, feedback: Arc<Feedback>) -> Self {
+    pub fn new(size: usize, issued: Arc<IssuedKeys>) -> Self {
         PublishingCache {
             inner: ServerSessionMemoryCache::new(size.max(1)),
-            feedback,
+            issued,
         }
     }
 }
@@ -30,7 +32,7 @@ impl StoresServerSessions for PublishingCache {
         let published = key.clone();
         let stored = self.inner.put(key, value);
         if stored {
-            self.feedback.publish(&published, IssuedKind::SessionId);
+            self.issued.publish(&published, Offer::SessionId);
         }
         stored
     }
@@ -42,7 +44,7 @@ impl StoresServerSessions for PublishingCache {
     fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
         let v = self.inner.take(key);
         if v.is_some() {
-            self.feedback.withdraw(key);
+            self.issued.withdraw(key);
         }
         v
     }

@@ -26,7 +26,9 @@ use aws_lc_rs::{
 use rustls::server::ProducesTickets;
 use thiserror::Error;
 
-use crate::feedback::{Feedback, IssuedKind};
+use gateway_common::tls::Offer;
+
+use crate::issued::IssuedKeys;
 
 /// Smallest accepted secret, bytes.
 pub const MIN_SECRET: usize = 32;
@@ -100,7 +102,7 @@ pub struct RotatingTicketer {
     /// Derived keys of recent periods, newest last.
     keys: Mutex<Vec<(u64, Arc<LessSafeKey>)>>,
     rng: SystemRandom,
-    feedback: Arc<Feedback>,
+    issued: Arc<IssuedKeys>,
 }
 
 impl std::fmt::Debug for RotatingTicketer {
@@ -119,7 +121,7 @@ impl RotatingTicketer {
         secret: Secret,
         rotation: Duration,
         lifetime: Duration,
-        feedback: Arc<Feedback>,
+        issued: Arc<IssuedKeys>,
     ) -> Self {
         let prk = Salt::new(HKDF_SHA256, b"gateway ticket keys v1").extract(&secret.0);
         RotatingTicketer {
@@ -128,7 +130,7 @@ impl RotatingTicketer {
             lifetime,
             keys: Mutex::new(Vec::new()),
             rng: SystemRandom::new(),
-            feedback,
+            issued,
         }
     }
 
@@ -234,7 +236,7 @@ impl ProducesTickets for RotatingTicketer {
 
     fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
         let ticket = self.seal(plain, SystemTime::now())?;
-        self.feedback.publish(&ticket, IssuedKind::Ticket);
+        self.issued.publish(&ticket, Offer::Ticket);
         Some(ticket)
     }
 
@@ -252,7 +254,7 @@ mod tests {
             Secret(secret.to_vec()),
             Duration::from_secs(3600),
             Duration::from_secs(7200),
-            Arc::new(Feedback::none(Duration::from_secs(7200))),
+            Arc::new(IssuedKeys::none(Duration::from_secs(7200))),
         )
     }
 

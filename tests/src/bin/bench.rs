@@ -161,7 +161,7 @@ fn tls_costs(prog: &mut TestProgram) {
     prog.maps
         .set_policy(
             gateway_common::Class::TlsNew,
-            gateway::config::PolicyConfig {
+            gateway_common::policy::Policy {
                 backlog: Some(0),
                 ..Default::default()
             }

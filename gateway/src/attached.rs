@@ -1,0 +1,57 @@
+//! One attached interface, as the daemon's parts share it: its name, its pin directory and one
+//! set of map handles. The daemon opens each attachment once and hands the same
+//! [`Attached`] to the proxies (issued keys), the metrics collector and the controller.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::{
+    maps::{Maps, MapsError},
+    pins::PinDir,
+};
+
+/// An attached interface and its maps.
+pub struct Attached {
+    iface: String,
+    pins: PinDir,
+    maps: Mutex<Maps>,
+}
+
+impl Attached {
+    /// Opens the maps pinned for `iface` in `pins`.
+    ///
+    /// # Errors
+    /// [`MapsError`] when a pinned map is missing or not of its type.
+    pub fn open(iface: &str, pins: PinDir) -> Result<Arc<Self>, MapsError> {
+        let maps = Mutex::new(Maps::open(&pins)?);
+        Ok(Arc::new(Attached {
+            iface: iface.to_string(),
+            pins,
+            maps,
+        }))
+    }
+
+    /// The interface's name.
+    pub fn iface(&self) -> &str {
+        &self.iface
+    }
+
+    /// Its pin directory.
+    pub fn pins(&self) -> &PinDir {
+        &self.pins
+    }
+
+    /// Its maps, for one operation or a few (held briefly: other parts wait meanwhile). A panic
+    /// elsewhere while holding them leaves every map consistent (each call is one map
+    /// operation), so a poisoned lock is still usable.
+    pub fn maps(&self) -> MutexGuard<'_, Maps> {
+        self.maps.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl std::fmt::Debug for Attached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attached")
+            .field("iface", &self.iface)
+            .finish()
+    }
+}

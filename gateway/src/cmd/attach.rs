@@ -1,0 +1,67 @@
+//! `gateway attach` and `gateway detach`: the datapath on an interface, left in place.
+
+use std::path::Path;
+
+use clap::Args;
+
+use super::CommandError;
+use crate::{
+    config::{EbpfLogLevel, ModeRequest},
+    loader::{self, AttachOptions},
+};
+
+/// `gateway attach`.
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// Interface.
+    #[arg(long)]
+    pub iface: String,
+    /// Hook: native XDP, generic XDP, TC ingress, or native falling back to generic.
+    #[arg(long, value_enum, default_value_t = ModeRequest::Native)]
+    pub mode: ModeRequest,
+}
+
+/// `gateway detach`.
+#[derive(Debug, Args)]
+pub struct DetachArgs {
+    /// Interface.
+    #[arg(long)]
+    pub iface: String,
+}
+
+/// Attaches (or replaces the program of an existing attachment).
+pub fn attach(root: &Path, args: AttachArgs) -> Result<(), CommandError> {
+    let AttachArgs { iface, mode } = args;
+    let a = loader::attach(&AttachOptions {
+        iface,
+        mode,
+        root: root.to_path_buf(),
+        ebpf_log_level: EbpfLogLevel::default().value(),
+    })?;
+    if let Some(reason) = &a.fallback_reason {
+        eprintln!(
+            "warning: native XDP refused on {} ({reason}); using generic XDP",
+            a.iface
+        );
+    }
+    println!(
+        "{} {} in {} mode (link {}, program {})",
+        if a.replaced {
+            "replaced program on"
+        } else {
+            "attached to"
+        },
+        a.iface,
+        a.mode.name(),
+        a.link_id,
+        a.program_id
+    );
+    Ok(())
+}
+
+/// Detaches and removes the pins.
+pub fn detach(root: &Path, args: DetachArgs) -> Result<(), CommandError> {
+    loader::detach(root, &args.iface)?;
+    println!("detached from {}", args.iface);
+    Ok(())
+}

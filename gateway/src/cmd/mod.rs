@@ -1,0 +1,167 @@
+//! The command line: one module per subcommand, each with its arguments and what it does; here
+//! the top-level parser, the shared `--iface` target, the error type and the dispatch.
+
+mod attach;
+mod config;
+mod policy;
+mod run;
+mod service;
+mod stats;
+mod status;
+mod tls;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use thiserror::Error;
+
+pub use attach::{AttachArgs, DetachArgs};
+pub use config::ConfigAction;
+pub use policy::PolicyAction;
+pub use run::RunArgs;
+pub use service::ServiceAction;
+pub use stats::StatsArgs;
+pub use status::StatusArgs;
+pub use tls::{IssuedAction, TlsAction};
+
+use crate::{
+    caps::{self, CapsError, Need},
+    config::ConfigError,
+    daemon::DaemonError,
+    loader::LoaderError,
+    maps::{Maps, MapsError},
+    pins::{self, DEFAULT_ROOT, PinsError},
+};
+
+/// Linux admission gateway: classifies and admits traffic of protected services at the NIC.
+#[derive(Debug, Parser)]
+#[command(name = "gateway", version, about)]
+pub struct Cli {
+    /// bpffs root of the per-interface pin directories [default: /sys/fs/bpf/gateway, or the
+    /// config's `bpffs` for `run`].
+    #[arg(long, global = true, value_name = "DIR")]
+    pub bpffs: Option<PathBuf>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Load the datapath, attach it to an interface and pin it (or replace the program of an
+    /// existing attachment through its pinned link), then exit leaving it in place.
+    Attach(AttachArgs),
+    /// Detach the datapath from an interface and remove its pins.
+    Detach(DetachArgs),
+    /// Show every attachment: interface, mode, link and program ids.
+    Status(StatusArgs),
+    /// Show per-class and parser counters.
+    Stats(StatsArgs),
+    /// Show or change per-class admission limits.
+    Policy {
+        /// Policy subcommand.
+        #[command(subcommand)]
+        action: PolicyAction,
+    },
+    /// Manage the protected services.
+    Service {
+        /// Service subcommand.
+        #[command(subcommand)]
+        action: ServiceAction,
+    },
+    /// TLS: the keys of issued sessions the datapath verifies resumption offers against.
+    Tls {
+        /// TLS subcommand.
+        #[command(subcommand)]
+        action: TlsAction,
+    },
+    /// Run the daemon: attach (or adopt) per the config, apply it, serve until SIGTERM/SIGINT.
+    Run(RunArgs),
+    /// Configuration files.
+    Config {
+        /// Config subcommand.
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+}
+
+/// The interface a map command works on.
+#[derive(Debug, Args)]
+pub struct Target {
+    /// Interface [default: the only attached one].
+    #[arg(long)]
+    pub iface: Option<String>,
+}
+
+/// Errors of a command; each renders as one line.
+#[derive(Debug, Error)]
+pub enum CommandError {
+    /// Loading, attaching, detaching.
+    #[error(transparent)]
+    Loader(#[from] LoaderError),
+    /// Pin directory.
+    #[error(transparent)]
+    Pins(#[from] PinsError),
+    /// Maps.
+    #[error(transparent)]
+    Maps(#[from] MapsError),
+    /// Capabilities.
+    #[error(transparent)]
+    Caps(#[from] CapsError),
+    /// Configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The daemon.
+    #[error(transparent)]
+    Daemon(#[from] DaemonError),
+    /// Bad arguments the parser could not catch.
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl CommandError {
+    /// Process exit code: 2 for bad input (arguments, config, missing privilege, unknown
+    /// interface or attachment), 1 for failures of the system.
+    pub fn exit_code(&self) -> i32 {
+        let input = match self {
+            CommandError::Loader(e) => e.is_input_error(),
+            CommandError::Pins(e) => !matches!(e, PinsError::Io { .. }),
+            CommandError::Maps(_) => false,
+            CommandError::Daemon(e) => e.is_input_error(),
+            CommandError::Caps(_) | CommandError::Config(_) | CommandError::Usage(_) => true,
+        };
+        if input { 2 } else { 1 }
+    }
+}
+
+/// The bpffs root: `--bpffs`, or the default.
+fn root(cli_root: &Option<PathBuf>) -> PathBuf {
+    cli_root
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_ROOT))
+}
+
+/// Opens the maps of the selected attachment.
+fn open(root: &std::path::Path, iface: Option<&str>) -> Result<(pins::PinDir, Maps), CommandError> {
+    caps::require(Need::Maps)?;
+    let pd = pins::select(root, iface)?;
+    let maps = Maps::open(&pd)?;
+    Ok((pd, maps))
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Result<(), CommandError> {
+    let bpffs = cli.bpffs;
+    match cli.command {
+        Command::Attach(args) => attach::attach(&root(&bpffs), args),
+        Command::Detach(args) => attach::detach(&root(&bpffs), args),
+        Command::Status(args) => status::run(&root(&bpffs), args),
+        Command::Stats(args) => stats::run(&root(&bpffs), args),
+        Command::Policy { action } => policy::run(&root(&bpffs), action),
+        Command::Service { action } => service::run(&root(&bpffs), action),
+        Command::Tls { action } => tls::run(&root(&bpffs), action),
+        Command::Run(args) => run::run(bpffs, args),
+        Command::Config { action } => config::run(action),
+    }
+}

@@ -1,0 +1,130 @@
+//! `gateway policy show|set|clear`: per-class admission limits.
+
+use std::path::Path;
+
+use clap::Subcommand;
+use gateway_common::{Class, policy::Policy};
+
+use super::{CommandError, Target, open};
+use crate::{config, maps::MapsError, output};
+
+/// `policy` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum PolicyAction {
+    /// Show every class's limits and backlog.
+    Show {
+        /// Which attachment.
+        #[command(flatten)]
+        target: Target,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set limits of a class; limits not given stay as they are.
+    Set {
+        /// Class name.
+        #[arg(value_parser = parse_limitable_class)]
+        class: Class,
+        /// Maximum backlog (admitted minus completed).
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=gateway_common::policy::MAX_BACKLOG))]
+        backlog: Option<u64>,
+        /// Sustained admissions per second.
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=gateway_common::policy::MAX_RATE))]
+        rate: Option<u64>,
+        /// Admissions allowed in a burst above the rate.
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=gateway_common::policy::MAX_BURST))]
+        burst: Option<u64>,
+        /// How long an admitted unit may go unanswered before it expires (`500ms`, `10s`).
+        #[arg(long)]
+        timeout: Option<crate::proxy::config::Span>,
+        /// Which attachment.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Remove every limit of a class.
+    Clear {
+        /// Class name.
+        #[arg(value_parser = parse_limitable_class)]
+        class: Class,
+        /// Which attachment.
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+/// A class that can be limited, by name.
+fn parse_limitable_class(s: &str) -> Result<Class, String> {
+    let class = Class::from_name(s).ok_or_else(|| config::unknown_class(s))?;
+    if class.is_limitable() {
+        Ok(class)
+    } else {
+        Err(config::unlimitable_class(class))
+    }
+}
+
+/// Runs a `policy` subcommand.
+pub fn run(root: &Path, action: PolicyAction) -> Result<(), CommandError> {
+    match action {
+        PolicyAction::Show { target, json } => {
+            let (_, maps) = open(root, target.iface.as_deref())?;
+            let state = maps.class_state()?;
+            let rows = Class::ALL
+                .into_iter()
+                .filter(|c| c.is_limitable())
+                .map(|c| Ok((c, maps.policy(c)?, state[c.id() as usize])))
+                .collect::<Result<Vec<_>, MapsError>>()?;
+            print!("{}", output::policies(&rows, json));
+            if json {
+                println!();
+            }
+        }
+        PolicyAction::Set {
+            class,
+            backlog,
+            rate,
+            burst,
+            timeout,
+            target,
+        } => {
+            if backlog.is_none() && rate.is_none() && burst.is_none() && timeout.is_none() {
+                return Err(CommandError::Usage(
+                    "policy set needs at least one of --backlog, --rate, --burst, --timeout".into(),
+                ));
+            }
+            let (pd, mut maps) = open(root, target.iface.as_deref())?;
+            let p = Policy::from_map(&maps.policy(class)?).overlay(Policy {
+                backlog,
+                rate,
+                burst,
+                timeout: timeout.map(|t| t.0),
+            });
+            if p.burst.is_some() && p.rate.is_none() {
+                return Err(CommandError::Usage(format!(
+                    "--burst needs a rate: class {} has none, pass --rate",
+                    class.name()
+                )));
+            }
+            maps.set_policy(class, p.to_map())?;
+            println!("{} on {}: {}", class.name(), pd.iface, describe(&p));
+        }
+        PolicyAction::Clear { class, target } => {
+            let (pd, mut maps) = open(root, target.iface.as_deref())?;
+            maps.set_policy(class, Policy::UNLIMITED.to_map())?;
+            println!("{} on {}: unlimited", class.name(), pd.iface);
+        }
+    }
+    Ok(())
+}
+
+fn describe(p: &Policy) -> String {
+    let show = |v: Option<u64>| v.map_or("unlimited".to_owned(), |v| v.to_string());
+    let timeout = p.timeout.map_or("default".to_owned(), |t| {
+        humantime::format_duration(t).to_string()
+    });
+    format!(
+        "backlog {}, rate {}/s, burst {}, timeout {timeout}",
+        show(p.backlog),
+        show(p.rate),
+        p.burst.unwrap_or(0)
+    )
+}

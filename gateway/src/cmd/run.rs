@@ -1,0 +1,50 @@
+//! `gateway run`: the daemon (see `crate::daemon`), with the config given, or the embedded
+//! default.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::CommandError;
+use crate::{
+    config::{Config, Interface, ModeRequest},
+    daemon,
+};
+
+/// `gateway run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Configuration file [default: the embedded default, see `gateway config default`].
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Protect this interface instead of the config's `interfaces`.
+    #[arg(long)]
+    pub iface: Option<String>,
+    /// With --iface: the hook to use.
+    #[arg(long, value_enum, requires = "iface")]
+    pub mode: Option<ModeRequest>,
+}
+
+/// Runs the daemon until SIGTERM or SIGINT; `bpffs` overrides the config's.
+pub fn run(bpffs: Option<PathBuf>, args: RunArgs) -> Result<(), CommandError> {
+    let RunArgs {
+        config,
+        iface,
+        mode,
+    } = args;
+    let mut cfg = match &config {
+        Some(path) => Config::load(path)?,
+        None => Config::embedded_default(),
+    };
+    if let Some(root) = bpffs {
+        cfg.bpffs = root;
+    }
+    if let Some(iface) = iface {
+        cfg.interfaces.0 = vec![Interface {
+            name: iface,
+            mode: mode.unwrap_or_default(),
+        }];
+    }
+    daemon::run(cfg)?;
+    Ok(())
+}

@@ -1,0 +1,118 @@
+//! `gateway service add|del|list`: the protected ports.
+
+use std::path::Path;
+
+use clap::Subcommand;
+use gateway_common::maps::{ServiceKey, ServiceValue};
+
+use super::{CommandError, Target, open};
+use crate::{
+    config::{Kind, Proto},
+    output,
+};
+
+/// `service` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ServiceAction {
+    /// Protect a port.
+    Add {
+        /// What the port speaks.
+        #[arg(value_enum)]
+        kind: Kind,
+        /// Destination port.
+        #[arg(value_parser = clap::value_parser!(u16).range(1..))]
+        port: u16,
+        /// Transport [default: tcp for tls, udp for sip].
+        #[arg(long, value_enum)]
+        proto: Option<Proto>,
+        /// Which attachment.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Stop protecting a port.
+    Del {
+        /// Destination port.
+        #[arg(value_parser = clap::value_parser!(u16).range(1..))]
+        port: u16,
+        /// Transport [default: the only one registered on the port].
+        #[arg(long, value_enum)]
+        proto: Option<Proto>,
+        /// Which attachment.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// List protected ports.
+    List {
+        /// Which attachment.
+        #[command(flatten)]
+        target: Target,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs a `service` subcommand.
+pub fn run(root: &Path, action: ServiceAction) -> Result<(), CommandError> {
+    match action {
+        ServiceAction::Add {
+            kind,
+            port,
+            proto,
+            target,
+        } => {
+            let (pd, mut maps) = open(root, target.iface.as_deref())?;
+            let proto = proto.unwrap_or(kind.default_proto());
+            maps.add_service(
+                ServiceKey::new(proto.number(), port),
+                ServiceValue {
+                    kind: kind.service_kind() as u32,
+                    flags: 0,
+                },
+            )?;
+            println!(
+                "{} {}/{port} protected on {}",
+                kind.service_kind().name(),
+                proto.name(),
+                pd.iface
+            );
+        }
+        ServiceAction::Del {
+            port,
+            proto,
+            target,
+        } => {
+            let (pd, mut maps) = open(root, target.iface.as_deref())?;
+            let on_port: Vec<ServiceKey> = maps
+                .services()?
+                .into_iter()
+                .map(|(k, _)| k)
+                .filter(|k| k.port == port && proto.is_none_or(|p| p.number() == k.proto))
+                .collect();
+            let key = match on_port.as_slice() {
+                [k] => *k,
+                [] => {
+                    return Err(CommandError::Usage(format!(
+                        "no service on port {port} on {}",
+                        pd.iface
+                    )));
+                }
+                _ => {
+                    return Err(CommandError::Usage(format!(
+                        "port {port} is protected for tcp and udp: pass --proto"
+                    )));
+                }
+            };
+            maps.remove_service(key)?;
+            println!("port {port} no longer protected on {}", pd.iface);
+        }
+        ServiceAction::List { target, json } => {
+            let (_, maps) = open(root, target.iface.as_deref())?;
+            print!("{}", output::services(&maps.services()?, json));
+            if json {
+                println!();
+            }
+        }
+    }
+    Ok(())
+}

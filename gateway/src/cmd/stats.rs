@@ -1,0 +1,66 @@
+//! `gateway stats`: per-class, parser and TLS counters, once or every few seconds.
+
+use std::{path::Path, thread, time::Duration};
+
+use clap::Args;
+
+use super::{CommandError, Target, open};
+use crate::{loader, output::StatsView};
+
+/// `gateway stats`.
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// Which attachment.
+    #[command(flatten)]
+    pub target: Target,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+    /// Print again every SECS seconds.
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub watch: Option<u64>,
+    /// With --watch: stop after N prints.
+    #[arg(long, value_name = "N", requires = "watch")]
+    pub count: Option<u64>,
+}
+
+/// Shows the counters.
+pub fn run(root: &Path, args: StatsArgs) -> Result<(), CommandError> {
+    let StatsArgs {
+        target,
+        json,
+        watch,
+        count,
+    } = args;
+    let (pd, maps) = open(root, target.iface.as_deref())?;
+    let mut printed = 0u64;
+    loop {
+        let info = loader::info(&pd)?;
+        let classes = maps.class_stats()?;
+        let state = maps.class_state()?;
+        let counters = maps.counters()?;
+        let tls = maps.tls_counters()?;
+        let sip_latency = maps.latency(gateway_common::Class::SipOriginal)?;
+        let view = StatsView {
+            info: &info,
+            classes: &classes,
+            state: &state,
+            counters: &counters,
+            tls: &tls,
+            sip_latency: &sip_latency,
+        };
+        if json {
+            println!("{}", view.json());
+        } else {
+            print!("{}", view.table());
+        }
+        printed += 1;
+        match watch {
+            Some(secs) if count.is_none_or(|n| printed < n) => {
+                thread::sleep(Duration::from_secs(secs));
+            }
+            _ => break,
+        }
+    }
+    Ok(())
+}

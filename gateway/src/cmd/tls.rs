@@ -1,0 +1,180 @@
+//! `gateway tls issued add|del|list|count`: the issued session keys the datapath verifies
+//! resumption offers against.
+
+use std::path::Path;
+
+use clap::Subcommand;
+
+use super::{CommandError, Target, open};
+
+/// `tls` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum TlsAction {
+    /// Issued session keys (filled by the TLS proxy; by hand for tests and other servers).
+    Issued {
+        /// Issued subcommand.
+        #[command(subcommand)]
+        action: IssuedAction,
+    },
+}
+
+/// `tls issued` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum IssuedAction {
+    /// Publish the key of an issued session id, ticket or PSK identity: give the whole value (at
+    /// least 16 bytes, in hex); its digest is what the datapath matches offers against.
+    Add {
+        /// The whole issued value, in hex.
+        #[arg(value_parser = parse_key)]
+        key: gateway_common::maps::IssuedKey,
+        /// What was issued: session-id, ticket or psk.
+        #[arg(long, value_parser = parse_offer, default_value = "session-id")]
+        kind: gateway_common::tls::Offer,
+        /// Connections the key may hold in the tls-resumed class at once.
+        #[arg(long, default_value_t = gateway_common::maps::DEFAULT_RESUME_LIMIT,
+              value_parser = clap::value_parser!(u32).range(1..=i64::from(gateway_common::maps::MAX_RESUME_LIMIT)))]
+        limit: u32,
+        /// Which attachment.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Withdraw the key of an issued value.
+    Del {
+        /// The whole issued value, in hex.
+        #[arg(value_parser = parse_key)]
+        key: gateway_common::maps::IssuedKey,
+        /// Which attachment.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// List published keys.
+    List {
+        /// Which attachment.
+        #[command(flatten)]
+        target: Target,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Count published keys.
+    Count {
+        /// Which attachment.
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+/// An issued kind by name (`gateway_common::tls::Offer::name`).
+fn parse_offer(s: &str) -> Result<gateway_common::tls::Offer, String> {
+    use gateway_common::tls::Offer;
+    Offer::ISSUED
+        .into_iter()
+        .find(|o| o.name() == s)
+        .ok_or_else(|| {
+            let names: Vec<_> = Offer::ISSUED.iter().map(|o| o.name()).collect();
+            format!("unknown kind {s:?}, expected one of {}", names.join(", "))
+        })
+}
+
+/// The key of an issued value given in hex: its digest (`gateway_common::tls::offer_digest`).
+fn parse_key(s: &str) -> Result<gateway_common::maps::IssuedKey, String> {
+    let (min, max) = (
+        gateway_common::tls::KEY_LEN,
+        gateway_common::tls::MAX_OFFER as usize,
+    );
+    if s.len() < 2 * min || s.len() > 2 * max || !s.len().is_multiple_of(2) {
+        return Err(format!(
+            "need the whole issued value: an even number of hex digits, {} to {}, got {}",
+            2 * min,
+            2 * max,
+            s.len()
+        ));
+    }
+    let value = (0..s.len() / 2)
+        .map(|i| {
+            u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
+                .map_err(|_| format!("not hex at digit {}: {s}", 2 * i))
+        })
+        .collect::<Result<Vec<u8>, _>>()?;
+    Ok(gateway_common::maps::IssuedKey {
+        key: gateway_common::tls::offer_digest(&value),
+    })
+}
+
+/// Runs a `tls` subcommand.
+pub fn run(root: &Path, action: TlsAction) -> Result<(), CommandError> {
+    match action {
+        TlsAction::Issued { action } => issued(root, action),
+    }
+}
+
+fn issued(root: &Path, action: IssuedAction) -> Result<(), CommandError> {
+    use gateway_common::maps::IssuedValue;
+    let hex = |k: &gateway_common::maps::IssuedKey| {
+        k.key.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    match action {
+        IssuedAction::Add {
+            key,
+            kind,
+            limit,
+            target,
+        } => {
+            let (pd, mut maps) = open(root, target.iface.as_deref())?;
+            maps.add_issued(
+                key,
+                IssuedValue {
+                    kind: kind as u32,
+                    limit,
+                    issued_ns: crate::maps::monotonic_ns(),
+                    ..Default::default()
+                },
+            )?;
+            println!("published {} on {}", hex(&key), pd.iface);
+        }
+        IssuedAction::Del { key, target } => {
+            let (pd, mut maps) = open(root, target.iface.as_deref())?;
+            if !maps.remove_issued(&key)? {
+                return Err(CommandError::Usage(format!(
+                    "{} is not published on {}",
+                    hex(&key),
+                    pd.iface
+                )));
+            }
+            println!("withdrew {} on {}", hex(&key), pd.iface);
+        }
+        IssuedAction::List { target, json } => {
+            let (_, maps) = open(root, target.iface.as_deref())?;
+            let rows = maps.issued()?;
+            let kind = |v: &IssuedValue| gateway_common::tls::Offer::from_id(v.kind).name();
+            if json {
+                let v: Vec<serde_json::Value> = rows
+                    .iter()
+                    .map(|(k, v)| {
+                        serde_json::json!({
+                            "key": hex(k), "kind": kind(v),
+                            "limit": gateway_common::maps::resume_limit(v.limit),
+                            "in_use": v.in_use,
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::Value::Array(v));
+            } else {
+                for (k, v) in rows {
+                    println!(
+                        "{} {} limit {} in-use {}",
+                        hex(&k),
+                        kind(&v),
+                        gateway_common::maps::resume_limit(v.limit),
+                        v.in_use
+                    );
+                }
+            }
+        }
+        IssuedAction::Count { target } => {
+            let (_, maps) = open(root, target.iface.as_deref())?;
+            println!("{}", maps.issued()?.len());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,302 @@
+//! The YAML configuration: the schema of the whole document (here), its parts in modules of
+//! their own (interfaces, services, policies, datapath settings), and the duplicate-key check.
+//!
+//! Parsed with serde_norway, the maintained fork of the deprecated serde_yaml. Every check runs
+//! inside deserialization, so each error names the field path and its line; unknown fields are
+//! errors; a config with any error is refused whole.
+
+mod datapath;
+mod interfaces;
+mod policy;
+mod services;
+mod unique;
+
+use std::{collections::BTreeSet, fmt, path::PathBuf};
+
+use gateway_common::maps::{
+    IPPROTO_TCP, SERVICE_TERMINATED, ServiceKey, ServiceKind, ServiceValue,
+};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+pub use datapath::{Datapath, EbpfLogLevel, OnExit, PassDrop};
+pub use interfaces::{Interface, Interfaces, ModeRequest};
+pub use policy::{Policies, PolicyConfig, unknown_class, unlimitable_class};
+pub use services::{Kind, Port, Proto, Service, Services};
+
+/// The embedded default configuration.
+pub const DEFAULT_YAML: &str = include_str!("../../../deploy/gateway.default.yaml");
+
+/// Errors of loading a configuration.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("config {path}: {source}")]
+    Read {
+        /// File path.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The YAML is invalid, has a wrong type, an unknown field or a value out of range.
+    #[error("config {origin}: {source}")]
+    Invalid {
+        /// File path or "embedded default".
+        origin: String,
+        /// The error, with field path and line.
+        source: serde_norway::Error,
+    },
+    /// Two parts of a valid document contradict each other.
+    #[error("config {origin}: {reason}")]
+    Conflict {
+        /// File path or "embedded default".
+        origin: String,
+        /// What conflicts, by field path.
+        reason: String,
+    },
+}
+
+/// The whole configuration.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// bpffs root of the per-interface pin directories.
+    #[serde(default = "default_bpffs")]
+    pub bpffs: PathBuf,
+    /// Interfaces to protect.
+    #[serde(default)]
+    pub interfaces: Interfaces,
+    /// Protected services.
+    #[serde(default)]
+    pub services: Services,
+    /// Admission limits per class; unlisted classes are unlimited.
+    #[serde(default)]
+    pub policy: Policies,
+    /// Datapath-wide settings.
+    #[serde(default)]
+    pub datapath: Datapath,
+    /// What `gateway run` does with the datapath when it exits.
+    #[serde(default)]
+    pub on_exit: OnExit,
+    /// TLS listeners that terminate admitted connections and proxy them to backend pools. Each
+    /// listener's port is a protected TLS service whose completions the daemon counts.
+    #[serde(default)]
+    pub proxies: Vec<crate::proxy::config::ProxyConfig>,
+    /// Where the daemon serves Prometheus metrics (`GET /metrics`); absent: not served.
+    #[serde(default)]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// Worker threads of the daemon's runtime; 0 (the default) is one per CPU.
+    #[serde(default)]
+    pub workers: usize,
+}
+
+fn default_bpffs() -> PathBuf {
+    PathBuf::from(crate::pins::DEFAULT_ROOT)
+}
+
+impl Config {
+    /// Parses YAML; `origin` names the source in errors.
+    pub fn parse(yaml: &str, origin: &str) -> Result<Self, ConfigError> {
+        let invalid = |source| ConfigError::Invalid {
+            origin: origin.into(),
+            source,
+        };
+        let config: Config = serde_norway::from_str(yaml).map_err(invalid)?;
+        serde_norway::from_str::<unique::DuplicateCheck>(yaml).map_err(invalid)?;
+        config
+            .check_proxies()
+            .map_err(|reason| ConfigError::Conflict {
+                origin: origin.into(),
+                reason,
+            })?;
+        Ok(config)
+    }
+
+    /// Reads and parses a file.
+    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let yaml = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&yaml, &path.display().to_string())
+    }
+
+    /// Proxy listeners must not share an address, nor take a port the services list gives to SIP.
+    fn check_proxies(&self) -> Result<(), String> {
+        for (i, p) in self.proxies.iter().enumerate() {
+            if let Some(j) = self.proxies[..i].iter().position(|q| q.listen == p.listen) {
+                return Err(format!(
+                    "proxies[{i}].listen: {} is also proxies[{j}].listen",
+                    p.listen
+                ));
+            }
+            let key = ServiceKey::new(IPPROTO_TCP, p.listen.port());
+            if let Some(j) = self
+                .services
+                .0
+                .iter()
+                .position(|s| s.key() == key && s.kind != Kind::Tls)
+            {
+                return Err(format!(
+                    "proxies[{i}].listen: port tcp/{} is services[{j}], which is not tls",
+                    p.listen.port()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every protected service: the services list, then each proxy listener's port (tls,
+    /// terminated by the daemon) that the list does not already carry.
+    pub fn all_services(&self) -> Vec<(ServiceKey, ServiceValue)> {
+        let terminated: BTreeSet<ServiceKey> = self
+            .proxies
+            .iter()
+            .map(|p| ServiceKey::new(IPPROTO_TCP, p.listen.port()))
+            .collect();
+        let mut out: Vec<(ServiceKey, ServiceValue)> = self
+            .services
+            .0
+            .iter()
+            .map(|s| {
+                let flags = if terminated.contains(&s.key()) {
+                    SERVICE_TERMINATED
+                } else {
+                    0
+                };
+                let kind = s.kind.service_kind() as u32;
+                (s.key(), ServiceValue { kind, flags })
+            })
+            .collect();
+        for key in terminated {
+            if !out.iter().any(|(k, _)| *k == key) {
+                let value = ServiceValue {
+                    kind: ServiceKind::Tls as u32,
+                    flags: SERVICE_TERMINATED,
+                };
+                out.push((key, value));
+            }
+        }
+        out
+    }
+
+    /// The embedded default.
+    pub fn embedded_default() -> Self {
+        Self::parse(DEFAULT_YAML, "embedded default").expect("the embedded default config is valid")
+    }
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} interface(s), {} service(s), {} proxy listener(s), {} class policy(ies), bpffs {}",
+            self.interfaces.0.len(),
+            self.services.0.len(),
+            self.proxies.len(),
+            self.policy.len(),
+            self.bpffs.display()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gateway_common::{Class, policy::Policy};
+
+    fn err(yaml: &str) -> String {
+        Config::parse(yaml, "t.yaml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn embedded_default_parses() {
+        let c = Config::embedded_default();
+        assert_eq!(c.interfaces.0[0].name, "lo");
+        assert_eq!(c.services.0.len(), 2);
+        assert_eq!(c.services.0[1].proto(), Proto::Udp);
+        assert_eq!(c.on_exit, OnExit::Detach);
+    }
+
+    #[test]
+    fn example_parses() {
+        let c = Config::parse(
+            include_str!("../../../deploy/gateway.example.yaml"),
+            "example",
+        )
+        .unwrap();
+        assert_eq!(c.policy.of(Class::SipOriginal).backlog, Some(500));
+    }
+
+    #[test]
+    fn unknown_field_names_field_and_line() {
+        let e =
+            err("bpffs: /sys/fs/bpf/x\nservices:\n  - kind: tls\n    port: 443\n    prot: tcp\n");
+        assert!(e.contains("prot"), "{e}");
+        assert!(e.contains("line 5"), "{e}");
+        assert!(e.contains("services[0]"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_names_field_and_line() {
+        let e = err("services:\n  - kind: tls\n    port: https\n");
+        assert!(e.contains("services[0].port"), "{e}");
+        assert!(e.contains("line 3"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused() {
+        let e = err("services:\n  - kind: tls\n    port: 70000\n");
+        assert!(e.contains("port 70000 out of range"), "{e}");
+        let e = err("policy:\n  tls-new:\n    rate: -1\n");
+        assert!(e.contains("rate -1 out of range"), "{e}");
+        assert!(e.contains("policy.tls-new"), "{e}");
+        assert!(e.contains("line 3"), "{e}");
+        let e = err(
+            "proxies:\n  - listen: 127.0.0.1:8443\n    tls: {resume_limit: 0}\n    backends: [{address: 127.0.0.1:1}]\n",
+        );
+        assert!(e.contains("tls.resume_limit: 0 is out of range"), "{e}");
+        assert!(e.contains("proxies[0]"), "{e}");
+    }
+
+    #[test]
+    fn duplicates_and_unknown_classes_are_refused() {
+        let e = err(
+            "services:\n  - {kind: sip, port: 5060}\n  - {kind: tls, port: 443}\n  - {kind: sip, port: 5060, proto: udp}\n",
+        );
+        assert!(e.contains("duplicate service udp/5060"), "{e}");
+        assert!(e.contains("services[2]"), "{e}");
+        assert!(e.contains("line 4"), "{e}");
+        let e = err("policy:\n  tls-old: {rate: 5}\n");
+        assert!(e.contains("unknown class 'tls-old'"), "{e}");
+        assert!(e.contains("tls-resumed"), "{e}");
+        let e = err("policy:\n  other: {rate: 5}\n");
+        assert!(e.contains("never limited"), "{e}");
+        let e = err("interfaces:\n  - name: a\n  - name: a\n");
+        assert!(e.contains("duplicate interface 'a'"), "{e}");
+    }
+
+    #[test]
+    fn same_port_different_proto_is_fine() {
+        let c = Config::parse(
+            "services:\n  - {kind: sip, port: 5060}\n  - {kind: sip, port: 5060, proto: tcp}\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.services.0.len(), 2);
+    }
+
+    #[test]
+    fn a_policy_section_reads_into_the_domain_type_and_back() {
+        let c = Config::parse(
+            "policy:\n  tls-new: {backlog: 0, timeout: 1500ms}\n",
+            "t.yaml",
+        )
+        .unwrap();
+        let p = c.policy.of(Class::TlsNew);
+        assert_eq!(p.backlog, Some(0));
+        assert_eq!(p.timeout, Some(std::time::Duration::from_millis(1500)));
+        assert_eq!(c.policy.of(Class::TlsResumed), Policy::UNLIMITED);
+        assert_eq!(PolicyConfig::of(p).policy(), p);
+    }
+}

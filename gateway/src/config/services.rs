@@ -1,0 +1,113 @@
+//! Protected services: what each speaks, on which transport and port.
+
+use gateway_common::maps::{IPPROTO_TCP, IPPROTO_UDP, ServiceKey, ServiceKind};
+use serde::{Deserialize, Deserializer, Serialize, de::Error as _};
+
+/// Transport protocol of a service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Proto {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+impl Proto {
+    /// IP protocol number.
+    pub const fn number(self) -> u8 {
+        match self {
+            Proto::Tcp => IPPROTO_TCP,
+            Proto::Udp => IPPROTO_UDP,
+        }
+    }
+
+    /// From an IP protocol number.
+    pub const fn from_number(n: u8) -> Option<Proto> {
+        match n {
+            IPPROTO_TCP => Some(Proto::Tcp),
+            IPPROTO_UDP => Some(Proto::Udp),
+            _ => None,
+        }
+    }
+
+    /// Name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        }
+    }
+}
+
+/// Kind of a service, as written in the config and on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// TLS.
+    Tls,
+    /// SIP.
+    Sip,
+}
+
+impl Kind {
+    /// The datapath's kind.
+    pub const fn service_kind(self) -> ServiceKind {
+        match self {
+            Kind::Tls => ServiceKind::Tls,
+            Kind::Sip => ServiceKind::Sip,
+        }
+    }
+
+    /// The transport the kind uses unless told otherwise.
+    pub const fn default_proto(self) -> Proto {
+        match self {
+            Kind::Tls => Proto::Tcp,
+            Kind::Sip => Proto::Udp,
+        }
+    }
+}
+
+/// A port number, 1 to 65535.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Port(pub u16);
+
+impl<'de> Deserialize<'de> for Port {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = i64::deserialize(d)?;
+        match u16::try_from(v) {
+            Ok(p) if p != 0 => Ok(Port(p)),
+            _ => Err(D::Error::custom(format!("port {v} out of range 1..=65535"))),
+        }
+    }
+}
+
+/// One protected service.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Service {
+    /// What it speaks.
+    pub kind: Kind,
+    /// Destination port.
+    pub port: Port,
+    /// Transport; defaults per kind.
+    #[serde(default)]
+    pub proto: Option<Proto>,
+}
+
+impl Service {
+    /// The transport in effect.
+    pub fn proto(&self) -> Proto {
+        self.proto.unwrap_or(self.kind.default_proto())
+    }
+
+    /// The services-map key.
+    pub fn key(&self) -> ServiceKey {
+        ServiceKey::new(self.proto().number(), self.port.0)
+    }
+}
+
+/// The service list; (proto, port) pairs are unique.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct Services(pub Vec<Service>);

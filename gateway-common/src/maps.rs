@@ -156,6 +156,26 @@ pub const MAX_BURST: u64 = 10_000_000;
 pub const POLICY_LIMIT_BACKLOG: u64 = 1 << 0;
 /// [`ClassPolicy::flags`]: the rate limit is in force.
 pub const POLICY_LIMIT_RATE: u64 = 1 << 1;
+/// [`ClassPolicy::flags`]: an operator fixed these limits (`policy set --pin`); the controller
+/// leaves the class alone.
+pub const POLICY_PINNED: u64 = 1 << 2;
+
+/// [`ClassPolicy::owner`]: the configuration (at start or reload).
+pub const OWNER_CONFIG: u32 = 0;
+/// [`ClassPolicy::owner`]: an operator, through the CLI.
+pub const OWNER_OPERATOR: u32 = 1;
+/// [`ClassPolicy::owner`]: the daemon's controller.
+pub const OWNER_CONTROLLER: u32 = 2;
+
+/// The name of an owner.
+pub const fn owner_name(owner: u32) -> &'static str {
+    match owner {
+        OWNER_CONFIG => "config",
+        OWNER_OPERATOR => "operator",
+        OWNER_CONTROLLER => "controller",
+        _ => "unknown",
+    }
+}
 
 /// Admission limits of one class. A limit applies only when its flag is set, so that a limit of
 /// zero ("admit nothing") is distinct from "no limit".
@@ -173,6 +193,17 @@ pub struct ClassPolicy {
     /// How long an admitted unit may go unanswered before it expires, in nanoseconds; 0: the
     /// class's default ([`default_timeout_ns`]).
     pub timeout_ns: u64,
+    /// Who set these limits (`OWNER_*`). The datapath reads none of the fields from here on:
+    /// they say, in `bpftool map dump` and `policy show`, who set a limit, when and why.
+    pub owner: u32,
+    /// Why they were last changed: a controller `REASON_*`, 0 for a setting.
+    pub reason: u32,
+    /// When they were last changed, `CLOCK_MONOTONIC` nanoseconds.
+    pub changed_ns: u64,
+    /// The lowest limit the controller may set (its lower bound); 0 with no controller.
+    pub bound_min: u64,
+    /// The highest limit the controller may set (its upper bound); 0 with no controller.
+    pub bound_max: u64,
 }
 
 /// The default unit timeout of a class, in nanoseconds: for a TLS connection, a handshake
@@ -684,6 +715,36 @@ impl LatencyHistogram {
         }
         Some(1u64 << LATENCY_BUCKETS)
     }
+
+    /// The quantile `permille`/1000 in microseconds, placed linearly within its bucket (so it
+    /// moves smoothly as samples shift, where [`Self::quantile_us`] jumps by factors of two);
+    /// `None` when empty.
+    pub fn quantile_within_us(&self, permille: u64) -> Option<u64> {
+        let total = self.count();
+        if total == 0 {
+            return None;
+        }
+        let rank = (permille * total).div_ceil(1000).max(1);
+        let mut seen = 0;
+        for (i, n) in self.buckets.iter().enumerate() {
+            if seen + n >= rank {
+                let lo = if i == 0 { 0 } else { 1u64 << i };
+                let hi = 1u64 << (i + 1);
+                return Some(lo + (hi - lo) * (rank - seen) / n);
+            }
+            seen += n;
+        }
+        Some(1u64 << LATENCY_BUCKETS)
+    }
+
+    /// The counts added since `earlier` (a snapshot of the same histogram).
+    pub fn since(&self, earlier: &LatencyHistogram) -> LatencyHistogram {
+        let mut out = LatencyHistogram::default();
+        for (i, b) in out.buckets.iter_mut().enumerate() {
+            *b = self.buckets[i].saturating_sub(earlier.buckets[i]);
+        }
+        out
+    }
 }
 
 /// Compile-time check that per-class arrays cover every class.
@@ -693,6 +754,21 @@ const _: () = assert!(NUM_CLASSES == 7);
 mod tests {
     use super::*;
     use core::mem::size_of;
+
+    #[test]
+    fn a_quantile_within_its_bucket_moves_smoothly() {
+        let mut h = LatencyHistogram::default();
+        assert_eq!(h.quantile_within_us(900), None);
+        // Ten samples in [64, 128) µs: the 90th is 9/10 of the way through the bucket.
+        h.buckets[6] = 10;
+        assert_eq!(h.quantile_within_us(900), Some(64 + 64 * 9 / 10));
+        assert_eq!(h.quantile_us(900), Some(128));
+        let mut later = h;
+        later.buckets[10] = 5;
+        let d = later.since(&h);
+        assert_eq!(d.count(), 5);
+        assert_eq!(d.quantile_within_us(1000), Some(2048));
+    }
 
     #[test]
     fn a_resume_place_is_held_until_released_or_healed_after_a_timeout() {
@@ -711,7 +787,7 @@ mod tests {
     #[test]
     fn no_implicit_padding() {
         assert_eq!(size_of::<ClassStats>(), 6 * 8);
-        assert_eq!(size_of::<ClassPolicy>(), 5 * 8);
+        assert_eq!(size_of::<ClassPolicy>(), 5 * 8 + 4 + 4 + 3 * 8);
         assert_eq!(size_of::<ClassState>(), 5 * 8);
         assert_eq!(size_of::<Pending>(), 8 + 8 + 4 + 4 + 16);
         assert_eq!(size_of::<ServiceKey>(), 2 + 1 + 1);

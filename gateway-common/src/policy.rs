@@ -34,7 +34,8 @@ impl Policy {
         timeout: None,
     };
 
-    /// The datapath's value of this policy.
+    /// The datapath's value of this policy, owned by the configuration (see
+    /// [`ClassPolicy::owner`] for the provenance fields, which callers then set).
     pub fn to_map(self) -> ClassPolicy {
         let mut flags = 0;
         if self.backlog.is_some() {
@@ -51,6 +52,7 @@ impl Policy {
             timeout_ns: self
                 .timeout
                 .map_or(0, |t| t.as_nanos().min(u128::from(u64::MAX)) as u64),
+            ..ClassPolicy::default()
         }
     }
 

@@ -22,11 +22,15 @@ use tracing::{debug, info, warn};
 use crate::{
     attached::Attached,
     config::{Config, OnExit},
+    controller::{Controller, ControllerStats, CostSource, law::HandshakeCosts},
     issued::IssuedKeys,
     loader::{self, AttachOptions, Attachment, LoaderError},
     maps::{Maps, MapsError},
     pins::PinDir,
-    proxy::{Proxy, stats::ProxyStats},
+    proxy::{
+        Proxy,
+        stats::{HandshakeKind, ProxyStats},
+    },
     sockdiag::{SockDiag, flow_addrs},
 };
 
@@ -188,9 +192,22 @@ async fn serve(cfg: &Config, attachments: &mut [Attachment]) -> Result<(), Daemo
     let stop = CancellationToken::new();
     let tracker = TaskTracker::new();
     let proxies = start_proxies(cfg, &attached, &stop, &tracker).await?;
+    let controller_stats = ControllerStats::default();
+    let measured = proxies.proxies.clone();
+    let costs: CostSource = Box::new(move || {
+        measured.iter().find_map(|p| {
+            Some(HandshakeCosts {
+                full: p.stats().mean_handshake_cpu(HandshakeKind::Full)?,
+                resumed: p.stats().mean_handshake_cpu(HandshakeKind::Resumed)?,
+            })
+        })
+    });
+    let controller = Controller::new(&cfg.controller, &attached, costs, controller_stats.clone());
+    let controlling = tokio::spawn(controller.run(stop.clone()));
     if let Some(addr) = cfg.metrics {
         let mut registry = Registry::default();
         proxies.stats.register(&mut registry);
+        controller_stats.register(&mut registry);
         registry.register_collector(Box::new(crate::datapath_metrics::DatapathCollector::new(
             &attached,
         )));
@@ -219,6 +236,7 @@ async fn serve(cfg: &Config, attachments: &mut [Attachment]) -> Result<(), Daemo
     // Drain: stop accepting (the listening sockets are closed once the accept loops return), let
     // in-flight connections finish within the deadline.
     stop.cancel();
+    let _ = controlling.await;
     for accept in proxies.accepting {
         let _ = accept.await;
     }

@@ -7,6 +7,7 @@ pub mod attached;
 pub mod caps;
 pub mod cmd;
 pub mod config;
+pub mod controller;
 pub mod daemon;
 pub mod datapath_metrics;
 pub mod issued;

@@ -128,8 +128,23 @@ fn limit(v: Option<u64>) -> String {
     v.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
-/// `policy show` rows: (class, policy, state).
+/// `policy show` rows: (class, policy, state). Besides the limits and the backlog, each row says
+/// who set the limits (config, operator, controller; `pinned` when fixed by hand), why, how long
+/// ago, and within which bounds a controller moves them.
 pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> String {
+    use gateway_common::maps::{POLICY_PINNED, owner_name};
+    let now = crate::maps::monotonic_ns();
+    let ago_ms =
+        |m: &ClassPolicy| (m.changed_ns != 0).then(|| now.saturating_sub(m.changed_ns) / 1_000_000);
+    let owner = |m: &ClassPolicy| {
+        if m.flags & POLICY_PINNED != 0 {
+            format!("{} (pinned)", owner_name(m.owner))
+        } else {
+            owner_name(m.owner).to_string()
+        }
+    };
+    let bounds =
+        |m: &ClassPolicy| (m.bound_max != 0).then(|| format!("{}..{}", m.bound_min, m.bound_max));
     if as_json {
         let v: Vec<Value> = rows
             .iter()
@@ -139,26 +154,48 @@ pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> Str
                        "burst": p.burst, "backlog": s.backlog(),
                        "timeout_ms": gateway_common::maps::timeout_ns(*c, m) / 1_000_000,
                        "admitted_total": s.admitted, "completed_total": s.completed,
-                       "expired_total": s.expired})
+                       "expired_total": s.expired,
+                       "owner": owner_name(m.owner), "pinned": m.flags & POLICY_PINNED != 0,
+                       "reason": crate::controller::reason_name(m.reason),
+                       "changed_ms_ago": ago_ms(m),
+                       "bound_min": (m.bound_max != 0).then_some(m.bound_min),
+                       "bound_max": (m.bound_max != 0).then_some(m.bound_max)})
             })
             .collect();
         return Value::Array(v).to_string();
     }
     let mut out = format!(
-        "{:<20}{:>14}{:>12}{:>10}{:>10}{:>10}{:>10}\n",
-        "class", "backlog-limit", "rate/s", "burst", "timeout", "backlog", "expired"
+        "{:<20}{:>14}{:>12}{:>10}{:>10}{:>10}{:>10}  {:<20}{:<13}{:>10}  {}\n",
+        "class",
+        "backlog-limit",
+        "rate/s",
+        "burst",
+        "timeout",
+        "backlog",
+        "expired",
+        "owner",
+        "why",
+        "changed",
+        "bounds"
     );
     for (c, m, s) in rows {
         let p = gateway_common::policy::Policy::from_map(m);
         out += &format!(
-            "{:<20}{:>14}{:>12}{:>10}{:>10}{:>10}{:>10}\n",
+            "{:<20}{:>14}{:>12}{:>10}{:>10}{:>10}{:>10}  {:<20}{:<13}{:>10}  {}\n",
             c.name(),
             limit(p.backlog),
             limit(p.rate),
             limit(p.burst),
             format!("{}ms", gateway_common::maps::timeout_ns(*c, m) / 1_000_000),
             s.backlog(),
-            s.expired
+            s.expired,
+            owner(m),
+            crate::controller::reason_name(m.reason),
+            ago_ms(m).map_or("-".to_owned(), |ms| format!(
+                "{:.1}s ago",
+                ms as f64 / 1000.0
+            )),
+            bounds(m).unwrap_or_else(|| "-".to_owned())
         );
     }
     out

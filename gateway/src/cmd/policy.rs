@@ -1,12 +1,23 @@
-//! `gateway policy show|set|clear`: per-class admission limits.
+//! `gateway policy show|set|clear|unpin`: per-class admission limits, and who owns them.
+//!
+//! A class the daemon's controller moves cannot be set by hand without `--pin`: the controller
+//! would move it again a moment later. Pinned, it is the operator's until `policy unpin`.
 
 use std::path::Path;
 
 use clap::Subcommand;
-use gateway_common::{Class, policy::Policy};
+use gateway_common::{
+    Class,
+    maps::{ClassPolicy, OWNER_CONTROLLER, OWNER_OPERATOR, POLICY_PINNED},
+    policy::Policy,
+};
 
 use super::{CommandError, Target, open};
-use crate::{config, maps::MapsError, output};
+use crate::{
+    config,
+    maps::{MapsError, monotonic_ns},
+    output,
+};
 
 /// `policy` subcommands.
 #[derive(Debug, Subcommand)]
@@ -37,11 +48,14 @@ pub enum PolicyAction {
         /// How long an admitted unit may go unanswered before it expires (`500ms`, `10s`).
         #[arg(long)]
         timeout: Option<crate::proxy::config::Span>,
+        /// Fix the class: the controller leaves it alone until `policy unpin`.
+        #[arg(long)]
+        pin: bool,
         /// Which attachment.
         #[command(flatten)]
         target: Target,
     },
-    /// Remove every limit of a class.
+    /// Remove every limit of a class (pinned: the controller leaves it alone).
     Clear {
         /// Class name.
         #[arg(value_parser = parse_limitable_class)]
@@ -50,6 +64,26 @@ pub enum PolicyAction {
         #[command(flatten)]
         target: Target,
     },
+    /// Hand a pinned class back to the controller, which starts from its current limits.
+    Unpin {
+        /// Class name.
+        #[arg(value_parser = parse_limitable_class)]
+        class: Class,
+        /// Which attachment.
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+/// The policy an operator sets: stamped with its owner and time, pinned when asked.
+fn by_operator(p: Policy, pin: bool) -> ClassPolicy {
+    let mut m = p.to_map();
+    m.owner = OWNER_OPERATOR;
+    m.changed_ns = monotonic_ns();
+    if pin {
+        m.flags |= POLICY_PINNED;
+    }
+    m
 }
 
 /// A class that can be limited, by name.
@@ -84,6 +118,7 @@ pub fn run(root: &Path, action: PolicyAction) -> Result<(), CommandError> {
             rate,
             burst,
             timeout,
+            pin,
             target,
         } => {
             if backlog.is_none() && rate.is_none() && burst.is_none() && timeout.is_none() {
@@ -92,7 +127,18 @@ pub fn run(root: &Path, action: PolicyAction) -> Result<(), CommandError> {
                 ));
             }
             let (pd, mut maps) = open(root, target.iface.as_deref())?;
-            let p = Policy::from_map(&maps.policy(class)?).overlay(Policy {
+            let current = maps.policy(class)?;
+            let pinned = current.flags & POLICY_PINNED != 0;
+            if current.owner == OWNER_CONTROLLER && !pinned && !pin {
+                return Err(CommandError::Usage(format!(
+                    "{} on {} is moved by the controller ({}): pass --pin to fix it by hand, \
+                     or change the controller's bounds in the config",
+                    class.name(),
+                    pd.iface,
+                    crate::controller::reason_name(current.reason)
+                )));
+            }
+            let p = Policy::from_map(&current).overlay(Policy {
                 backlog,
                 rate,
                 burst,
@@ -104,13 +150,45 @@ pub fn run(root: &Path, action: PolicyAction) -> Result<(), CommandError> {
                     class.name()
                 )));
             }
-            maps.set_policy(class, p.to_map())?;
-            println!("{} on {}: {}", class.name(), pd.iface, describe(&p));
+            let pin = pin || pinned;
+            maps.set_policy(class, by_operator(p, pin))?;
+            println!(
+                "{} on {}: {}{}",
+                class.name(),
+                pd.iface,
+                describe(&p),
+                if pin { " (pinned)" } else { "" }
+            );
         }
         PolicyAction::Clear { class, target } => {
             let (pd, mut maps) = open(root, target.iface.as_deref())?;
-            maps.set_policy(class, Policy::UNLIMITED.to_map())?;
-            println!("{} on {}: unlimited", class.name(), pd.iface);
+            let pin = maps.policy(class)?.owner == OWNER_CONTROLLER;
+            maps.set_policy(class, by_operator(Policy::UNLIMITED, pin))?;
+            println!(
+                "{} on {}: unlimited{}",
+                class.name(),
+                pd.iface,
+                if pin { " (pinned)" } else { "" }
+            );
+        }
+        PolicyAction::Unpin { class, target } => {
+            let (pd, mut maps) = open(root, target.iface.as_deref())?;
+            let mut p = maps.policy(class)?;
+            if p.flags & POLICY_PINNED == 0 {
+                return Err(CommandError::Usage(format!(
+                    "{} on {} is not pinned",
+                    class.name(),
+                    pd.iface
+                )));
+            }
+            p.flags &= !POLICY_PINNED;
+            p.changed_ns = monotonic_ns();
+            maps.set_policy(class, p)?;
+            println!(
+                "{} on {}: unpinned (a running controller takes it from here)",
+                class.name(),
+                pd.iface
+            );
         }
     }
     Ok(())

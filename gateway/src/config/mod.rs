@@ -5,6 +5,7 @@
 //! inside deserialization, so each error names the field path and its line; unknown fields are
 //! errors; a config with any error is refused whole.
 
+mod controller;
 mod datapath;
 mod interfaces;
 mod policy;
@@ -19,6 +20,7 @@ use gateway_common::maps::{
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+pub use controller::{ClassControl, ControllerConfig, Mode};
 pub use datapath::{Datapath, EbpfLogLevel, OnExit, PassDrop};
 pub use interfaces::{Interface, Interfaces, ModeRequest};
 pub use policy::{Policies, PolicyConfig, unknown_class, unlimitable_class};
@@ -88,6 +90,9 @@ pub struct Config {
     /// Worker threads of the daemon's runtime; 0 (the default) is one per CPU.
     #[serde(default)]
     pub workers: usize,
+    /// The adaptive controller: which classes it moves, and how.
+    #[serde(default)]
+    pub controller: ControllerConfig,
 }
 
 fn default_bpffs() -> PathBuf {

@@ -1,0 +1,177 @@
+//! The `controller` section: which classes the daemon's controller moves, by which law, toward
+//! which target and within which bounds.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use gateway_common::{
+    Class,
+    policy::{MAX_BACKLOG, MAX_RATE},
+};
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de::Error as _};
+
+use super::policy::{unknown_class, unlimitable_class};
+use crate::proxy::config::Span;
+
+/// How one class is controlled.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Mode {
+    /// Hold the class's service time (admission to the server's first answer, measured in the
+    /// kernel) under `target` by moving its backlog limit; SIP retransmissions get half of it.
+    Sip {
+        /// The service time to stay under.
+        target: Duration,
+    },
+    /// Budget new handshakes by the CPU left after resumed ones (seed 000), as tls-new's rate.
+    Tls {
+        /// Share of the CPUs handshakes may use, 0 to 1.
+        cpu_target: f64,
+    },
+}
+
+/// One controlled class.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClassControl {
+    /// Its law.
+    pub mode: Mode,
+    /// The lowest limit the controller may set.
+    pub min: u64,
+    /// The highest limit the controller may set (and where it starts).
+    pub max: u64,
+}
+
+/// The controller's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ControllerConfig {
+    /// How often it reads the datapath and moves limits.
+    pub interval: Duration,
+    /// The classes it moves; classes not listed keep their configured policy.
+    pub classes: BTreeMap<Class, ClassControl>,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            interval: Duration::from_millis(100),
+            classes: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct RawController {
+    #[serde(default = "default_interval")]
+    interval: Span,
+    #[serde(default)]
+    classes: BTreeMap<String, RawClass>,
+}
+
+fn default_interval() -> Span {
+    Span(Duration::from_millis(100))
+}
+
+#[derive(Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct RawClass {
+    mode: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    target: Option<Span>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cpu_target: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    min: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max: Option<u64>,
+}
+
+impl RawClass {
+    fn read(&self, class: Class) -> Result<ClassControl, String> {
+        let name = class.name();
+        let (mode, ceiling) = match self.mode.as_str() {
+            "sip" => {
+                if !matches!(class, Class::SipOriginal) {
+                    return Err(format!("{name}: mode sip controls sip-original only"));
+                }
+                let target = self.target.map_or(Duration::from_millis(100), |t| t.0);
+                if target >= Duration::from_millis(500) {
+                    return Err(format!(
+                        "{name}.target: {} must stay well under T1 = 500ms",
+                        humantime::format_duration(target)
+                    ));
+                }
+                (Mode::Sip { target }, MAX_BACKLOG)
+            }
+            "tls" => {
+                if !matches!(class, Class::TlsNew) {
+                    return Err(format!("{name}: mode tls controls tls-new only"));
+                }
+                let cpu_target = self.cpu_target.unwrap_or(0.8);
+                if !(cpu_target > 0.0 && cpu_target <= 1.0) {
+                    return Err(format!("{name}.cpu_target: {cpu_target} is not in (0, 1]"));
+                }
+                (Mode::Tls { cpu_target }, MAX_RATE)
+            }
+            "static" => return Err(format!("{name}: static classes are not listed here")),
+            other => {
+                return Err(format!(
+                    "{name}.mode: unknown mode '{other}' (valid: sip, tls)"
+                ));
+            }
+        };
+        let min = self.min.unwrap_or(1);
+        let max = self.max.unwrap_or(ceiling.min(100_000));
+        if min > max || max > ceiling {
+            return Err(format!(
+                "{name}: bounds {min}..={max} are not within 0..={ceiling} with min <= max"
+            ));
+        }
+        Ok(ClassControl { mode, min, max })
+    }
+}
+
+impl<'de> Deserialize<'de> for ControllerConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = RawController::deserialize(d)?;
+        let mut classes = BTreeMap::new();
+        for (name, c) in &raw.classes {
+            let class = match Class::from_name(name) {
+                None => return Err(D::Error::custom(unknown_class(name))),
+                Some(c) if !c.is_limitable() => return Err(D::Error::custom(unlimitable_class(c))),
+                Some(c) => c,
+            };
+            classes.insert(class, c.read(class).map_err(D::Error::custom)?);
+        }
+        Ok(ControllerConfig {
+            interval: raw.interval.0,
+            classes,
+        })
+    }
+}
+
+impl Serialize for ControllerConfig {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let classes = self
+            .classes
+            .iter()
+            .map(|(class, c)| {
+                let (mode, target, cpu_target) = match c.mode {
+                    Mode::Sip { target } => ("sip", Some(Span(target)), None),
+                    Mode::Tls { cpu_target } => ("tls", None, Some(cpu_target)),
+                };
+                let raw = RawClass {
+                    mode: mode.into(),
+                    target,
+                    cpu_target,
+                    min: Some(c.min),
+                    max: Some(c.max),
+                };
+                (class.name().to_string(), raw)
+            })
+            .collect();
+        RawController {
+            interval: Span(self.interval),
+            classes,
+        }
+        .serialize(s)
+    }
+}

@@ -1,0 +1,326 @@
+//! A fast, deterministic simulator of the loops the controller closes (no kernel, no clock):
+//! a server behind the gateway's admission, stepped one millisecond at a time, and the
+//! controller's laws stepped once per interval. The unit tests drive it through load changes;
+//! the controller benchmark reports its convergence times.
+
+use std::{collections::VecDeque, time::Duration};
+
+use super::law::{DelayRatioLaw, HandshakeBudgetLaw, HandshakeCosts, Observation};
+
+/// A SIP server of fixed capacity behind the gateway's backlog limit: arrivals come evenly at
+/// the offered rate; an arrival is admitted while the backlog (units admitted and not yet
+/// answered) is under the limit, else refused; the server answers in FIFO order at its capacity.
+#[derive(Debug)]
+pub struct SipSim {
+    capacity: f64,
+    offered: f64,
+    now_ms: u64,
+    arrivals: f64,
+    credit: f64,
+    queue: VecDeque<u64>,
+    interval: Interval,
+}
+
+/// What one interval of a [`SipSim`] showed.
+#[derive(Clone, Debug, Default)]
+struct Interval {
+    admitted: u64,
+    refused: u64,
+    times_ms: Vec<u64>,
+}
+
+/// One interval's figures, for assertions and reports.
+#[derive(Clone, Copy, Debug)]
+pub struct Step {
+    /// What the law saw.
+    pub observation: Observation,
+    /// Admitted units per second in the interval.
+    pub admitted_per_s: f64,
+    /// Answered units per second whose service time was within `good` (the goodput).
+    pub good_per_s: f64,
+}
+
+impl SipSim {
+    /// A server answering `capacity` units per second.
+    pub fn new(capacity: f64) -> Self {
+        SipSim {
+            capacity,
+            offered: 0.0,
+            now_ms: 0,
+            arrivals: 0.0,
+            credit: 0.0,
+            queue: VecDeque::new(),
+            interval: Interval::default(),
+        }
+    }
+
+    /// Sets the offered load, in units per second.
+    pub fn offer(&mut self, per_s: f64) {
+        self.offered = per_s;
+    }
+
+    /// Runs `interval` under the backlog limit `limit`; answers within `good` count as goodput.
+    pub fn run(&mut self, interval: Duration, limit: u64, good: Duration) -> Step {
+        let ms = interval.as_millis() as u64;
+        for _ in 0..ms {
+            self.now_ms += 1;
+            self.arrivals += self.offered / 1000.0;
+            while self.arrivals >= 1.0 {
+                self.arrivals -= 1.0;
+                if (self.queue.len() as u64) < limit {
+                    self.queue.push_back(self.now_ms);
+                    self.interval.admitted += 1;
+                } else {
+                    self.interval.refused += 1;
+                }
+            }
+            self.credit += self.capacity / 1000.0;
+            while self.credit >= 1.0 {
+                let Some(at) = self.queue.pop_front() else {
+                    // An idle server banks no capacity.
+                    self.credit = self.credit.min(1.0);
+                    break;
+                };
+                self.credit -= 1.0;
+                self.interval.times_ms.push(self.now_ms - at);
+            }
+        }
+        let mut i = std::mem::take(&mut self.interval);
+        i.times_ms.sort_unstable();
+        let p90 = (!i.times_ms.is_empty()).then(|| {
+            let rank = (i.times_ms.len() * 9).div_ceil(10).max(1);
+            Duration::from_millis(i.times_ms[rank - 1])
+        });
+        let secs = interval.as_secs_f64();
+        let good_ms = good.as_millis() as u64;
+        Step {
+            observation: Observation {
+                interval,
+                admitted: i.admitted,
+                completed: i.times_ms.len() as u64,
+                expired: 0,
+                refused: i.refused,
+                backlog: self.queue.len() as u64,
+                service_p90: p90,
+            },
+            admitted_per_s: i.admitted as f64 / secs,
+            good_per_s: i.times_ms.iter().filter(|t| **t <= good_ms).count() as f64 / secs,
+        }
+    }
+}
+
+/// A TLS server's CPU: resumed clients in a closed loop and a flood of new handshakes share
+/// `cores` CPUs; what is admitted beyond the CPU's capacity is served in proportion.
+#[derive(Clone, Copy, Debug)]
+pub struct TlsSim {
+    /// CPUs.
+    pub cores: f64,
+    /// Handshake costs.
+    pub costs: HandshakeCosts,
+    /// Resumed handshakes the clients ask for per second.
+    pub resumed_demand: f64,
+    /// New handshakes the flood sends per second.
+    pub flood: f64,
+}
+
+impl TlsSim {
+    /// One interval with tls-new limited to `new_rate` per second: the resumed and new
+    /// handshakes served per second.
+    pub fn run(&self, interval: Duration, new_rate: u64) -> (f64, f64) {
+        let secs = interval.as_secs_f64();
+        let new = self.flood.min(new_rate as f64) * secs;
+        let resumed = self.resumed_demand * secs;
+        let demand =
+            new * self.costs.full.as_secs_f64() + resumed * self.costs.resumed.as_secs_f64();
+        let served = (self.cores * secs / demand.max(1e-12)).min(1.0);
+        (resumed * served / secs, new * served / secs)
+    }
+}
+
+/// Two classes sharing a server: each gets its share of the capacity, and waits as in an M/M/1
+/// queue of that rate (1 / (rate - arrivals)).
+#[derive(Clone, Copy, Debug)]
+pub struct PddSim {
+    /// Capacity, units per second.
+    pub capacity: f64,
+    /// High-priority arrivals per second.
+    pub high: f64,
+    /// Low-priority arrivals per second.
+    pub low: f64,
+}
+
+impl PddSim {
+    /// The two classes' delays with the high class given `share` of the capacity.
+    pub fn delays(&self, share: f64) -> (Duration, Duration) {
+        let wait = |rate: f64, arrivals: f64| {
+            let spare = (rate - arrivals).max(self.capacity * 1e-3);
+            Duration::from_secs_f64(1.0 / spare)
+        };
+        (
+            wait(self.capacity * share, self.high),
+            wait(self.capacity * (1.0 - share), self.low),
+        )
+    }
+
+    /// Runs `law` for `intervals` intervals; returns the delay ratio (low / high) of each.
+    pub fn run(&self, law: &mut DelayRatioLaw, intervals: usize) -> Vec<f64> {
+        (0..intervals)
+            .map(|_| {
+                let (h, l) = self.delays(law.share());
+                law.step(h, l);
+                let (h, l) = self.delays(law.share());
+                l.as_secs_f64() / h.as_secs_f64()
+            })
+            .collect()
+    }
+}
+
+/// Runs a budget law against a [`TlsSim`] for `intervals`; returns the resumed handshakes
+/// served per second in each.
+pub fn run_tls(
+    sim: &TlsSim,
+    law: &mut HandshakeBudgetLaw,
+    interval: Duration,
+    intervals: usize,
+) -> Vec<f64> {
+    (0..intervals)
+        .map(|_| {
+            let (resumed, _) = sim.run(interval, law.rate());
+            law.step(
+                interval,
+                (resumed * interval.as_secs_f64()) as u64,
+                sim.costs,
+            );
+            resumed
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{super::law::ServiceTimeLaw, *};
+
+    const INTERVAL: Duration = Duration::from_millis(100);
+    const TARGET: Duration = Duration::from_millis(100);
+    /// One Kamailio worker of the benchmarks: 441 calls per second.
+    const CAPACITY: f64 = 441.0;
+
+    fn run(sim: &mut SipSim, law: &mut ServiceTimeLaw, intervals: usize) -> Vec<Step> {
+        (0..intervals)
+            .map(|_| {
+                let step = sim.run(INTERVAL, law.limit(), Duration::from_millis(500));
+                law.step(&step.observation);
+                step
+            })
+            .collect()
+    }
+
+    #[test]
+    fn after_a_step_to_1_4x_the_admitted_load_is_under_target_within_five_intervals() {
+        let mut sim = SipSim::new(CAPACITY);
+        let mut law = ServiceTimeLaw::new(TARGET, 1, 10_000, 10_000);
+        sim.offer(0.5 * CAPACITY);
+        let calm = run(&mut sim, &mut law, 20);
+        assert!(calm.iter().all(|s| s.observation.refused == 0));
+        assert_eq!(law.limit(), 10_000, "no pressure, no cut");
+        sim.offer(1.4 * CAPACITY);
+        let steps = run(&mut sim, &mut law, 50);
+        for (i, s) in steps.iter().enumerate().skip(5) {
+            let p90 = s.observation.service_p90.expect("answers");
+            assert!(
+                p90 <= TARGET + TARGET / 5,
+                "interval {i} after the step: p90 {p90:?}, limit {}",
+                law.limit()
+            );
+            assert!(s.admitted_per_s <= 1.25 * CAPACITY, "interval {i}: {s:?}");
+            // The server stays busy: the limit is not cut below what keeps it working.
+            assert!(s.good_per_s >= 0.95 * CAPACITY, "interval {i}: {s:?}");
+        }
+        // Over the overload, what is admitted is what the server can answer.
+        let admitted = steps[5..].iter().map(|s| s.admitted_per_s).sum::<f64>() / 45.0;
+        assert!(
+            admitted <= 1.05 * CAPACITY,
+            "{admitted} admitted per second"
+        );
+        // When the load goes, the limit relaxes.
+        let held = law.limit();
+        sim.offer(0.3 * CAPACITY);
+        run(&mut sim, &mut law, 30);
+        assert!(law.limit() >= 4 * held, "{} after {held}", law.limit());
+    }
+
+    #[test]
+    fn at_3x_a_controlled_server_keeps_its_goodput_where_fifo_loses_it() {
+        let good = Duration::from_millis(500);
+        let mut controlled = SipSim::new(CAPACITY);
+        let mut law = ServiceTimeLaw::new(TARGET, 1, 10_000, 10_000);
+        let mut fifo = SipSim::new(CAPACITY);
+        controlled.offer(3.0 * CAPACITY);
+        fifo.offer(3.0 * CAPACITY);
+        let (mut ours, mut theirs) = (0.0, 0.0);
+        for i in 0..100 {
+            let s = controlled.run(INTERVAL, law.limit(), good);
+            law.step(&s.observation);
+            let f = fifo.run(INTERVAL, 10_000, good);
+            if i >= 20 {
+                ours += s.good_per_s / 80.0;
+                theirs += f.good_per_s / 80.0;
+            }
+        }
+        assert!(ours >= 0.95 * CAPACITY, "controlled goodput {ours}");
+        assert!(theirs < 0.5 * CAPACITY, "FIFO goodput {theirs}");
+    }
+
+    #[test]
+    fn resumed_sessions_keep_their_throughput_while_new_handshakes_flood() {
+        let costs = HandshakeCosts {
+            full: Duration::from_micros(235),
+            resumed: Duration::from_micros(97),
+        };
+        let capacity = 2.0 / costs.full.as_secs_f64();
+        let sim = |flood| TlsSim {
+            cores: 2.0,
+            costs,
+            resumed_demand: 4000.0,
+            flood,
+        };
+        let unloaded = sim(0.0).run(INTERVAL, u64::MAX).0;
+        let mut law = HandshakeBudgetLaw::new(0.8, 2.0, 0, 1_000_000);
+        let served = run_tls(&sim(5.0 * capacity), &mut law, INTERVAL, 20);
+        // The first interval runs with the law's start (no limit); from the second on the budget
+        // holds.
+        for (i, r) in served.iter().enumerate().skip(1) {
+            assert!(*r >= 0.95 * unloaded, "interval {i}: {r} of {unloaded}");
+        }
+        let mut open = HandshakeBudgetLaw::new(1.0, 2.0, u64::MAX, u64::MAX);
+        let flooded = run_tls(&sim(5.0 * capacity), &mut open, INTERVAL, 5);
+        assert!(flooded[4] < 0.5 * unloaded, "no limit: {}", flooded[4]);
+    }
+
+    #[test]
+    fn the_delay_ratio_stays_within_a_tenth_of_its_set_point_through_a_load_change() {
+        let mut law = DelayRatioLaw::new(2.0);
+        let before = PddSim {
+            capacity: 1000.0,
+            high: 300.0,
+            low: 400.0,
+        };
+        let settle = before.run(&mut law, 60);
+        assert!(
+            (settle[59] - 2.0).abs() <= 0.2,
+            "settled at {:?}",
+            &settle[50..]
+        );
+        let after = PddSim {
+            high: 400.0,
+            low: 450.0,
+            ..before
+        };
+        let ratios = after.run(&mut law, 60);
+        // Averaged over a second (10 intervals), the ratio stays within 10% of the set point.
+        for (i, w) in ratios.windows(10).enumerate() {
+            let mean = w.iter().sum::<f64>() / 10.0;
+            assert!((mean - 2.0).abs() <= 0.2, "window {i}: {w:?}");
+        }
+    }
+}

@@ -431,6 +431,15 @@ pub struct DatapathConfig {
     pub attach_mode: u32,
     /// Interface index the program is attached to (informational).
     pub ifindex: u32,
+    /// PID of the `gateway run` daemon serving this attachment; 0 when none runs (`gateway
+    /// reload` signals it).
+    pub daemon_pid: u32,
+    /// Reloads the daemon applied.
+    pub reloads: u32,
+    /// Reloads the daemon refused (the config was bad; nothing changed).
+    pub reloads_refused: u32,
+    /// Padding, zero.
+    pub pad: u32,
 }
 
 crate::counters! {
@@ -792,7 +801,7 @@ mod tests {
         assert_eq!(size_of::<Pending>(), 8 + 8 + 4 + 4 + 16);
         assert_eq!(size_of::<ServiceKey>(), 2 + 1 + 1);
         assert_eq!(size_of::<ServiceValue>(), 4 + 4);
-        assert_eq!(size_of::<DatapathConfig>(), 8 + 4 + 4);
+        assert_eq!(size_of::<DatapathConfig>(), 8 + 4 * 6);
         assert_eq!(size_of::<DatapathCounters>(), 11 * 8);
         assert_eq!(size_of::<SipDialog>(), 8);
         assert_eq!(size_of::<FlowKey>(), 16 + 16 + 2 + 2 + 4);

@@ -8,7 +8,10 @@
 use std::{collections::BTreeSet, net::SocketAddr, sync::Arc, time::Duration};
 
 use aya_log::EbpfLogger;
-use gateway_common::{Class, maps::ServiceKey};
+use gateway_common::{
+    Class,
+    maps::{DatapathConfig, OWNER_CONTROLLER, POLICY_PINNED, ServiceKey},
+};
 use prometheus_client::registry::Registry;
 use thiserror::Error;
 use tokio::{
@@ -21,7 +24,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     attached::Attached,
-    config::{Config, OnExit},
+    config::{Config, ConfigSource, OnExit},
     controller::{Controller, ControllerStats, CostSource, law::HandshakeCosts},
     issued::IssuedKeys,
     loader::{self, AttachOptions, Attachment, LoaderError},
@@ -81,7 +84,9 @@ impl DaemonError {
 }
 
 /// Writes the config's services, policies and datapath settings into one attachment's maps.
-/// Services not in the config are removed; classes without a policy become unlimited.
+/// Services not in the config are removed; classes without a policy become unlimited. A class an
+/// operator pinned keeps the operator's limits, and a class the controller moves (and will go on
+/// moving under this config) keeps the controller's.
 pub fn apply(maps: &mut Maps, cfg: &Config) -> Result<(), MapsError> {
     let services = cfg.all_services();
     let wanted: BTreeSet<ServiceKey> = services.iter().map(|(k, _)| *k).collect();
@@ -93,19 +98,30 @@ pub fn apply(maps: &mut Maps, cfg: &Config) -> Result<(), MapsError> {
     for (key, value) in services {
         maps.add_service(key, value)?;
     }
+    let controlled = |class: Class| {
+        cfg.controller.classes.contains_key(&class)
+            || (class == Class::SipRetransmission
+                && cfg.controller.classes.contains_key(&Class::SipOriginal))
+    };
     for class in Class::ALL.into_iter().filter(|c| c.is_limitable()) {
+        let current = maps.policy(class)?;
+        if current.flags & POLICY_PINNED != 0
+            || (current.owner == OWNER_CONTROLLER && controlled(class))
+        {
+            continue;
+        }
         maps.set_policy(class, cfg.policy.of(class).to_map())?;
     }
     let dp = maps.config()?;
-    maps.set_config(gateway_common::maps::DatapathConfig {
+    maps.set_config(DatapathConfig {
         flags: cfg.datapath.flags(),
         ..dp
     })?;
     Ok(())
 }
 
-/// Runs the daemon until SIGTERM or SIGINT.
-pub fn run(cfg: Config) -> Result<(), DaemonError> {
+/// Runs the daemon until SIGTERM or SIGINT; SIGHUP reloads the config from `source`.
+pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
     if cfg.interfaces.0.is_empty() {
         return Err(DaemonError::NoInterfaces);
     }
@@ -148,7 +164,7 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
         builder.worker_threads(cfg.workers);
     }
     let runtime = builder.enable_all().build()?;
-    let result = runtime.block_on(serve(&cfg, &mut attachments));
+    let result = runtime.block_on(serve(&cfg, &source, &mut attachments));
     match cfg.on_exit {
         OnExit::Detach => {
             for a in &attachments {
@@ -167,9 +183,14 @@ pub fn run(cfg: Config) -> Result<(), DaemonError> {
     result
 }
 
-async fn serve(cfg: &Config, attachments: &mut [Attachment]) -> Result<(), DaemonError> {
+async fn serve(
+    cfg: &Config,
+    source: &ConfigSource,
+    attachments: &mut [Attachment],
+) -> Result<(), DaemonError> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
     let mut log_tasks = Vec::new();
     for a in attachments.iter_mut() {
         match EbpfLogger::init(&mut a.ebpf) {
@@ -202,8 +223,11 @@ async fn serve(cfg: &Config, attachments: &mut [Attachment]) -> Result<(), Daemo
             })
         })
     });
-    let controller = Controller::new(&cfg.controller, &attached, costs, controller_stats.clone());
-    let controlling = tokio::spawn(controller.run(stop.clone()));
+    let costs = Arc::new(costs);
+    let mut controlling = start_controller(cfg, &attached, &costs, &controller_stats, &stop);
+    for a in &attached {
+        mark(a, |c| c.daemon_pid = std::process::id());
+    }
     if let Some(addr) = cfg.metrics {
         let mut registry = Registry::default();
         proxies.stats.register(&mut registry);
@@ -229,14 +253,50 @@ async fn serve(cfg: &Config, attachments: &mut [Attachment]) -> Result<(), Daemo
         info!(%addr, "metrics at /metrics");
     }
     info!(config = %cfg, "gateway ready");
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM: shutting down"),
-        _ = int.recv() => info!("SIGINT: shutting down"),
+    let mut running = cfg.clone();
+    loop {
+        tokio::select! {
+            _ = term.recv() => {
+                info!("SIGTERM: shutting down");
+                break;
+            }
+            _ = int.recv() => {
+                info!("SIGINT: shutting down");
+                break;
+            }
+            _ = hup.recv() => {
+                let applied = crate::reload::prepare(&running, source, &proxies.proxies)
+                    .and_then(|plan| plan.apply(&attached, &proxies.proxies));
+                match applied {
+                    Ok(new) => {
+                        let (token, task) = controlling;
+                        token.cancel();
+                        let _ = task.await;
+                        controlling =
+                            start_controller(&new, &attached, &costs, &controller_stats, &stop);
+                        info!(config = %new, "SIGHUP: reloaded");
+                        running = new;
+                        for a in &attached {
+                            mark(a, |c| c.reloads += 1);
+                        }
+                    }
+                    Err(reason) => {
+                        warn!(%reason, "SIGHUP: reload refused; nothing changed");
+                        for a in &attached {
+                            mark(a, |c| c.reloads_refused += 1);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for a in &attached {
+        mark(a, |c| c.daemon_pid = 0);
     }
     // Drain: stop accepting (the listening sockets are closed once the accept loops return), let
     // in-flight connections finish within the deadline.
     stop.cancel();
-    let _ = controlling.await;
+    let _ = controlling.1.await;
     for accept in proxies.accepting {
         let _ = accept.await;
     }
@@ -257,6 +317,36 @@ async fn serve(cfg: &Config, attachments: &mut [Attachment]) -> Result<(), Daemo
         t.abort();
     }
     Ok(())
+}
+
+/// Starts the controller of `cfg` as a task that ends with its token (or `stop`).
+fn start_controller(
+    cfg: &Config,
+    attached: &[Arc<Attached>],
+    costs: &Arc<CostSource>,
+    stats: &ControllerStats,
+    stop: &CancellationToken,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let costs = costs.clone();
+    let source: CostSource = Box::new(move || costs());
+    let controller = Controller::new(&cfg.controller, attached, source, stats.clone());
+    let token = stop.child_token();
+    let task = tokio::spawn(controller.run(token.clone()));
+    (token, task)
+}
+
+/// Updates the daemon's fields of an attachment's `DP_CONFIG` (its pid, its reload counts).
+fn mark(a: &Attached, f: impl FnOnce(&mut DatapathConfig)) {
+    let mut maps = a.maps();
+    match maps.config() {
+        Ok(mut c) => {
+            f(&mut c);
+            if let Err(e) = maps.set_config(c) {
+                warn!(iface = %a.iface(), error = %e, "cannot record the daemon's state");
+            }
+        }
+        Err(e) => warn!(iface = %a.iface(), error = %e, "cannot record the daemon's state"),
+    }
 }
 
 /// The running proxies.

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod output;
 pub mod pins;
 pub mod proxy;
+pub mod reload;
 pub mod sockdiag;
 pub mod tls;
 

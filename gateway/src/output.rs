@@ -4,8 +4,8 @@ use gateway_common::counters::Counters;
 use gateway_common::{
     Class,
     maps::{
-        ClassPolicy, ClassState, ClassStats, DatapathCounters, LatencyHistogram, ServiceKey,
-        ServiceValue, TlsCounters,
+        ClassPolicy, ClassState, ClassStats, DatapathCounters, LatencyHistogram,
+        POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, ServiceKey, ServiceValue, TlsCounters, owner_name,
     },
 };
 use serde_json::{Value, json};
@@ -26,6 +26,8 @@ pub struct StatsView<'a> {
     pub tls: &'a TlsCounters,
     /// SIP service times (admission to first response) of originals.
     pub sip_latency: &'a LatencyHistogram,
+    /// The limits in force, by class (so `--watch` shows a controller moving them).
+    pub policies: &'a [(Class, ClassPolicy)],
 }
 
 impl StatsView<'_> {
@@ -108,6 +110,36 @@ impl StatsView<'_> {
             counter_line(self.counters)
         );
         out += &format!("tls:{}\n", counter_line(self.tls));
+        let limits: Vec<String> = self
+            .policies
+            .iter()
+            .filter(|(_, m)| m.flags & (POLICY_LIMIT_BACKLOG | POLICY_LIMIT_RATE) != 0)
+            .map(|(c, m)| {
+                let p = gateway_common::policy::Policy::from_map(m);
+                let mut parts = Vec::new();
+                if let Some(b) = p.backlog {
+                    parts.push(format!("backlog {b}"));
+                }
+                if let Some(r) = p.rate {
+                    parts.push(format!("rate {r}/s"));
+                }
+                format!(
+                    "{} {} ({}, {})",
+                    c.name(),
+                    parts.join(" "),
+                    owner_name(m.owner),
+                    crate::controller::reason_name(m.reason)
+                )
+            })
+            .collect();
+        out += &format!(
+            "limits: {}\n",
+            if limits.is_empty() {
+                "none".to_string()
+            } else {
+                limits.join(", ")
+            }
+        );
         let h = self.sip_latency;
         let q = |p| {
             h.quantile_us(p)

@@ -20,13 +20,30 @@ impl Kamailio {
     /// `["ip", "netns", "exec", NS]`; empty for this namespace). It may take a moment before it
     /// answers: callers resend (bounded) until it does.
     pub fn start(prefix: &[&str], listen: SocketAddr) -> Self {
+        Self::start_with_cost(prefix, listen, std::time::Duration::ZERO)
+    }
+
+    /// [`Kamailio::start`], spending `invite_cost` of CPU on each INVITE before answering it
+    /// (cfgutils' `busy_wait`): a server of known capacity, one worker, for overload runs.
+    pub fn start_with_cost(
+        prefix: &[&str],
+        listen: SocketAddr,
+        invite_cost: std::time::Duration,
+    ) -> Self {
         let dir = fresh_temp_dir("gwt-kamailio");
         let cfg = dir.join("kamailio.cfg");
+        let cost = invite_cost.as_micros();
+        let work = if cost > 0 {
+            format!("    if (method == \"INVITE\") {{ busy_wait(\"{cost}\"); }}\n")
+        } else {
+            String::new()
+        };
         std::fs::write(
             &cfg,
             format!(
                 "#!KAMAILIO\ndebug=1\nlog_stderror=yes\nchildren=1\nlisten=udp:{listen}\n\
-                 loadmodule \"sl.so\"\nrequest_route {{\n    sl_send_reply(\"200\", \"OK\");\n}}\n"
+                 loadmodule \"sl.so\"\nloadmodule \"cfgutils.so\"\n\
+                 request_route {{\n{work}    sl_send_reply(\"200\", \"OK\");\n}}\n"
             ),
         )
         .unwrap();

@@ -4,6 +4,7 @@
 mod attach;
 mod config;
 mod policy;
+mod reload;
 mod run;
 mod service;
 mod stats;
@@ -18,6 +19,7 @@ use thiserror::Error;
 pub use attach::{AttachArgs, DetachArgs};
 pub use config::ConfigAction;
 pub use policy::PolicyAction;
+pub use reload::ReloadArgs;
 pub use run::RunArgs;
 pub use service::ServiceAction;
 pub use stats::StatsArgs;
@@ -76,8 +78,12 @@ pub enum Command {
         #[command(subcommand)]
         action: TlsAction,
     },
-    /// Run the daemon: attach (or adopt) per the config, apply it, serve until SIGTERM/SIGINT.
+    /// Run the daemon: attach (or adopt) per the config, apply it, serve until SIGTERM/SIGINT;
+    /// SIGHUP (or `gateway reload`) reads the config again.
     Run(RunArgs),
+    /// Make the running daemon read its config again: applied whole, or refused with nothing
+    /// changed.
+    Reload(ReloadArgs),
     /// Configuration files.
     Config {
         /// Config subcommand.
@@ -162,6 +168,7 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Service { action } => service::run(&root(&bpffs), action),
         Command::Tls { action } => tls::run(&root(&bpffs), action),
         Command::Run(args) => run::run(bpffs, args),
+        Command::Reload(args) => reload::run(&root(&bpffs), args),
         Command::Config { action } => config::run(action),
     }
 }

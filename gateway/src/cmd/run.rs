@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::CommandError;
 use crate::{
-    config::{Config, Interface, ModeRequest},
+    config::{ConfigSource, ModeRequest},
     daemon,
 };
 
@@ -32,19 +32,12 @@ pub fn run(bpffs: Option<PathBuf>, args: RunArgs) -> Result<(), CommandError> {
         iface,
         mode,
     } = args;
-    let mut cfg = match &config {
-        Some(path) => Config::load(path)?,
-        None => Config::embedded_default(),
+    let source = ConfigSource {
+        path: config,
+        bpffs,
+        iface: iface.map(|i| (i, mode.unwrap_or_default())),
     };
-    if let Some(root) = bpffs {
-        cfg.bpffs = root;
-    }
-    if let Some(iface) = iface {
-        cfg.interfaces.0 = vec![Interface {
-            name: iface,
-            mode: mode.unwrap_or_default(),
-        }];
-    }
-    daemon::run(cfg)?;
+    let cfg = source.load()?;
+    daemon::run(cfg, source)?;
     Ok(())
 }

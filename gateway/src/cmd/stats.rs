@@ -41,6 +41,11 @@ pub fn run(root: &Path, args: StatsArgs) -> Result<(), CommandError> {
         let counters = maps.counters()?;
         let tls = maps.tls_counters()?;
         let sip_latency = maps.latency(gateway_common::Class::SipOriginal)?;
+        let policies = gateway_common::Class::ALL
+            .into_iter()
+            .filter(|c| c.is_limitable())
+            .map(|c| Ok((c, maps.policy(c)?)))
+            .collect::<Result<Vec<_>, crate::maps::MapsError>>()?;
         let view = StatsView {
             info: &info,
             classes: &classes,
@@ -48,6 +53,7 @@ pub fn run(root: &Path, args: StatsArgs) -> Result<(), CommandError> {
             counters: &counters,
             tls: &tls,
             sip_latency: &sip_latency,
+            policies: &policies,
         };
         if json {
             println!("{}", view.json());

@@ -62,8 +62,41 @@ impl Default for ControllerConfig {
 struct RawController {
     #[serde(default = "default_interval")]
     interval: Span,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "checked_classes")]
     classes: BTreeMap<String, RawClass>,
+}
+
+/// The classes, each checked as it is read, so that an error carries its line.
+fn checked_classes<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, RawClass>, D::Error> {
+    struct Classes;
+    impl<'de> serde::de::Visitor<'de> for Classes {
+        type Value = BTreeMap<String, RawClass>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a mapping of class names to their control")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(name) = map.next_key::<String>()? {
+                let class = match Class::from_name(&name) {
+                    None => return Err(A::Error::custom(unknown_class(&name))),
+                    Some(c) if !c.is_limitable() => {
+                        return Err(A::Error::custom(unlimitable_class(c)));
+                    }
+                    Some(c) => c,
+                };
+                let raw: RawClass = map.next_value()?;
+                raw.read(class).map_err(A::Error::custom)?;
+                out.insert(name, raw);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Classes)
 }
 
 fn default_interval() -> Span {
@@ -134,11 +167,9 @@ impl<'de> Deserialize<'de> for ControllerConfig {
         let raw = RawController::deserialize(d)?;
         let mut classes = BTreeMap::new();
         for (name, c) in &raw.classes {
-            let class = match Class::from_name(name) {
-                None => return Err(D::Error::custom(unknown_class(name))),
-                Some(c) if !c.is_limitable() => return Err(D::Error::custom(unlimitable_class(c))),
-                Some(c) => c,
-            };
+            // Checked as read (see `checked_classes`); this cannot fail.
+            let class =
+                Class::from_name(name).ok_or_else(|| D::Error::custom(unknown_class(name)))?;
             classes.insert(class, c.read(class).map_err(D::Error::custom)?);
         }
         Ok(ControllerConfig {

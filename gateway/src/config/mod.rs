@@ -29,6 +29,41 @@ pub use services::{Kind, Port, Proto, Service, Services};
 /// The embedded default configuration.
 pub const DEFAULT_YAML: &str = include_str!("../../../deploy/gateway.default.yaml");
 
+/// Where the daemon's config comes from, read again on every reload: a file (or the embedded
+/// default) and the command line's overrides.
+#[derive(Clone, Debug, Default)]
+pub struct ConfigSource {
+    /// The file; `None`: the embedded default.
+    pub path: Option<PathBuf>,
+    /// `--bpffs`, replacing the config's.
+    pub bpffs: Option<PathBuf>,
+    /// `--iface` (and `--mode`), replacing the config's interfaces.
+    pub iface: Option<(String, ModeRequest)>,
+}
+
+impl ConfigSource {
+    /// Reads and checks the config, with the overrides applied.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the file, the field and the line.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        let mut cfg = match &self.path {
+            Some(path) => Config::load(path)?,
+            None => Config::embedded_default(),
+        };
+        if let Some(root) = &self.bpffs {
+            cfg.bpffs = root.clone();
+        }
+        if let Some((name, mode)) = &self.iface {
+            cfg.interfaces.0 = vec![Interface {
+                name: name.clone(),
+                mode: *mode,
+            }];
+        }
+        Ok(cfg)
+    }
+}
+
 /// Errors of loading a configuration.
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -289,6 +324,35 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.services.0.len(), 2);
+    }
+
+    #[test]
+    fn controller_sections_are_checked_whole() {
+        let c = Config::parse(
+            "controller:\n  interval: 50ms\n  classes:\n    sip-original: {mode: sip, target: 80ms, max: 500}\n",
+            "t.yaml",
+        )
+        .unwrap();
+        let sip = c.controller.classes[&Class::SipOriginal];
+        assert_eq!(
+            sip.mode,
+            Mode::Sip {
+                target: std::time::Duration::from_millis(80)
+            }
+        );
+        assert_eq!((sip.min, sip.max), (1, 500));
+        for (yaml, needle) in [
+            ("sip-original: {mode: sip, target: 600ms}", "well under T1"),
+            ("sip-original: {mode: pdd}", "unknown mode 'pdd'"),
+            ("tls-new: {mode: sip}", "controls sip-original only"),
+            ("tls-new: {mode: tls, cpu_target: 1.5}", "cpu_target"),
+            ("sip-original: {mode: sip, min: 9, max: 3}", "bounds 9..=3"),
+            ("other: {mode: sip}", "never limited"),
+        ] {
+            let e = err(&format!("controller:\n  classes:\n    {yaml}\n"));
+            assert!(e.contains(needle), "{yaml}: {e}");
+            assert!(e.contains("line"), "{yaml}: {e}");
+        }
     }
 
     #[test]

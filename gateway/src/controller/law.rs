@@ -197,6 +197,11 @@ impl HandshakeBudgetLaw {
         self.rate
     }
 
+    /// Starts from `rate` (an operator's value, or a previous controller's).
+    pub fn reset(&mut self, rate: u64) {
+        self.rate = rate.clamp(self.min, self.max);
+    }
+
     /// One interval of `interval` in which `resumed` resumed handshakes were admitted: the new
     /// rate of tls-new if it changed.
     pub fn step(

@@ -224,8 +224,20 @@ fn step(
     let mut maps = plant.attached.maps();
     let now = Snapshot::read(&maps)?;
     let Some(before) = plant.last.replace(now) else {
-        // The first interval only takes the classes over.
-        for (class, law) in &plant.laws {
+        // The first interval only takes the classes over: from the limits a controller left
+        // (a reload, a restart that kept the datapath), else from the upper bound.
+        for (class, law) in plant.laws.iter_mut() {
+            let p = maps.policy(*class)?;
+            if p.flags & POLICY_PINNED != 0 {
+                continue;
+            }
+            if p.owner == OWNER_CONTROLLER {
+                match law {
+                    Law::Sip(l) if p.flags & POLICY_LIMIT_BACKLOG != 0 => l.reset(p.backlog_limit),
+                    Law::Tls(l) if p.flags & POLICY_LIMIT_RATE != 0 => l.reset(p.rate_per_sec),
+                    _ => {}
+                }
+            }
             let (limit, bounds) = current(law, &cfg.classes[class]);
             write(&mut maps, *class, law, limit, REASON_START, bounds)?;
         }
@@ -245,10 +257,17 @@ fn step(
             // Unpinned by an operator: start from the operator's value.
             let from = match law {
                 Law::Sip(l) => {
-                    l.reset(policy.backlog_limit);
+                    if policy.flags & POLICY_LIMIT_BACKLOG != 0 {
+                        l.reset(policy.backlog_limit);
+                    }
                     l.limit()
                 }
-                Law::Tls(l) => l.rate(),
+                Law::Tls(l) => {
+                    if policy.flags & POLICY_LIMIT_RATE != 0 {
+                        l.reset(policy.rate_per_sec);
+                    }
+                    l.rate()
+                }
             };
             write(&mut maps, *class, law, from, REASON_START, bounds)?;
             continue;

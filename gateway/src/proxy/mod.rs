@@ -44,7 +44,9 @@ use stats::{BackendLabels, HandshakeKind, ListenerStats, Outcome, ProxyStats};
 pub struct Proxy {
     cfg: ProxyConfig,
     label: String,
-    acceptor: TlsAcceptor,
+    /// Swapped whole on a reload (certificate rotation): connections that started keep the
+    /// configuration they started with.
+    acceptor: std::sync::RwLock<TlsAcceptor>,
     pool: Pool,
     issued: Arc<IssuedKeys>,
     stats: Arc<ProxyStats>,
@@ -65,12 +67,24 @@ impl Proxy {
         Proxy {
             own: stats.listener(&label),
             label,
-            acceptor: TlsAcceptor::from(Arc::new(tls)),
+            acceptor: std::sync::RwLock::new(TlsAcceptor::from(Arc::new(tls))),
             pool,
             cfg,
             issued,
             stats,
         }
+    }
+
+    /// Serves new connections with `tls` (a reload's new certificates); open connections carry
+    /// on with the configuration they started with.
+    pub fn set_tls(&self, tls: rustls::ServerConfig) {
+        *self.acceptor.write().unwrap_or_else(|p| p.into_inner()) =
+            TlsAcceptor::from(Arc::new(tls));
+    }
+
+    /// The issued keys this listener publishes.
+    pub fn issued(&self) -> &Arc<IssuedKeys> {
+        &self.issued
     }
 
     /// The listen address.
@@ -157,7 +171,12 @@ impl Proxy {
             return Outcome::RefusedFull;
         }
         let (sock, hello) = tap::Tap::new(sock);
-        let handshake = CpuTimed::new(self.acceptor.accept(sock));
+        let acceptor = self
+            .acceptor
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let handshake = CpuTimed::new(acceptor.accept(sock));
         let done = tokio::time::timeout(self.cfg.timeouts.handshake.0, handshake).await;
         let (outcome, kind) = match done {
             Err(_) => (Err(Outcome::HandshakeTimeout), None),

@@ -8,6 +8,7 @@ use std::{collections::HashMap, net::UdpSocket, time::Duration};
 use gateway_tests::{
     daemon::Daemon,
     have_root,
+    kamailio::Kamailio,
     netns::{GW_V4, TestNet},
     sipp::run_uac,
     sipserver::SlowSipServer,
@@ -31,13 +32,25 @@ const CONTROLLED: &str = "services:\n  - {kind: sip, port: 5060}\ncontroller:\n 
 
 /// One run (no gateway, or the gateway with `config`): successful calls per second over the
 /// steady window, and SIPp's totals.
-fn run(multiplier: f64, config: Option<&str>) -> (f64, HashMap<String, u64>) {
+fn run(multiplier: f64, config: Option<&str>, kamailio: bool) -> (f64, HashMap<String, u64>) {
     let net = TestNet::new();
     let dir =
         std::env::temp_dir().join(format!("gwt-overload-{}-{}", std::process::id(), net.gw_if));
     std::fs::create_dir_all(&dir).unwrap();
-    let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
-    let _server = SlowSipServer::start(socket, RCVBUF, INVITE_COST, OTHER_COST);
+    // One of the two servers, of the same capacity.
+    let _fifo = (!kamailio).then(|| {
+        let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
+        SlowSipServer::start(socket, RCVBUF, INVITE_COST, OTHER_COST)
+    });
+    let _kamailio = kamailio.then(|| {
+        let k = Kamailio::start_with_cost(
+            &["ip", "netns", "exec", &net.gw_ns],
+            format!("{GW_V4}:5060").parse().unwrap(),
+            INVITE_COST + OTHER_COST * 2,
+        );
+        wait_answering(&net);
+        k
+    });
     let daemon = config.map(|body| Daemon::start_config(&net, &dir, body));
     let rate = (capacity() * multiplier).round() as u64;
     let uac = run_uac(&net, &dir, rate, SECONDS);
@@ -48,14 +61,42 @@ fn run(multiplier: f64, config: Option<&str>) -> (f64, HashMap<String, u64>) {
     (uac.goodput(WARM, SECONDS as usize), uac.totals)
 }
 
+/// Waits (bounded) until the server answers an OPTIONS.
+fn wait_answering(net: &TestNet) {
+    let sock = net.in_peer(|| UdpSocket::bind("10.99.0.2:0").unwrap());
+    sock.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let options = format!(
+        "OPTIONS sip:k@{GW_V4}:5060 SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bK-up\r\nFrom: <sip:t@10.99.0.2>;tag=1\r\nTo: <sip:k@{GW_V4}>\r\nCall-ID: up@10.99.0.2\r\nCSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n"
+    );
+    let mut buf = [0u8; 2048];
+    let up = (0..100).any(|_| {
+        sock.send_to(options.as_bytes(), (GW_V4, 5060)).unwrap();
+        sock.recv(&mut buf).is_ok()
+    });
+    assert!(up, "kamailio never answered");
+}
+
 fn main() {
     if !have_root("sip_overload") {
         std::process::exit(1);
     }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let kamailio = args.iter().any(|a| a == "kamailio");
+    let loads: Vec<f64> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let cap = capacity();
     println!(
-        "# SIP overload: goodput as a share of capacity\n\nServer: one FIFO thread, {} MiB receive buffer, {:?} CPU per INVITE and {:?} per ACK/BYE: capacity {cap:.0} calls/s. SIPp with a transaction-matching UAC, T1 500 ms; goodput = successful calls/s averaged over seconds {WARM}..{SECONDS}. Static policy (picked by hand): sip-original backlog 30, sip-retransmission backlog 10. Controller: no limit set, mode sip, target 100 ms.\n",
-        RCVBUF >> 20,
+        "# SIP overload: goodput as a share of capacity\n\nServer: {}, {}, {:?} CPU per INVITE and {:?} per ACK/BYE: capacity {cap:.0} calls/s. SIPp with a transaction-matching UAC, T1 500 ms; goodput = successful calls/s averaged over seconds {WARM}..{SECONDS}. Static policy (picked by hand): sip-original backlog 30, sip-retransmission backlog 10. Controller: no limit set, mode sip, target 100 ms.\n",
+        if kamailio {
+            "a real Kamailio (one worker, stateless, cfgutils busy_wait for the same CPU per call)"
+        } else {
+            "one FIFO thread"
+        },
+        if kamailio {
+            "its own receive buffer (Kamailio's default)".to_string()
+        } else {
+            format!("{} MiB receive buffer", RCVBUF >> 20)
+        },
         INVITE_COST,
         OTHER_COST
     );
@@ -63,19 +104,15 @@ fn main() {
         "| offered load | FIFO (no gateway) | gateway, static policy | gateway, controller | FIFO retransmissions | static retransmissions | controller retransmissions | controller failed calls |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    let loads: Vec<f64> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
     let loads = if loads.is_empty() {
         vec![1.0, 2.0, 3.0]
     } else {
         loads
     };
     for m in loads {
-        let (fifo, ft) = run(m, None);
-        let (gw, gt) = run(m, Some(STATIC));
-        let (ctl, ct) = run(m, Some(CONTROLLED));
+        let (fifo, ft) = run(m, None, kamailio);
+        let (gw, gt) = run(m, Some(STATIC), kamailio);
+        let (ctl, ct) = run(m, Some(CONTROLLED), kamailio);
         let retrans = |t: &HashMap<String, u64>| t.get("Retransmissions").copied().unwrap_or(0);
         println!(
             "| {m:.1}x ({:.0} calls/s) | {:.0}% ({fifo:.0}/s) | {:.0}% ({gw:.0}/s) | {:.0}% ({ctl:.0}/s) | {} | {} | {} | {} |",

@@ -1,0 +1,107 @@
+//! Reloading the daemon's config (SIGHUP, `gateway reload`), all or nothing: the new config is
+//! read and checked, and everything it needs is built (its TLS configurations), before anything
+//! changes. What cannot change while running (interfaces, bpffs, listeners and their pools,
+//! the metrics address, workers) makes the reload refuse, saying what to restart for.
+
+use std::sync::Arc;
+
+use crate::{
+    attached::Attached,
+    config::{Config, ConfigSource},
+    daemon::apply,
+    proxy::Proxy,
+};
+
+/// A checked reload, ready to apply.
+pub struct Plan {
+    cfg: Config,
+    tls: Vec<rustls::ServerConfig>,
+}
+
+/// Reads the config from `source` and checks it against the running `current`; builds the
+/// proxies' new TLS configurations. Nothing changes here.
+///
+/// # Errors
+/// Why the reload is refused, naming the field.
+pub fn prepare(
+    current: &Config,
+    source: &ConfigSource,
+    proxies: &[Arc<Proxy>],
+) -> Result<Plan, String> {
+    let cfg = source.load().map_err(|e| e.to_string())?;
+    let restart = |what: &str| Err(format!("{what} changed: restart the daemon to change it"));
+    let ifaces = |c: &Config| {
+        c.interfaces
+            .0
+            .iter()
+            .map(|i| (i.name.clone(), i.mode))
+            .collect::<Vec<_>>()
+    };
+    if ifaces(&cfg) != ifaces(current) {
+        return restart("interfaces");
+    }
+    if cfg.bpffs != current.bpffs {
+        return restart("bpffs");
+    }
+    if cfg.metrics != current.metrics {
+        return restart("metrics");
+    }
+    if cfg.workers != current.workers {
+        return restart("workers");
+    }
+    if cfg.proxies.len() != current.proxies.len() {
+        return restart("proxies (the number of listeners)");
+    }
+    // A listener keeps its socket, pool and timeouts; only its certificates and tickets settings
+    // are read again.
+    let without_tls = |p: &crate::proxy::config::ProxyConfig| {
+        let mut v = serde_json::to_value(p).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("tls");
+        }
+        v
+    };
+    for (i, (new, old)) in cfg.proxies.iter().zip(&current.proxies).enumerate() {
+        if without_tls(new) != without_tls(old) {
+            return restart(&format!("proxies[{i}] (anything but its tls section)"));
+        }
+    }
+    let tls = cfg
+        .proxies
+        .iter()
+        .zip(proxies)
+        .enumerate()
+        .map(|(i, (p, proxy))| {
+            crate::tls::server_config(&p.tls, proxy.issued().clone())
+                .map_err(|e| format!("proxies[{i}] ({}): {e}", p.listen))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Plan { cfg, tls })
+}
+
+impl Plan {
+    /// The new config.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Applies the plan: services, policies and datapath settings to every interface, the new
+    /// certificates to every listener (for new connections). Returns the new config. (The
+    /// daemon restarts its controller with the new settings.)
+    ///
+    /// # Errors
+    /// A map write failed on some interface (named); what was written stays.
+    pub fn apply(
+        self,
+        attached: &[Arc<Attached>],
+        proxies: &[Arc<Proxy>],
+    ) -> Result<Config, String> {
+        for a in attached {
+            apply(&mut a.maps(), &self.cfg).map_err(|e| format!("{}: {e}", a.iface()))?;
+        }
+        for (proxy, tls) in proxies.iter().zip(self.tls) {
+            proxy.set_tls(tls);
+        }
+        Ok(self.cfg)
+    }
+}

@@ -1,0 +1,156 @@
+//! Reloading a running daemon (`gateway reload`, SIGHUP): a bad config changes nothing and says
+//! why; a good one is applied whole, and a certificate rotation serves the new chain to new
+//! clients while an open connection carries on.
+
+use std::{
+    net::TcpListener,
+    time::{Duration, Instant},
+};
+
+use gateway_tests::{
+    backend::{Backend, Mode},
+    daemon::Daemon,
+    fresh_temp_dir, have_root,
+    netns::{GW_V4, TestNet},
+    tls::{Cert, rustls_config, rustls_fetch, s_client},
+};
+use serde_json::Value;
+
+const PORT: u16 = 8443;
+
+fn config(net: &TestNet, cert: &Cert, backend: &Backend, policy: &str, extra: &str) -> String {
+    format!(
+        "interfaces:\n  - name: {}\nservices:\n  - {{kind: sip, port: 5060}}\n{extra}policy:\n{policy}proxies:\n  - listen: {GW_V4}:{PORT}\n    tls: {{cert: {}, key: {}}}\n    backends: [{{address: {}}}]\non_exit: detach\n",
+        net.gw_if,
+        cert.cert().display(),
+        cert.key().display(),
+        backend.addr
+    )
+}
+
+fn backlog_limit(net: &TestNet, class: &str) -> Value {
+    let rows: Value = serde_json::from_str(&net.gateway_ok(&["policy", "show", "--json"])).unwrap();
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["class"] == class)
+        .unwrap()["backlog_limit"]
+        .clone()
+}
+
+/// Whether `openssl s_client` verifies the listener's chain against `ca`.
+fn verifies(net: &TestNet, ca: &Cert) -> bool {
+    let out = s_client(
+        &["ip", "netns", "exec", &net.peer_ns],
+        &format!("{GW_V4}:{PORT}"),
+        &[
+            "-CAfile",
+            ca.cert().to_str().unwrap(),
+            "-verify_return_error",
+        ],
+    );
+    out.contains("Verify return code: 0 (ok)")
+}
+
+#[test]
+fn a_bad_config_changes_nothing_and_a_good_one_is_applied_whole_with_new_certificates() {
+    if !have_root("a_bad_config_changes_nothing") {
+        return;
+    }
+    let net = TestNet::new();
+    let dir = fresh_temp_dir("gwt-reload");
+    let (old_cert, new_cert) = (Cert::new(), Cert::new());
+    let listener = net.in_gw(|| TcpListener::bind("127.0.0.1:0").unwrap());
+    let backend = Backend::start(listener, "b", Mode::Hold, false);
+    let file = dir.join("gateway.yaml");
+    let write = |body: &str| std::fs::write(&file, body).unwrap();
+    write(&config(
+        &net,
+        &old_cert,
+        &backend,
+        "  sip-original: {backlog: 30}\n",
+        "",
+    ));
+    let mut daemon = Daemon::start(
+        &net,
+        &["--config", file.to_str().unwrap()],
+        Duration::from_secs(20),
+    );
+    assert_eq!(backlog_limit(&net, "sip-original"), 30);
+    assert!(verifies(&net, &old_cert));
+
+    // A connection made before the reload, waiting on its backend.
+    let old_config = rustls_config(&old_cert);
+    let addr = format!("{GW_V4}:{PORT}");
+    let old = {
+        let (net_peer, addr) = (net.peer_ns.clone(), addr.clone());
+        std::thread::spawn(move || {
+            gateway_tests::netns::in_netns(&net_peer, || rustls_fetch(&old_config, &addr))
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while backend.accepted() < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the first connection never reached the backend"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    // A bad value: refused, with the field and line in the daemon's log; nothing changed.
+    write(&config(
+        &net,
+        &new_cert,
+        &backend,
+        "  sip-original: {backlog: 40}\n  tls-new: {rate: -1}\n",
+        "",
+    ));
+    let refused = net.gateway(&["reload"]);
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    let line = daemon.wait_for("reload refused", Duration::from_secs(5));
+    assert!(line.contains("rate -1 out of range"), "{line}");
+    assert_eq!(backlog_limit(&net, "sip-original"), 30);
+    assert!(
+        verifies(&net, &old_cert),
+        "the certificates changed on a refused reload"
+    );
+    // What needs a restart is refused too, and says so.
+    write(&config(
+        &net,
+        &new_cert,
+        &backend,
+        "  sip-original: {backlog: 40}\n",
+        "metrics: 127.0.0.1:9555\n",
+    ));
+    assert_eq!(net.gateway(&["reload"]).status.code(), Some(2));
+    let line = daemon.wait_for("reload refused", Duration::from_secs(5));
+    assert!(line.contains("metrics changed"), "{line}");
+    assert_eq!(backlog_limit(&net, "sip-original"), 30);
+
+    // A good one: policies, services and certificates, all at once.
+    write(
+        &config(
+            &net,
+            &new_cert,
+            &backend,
+            "  sip-original: {backlog: 40}\n",
+            "",
+        )
+        .replace(
+            "  - {kind: sip, port: 5060}\n",
+            "  - {kind: sip, port: 5060}\n  - {kind: tls, port: 9443}\n",
+        ),
+    );
+    net.gateway_ok(&["reload"]);
+    assert_eq!(backlog_limit(&net, "sip-original"), 40);
+    assert!(net.gateway_ok(&["service", "list"]).contains("9443"));
+    assert!(verifies(&net, &new_cert), "new clients get the new chain");
+    assert!(!verifies(&net, &old_cert));
+    // The connection made before the reload carries on to its answer.
+    backend.release();
+    let (_, body) = old.join().unwrap().expect("the old connection's answer");
+    assert!(body.ends_with("\r\n\r\nb\n"), "{body:?}");
+    let (status, log) = daemon.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{log:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -23,8 +23,9 @@ impl Kamailio {
         Self::start_with_cost(prefix, listen, std::time::Duration::ZERO)
     }
 
-    /// [`Kamailio::start`], spending `invite_cost` of CPU on each INVITE before answering it
-    /// (cfgutils' `busy_wait`): a server of known capacity, one worker, for overload runs.
+    /// [`Kamailio::start`], its one worker busy for `invite_cost` on each INVITE before it
+    /// answers (cfgutils' `usleep`, as a database lookup would hold it): a server of known
+    /// capacity for overload runs.
     pub fn start_with_cost(
         prefix: &[&str],
         listen: SocketAddr,
@@ -34,7 +35,7 @@ impl Kamailio {
         let cfg = dir.join("kamailio.cfg");
         let cost = invite_cost.as_micros();
         let work = if cost > 0 {
-            format!("    if (method == \"INVITE\") {{ busy_wait(\"{cost}\"); }}\n")
+            format!("    if (method == \"INVITE\") {{ usleep(\"{cost}\"); }}\n")
         } else {
             String::new()
         };

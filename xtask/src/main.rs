@@ -346,7 +346,7 @@ fn demo() -> Result<()> {
 
 fn bench() -> Result<()> {
     run(cargo().args(["build", "--release", "--package", "gateway"]))?;
-    for bin in ["bench", "tls_proxy", "sip_overload"] {
+    for bin in ["bench", "tls_proxy", "sip_overload", "controller_step"] {
         run(cargo().args([
             "run",
             "--release",

@@ -1,0 +1,160 @@
+//! `cargo xtask bench` (controller): the step response. A 1.4x overload step against a server
+//! whose capacity the gateway is not told, on the simulator (no kernel) and on the real datapath
+//! (the daemon's controller, a FIFO SIP server in a namespace, SIPp). The figure is the time from
+//! the controller's first delay over the target until its delay is back under it; then how the
+//! delay moves around the target (the law probes upward by a tenth per interval and cuts when
+//! over, a sawtooth).
+
+use std::{
+    net::UdpSocket,
+    time::{Duration, Instant},
+};
+
+use gateway::controller::{law::ServiceTimeLaw, sim::SipSim};
+use gateway_tests::{
+    daemon::Daemon,
+    fresh_temp_dir, have_root,
+    metrics::{scrape, value},
+    netns::{GW_V4, TestNet},
+    sipp::run_uac,
+    sipserver::SlowSipServer,
+};
+
+const INTERVAL: Duration = Duration::from_millis(100);
+const TARGET: Duration = Duration::from_millis(100);
+const INVITE_COST: Duration = Duration::from_millis(5);
+const OTHER_COST: Duration = Duration::from_micros(200);
+const METRICS: u16 = 9478;
+const SECONDS: u64 = 6;
+
+/// The simulator: the settling time, and the delays after the step (one per interval).
+fn simulated(capacity: f64) -> (Duration, Vec<Duration>) {
+    let mut sim = SipSim::new(capacity);
+    let mut law = ServiceTimeLaw::new(TARGET, 1, 10_000, 10_000);
+    sim.offer(0.5 * capacity);
+    for _ in 0..20 {
+        let s = sim.run(INTERVAL, law.limit(), Duration::from_millis(500));
+        law.step(&s.observation);
+    }
+    sim.offer(1.4 * capacity);
+    let p90s: Vec<Duration> = (0..100)
+        .map(|_| {
+            let s = sim.run(INTERVAL, law.limit(), Duration::from_millis(500));
+            law.step(&s.observation);
+            s.observation.delay().unwrap_or_default()
+        })
+        .collect();
+    let times: Vec<Duration> = (0..p90s.len()).map(|i| INTERVAL * (i as u32 + 1)).collect();
+    (settling(&times, &p90s), p90s)
+}
+
+/// From the first delay over the target to the first later one at or under it (zero if never
+/// over; the whole run if never back).
+fn settling(times: &[Duration], delays: &[Duration]) -> Duration {
+    let Some(over) = delays.iter().position(|d| *d > TARGET) else {
+        return Duration::ZERO;
+    };
+    match delays[over..].iter().position(|d| *d <= TARGET) {
+        Some(back) => times[over + back].saturating_sub(times[over]),
+        None => times[times.len() - 1].saturating_sub(times[over]),
+    }
+}
+
+/// After settling: the largest delay, and the share of samples over the target.
+fn band(delays: &[Duration]) -> (Duration, f64) {
+    let Some(over) = delays.iter().position(|d| *d > TARGET) else {
+        return (delays.iter().copied().max().unwrap_or_default(), 0.0);
+    };
+    let Some(back) = delays[over..].iter().position(|d| *d <= TARGET) else {
+        return (Duration::MAX, 1.0);
+    };
+    let after = &delays[over + back..];
+    let above = after.iter().filter(|d| **d > TARGET).count();
+    (
+        after.iter().copied().max().unwrap_or_default(),
+        above as f64 / after.len().max(1) as f64,
+    )
+}
+
+/// The real datapath: samples the controller's delay input every 50 ms while SIPp steps the
+/// load from nothing to 1.4x; returns the settling time and the samples.
+fn real() -> (Duration, Vec<(Duration, Duration)>) {
+    let net = TestNet::new();
+    let dir = fresh_temp_dir("gwt-step");
+    let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
+    let _server = SlowSipServer::start(socket, 8 << 20, INVITE_COST, OTHER_COST);
+    let capacity = 1.0 / (INVITE_COST + OTHER_COST * 2).as_secs_f64();
+    let daemon = Daemon::start_config(
+        &net,
+        &dir,
+        &format!(
+            "metrics: 127.0.0.1:{METRICS}\nservices:\n  - {{kind: sip, port: 5060}}\ncontroller:\n  classes:\n    sip-original: {{mode: sip, target: 100ms, max: 10000}}\n"
+        ),
+    );
+    let start = Instant::now();
+    let samples = std::thread::scope(|s| {
+        let load = s.spawn(|| run_uac(&net, &dir, (1.4 * capacity) as u64, SECONDS));
+        let mut samples = Vec::new();
+        while !load.is_finished() && start.elapsed() < Duration::from_secs(SECONDS + 10) {
+            let text = scrape(&net, METRICS);
+            let us = value(
+                &text,
+                "gateway_controller_delay_microseconds",
+                &[("class", "sip-original")],
+            );
+            samples.push((start.elapsed(), Duration::from_micros(us.max(0.0) as u64)));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = load.join();
+        samples
+    });
+    let _ = daemon.terminate(Duration::from_secs(10));
+    let _ = std::fs::remove_dir_all(&dir);
+    // Only the loaded part: until SIPp's last second.
+    let loaded: Vec<(Duration, Duration)> = samples
+        .into_iter()
+        .filter(|(t, _)| *t <= Duration::from_secs(SECONDS))
+        .collect();
+    let times: Vec<Duration> = loaded.iter().map(|(t, _)| *t).collect();
+    let delays: Vec<Duration> = loaded.iter().map(|(_, d)| *d).collect();
+    (settling(&times, &delays), loaded)
+}
+
+fn main() {
+    if !have_root("controller_step") {
+        std::process::exit(1);
+    }
+    let capacity = 1.0 / (INVITE_COST + OTHER_COST * 2).as_secs_f64();
+    let (sim, sim_delays) = simulated(capacity);
+    let (real, samples) = real();
+    let real_delays: Vec<Duration> = samples.iter().map(|(_, d)| *d).collect();
+    let (sim_max, sim_above) = band(&sim_delays);
+    let (real_max, real_above) = band(&real_delays);
+    println!(
+        "# Controller step response\n\nA 1.4x overload step against a server of {capacity:.0} calls/s the gateway is not told; mode sip, target {TARGET:?}, interval {INTERVAL:?}. Settling time: from the controller's first delay over the target until its delay is back under it (simulator: per 100 ms interval; real datapath: the `gateway_controller_delay_microseconds` gauge sampled every 50 ms). Then: the largest delay and the share of samples over the target for the rest of the run.\n"
+    );
+    println!(
+        "| plant | settling time | target | then: largest delay | then: samples over target |\n|---|---:|---:|---:|---:|"
+    );
+    println!(
+        "| simulator | {} ms | < 500 ms | {} ms | {:.0}% |",
+        sim.as_millis(),
+        sim_max.as_millis(),
+        100.0 * sim_above
+    );
+    println!(
+        "| real datapath (FIFO server, SIPp) | {} ms | < 500 ms | {} ms | {:.0}% |",
+        real.as_millis(),
+        real_max.as_millis(),
+        100.0 * real_above
+    );
+    let trace: Vec<String> = samples
+        .iter()
+        .step_by(4)
+        .map(|(t, d)| format!("{:.1}s {}ms", t.as_secs_f64(), d.as_millis()))
+        .collect();
+    println!(
+        "\nDelay input over the run (every 200 ms): {}",
+        trace.join(", ")
+    );
+}

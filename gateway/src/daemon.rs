@@ -329,7 +329,12 @@ fn start_controller(
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let costs = costs.clone();
     let source: CostSource = Box::new(move || costs());
-    let controller = Controller::new(&cfg.controller, attached, source, stats.clone());
+    let cores = if cfg.workers > 0 {
+        cfg.workers
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    };
+    let controller = Controller::new(&cfg.controller, attached, source, stats.clone(), cores);
     let token = stop.child_token();
     let task = tokio::spawn(controller.run(token.clone()));
     (token, task)

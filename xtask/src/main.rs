@@ -346,7 +346,13 @@ fn demo() -> Result<()> {
 
 fn bench() -> Result<()> {
     run(cargo().args(["build", "--release", "--package", "gateway"]))?;
-    for bin in ["bench", "tls_proxy", "sip_overload", "controller_step"] {
+    for bin in [
+        "bench",
+        "tls_proxy",
+        "sip_overload",
+        "controller_step",
+        "tls_overload",
+    ] {
         run(cargo().args([
             "run",
             "--release",

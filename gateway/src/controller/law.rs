@@ -202,18 +202,33 @@ impl HandshakeBudgetLaw {
         self.rate = rate.clamp(self.min, self.max);
     }
 
-    /// One interval of `interval` in which `resumed` resumed handshakes were admitted: the new
-    /// rate of tls-new if it changed.
+    /// One interval of `interval` in which `resumed` resumed handshakes were admitted and the
+    /// server's CPUs were `busy` (0 to 1 of all `cores`; `None` when not measured): the new rate
+    /// of tls-new if it changed.
+    ///
+    /// The budget formula counts handshakes only. What it leaves out (accepting, relaying,
+    /// refusing) shows in `busy`: over the CPU target, the rate goes to the lower of the formula
+    /// and the rate scaled by target / busy; under it, it grows back toward the formula by a
+    /// tenth per interval.
     pub fn step(
         &mut self,
         interval: Duration,
         resumed: u64,
         costs: HandshakeCosts,
+        busy: Option<f64>,
     ) -> Option<Decision> {
         let budget = self.cpu_target * self.cores * interval.as_secs_f64()
             - resumed as f64 * costs.resumed.as_secs_f64();
         let full = costs.full.as_secs_f64().max(1e-6);
-        let per_second = (budget.max(0.0) / full / interval.as_secs_f64()).floor() as u64;
+        let formula = (budget.max(0.0) / full / interval.as_secs_f64()).floor() as u64;
+        let rate = self.rate.min(self.max) as f64;
+        let per_second = match busy {
+            Some(u) if u > self.cpu_target => {
+                formula.min((rate * self.cpu_target / u).floor() as u64)
+            }
+            Some(_) => formula.min(((rate * 1.1).ceil() as u64).saturating_add(1)),
+            None => formula,
+        };
         let wanted = per_second.clamp(self.min, self.max);
         if wanted == self.rate {
             return None;

@@ -130,17 +130,31 @@ pub struct Controller {
     costs: CostSource,
     stats: ControllerStats,
     cores: f64,
+    /// The daemon's CPU time at the last interval.
+    cpu: Option<Duration>,
+}
+
+/// The CPU time this process has used (all threads, user and system).
+fn process_cpu() -> Option<Duration> {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let u = getrusage(UsageWho::RUSAGE_SELF).ok()?;
+    let tv = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec() as u64) + Duration::from_micros(t.tv_usec() as u64)
+    };
+    Some(tv(u.user_time()) + tv(u.system_time()))
 }
 
 impl Controller {
-    /// A controller for `ifaces` per `cfg`, with handshake costs from `costs`.
+    /// A controller for `ifaces` per `cfg`, with handshake costs from `costs`, for a server of
+    /// `cores` CPUs (the daemon's worker threads, or the CPUs it may run on).
     pub fn new(
         cfg: &ControllerConfig,
         ifaces: &[Arc<Attached>],
         costs: CostSource,
         stats: ControllerStats,
+        cores: usize,
     ) -> Self {
-        let cores = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
+        let cores = cores.max(1) as f64;
         let plants = ifaces
             .iter()
             .map(|a| Plant {
@@ -169,6 +183,7 @@ impl Controller {
             costs,
             stats,
             cores,
+            cpu: None,
         }
     }
 
@@ -204,8 +219,17 @@ impl Controller {
     /// One interval of `elapsed` on every interface.
     pub fn tick(&mut self, elapsed: Duration) {
         let costs = (self.costs)();
+        // How busy the daemon's CPUs were (its proxies' handshakes, relays and refusals).
+        let now = process_cpu();
+        let busy = match (self.cpu, now) {
+            (Some(before), Some(now)) => Some(
+                now.saturating_sub(before).as_secs_f64() / (self.cores * elapsed.as_secs_f64()),
+            ),
+            _ => None,
+        };
+        self.cpu = now;
         for plant in &mut self.plants {
-            if let Err(e) = step(plant, &self.cfg, elapsed, costs, &self.stats) {
+            if let Err(e) = step(plant, &self.cfg, elapsed, costs, busy, &self.stats) {
                 warn!(iface = %plant.attached.iface(), error = %e, "controller: cannot read or write the maps");
             }
         }
@@ -218,6 +242,7 @@ fn step(
     cfg: &ControllerConfig,
     elapsed: Duration,
     costs: Option<HandshakeCosts>,
+    busy: Option<f64>,
     stats: &ControllerStats,
 ) -> Result<(), MapsError> {
     let iface = plant.attached.iface().to_string();
@@ -310,7 +335,7 @@ fn step(
                 let resumed = now.state[i]
                     .admitted
                     .saturating_sub(before.state[i].admitted);
-                l.step(elapsed, resumed, costs)
+                l.step(elapsed, resumed, costs, busy)
             }
         };
         if let Some(d) = decision {

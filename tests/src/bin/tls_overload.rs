@@ -1,0 +1,181 @@
+//! `cargo xtask bench` (tls-overload, seed 000): resumed-session clients in a closed loop while a
+//! flood of new handshakes arrives at 0x, 1x and 5x the proxy's full-handshake capacity, with the
+//! gateway's controller (mode tls) and with no limit, in one run. The proxy runs one thread on
+//! core 0; the clients and the flood share core 1. The flood is cheap: one real ClientHello,
+//! recorded once, replayed on every connection (no client crypto), so the proxy does a full
+//! handshake's work for each one it admits.
+
+use std::{
+    io::Write as _,
+    net::{TcpListener, TcpStream},
+    process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use gateway_tests::{
+    backend::{Backend, Mode},
+    daemon::Daemon,
+    have_root,
+    metrics::{scrape, value},
+    netns::{GW_V4, TestNet, in_netns},
+    tls::{Cert, capture_hello, rustls_config, rustls_fetch},
+};
+
+const METRICS: u16 = 9479;
+const PHASE: Duration = Duration::from_secs(4);
+const RESUMING_CLIENTS: usize = 2;
+const FLOOD_THREADS: usize = 8;
+
+/// Resumed handshakes (with their GET) per second from `RESUMING_CLIENTS` closed-loop clients
+/// for `PHASE`, while `flood` new hellos per second arrive.
+fn phase(net: &TestNet, cert: &Cert, hello: &[u8], flood: f64) -> (f64, f64) {
+    let addr = format!("{GW_V4}:8443");
+    let done = Arc::new(AtomicU64::new(0));
+    let sent = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    std::thread::scope(|s| {
+        for _ in 0..RESUMING_CLIENTS {
+            let (done, stop, addr, ns) = (
+                done.clone(),
+                stop.clone(),
+                addr.clone(),
+                net.peer_ns.clone(),
+            );
+            let config = rustls_config(cert);
+            s.spawn(move || {
+                in_netns(&ns, || {
+                    // One full handshake for the session, then resumptions only.
+                    let _ = rustls_fetch(&config, &addr);
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Ok((rustls::HandshakeKind::Resumed, _)) =
+                            rustls_fetch(&config, &addr)
+                        {
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            });
+        }
+        let start = Instant::now();
+        let threads = if flood > 0.0 { FLOOD_THREADS } else { 0 };
+        for _ in 0..threads {
+            let (sent, stop, ns) = (sent.clone(), stop.clone(), net.peer_ns.clone());
+            let target: std::net::SocketAddr = addr.parse().unwrap();
+            s.spawn(move || {
+                in_netns(&ns, || {
+                    while !stop.load(Ordering::Relaxed) {
+                        // Paced: the n-th hello goes at n / flood seconds (sleeping, so the
+                        // clients on the same core keep their share).
+                        let n = sent.fetch_add(1, Ordering::Relaxed);
+                        let due = Duration::from_secs_f64(n as f64 / flood);
+                        if let Some(wait) = due.checked_sub(start.elapsed()) {
+                            std::thread::sleep(wait);
+                        }
+                        // A full listen queue drops SYNs: give up on that one quickly.
+                        let c = TcpStream::connect_timeout(&target, Duration::from_millis(50));
+                        if let Ok(mut c) = c {
+                            let _ = c.set_nodelay(true);
+                            let _ = c.write_all(hello);
+                        }
+                    }
+                })
+            });
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let (d0, s0, t0) = (
+            done.load(Ordering::Relaxed),
+            sent.load(Ordering::Relaxed),
+            Instant::now(),
+        );
+        std::thread::sleep(PHASE);
+        let (d1, s1, secs) = (
+            done.load(Ordering::Relaxed),
+            sent.load(Ordering::Relaxed),
+            t0.elapsed().as_secs_f64(),
+        );
+        stop.store(true, Ordering::Relaxed);
+        ((d1 - d0) as f64 / secs, (s1 - s0) as f64 / secs)
+    })
+}
+
+/// The daemon with `extra` config, its proxy on core 0.
+fn start(net: &TestNet, cert: &Cert, backend: &Backend, extra: &str) -> Daemon {
+    let body = format!(
+        "workers: 1\nmetrics: 127.0.0.1:{METRICS}\n{extra}proxies:\n  - listen: {GW_V4}:8443\n    tls: {{cert: {}, key: {}}}\n    backends: [{{address: {}, max_active: 5000}}]\n",
+        cert.cert().display(),
+        cert.key().display(),
+        backend.addr
+    );
+    let daemon = Daemon::start_config(net, &cert.file(""), &body);
+    let pinned = Command::new("taskset")
+        .args(["-a", "-p", "-c", "0", &daemon.pid().to_string()])
+        .output()
+        .expect("taskset");
+    assert!(pinned.status.success());
+    daemon
+}
+
+fn main() {
+    if !have_root("tls_overload") {
+        std::process::exit(1);
+    }
+    let net = TestNet::new();
+    let cert = Cert::new();
+    let backend = Backend::start(
+        net.in_gw(|| TcpListener::bind("127.0.0.1:0").unwrap()),
+        "b",
+        Mode::Answer,
+        false,
+    );
+    // One real hello (rustls, post-quantum key share), replayed by the flood.
+    let config = rustls_config(&cert);
+    let hello = capture_hello(|addr| {
+        let _ = rustls_fetch(&config, &addr);
+    });
+    // The proxy's full-handshake capacity on its core, from its own CPU figures.
+    let daemon = start(&net, &cert, &backend, "");
+    let addr = format!("{GW_V4}:8443");
+    for _ in 0..200 {
+        let fresh = rustls_config(&cert);
+        let _ = net.in_peer(|| rustls_fetch(&fresh, &addr));
+    }
+    let text = scrape(&net, METRICS);
+    let full = |name: &str| value(&text, name, &[("kind", "full")]);
+    let cost =
+        full("gateway_proxy_handshake_cpu_seconds_total") / full("gateway_proxy_handshakes_total");
+    let capacity = 1.0 / cost;
+    let _ = daemon.terminate(Duration::from_secs(10));
+    println!(
+        "# TLS overload (seed 000)\n\nProxy: one thread on core 0; a full handshake costs {:.0} µs of its CPU, so its capacity is {capacity:.0} full handshakes/s. {RESUMING_CLIENTS} resumed-session clients (rustls, closed loop, a GET each) and the flood share core 1. Flood: one recorded rustls ClientHello replayed per connection. {PHASE:?} per phase.\n",
+        cost * 1e6
+    );
+    println!(
+        "| gateway | flood | flood sent/s | resumed/s | share of unloaded |\n|---|---|---:|---:|---:|"
+    );
+    for (name, extra) in [
+        ("no limit", ""),
+        (
+            "controller (mode tls, cpu_target 0.8)",
+            "controller:\n  classes:\n    tls-new: {mode: tls, cpu_target: 0.8, min: 1}\n",
+        ),
+    ] {
+        let daemon = start(&net, &cert, &backend, extra);
+        // Warm up the cost figures the controller reads (a full and a resumed handshake).
+        let _ = net.in_peer(|| rustls_fetch(&config, &addr));
+        let _ = net.in_peer(|| rustls_fetch(&config, &addr));
+        let (unloaded, _) = phase(&net, &cert, &hello, 0.0);
+        for m in [1.0, 5.0] {
+            let (resumed, sent) = phase(&net, &cert, &hello, m * capacity);
+            println!(
+                "| {name} | {m:.0}x | {sent:.0} | {resumed:.0} | {:.0}% |",
+                100.0 * resumed / unloaded
+            );
+        }
+        println!("| {name} | 0x | 0 | {unloaded:.0} | 100% |");
+        let _ = daemon.terminate(Duration::from_secs(20));
+    }
+}

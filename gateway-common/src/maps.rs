@@ -73,6 +73,9 @@ map_table! {
     TLS_COUNTERS: u32 => TlsCounters,
     /// Rejected TLS connections, for the daemon to tear down ([`super::RejectEvent`]).
     TLS_REJECTS: () => (),
+    /// Per CPU: when the next reply from the NIC (a reset to a refused client) may go, in
+    /// `bpf_ktime_get_ns` nanoseconds (the reply budget).
+    REPLY_BUDGET: u32 => u64,
     /// SIP transactions seen (transaction key to [`super::SipTxn`]).
     SIP_TXNS: u64 => SipTxn,
     /// Per-class, per-CPU service-time histograms ([`super::LatencyHistogram`]).
@@ -106,6 +109,9 @@ pub mod programs {
     pub const XDP_SIP: &str = "gateway_xdp_sip";
     /// The SIP classifier of the TC hook, reached by tail call from [`TC_INGRESS`].
     pub const TC_SIP: &str = "gateway_tc_sip";
+    /// The reply program of the XDP hook (a reset to a refused client), reached by tail call
+    /// from [`XDP`].
+    pub const XDP_REPLY: &str = "gateway_xdp_reply";
 
     /// A bare `XDP_PASS` program, the baseline of the per-packet cost benchmark.
     pub const XDP_BARE_PASS: &str = "gateway_bare_pass";
@@ -607,8 +613,18 @@ crate::counters! {
         /// Offers of an issued key that already held its limit of resumed connections (a replayed
         /// or shared key): classed tls-new.
         pub replays_bounded: u64,
+        /// Resets sent to clients of refused connections, from the NIC (XDP_TX).
+        pub resets_sent: u64,
+        /// Refused segments dropped without a reset: the reply budget was spent, or the frame was
+        /// not one the datapath answers (IPv4 options, IPv6 extension headers, the TC hook).
+        pub resets_withheld: u64,
     }
 }
+
+/// Resets the datapath may send per second and per CPU (the reply budget): a refused client's
+/// source address cannot be verified, so replies are bounded, never larger than the segment
+/// they answer.
+pub const MAX_RESETS_PER_SEC_PER_CPU: u64 = 20_000;
 
 /// Bytes of the `TLS_REJECTS` ring buffer.
 pub const TLS_REJECTS_BYTES: u32 = 64 * 1024;
@@ -815,7 +831,7 @@ mod tests {
         );
         assert_eq!(size_of::<IssuedKey>(), 16);
         assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8 + 8 + 8);
-        assert_eq!(size_of::<TlsCounters>(), 8 * 9);
+        assert_eq!(size_of::<TlsCounters>(), 8 * 11);
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);
         assert_eq!(size_of::<LatencyHistogram>(), LATENCY_BUCKETS * 8);

@@ -56,6 +56,8 @@ pub struct Transport {
     pub src_port: u16,
     /// Destination port, host order.
     pub dst_port: u16,
+    /// Offset of the transport header from the start of the frame.
+    pub l4_offset: u16,
     /// Offset of the transport payload from the start of the frame.
     pub payload_offset: u16,
     /// TCP flags byte (FIN 0x01, SYN 0x02, RST 0x04, PSH 0x08, ACK 0x10); zero for UDP.
@@ -371,6 +373,7 @@ fn parse_transport<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
             proto,
             src_port: u16::from_be_bytes([h[0], h[1]]),
             dst_port: u16::from_be_bytes([h[2], h[3]]),
+            l4_offset: off as u16,
             payload_offset: (off + 8) as u16,
             tcp_flags: 0,
             seq: 0,
@@ -395,6 +398,7 @@ fn parse_transport<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
         proto,
         src_port: u16::from_be_bytes([h[0], h[1]]),
         dst_port: u16::from_be_bytes([h[2], h[3]]),
+        l4_offset: off as u16,
         payload_offset: (off + hlen) as u16,
         tcp_flags: h[13],
         seq: u32::from_be_bytes([h[4], h[5], h[6], h[7]]),

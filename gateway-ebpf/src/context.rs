@@ -21,6 +21,11 @@ pub enum Action {
     Pass,
     /// Drop it here.
     Drop,
+    /// A refused segment of a connection the kernel has: drop it, and answer its sender with a
+    /// reset where the hook can ([`Reply`]).
+    Reject,
+    /// Send the (rewritten) frame back out of the interface it came in on.
+    Tx,
 }
 
 impl Action {
@@ -29,7 +34,8 @@ impl Action {
     pub fn xdp(self) -> u32 {
         match self {
             Action::Pass => xdp_action::XDP_PASS,
-            Action::Drop => xdp_action::XDP_DROP,
+            Action::Drop | Action::Reject => xdp_action::XDP_DROP,
+            Action::Tx => xdp_action::XDP_TX,
         }
     }
 
@@ -38,7 +44,7 @@ impl Action {
     pub fn tc(self) -> i32 {
         match self {
             Action::Pass => TC_ACT_OK,
-            Action::Drop => TC_ACT_SHOT,
+            Action::Drop | Action::Reject | Action::Tx => TC_ACT_SHOT,
         }
     }
 }
@@ -117,13 +123,28 @@ impl ConnectionLookup for TcContext {
 pub trait JumpToSip {
     /// Jumps; returns only when the jump table is empty.
     fn jump_to_sip(&self);
+
+    /// Jumps to the hook's reply program (`crate::reply`), which answers a refused segment;
+    /// returns only when the hook has none (TC) or its table is empty.
+    fn jump_to_reply(&self);
 }
+
+/// Index of the SIP program in a hook's jump table.
+pub const JUMP_SIP: u32 = 0;
+/// Index of the reply program in the XDP hook's jump table.
+pub const JUMP_REPLY: u32 = 1;
 
 impl JumpToSip for XdpContext {
     #[inline(always)]
     fn jump_to_sip(&self) {
         // SAFETY: a tail call never returns on success; on failure we carry on.
-        unsafe { XDP_JUMP.tail_call(self, 0) };
+        unsafe { XDP_JUMP.tail_call(self, JUMP_SIP) };
+    }
+
+    #[inline(always)]
+    fn jump_to_reply(&self) {
+        // SAFETY: as above.
+        unsafe { XDP_JUMP.tail_call(self, JUMP_REPLY) };
     }
 }
 
@@ -131,6 +152,11 @@ impl JumpToSip for TcContext {
     #[inline(always)]
     fn jump_to_sip(&self) {
         // SAFETY: as above.
-        unsafe { TC_JUMP.tail_call(self, 0) };
+        unsafe { TC_JUMP.tail_call(self, JUMP_SIP) };
+    }
+
+    #[inline(always)]
+    fn jump_to_reply(&self) {
+        // The TC hook answers through the daemon's socket destroy instead.
     }
 }

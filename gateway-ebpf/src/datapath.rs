@@ -15,7 +15,7 @@ use gateway_common::{
 
 use crate::{
     context::{Action, ConnectionLookup, CopyOut, JumpToSip},
-    maps::{CLASS_STATS, DP_CONFIG, DP_COUNTERS, SERVICE_PORTS},
+    maps::{CLASS_STATS, DP_CONFIG, DP_COUNTERS, SERVICE_PORTS, TLS_COUNTERS},
     sip::sip_packet,
     tls::tls_packet,
 };
@@ -58,7 +58,20 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + JumpToSip, B: Packe
         Kind::Transport => {
             let t = &pkt.transport;
             match service_kind(t.proto, t.dst_port) {
-                Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => tls_packet(ctx, b, &pkt),
+                Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => {
+                    match tls_packet(ctx, b, &pkt) {
+                        (class, Action::Reject) => {
+                            // Counted here; the reply program (its own, verified on its own)
+                            // answers the sender and counts the reset.
+                            count_class(class, Action::Drop, len);
+                            ctx.jump_to_reply();
+                            // Only when the hook has no reply program.
+                            count_withheld();
+                            return Action::Drop;
+                        }
+                        decided => decided,
+                    }
+                }
                 Some(ServiceKind::Sip) if t.proto == IPPROTO_UDP => {
                     // SIP runs in a program of its own, verified on its own (its parser would
                     // otherwise be verified again for every path that reaches it here).
@@ -123,6 +136,31 @@ pub fn service_kind(proto: u8, port: u16) -> Option<ServiceKind> {
     service_port_index(proto, port)
         .and_then(|i| SERVICE_PORTS.get(i))
         .and_then(|k| port_kind(*k))
+}
+
+/// The reply program's body: the frame (a refused TLS segment) parsed again and turned into a
+/// reset to its sender, within the reply budget; else dropped. Counted either way.
+#[inline(always)]
+pub fn process_reply<B: PacketBytes>(ctx: &aya_ebpf::programs::XdpContext, b: &B) -> Action {
+    let pkt = parse(b);
+    if pkt.kind == Kind::Transport && crate::reply::budget() && crate::reply::reset_xdp(ctx, &pkt) {
+        if let Some(c) = TLS_COUNTERS.get_ptr_mut(0) {
+            // SAFETY: per-CPU slot.
+            unsafe { (*c).resets_sent += 1 };
+        }
+        return Action::Tx;
+    }
+    count_withheld();
+    Action::Drop
+}
+
+/// Counts a refused segment that got no reset.
+#[inline(always)]
+fn count_withheld() {
+    if let Some(c) = TLS_COUNTERS.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot.
+        unsafe { (*c).resets_withheld += 1 };
+    }
 }
 
 /// Counts a packet of `len` bytes in its class.

@@ -15,6 +15,7 @@ mod context;
 mod datapath;
 mod maps;
 mod pending;
+mod reply;
 mod resume;
 mod sip;
 mod sync;

@@ -254,8 +254,12 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup, B: PacketBytes>(
         match f.state {
             FLOW_ADMITTED => return (Class::TlsFlow, Action::Pass),
             FLOW_REJECTED => {
+                // The client's own reset ends the server's socket too: it passes.
+                if t.tcp_flags & TCP_RST != 0 {
+                    return (Class::TlsFlow, Action::Pass);
+                }
                 count(|c| c.rejected_flow_packets += 1);
-                return (Class::TlsFlow, Action::Drop);
+                return (Class::TlsFlow, Action::Reject);
             }
             _ => {}
         }
@@ -396,7 +400,7 @@ fn decide(key: &FlowKey, f: &mut TlsFlow) -> (Class, Action) {
             }
             f.state = FLOW_REJECTED;
             reject(key, class, reason);
-            (class, Action::Drop)
+            (class, Action::Reject)
         }
     }
 }

@@ -4,7 +4,7 @@ use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 
 use crate::{
     bytes::XdpBytes,
-    datapath::{process, process_sip},
+    datapath::{process, process_reply, process_sip},
 };
 
 /// The ingress classifier at the NIC.
@@ -19,6 +19,14 @@ pub fn gateway_xdp(ctx: XdpContext) -> u32 {
 pub fn gateway_xdp_sip(ctx: XdpContext) -> u32 {
     let bytes = XdpBytes::new(&ctx);
     process_sip(&ctx, &bytes, bytes.len()).xdp()
+}
+
+/// The reply program, reached from `gateway_xdp` by tail call for a refused TLS segment: a
+/// reset to its sender (XDP_TX), or a drop.
+#[xdp]
+pub fn gateway_xdp_reply(ctx: XdpContext) -> u32 {
+    let bytes = XdpBytes::new(&ctx);
+    process_reply(&ctx, &bytes).xdp()
 }
 
 /// A program that passes everything and does nothing else: the benchmark's baseline.

@@ -249,8 +249,9 @@ fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassif
     Ok(prog)
 }
 
-/// Loads the SIP programs and puts them in their hooks' jump tables (`XDP_JUMP`, `TC_JUMP`),
-/// which the ingress programs tail call for SIP datagrams. Done before anything is attached, so
+/// Loads the SIP programs and the XDP reply program and puts them in their hooks' jump tables
+/// (`XDP_JUMP`, `TC_JUMP`), which the ingress programs tail call for SIP datagrams and refused
+/// TLS segments. Done before anything is attached, so
 /// the first SIP packet already finds its program; on a replacement the pinned tables get the new
 /// SIP programs in place.
 pub fn wire_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoaderError> {
@@ -272,13 +273,30 @@ pub fn wire_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoaderError> {
         .fd()
         .and_then(|fd| fd.try_clone().map_err(Into::into))
         .map_err(program_err("TC SIP program fd"))?;
-    for (map, fd) in [(names::XDP_JUMP, &xdp_fd), (names::TC_JUMP, &tc_fd)] {
+    let xdp_reply: &mut Xdp = ebpf
+        .program_mut(programs::XDP_REPLY)
+        .expect("object has the XDP reply program")
+        .try_into()
+        .map_err(program_err("XDP reply program"))?;
+    xdp_reply
+        .load()
+        .map_err(program_err("loading the XDP reply program"))?;
+    let reply_fd = xdp_reply
+        .fd()
+        .and_then(|fd| fd.try_clone().map_err(Into::into))
+        .map_err(program_err("XDP reply program fd"))?;
+    // Indexes as the programs' `JUMP_SIP` and `JUMP_REPLY`.
+    for (map, index, fd) in [
+        (names::XDP_JUMP, 0, &xdp_fd),
+        (names::XDP_JUMP, 1, &reply_fd),
+        (names::TC_JUMP, 0, &tc_fd),
+    ] {
         let mut jump: ProgramArray<_> = ebpf
             .map_mut(map)
             .expect("object has the jump tables")
             .try_into()
             .map_err(|e| LoaderError::Maps(MapsError::Op { map, source: e }))?;
-        jump.set(0, fd, 0)
+        jump.set(index, fd, 0)
             .map_err(|e| LoaderError::Maps(MapsError::Op { map, source: e }))?;
     }
     Ok(())

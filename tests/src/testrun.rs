@@ -125,6 +125,27 @@ impl TestProgram {
             .unwrap_or_else(|e| panic!("test_run of {} bytes: {e:?}", frame.len()))
     }
 
+    /// Runs one frame once through the XDP program; returns the action and the frame as the
+    /// program left it (rewritten for `XDP_TX`).
+    pub fn run_out(&self, frame: &[u8]) -> (u32, Vec<u8>) {
+        let mut out = vec![0u8; frame.len() + 256];
+        let opts = TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            repeat: 1,
+            ..Default::default()
+        };
+        let p: &Xdp = self
+            .ebpf
+            .program(programs::XDP)
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let r = p.test_run(opts).expect("test_run");
+        out.truncate(r.data_size_out as usize);
+        (r.return_value, out)
+    }
+
     /// [`TestProgram::run`], returning the kernel's refusal instead of panicking. (The kernel
     /// builds a test skb for TC only when the IP header is complete.)
     pub fn try_run(

@@ -255,3 +255,59 @@ fn a_real_kamailio_dialog_passes_with_originals_closed_and_forgeries_do_not() {
     assert_eq!(class_counter(&stats, "sip-exempt", "packets"), 4, "{stats}");
     assert_eq!(class_counter(&stats, "sip-original", "dropped_rate"), 3);
 }
+
+#[test]
+fn a_refused_client_is_reset_from_the_nic_with_no_daemon() {
+    if !have_root("a_refused_client_is_reset_from_the_nic") {
+        return;
+    }
+    let net = TestNet::new();
+    let cert = Cert::new();
+    let listener = net.in_gw(|| TcpListener::bind((GW_V4, 443)).expect("bind"));
+    let _server = RustlsServer::start(&cert, listener);
+    // Generic XDP: a veth drops what native XDP_TX sends unless its peer runs NAPI (an XDP
+    // program of its own); the frame and the program are the same either way (the rewrite is
+    // checked byte by byte in tls_test_run).
+    net.gateway_ok(&["attach", "--iface", &net.gw_if, "--mode", "generic"]);
+    net.gateway_ok(&["service", "add", "tls", "443"]);
+    net.gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+    let hello = HelloBuilder::tls13().build();
+    // A client's hello is refused: the reset comes from the NIC, at once.
+    let mut waits = Vec::new();
+    for _ in 0..10 {
+        let (got, waited) = net.in_peer(|| {
+            let mut s = TcpStream::connect((GW_V4, 443)).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let start = std::time::Instant::now();
+            s.write_all(&hello).expect("send");
+            let mut byte = [0u8; 1];
+            let got = s.read(&mut byte).map_err(|e| e.kind());
+            (got, start.elapsed())
+        });
+        assert_eq!(
+            got,
+            Err(std::io::ErrorKind::ConnectionReset),
+            "{}",
+            net.stats()
+        );
+        waits.push(waited);
+    }
+    waits.sort();
+    eprintln!("waits for the reset from the NIC: {waits:?}");
+    assert!(
+        waits[waits.len() / 2] < Duration::from_millis(10),
+        "median wait for the reset: {waits:?}"
+    );
+    // A real openssl client sees the reset too.
+    let out = gateway_tests::tls::s_client(
+        &["ip", "netns", "exec", &net.peer_ns],
+        &format!("{GW_V4}:443"),
+        &["-tls1_3"],
+    );
+    assert!(
+        out.contains("Connection reset by peer") || out.contains("errno=104"),
+        "{out}"
+    );
+    let tls = &net.stats()["tls"];
+    assert!(tls["resets_sent"].as_u64().unwrap() >= 11, "{tls}");
+}

@@ -296,7 +296,7 @@ fn an_unanswered_connection_expires_and_frees_its_place() {
     // Two silent clients fill the class (the server never answers them).
     assert_eq!(prog.run(Hook::Xdp, &hello_from(1), 1).0, XDP_PASS);
     assert_eq!(prog.run(Hook::Xdp, &hello_from(2), 1).0, XDP_PASS);
-    assert_eq!(prog.run(Hook::Xdp, &hello_from(3), 1).0, XDP_DROP);
+    assert_eq!(prog.run(Hook::Xdp, &hello_from(3), 1).0, XDP_REFUSED);
     let admitted_at = std::time::Instant::now();
     // Past their timeout (and the sweep interval), with no daemon, the next hello is admitted
     // and the two are counted as expired.
@@ -318,6 +318,8 @@ fn an_unanswered_connection_expires_and_frees_its_place() {
 }
 
 const XDP_DROP: u32 = 1;
+/// A refused TLS segment on the XDP hook: turned into a reset to its sender (XDP_TX).
+const XDP_REFUSED: u32 = 3;
 const XDP_PASS: u32 = 2;
 
 /// The tls-new backlog (admitted minus every completion).
@@ -352,7 +354,7 @@ fn over_its_limits_a_new_connection_is_rejected_and_remembered() {
             ..Default::default()
         },
     );
-    for (hook, port, drop) in [(Hook::Xdp, 100u16, XDP_DROP), (Hook::Tc, 101, 2)] {
+    for (hook, port, drop) in [(Hook::Xdp, 100u16, XDP_REFUSED), (Hook::Tc, 101, 2)] {
         let f = Frame::tcp(443, &hello).from_port(port).seq(1).build();
         let before = prog.counters();
         assert_eq!(prog.run(hook, &f, 1).0, drop, "{hook:?}");
@@ -402,11 +404,11 @@ fn the_backlog_limit_admits_again_after_a_completion() {
     let hello_from = |port: u16| Frame::tcp(443, &hello).from_port(port).seq(1).build();
     assert_eq!(prog.run(Hook::Xdp, &hello_from(1), 1).0, XDP_PASS);
     assert_eq!(prog.run(Hook::Xdp, &hello_from(2), 1).0, XDP_PASS);
-    assert_eq!(prog.run(Hook::Xdp, &hello_from(3), 1).0, XDP_DROP);
+    assert_eq!(prog.run(Hook::Xdp, &hello_from(3), 1).0, XDP_REFUSED);
     // The server answers connection 1: room for one more.
     prog.run(Hook::TcEgress, &server_hello_to(1), 1);
     assert_eq!(prog.run(Hook::Xdp, &hello_from(4), 1).0, XDP_PASS);
-    assert_eq!(prog.run(Hook::Xdp, &hello_from(5), 1).0, XDP_DROP);
+    assert_eq!(prog.run(Hook::Xdp, &hello_from(5), 1).0, XDP_REFUSED);
 }
 
 #[test]
@@ -432,7 +434,7 @@ fn the_rate_limit_allows_a_burst_then_rejects() {
                 .0
         })
         .collect();
-    assert_eq!(actions, [XDP_PASS, XDP_PASS, XDP_PASS, XDP_DROP]);
+    assert_eq!(actions, [XDP_PASS, XDP_PASS, XDP_PASS, XDP_REFUSED]);
     let c = prog.counters().classes[Class::TlsNew.id() as usize];
     assert_eq!((c.dropped_rate, c.rejected, c.dropped_backlog), (1, 1, 0));
     // Rate zero admits nothing.
@@ -566,7 +568,7 @@ fn a_terminated_service_completes_like_any_other() {
     let hello = HelloBuilder::default().build();
     let hello_from = |port: u16| Frame::tcp(8443, &hello).from_port(port).seq(1).build();
     assert_eq!(prog.run(Hook::Xdp, &hello_from(1), 1).0, XDP_PASS);
-    assert_eq!(prog.run(Hook::Xdp, &hello_from(2), 1).0, XDP_DROP);
+    assert_eq!(prog.run(Hook::Xdp, &hello_from(2), 1).0, XDP_REFUSED);
     // The daemon's proxy answers from 8443: the one owner of completions is the egress program,
     // whichever listener (or server) answered.
     let answer = Frame::tcp(1, &[22, 3, 3, 0, 4, 2, 0, 0, 0])
@@ -595,8 +597,8 @@ fn a_reused_client_port_starts_afresh() {
     let from = |port: u16| Frame::tcp(443, &hello).from_port(port).seq(1).build();
     let syn = |port: u16| Frame::tcp(443, &[]).from_port(port).flags(0x02).build();
     // Rejected; its entry drops every later packet of that connection.
-    assert_eq!(prog.run(Hook::Xdp, &from(7), 1).0, XDP_DROP);
-    assert_eq!(prog.run(Hook::Xdp, &from(7), 1).0, XDP_DROP);
+    assert_eq!(prog.run(Hook::Xdp, &from(7), 1).0, XDP_REFUSED);
+    assert_eq!(prog.run(Hook::Xdp, &from(7), 1).0, XDP_REFUSED);
     // The client reuses the port for a new connection: its SYN passes and its hello is judged.
     set_policy(&mut prog, Class::TlsNew, Default::default());
     assert_eq!(prog.run(Hook::Xdp, &syn(7), 1).0, XDP_PASS);
@@ -644,7 +646,7 @@ fn an_alert_in_front_of_a_hello_does_not_hide_it() {
             Some(Class::TlsNew),
             "{port}"
         );
-        assert_eq!(prog.run(Hook::Xdp, &f, 1).0, XDP_DROP, "{port}");
+        assert_eq!(prog.run(Hook::Xdp, &f, 1).0, XDP_REFUSED, "{port}");
     }
     // A verified resumption behind an alert stays resumed (it is judged, not refused).
     let f = Frame::tcp(443, &[&alert[..], &resumable].concat())
@@ -656,7 +658,7 @@ fn an_alert_in_front_of_a_hello_does_not_hide_it() {
     assert_eq!(class_of(&prog, Hook::Xdp, &alone), Some(Class::TlsFlow));
     let next = Frame::tcp(443, &hello).from_port(4).seq(8).build();
     assert_eq!(class_of(&prog, Hook::Xdp, &next), Some(Class::TlsNew));
-    assert_eq!(prog.run(Hook::Xdp, &next, 1).0, XDP_DROP);
+    assert_eq!(prog.run(Hook::Xdp, &next, 1).0, XDP_REFUSED);
 }
 
 #[test]
@@ -751,4 +753,146 @@ fn a_published_key_buys_the_resumed_class_for_its_limit_of_connections_at_a_time
         .unwrap();
     prog.run(Hook::TcEgress, &server_hello_to(port), 1);
     assert_eq!(in_use(&prog), Some(0));
+}
+
+/// The one's-complement sum of `bytes` as 16-bit big-endian words, folded.
+fn ones_sum(bytes: &[u8]) -> u32 {
+    let mut sum: u32 = bytes
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum
+}
+
+#[test]
+fn a_refused_hello_is_answered_with_a_reset_from_the_nic() {
+    if !have_root("a_refused_hello_is_answered_with_a_reset_from_the_nic") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    set_policy(
+        &mut prog,
+        Class::TlsNew,
+        gateway_common::policy::Policy {
+            backlog: Some(0),
+            ..Default::default()
+        },
+    );
+    let hello = HelloBuilder::default().build();
+    const XDP_TX: u32 = XDP_REFUSED;
+    for (i, (name, frame)) in [
+        ("ipv4", Frame::tcp(443, &hello)),
+        ("ipv6", Frame::tcp(443, &hello).ipv6(&[])),
+        ("802.1Q", Frame::tcp(443, &hello).vlan(0x8100)),
+        (
+            "802.1ad + 802.1Q, ipv6",
+            Frame::tcp(443, &hello).vlan(0x88a8).vlan(0x8100).ipv6(&[]),
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut f = frame
+            .from_port(3000 + i as u16)
+            .seq(1000)
+            .flags(0x18)
+            .build();
+        let l4 = f.len() - hello.len() - 20;
+        // The client acknowledged the server's SYN-ACK up to 777.
+        f[l4 + 8..l4 + 12].copy_from_slice(&777u32.to_be_bytes());
+        let before = prog.counters().tls;
+        let (action, out) = prog.run_out(&f);
+        assert_eq!(action, XDP_TX, "{name}");
+        assert_eq!(
+            out.len(),
+            l4 + 20,
+            "{name}: headers only, never longer than the hello"
+        );
+        assert_eq!(
+            (&out[..6], &out[6..12]),
+            (&f[6..12], &f[..6]),
+            "{name}: MACs"
+        );
+        let v4 = !name.contains("ipv6");
+        let l3 = l4 - if v4 { 20 } else { 40 };
+        assert_eq!(
+            out[12..l3],
+            f[12..l3],
+            "{name}: VLAN tags and EtherType kept"
+        );
+        let ip = &out[l3..l4];
+        let pseudo = if v4 {
+            assert_eq!(
+                (&ip[12..16], &ip[16..20]),
+                (&f[l3 + 16..l3 + 20], &f[l3 + 12..l3 + 16])
+            );
+            assert_eq!(
+                u16::from_be_bytes([ip[2], ip[3]]),
+                40,
+                "{name}: IPv4 total length"
+            );
+            assert_eq!(ones_sum(ip), 0xffff, "{name}: IPv4 header checksum");
+            [&ip[12..20], &[0, 6, 0, 20][..]].concat()
+        } else {
+            assert_eq!(
+                (&ip[8..24], &ip[24..40]),
+                (&f[l3 + 24..l3 + 40], &f[l3 + 8..l3 + 24])
+            );
+            assert_eq!(
+                u16::from_be_bytes([ip[4], ip[5]]),
+                20,
+                "{name}: IPv6 payload length"
+            );
+            [&ip[8..40], &[0, 0, 0, 20, 0, 0, 0, 6][..]].concat()
+        };
+        let tcp = &out[l4..];
+        assert_eq!(
+            (&tcp[0..2], &tcp[2..4]),
+            (&f[l4 + 2..l4 + 4], &f[l4..l4 + 2]),
+            "{name}: ports"
+        );
+        assert_eq!(
+            u32::from_be_bytes(tcp[4..8].try_into().unwrap()),
+            777,
+            "{name}: seq"
+        );
+        assert_eq!(
+            u32::from_be_bytes(tcp[8..12].try_into().unwrap()),
+            1000 + hello.len() as u32,
+            "{name}: ack"
+        );
+        assert_eq!(tcp[13], 0x14, "{name}: RST|ACK");
+        assert_eq!(
+            ones_sum(&[&pseudo[..], tcp].concat()),
+            0xffff,
+            "{name}: TCP checksum"
+        );
+        let after = prog.counters().tls;
+        assert_eq!(after.resets_sent, before.resets_sent + 1, "{name}");
+    }
+    // A frame this does not answer (IPv4 options): dropped, counted as withheld.
+    let f = Frame::tcp(443, &hello)
+        .from_port(4000)
+        .ipv4_options(4)
+        .build();
+    let before = prog.counters().tls.resets_withheld;
+    assert_eq!(prog.run_out(&f).0, XDP_DROP);
+    assert_eq!(prog.counters().tls.resets_withheld, before + 1);
+    // The client's own reset on a refused connection passes, so the server's socket ends too;
+    // its other segments are answered again.
+    let rst = Frame::tcp(443, &[])
+        .from_port(3000)
+        .seq(1000 + hello.len() as u32)
+        .flags(0x04)
+        .build();
+    assert_eq!(prog.run(Hook::Xdp, &rst, 1).0, XDP_PASS);
+    let again = Frame::tcp(443, &[23, 3, 3, 0, 1, 0])
+        .from_port(3000)
+        .seq(2000)
+        .flags(0x18)
+        .build();
+    assert_eq!(prog.run_out(&again).0, XDP_TX);
 }

@@ -618,6 +618,9 @@ crate::counters! {
         /// Refused segments dropped without a reset: the reply budget was spent, or the frame was
         /// not one the datapath answers (IPv4 options, IPv6 extension headers, the TC hook).
         pub resets_withheld: u64,
+        /// Rejections the `TLS_REJECTS` ring buffer had no room for (the daemon did not hear of
+        /// them; the connections were refused all the same).
+        pub reject_events_lost: u64,
     }
 }
 
@@ -831,7 +834,7 @@ mod tests {
         );
         assert_eq!(size_of::<IssuedKey>(), 16);
         assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8 + 8 + 8);
-        assert_eq!(size_of::<TlsCounters>(), 8 * 11);
+        assert_eq!(size_of::<TlsCounters>(), 8 * 12);
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);
         assert_eq!(size_of::<LatencyHistogram>(), LATENCY_BUCKETS * 8);

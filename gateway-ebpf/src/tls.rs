@@ -410,7 +410,8 @@ fn decide(key: &FlowKey, f: &mut TlsFlow) -> (Class, Action) {
 #[inline(always)]
 fn reject(key: &FlowKey, class: Class, reason: u8) {
     count_refusal(class, reason, true);
-    // A full ring buffer loses the event, not the rejection: the connection is still dropped.
+    // A full ring buffer loses the event (counted), not the rejection: the connection is still
+    // refused.
     if let Some(mut entry) = TLS_REJECTS.reserve(0) {
         entry.write(RejectEvent {
             key: *key,
@@ -419,6 +420,8 @@ fn reject(key: &FlowKey, class: Class, reason: u8) {
             pad: [0; 6],
         });
         entry.submit(0);
+    } else {
+        count(|c| c.reject_events_lost += 1);
     }
 }
 

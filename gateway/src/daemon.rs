@@ -370,6 +370,20 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, DaemonError> {
         .map_err(|source| DaemonError::Bind { addr, source })
 }
 
+/// A proxy's listener, with a listen queue of `backlog`.
+fn bind_proxy(addr: SocketAddr, backlog: u32) -> Result<TcpListener, DaemonError> {
+    let err = |source| DaemonError::Bind { addr, source };
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(err)?;
+    socket.set_reuseaddr(true).map_err(err)?;
+    socket.bind(addr).map_err(err)?;
+    socket.listen(backlog).map_err(err)
+}
+
 /// Sets up and starts every proxy listener of the config; all or none.
 async fn start_proxies(
     cfg: &Config,
@@ -389,7 +403,7 @@ async fn start_proxies(
                 source,
             }
         })?;
-        let listener = bind(p.listen).await?;
+        let listener = bind_proxy(p.listen, p.listen_backlog)?;
         let proxy = Arc::new(Proxy::new(p.clone(), tls, issued, stats.clone()));
         ready.push((proxy, listener));
     }

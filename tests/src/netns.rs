@@ -103,18 +103,39 @@ pub struct TestNet {
     pub peer_if: String,
     /// Pin storage.
     pub bpffs: Bpffs,
+    /// An `XDP_PASS` program on the peer's veth (see [`peer_xdp`]).
+    _peer_xdp: Option<aya::Ebpf>,
+}
+
+/// Puts an `XDP_PASS` program on the peer's veth: a veth delivers what the gateway's XDP program
+/// sends back (XDP_TX, the resets from the NIC) only to a peer that runs NAPI, which an XDP
+/// program of its own turns on. On a NIC the frame simply goes out on the wire.
+fn peer_xdp(ns: &str, ifname: &str) -> aya::Ebpf {
+    in_netns(ns, || {
+        let mut ebpf = aya::Ebpf::load(gateway::EBPF_OBJECT).expect("the eBPF object");
+        let p: &mut aya::programs::Xdp = ebpf
+            .program_mut(gateway_common::maps::programs::XDP_BARE_PASS)
+            .expect("the bare program")
+            .try_into()
+            .expect("an XDP program");
+        p.load().expect("load the bare program");
+        p.attach(ifname, aya::programs::XdpMode::Driver)
+            .expect("attach the bare program to the peer");
+        ebpf
+    })
 }
 
 impl TestNet {
     /// Creates the namespaces, the veth pair and the bpffs.
     pub fn new() -> Self {
         let id = unique();
-        let net = TestNet {
+        let mut net = TestNet {
             gw_ns: format!("gwt{id}g"),
             peer_ns: format!("gwt{id}p"),
             gw_if: format!("gv{id}a"),
             peer_if: format!("gv{id}b"),
             bpffs: Bpffs::new(),
+            _peer_xdp: None,
         };
         // From here on Drop cleans up whatever was made.
         must("ip", &["netns", "add", &net.gw_ns]);
@@ -160,6 +181,7 @@ impl TestNet {
             must("ip", &["-n", ns, "link", "set", ifname, "up"]);
             must("ip", &["-n", ns, "link", "set", "lo", "up"]);
         }
+        net._peer_xdp = Some(peer_xdp(&net.peer_ns, &net.peer_if));
         net
     }
 

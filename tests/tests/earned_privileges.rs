@@ -265,10 +265,7 @@ fn a_refused_client_is_reset_from_the_nic_with_no_daemon() {
     let cert = Cert::new();
     let listener = net.in_gw(|| TcpListener::bind((GW_V4, 443)).expect("bind"));
     let _server = RustlsServer::start(&cert, listener);
-    // Generic XDP: a veth drops what native XDP_TX sends unless its peer runs NAPI (an XDP
-    // program of its own); the frame and the program are the same either way (the rewrite is
-    // checked byte by byte in tls_test_run).
-    net.gateway_ok(&["attach", "--iface", &net.gw_if, "--mode", "generic"]);
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
     net.gateway_ok(&["service", "add", "tls", "443"]);
     net.gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
     let hello = HelloBuilder::tls13().build();

@@ -930,3 +930,45 @@ fn a_replayed_session_id_that_does_not_resume_is_withdrawn_and_buys_nothing_more
         unverified + 1
     );
 }
+
+#[test]
+fn refused_clients_are_reset_at_the_nic_and_leave_nothing_in_the_proxy() {
+    if !have_root("refused_clients_are_reset_at_the_nic_and_leave_nothing_in_the_proxy") {
+        return;
+    }
+    let mut s = Setup::new();
+    let _b = s.with_backend(Mode::Answer, "", "");
+    s.net
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+    let outcomes = |text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("gateway_proxy_connections_total"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let before = outcomes(&s.metrics());
+    let started = Instant::now();
+    for _ in 0..20 {
+        let err = s
+            .fetch(&rustls_config(&s.cert))
+            .expect_err("a refused client");
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    }
+    // Reset from the NIC, at once: twenty clients well within a second.
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    // None of them waits out a handshake timeout in the proxy: the daemon's socket destroy ends
+    // the server side.
+    let text = s.idle();
+    assert_eq!(outcome(&text, "handshake_timeout"), 0.0, "{text}");
+    eprintln!(
+        "refused connections the proxy saw: {}",
+        outcomes(&text) - before
+    );
+    let tls = &s.net.stats()["tls"];
+    assert!(tls["resets_sent"].as_u64().unwrap() >= 20, "{tls}");
+    assert_eq!(tls["reject_events_lost"], 0, "{tls}");
+}

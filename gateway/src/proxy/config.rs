@@ -50,6 +50,8 @@ pub struct ProxyConfig {
     pub timeouts: Timeouts,
     /// How long a member that refused or timed out stays marked down.
     pub retry_interval: Span,
+    /// The listen queue: connections the kernel holds for the proxy to accept.
+    pub listen_backlog: u32,
 }
 
 #[derive(Deserialize)]
@@ -65,10 +67,18 @@ struct RawProxy {
     timeouts: Timeouts,
     #[serde(default = "default_retry")]
     retry_interval: Span,
+    #[serde(default = "default_listen_backlog")]
+    listen_backlog: u32,
 }
 
 fn default_retry() -> Span {
     Span(Duration::from_secs(10))
+}
+
+/// The default listen queue: nginx's 511 doubled, as a proxy holds a connection only for its
+/// handshake before it is served.
+fn default_listen_backlog() -> u32 {
+    1024
 }
 
 impl TryFrom<RawProxy> for ProxyConfig {
@@ -76,6 +86,12 @@ impl TryFrom<RawProxy> for ProxyConfig {
     fn try_from(r: RawProxy) -> Result<Self, String> {
         if r.backends.is_empty() {
             return Err("backends: at least one backend is needed".into());
+        }
+        if !(1..=65535).contains(&r.listen_backlog) {
+            return Err(format!(
+                "listen_backlog: {} is out of range, need 1 to 65535",
+                r.listen_backlog
+            ));
         }
         if let Some((i, b)) = r
             .backends
@@ -92,6 +108,7 @@ impl TryFrom<RawProxy> for ProxyConfig {
             proxy_protocol: r.proxy_protocol,
             timeouts: r.timeouts,
             retry_interval: r.retry_interval,
+            listen_backlog: r.listen_backlog,
         })
     }
 }

@@ -256,35 +256,12 @@ fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassif
 /// SIP programs in place.
 pub fn wire_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoaderError> {
     use aya::maps::ProgramArray;
-    let xdp_sip: &mut Xdp = ebpf
-        .program_mut(programs::XDP_SIP)
-        .expect("object has the XDP SIP program")
-        .try_into()
-        .map_err(program_err("XDP SIP program"))?;
-    xdp_sip
-        .load()
-        .map_err(program_err("loading the XDP SIP program"))?;
-    let xdp_fd = xdp_sip
-        .fd()
-        .and_then(|fd| fd.try_clone().map_err(Into::into))
-        .map_err(program_err("XDP SIP program fd"))?;
-    let tc_sip = classifier(ebpf, programs::TC_SIP)?;
-    let tc_fd = tc_sip
+    let xdp_fd = load_xdp(ebpf, programs::XDP_SIP, "XDP SIP program")?;
+    let tc_fd = classifier(ebpf, programs::TC_SIP)?
         .fd()
         .and_then(|fd| fd.try_clone().map_err(Into::into))
         .map_err(program_err("TC SIP program fd"))?;
-    let xdp_reply: &mut Xdp = ebpf
-        .program_mut(programs::XDP_REPLY)
-        .expect("object has the XDP reply program")
-        .try_into()
-        .map_err(program_err("XDP reply program"))?;
-    xdp_reply
-        .load()
-        .map_err(program_err("loading the XDP reply program"))?;
-    let reply_fd = xdp_reply
-        .fd()
-        .and_then(|fd| fd.try_clone().map_err(Into::into))
-        .map_err(program_err("XDP reply program fd"))?;
+    let reply_fd = load_xdp(ebpf, programs::XDP_REPLY, "XDP reply program")?;
     // Indexes as the programs' `JUMP_SIP` and `JUMP_REPLY`.
     for (map, index, fd) in [
         (names::XDP_JUMP, 0, &xdp_fd),
@@ -300,6 +277,23 @@ pub fn wire_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoaderError> {
             .map_err(|e| LoaderError::Maps(MapsError::Op { map, source: e }))?;
     }
     Ok(())
+}
+
+/// Loads the XDP program `name` (`what`, in errors) of the object; returns its fd.
+fn load_xdp(
+    ebpf: &mut Ebpf,
+    name: &str,
+    what: &'static str,
+) -> Result<aya::programs::ProgramFd, LoaderError> {
+    let prog: &mut Xdp = ebpf
+        .program_mut(name)
+        .unwrap_or_else(|| panic!("object has the {what}"))
+        .try_into()
+        .map_err(program_err(what))?;
+    prog.load().map_err(program_err(what))?;
+    prog.fd()
+        .and_then(|fd| fd.try_clone().map_err(Into::into))
+        .map_err(program_err(what))
 }
 
 /// Attaches the egress program (SIP completions) as a tcx egress link pinned in `pd`, or, when

@@ -726,28 +726,9 @@ impl LatencyHistogram {
         self.buckets.iter().sum()
     }
 
-    /// The upper bound, in microseconds, of the bucket holding the quantile `permille`/1000;
-    /// `None` when empty.
-    pub fn quantile_us(&self, permille: u64) -> Option<u64> {
-        let total = self.count();
-        if total == 0 {
-            return None;
-        }
-        let rank = (permille * total).div_ceil(1000).max(1);
-        let mut seen = 0;
-        for (i, n) in self.buckets.iter().enumerate() {
-            seen += n;
-            if seen >= rank {
-                return Some(1u64 << (i + 1));
-            }
-        }
-        Some(1u64 << LATENCY_BUCKETS)
-    }
-
-    /// The quantile `permille`/1000 in microseconds, placed linearly within its bucket (so it
-    /// moves smoothly as samples shift, where [`Self::quantile_us`] jumps by factors of two);
-    /// `None` when empty.
-    pub fn quantile_within_us(&self, permille: u64) -> Option<u64> {
+    /// The bucket holding the quantile `permille`/1000, the samples in buckets below it and its
+    /// own count; `None` when empty.
+    fn rank_bucket(&self, permille: u64) -> Option<(usize, u64, u64)> {
         let total = self.count();
         if total == 0 {
             return None;
@@ -756,13 +737,36 @@ impl LatencyHistogram {
         let mut seen = 0;
         for (i, n) in self.buckets.iter().enumerate() {
             if seen + n >= rank {
-                let lo = if i == 0 { 0 } else { 1u64 << i };
-                let hi = 1u64 << (i + 1);
-                return Some(lo + (hi - lo) * (rank - seen) / n);
+                return Some((i, rank - seen, *n));
             }
             seen += n;
         }
-        Some(1u64 << LATENCY_BUCKETS)
+        None
+    }
+
+    /// The upper bound, in microseconds, of the bucket holding the quantile `permille`/1000;
+    /// `None` when empty.
+    pub fn quantile_us(&self, permille: u64) -> Option<u64> {
+        self.count().checked_sub(1)?;
+        Some(
+            self.rank_bucket(permille)
+                .map_or(1u64 << LATENCY_BUCKETS, |(i, _, _)| 1u64 << (i + 1)),
+        )
+    }
+
+    /// The quantile `permille`/1000 in microseconds, placed linearly within its bucket (so it
+    /// moves smoothly as samples shift, where [`Self::quantile_us`] jumps by factors of two);
+    /// `None` when empty.
+    pub fn quantile_within_us(&self, permille: u64) -> Option<u64> {
+        self.count().checked_sub(1)?;
+        Some(
+            self.rank_bucket(permille)
+                .map_or(1u64 << LATENCY_BUCKETS, |(i, into, n)| {
+                    let lo = if i == 0 { 0 } else { 1u64 << i };
+                    let hi = 1u64 << (i + 1);
+                    lo + (hi - lo) * into / n
+                }),
+        )
     }
 
     /// The counts added since `earlier` (a snapshot of the same histogram).

@@ -215,7 +215,7 @@ async fn serve(
     let proxies = start_proxies(cfg, &attached, &stop, &tracker).await?;
     let controller_stats = ControllerStats::default();
     let measured = proxies.proxies.clone();
-    let costs: CostSource = Box::new(move || {
+    let costs: CostSource = Arc::new(move || {
         measured.iter().find_map(|p| {
             Some(HandshakeCosts {
                 full: p.stats().mean_handshake_cpu(HandshakeKind::Full)?,
@@ -223,7 +223,6 @@ async fn serve(
             })
         })
     });
-    let costs = Arc::new(costs);
     let mut controlling = start_controller(cfg, &attached, &costs, &controller_stats, &stop);
     for a in &attached {
         mark(a, |c| c.daemon_pid = std::process::id());
@@ -323,18 +322,22 @@ async fn serve(
 fn start_controller(
     cfg: &Config,
     attached: &[Arc<Attached>],
-    costs: &Arc<CostSource>,
+    costs: &CostSource,
     stats: &ControllerStats,
     stop: &CancellationToken,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-    let costs = costs.clone();
-    let source: CostSource = Box::new(move || costs());
     let cores = if cfg.workers > 0 {
         cfg.workers
     } else {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     };
-    let controller = Controller::new(&cfg.controller, attached, source, stats.clone(), cores);
+    let controller = Controller::new(
+        &cfg.controller,
+        attached,
+        costs.clone(),
+        stats.clone(),
+        cores,
+    );
     let token = stop.child_token();
     let task = tokio::spawn(controller.run(token.clone()));
     (token, task)

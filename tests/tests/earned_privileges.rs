@@ -15,16 +15,27 @@ use gateway_tests::{
     tls::{Cert, RustlsServer},
 };
 
-/// Sends `payload` on a new connection to 443 and says whether the server answered within a
-/// second (any byte back).
-fn answered(net: &TestNet, payload: &[u8]) -> bool {
+/// Sends `payload` on a new connection to 443 and reads one byte back (waiting at most `wait`):
+/// what the read gave, and how long after the send.
+fn send_and_read(
+    net: &TestNet,
+    payload: &[u8],
+    wait: Duration,
+) -> (Result<usize, std::io::ErrorKind>, Duration) {
     net.in_peer(|| {
         let mut s = TcpStream::connect((GW_V4, 443)).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        s.set_read_timeout(Some(wait)).unwrap();
+        let start = std::time::Instant::now();
         s.write_all(payload).expect("send");
         let mut byte = [0u8; 1];
-        matches!(s.read(&mut byte), Ok(1))
+        let got = s.read(&mut byte).map_err(|e| e.kind());
+        (got, start.elapsed())
     })
+}
+
+/// Whether the server answered `payload` within a second (any byte back).
+fn answered(net: &TestNet, payload: &[u8]) -> bool {
+    send_and_read(net, payload, Duration::from_secs(1)).0 == Ok(1)
 }
 
 #[test]
@@ -272,15 +283,7 @@ fn a_refused_client_is_reset_from_the_nic_with_no_daemon() {
     // A client's hello is refused: the reset comes from the NIC, at once.
     let mut waits = Vec::new();
     for _ in 0..10 {
-        let (got, waited) = net.in_peer(|| {
-            let mut s = TcpStream::connect((GW_V4, 443)).expect("connect");
-            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-            let start = std::time::Instant::now();
-            s.write_all(&hello).expect("send");
-            let mut byte = [0u8; 1];
-            let got = s.read(&mut byte).map_err(|e| e.kind());
-            (got, start.elapsed())
-        });
+        let (got, waited) = send_and_read(&net, &hello, Duration::from_secs(2));
         assert_eq!(
             got,
             Err(std::io::ErrorKind::ConnectionReset),

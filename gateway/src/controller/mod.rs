@@ -40,7 +40,7 @@ use law::{Decision, HandshakeBudgetLaw, HandshakeCosts, Observation, Reason, Ser
 
 /// Where the TLS law gets the costs of a full and a resumed handshake (the daemon's proxies
 /// measure them); `None` until both were measured.
-pub type CostSource = Box<dyn Fn() -> Option<HandshakeCosts> + Send + Sync>;
+pub type CostSource = Arc<dyn Fn() -> Option<HandshakeCosts> + Send + Sync>;
 
 /// [`ClassPolicy::reason`] of a limit the controller set when it took a class over.
 pub const REASON_START: u32 = 6;

@@ -73,9 +73,6 @@ map_table! {
     TLS_COUNTERS: u32 => TlsCounters,
     /// Rejected TLS connections, for the daemon to tear down ([`super::RejectEvent`]).
     TLS_REJECTS: () => (),
-    /// Per CPU: when the next reply from the NIC (a reset to a refused client) may go, in
-    /// `bpf_ktime_get_ns` nanoseconds (the reply budget).
-    REPLY_BUDGET: u32 => u64,
     /// SIP transactions seen (transaction key to [`super::SipTxn`]).
     SIP_TXNS: u64 => SipTxn,
     /// Per-class, per-CPU service-time histograms ([`super::LatencyHistogram`]).
@@ -83,7 +80,8 @@ map_table! {
     /// The XDP hook's jump table (index 0: the SIP program). Pinned: the kernel empties a program
     /// array when its last userspace reference goes away, and a pin is one.
     XDP_JUMP: u32 => u32,
-    /// The TC hook's jump table (index 0: the SIP program), pinned likewise.
+    /// The TC hook's jump table (index 0: the SIP program, 1: the reply program), pinned
+    /// likewise.
     TC_JUMP: u32 => u32,
     /// Admitted TLS connections the server has not answered yet ([`super::FlowKey`] to
     /// [`super::Pending`]): not LRU, so nothing can evict them.
@@ -109,9 +107,12 @@ pub mod programs {
     pub const XDP_SIP: &str = "gateway_xdp_sip";
     /// The SIP classifier of the TC hook, reached by tail call from [`TC_INGRESS`].
     pub const TC_SIP: &str = "gateway_tc_sip";
-    /// The reply program of the XDP hook (a reset to a refused client), reached by tail call
-    /// from [`XDP`].
+    /// The reply program of the XDP hook (a reset or a 503 to a refused client), reached by
+    /// tail call from [`XDP`] and [`XDP_SIP`].
     pub const XDP_REPLY: &str = "gateway_xdp_reply";
+    /// The reply program of the TC hook, reached by tail call from [`TC_INGRESS`] and
+    /// [`TC_SIP`].
+    pub const TC_REPLY: &str = "gateway_tc_reply";
 
     /// A bare `XDP_PASS` program, the baseline of the per-packet cost benchmark.
     pub const XDP_BARE_PASS: &str = "gateway_bare_pass";
@@ -149,8 +150,10 @@ crate::counters! {
         pub dropped_backlog: u64,
         /// Dropped because the class's rate limit was exceeded.
         pub dropped_rate: u64,
-        /// Rejected actively (for TCP, answered with a reset).
+        /// Refusals answered (a TCP reset, a SIP 503), within the class's reply rate.
         pub rejected: u64,
+        /// Refusals left unanswered because the class's reply rate was spent.
+        pub replies_limited: u64,
     }
 }
 
@@ -165,6 +168,11 @@ pub const POLICY_LIMIT_RATE: u64 = 1 << 1;
 /// [`ClassPolicy::flags`]: an operator fixed these limits (`policy set --pin`); the controller
 /// leaves the class alone.
 pub const POLICY_PINNED: u64 = 1 << 2;
+/// [`ClassPolicy::flags`]: refusals are dropped silently.
+pub const POLICY_REFUSE_DROP: u64 = 1 << 3;
+/// [`ClassPolicy::flags`]: refusals are answered (a TCP reset, a SIP 503), within the class's
+/// reply rate.
+pub const POLICY_REFUSE_REJECT: u64 = 1 << 4;
 
 /// [`ClassPolicy::owner`]: the configuration (at start or reload).
 pub const OWNER_CONFIG: u32 = 0;
@@ -210,6 +218,46 @@ pub struct ClassPolicy {
     pub bound_min: u64,
     /// The highest limit the controller may set (its upper bound); 0 with no controller.
     pub bound_max: u64,
+    /// Replies (resets, 503s) the class may send for its refusals per second, all CPUs
+    /// together; 0: [`DEFAULT_REPLY_RATE`]. See [`replies_to_refusals`].
+    pub reply_rate: u64,
+    /// A SIP 503's `Retry-After`, in seconds; 0: the header is left out.
+    pub retry_after_s: u32,
+    /// Padding, zero.
+    pub pad: u32,
+}
+
+/// Replies per second a class sends for its refusals unless its policy says otherwise.
+pub const DEFAULT_REPLY_RATE: u64 = 20_000;
+/// Replies a class may send at once above its reply rate.
+pub const REPLY_BURST: u64 = 64;
+
+/// Whether refusals of `class` are answered (a TCP reset, a SIP 503) rather than dropped
+/// silently: as the policy says ([`POLICY_REFUSE_REJECT`], [`POLICY_REFUSE_DROP`]), else the
+/// class's default: TLS classes reset (a TCP client would otherwise hang on a connection the
+/// kernel has), SIP classes drop (a 503 goes to an address nobody verified; operators opt in).
+#[inline(always)]
+pub const fn replies_to_refusals(class: crate::Class, policy: &ClassPolicy) -> bool {
+    if policy.flags & POLICY_REFUSE_REJECT != 0 {
+        return true;
+    }
+    if policy.flags & POLICY_REFUSE_DROP != 0 {
+        return false;
+    }
+    matches!(
+        class,
+        crate::Class::TlsNew | crate::Class::TlsResumed | crate::Class::TlsFlow
+    )
+}
+
+/// The reply rate in force under `policy`.
+#[inline(always)]
+pub const fn reply_rate(policy: &ClassPolicy) -> u64 {
+    if policy.reply_rate != 0 {
+        policy.reply_rate
+    } else {
+        DEFAULT_REPLY_RATE
+    }
 }
 
 /// The default unit timeout of a class, in nanoseconds: for a TLS connection, a handshake
@@ -253,6 +301,8 @@ pub struct ClassState {
     pub expired: u64,
     /// GCRA theoretical arrival time, in nanoseconds of `bpf_ktime_get_ns`.
     pub gcra_tat_ns: u64,
+    /// The reply limiter's GCRA theoretical arrival time (see [`reply_rate`]).
+    pub reply_tat_ns: u64,
     /// When the datapath next looks for expired units of this class (`bpf_ktime_get_ns`).
     pub sweep_ns: u64,
 }
@@ -476,6 +526,14 @@ crate::counters! {
         /// SIP requests that claimed an exemption (ACK, CANCEL, BYE, a To tag) for a dialog or
         /// transaction the server never made: judged as originals.
         pub sip_unearned: u64,
+        /// SIP 503s sent from the NIC for refused requests.
+        pub sip_replies_sent: u64,
+        /// Refused SIP requests the class would answer that got no 503: the frame was not one the
+        /// datapath answers (IP options, extension headers, headers past the parser's reach, a
+        /// reply that would be longer than the request).
+        pub sip_replies_withheld: u64,
+        /// ACKs for the NIC's own 503s, absorbed (the server never sent what they acknowledge).
+        pub sip_acks_absorbed: u64,
     }
 }
 
@@ -613,21 +671,16 @@ crate::counters! {
         /// Offers of an issued key that already held its limit of resumed connections (a replayed
         /// or shared key): classed tls-new.
         pub replays_bounded: u64,
-        /// Resets sent to clients of refused connections, from the NIC (XDP_TX).
+        /// Resets sent to clients of refused connections, from the NIC.
         pub resets_sent: u64,
-        /// Refused segments dropped without a reset: the reply budget was spent, or the frame was
-        /// not one the datapath answers (IPv4 options, IPv6 extension headers, the TC hook).
+        /// Refused segments the class would answer that got no reset: the frame was not one the
+        /// datapath answers (IPv4 options, IPv6 extension headers).
         pub resets_withheld: u64,
         /// Rejections the `TLS_REJECTS` ring buffer had no room for (the daemon did not hear of
         /// them; the connections were refused all the same).
         pub reject_events_lost: u64,
     }
 }
-
-/// Resets the datapath may send per second and per CPU (the reply budget): a refused client's
-/// source address cannot be verified, so replies are bounded, never larger than the segment
-/// they answer.
-pub const MAX_RESETS_PER_SEC_PER_CPU: u64 = 20_000;
 
 /// Bytes of the `TLS_REJECTS` ring buffer.
 pub const TLS_REJECTS_BYTES: u32 = 64 * 1024;

@@ -3,7 +3,9 @@
 
 use core::time::Duration;
 
-use crate::maps::{ClassPolicy, POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE};
+use crate::maps::{
+    ClassPolicy, POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, POLICY_REFUSE_DROP, POLICY_REFUSE_REJECT,
+};
 
 /// Largest accepted backlog limit.
 pub const MAX_BACKLOG: u64 = 10_000_000;
@@ -11,6 +13,39 @@ pub const MAX_BACKLOG: u64 = 10_000_000;
 pub const MAX_RATE: u64 = 100_000_000;
 /// Largest accepted burst.
 pub const MAX_BURST: u64 = crate::maps::MAX_BURST;
+/// Largest accepted reply rate, per second.
+pub const MAX_REPLY_RATE: u64 = 1_000_000;
+/// Largest accepted `Retry-After`, in seconds (a day).
+pub const MAX_RETRY_AFTER: u32 = 86_400;
+
+/// What a class does with a request it refuses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refuse {
+    /// Drop it silently: the client learns by its own timeout.
+    Drop,
+    /// Answer it from the NIC in the protocol's words (a TCP reset, a SIP 503), within the
+    /// class's reply rate.
+    Reject,
+}
+
+impl Refuse {
+    /// The name used by the CLI and the config.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Refuse::Drop => "drop",
+            Refuse::Reject => "reject",
+        }
+    }
+
+    /// By name.
+    pub fn from_name(name: &str) -> Option<Refuse> {
+        match name {
+            "drop" => Some(Refuse::Drop),
+            "reject" => Some(Refuse::Reject),
+            _ => None,
+        }
+    }
+}
 
 /// The limits of one class. `None` is unlimited (or, for the timeout, the class's default).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -23,6 +58,15 @@ pub struct Policy {
     pub burst: Option<u64>,
     /// How long an admitted unit may go unanswered before it expires and frees its place.
     pub timeout: Option<Duration>,
+    /// What a refusal gets; `None`: the class's default (see
+    /// [`crate::maps::replies_to_refusals`]).
+    pub refuse: Option<Refuse>,
+    /// Replies per second for refusals, all CPUs together; `None`:
+    /// [`crate::maps::DEFAULT_REPLY_RATE`].
+    pub reply_rate: Option<u64>,
+    /// Seconds a SIP 503 asks the client to wait (`Retry-After`); `None`: no such header (RFC
+    /// 7339 discusses when a server should leave it out).
+    pub retry_after: Option<u32>,
 }
 
 impl Policy {
@@ -32,6 +76,9 @@ impl Policy {
         rate: None,
         burst: None,
         timeout: None,
+        refuse: None,
+        reply_rate: None,
+        retry_after: None,
     };
 
     /// The datapath's value of this policy, owned by the configuration (see
@@ -44,6 +91,11 @@ impl Policy {
         if self.rate.is_some() {
             flags |= POLICY_LIMIT_RATE;
         }
+        match self.refuse {
+            Some(Refuse::Drop) => flags |= POLICY_REFUSE_DROP,
+            Some(Refuse::Reject) => flags |= POLICY_REFUSE_REJECT,
+            None => {}
+        }
         ClassPolicy {
             backlog_limit: self.backlog.unwrap_or(0),
             rate_per_sec: self.rate.unwrap_or(0),
@@ -52,6 +104,8 @@ impl Policy {
             timeout_ns: self
                 .timeout
                 .map_or(0, |t| t.as_nanos().min(u128::from(u64::MAX)) as u64),
+            reply_rate: self.reply_rate.unwrap_or(0),
+            retry_after_s: self.retry_after.unwrap_or(0),
             ..ClassPolicy::default()
         }
     }
@@ -63,6 +117,15 @@ impl Policy {
             rate: (p.flags & POLICY_LIMIT_RATE != 0).then_some(p.rate_per_sec),
             burst: (p.flags & POLICY_LIMIT_RATE != 0).then_some(p.burst),
             timeout: (p.timeout_ns != 0).then(|| Duration::from_nanos(p.timeout_ns)),
+            refuse: if p.flags & POLICY_REFUSE_REJECT != 0 {
+                Some(Refuse::Reject)
+            } else if p.flags & POLICY_REFUSE_DROP != 0 {
+                Some(Refuse::Drop)
+            } else {
+                None
+            },
+            reply_rate: (p.reply_rate != 0).then_some(p.reply_rate),
+            retry_after: (p.retry_after_s != 0).then_some(p.retry_after_s),
         }
     }
 
@@ -73,6 +136,9 @@ impl Policy {
             rate: other.rate.or(self.rate),
             burst: other.burst.or(self.burst),
             timeout: other.timeout.or(self.timeout),
+            refuse: other.refuse.or(self.refuse),
+            reply_rate: other.reply_rate.or(self.reply_rate),
+            retry_after: other.retry_after.or(self.retry_after),
         }
     }
 }
@@ -88,6 +154,9 @@ mod tests {
             rate: Some(0),
             burst: Some(5),
             timeout: Some(Duration::from_millis(300)),
+            refuse: Some(Refuse::Reject),
+            reply_rate: Some(100),
+            retry_after: Some(30),
         };
         assert_eq!(Policy::from_map(&p.to_map()), p);
         assert_eq!(

@@ -27,6 +27,8 @@
 
 use crate::{Class, bytes::PacketBytes};
 
+pub mod reply;
+
 /// Bytes of a message the parser looks at.
 pub const MAX_SCAN: usize = 1024;
 /// Longest line the parser follows; a longer one makes the message malformed.

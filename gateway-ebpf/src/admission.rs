@@ -6,11 +6,12 @@ use gateway_common::{
     Class,
     maps::{
         MAX_BURST, POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, REJECT_BACKLOG, REJECT_FULL,
-        REJECT_RATE, backlog,
+        REJECT_RATE, REPLY_BURST, backlog, replies_to_refusals, reply_rate,
     },
 };
 
 use crate::{
+    context::Action,
     maps::{CLASS_POLICY, CLASS_STATE, CLASS_STATS, DP_COUNTERS},
     sync::{compare_and_swap, now_ns},
 };
@@ -26,10 +27,9 @@ use crate::{
 /// retransmission limit below the originals' (RFC 7415's TAU1 < TAU2), retransmissions are shed
 /// first and originals keep strict priority.
 ///
-/// GCRA (RFC 7415's leaky bucket): emission interval `T = 1 s / rate`, tolerance
-/// `tau = burst * T`; a connection conforms when the theoretical arrival time is at most `tau`
-/// ahead of now, and then advances it by `T`. A rate of zero admits nothing. The TAT advances by
-/// compare-and-swap, so CPUs admitting at the same instant never both pass on one slot.
+/// GCRA (RFC 7415's leaky bucket, [`gcra`]): a connection conforms when the theoretical arrival
+/// time is at most `burst * T` ahead of now, and then advances it by `T`. A rate of zero admits
+/// nothing.
 #[inline(always)]
 pub fn admission(policy_of: Class, backlog_of: Class) -> Option<u8> {
     let st = CLASS_STATE.get_ptr_mut(backlog_of.id())?;
@@ -52,39 +52,84 @@ pub fn admission(policy_of: Class, backlog_of: Class) -> Option<u8> {
         if p.rate_per_sec == 0 {
             return Some(REJECT_RATE);
         }
-        let interval = 1_000_000_000 / p.rate_per_sec;
-        let burst = if p.burst > MAX_BURST {
-            MAX_BURST
-        } else {
-            p.burst
-        };
-        let tolerance = burst * interval;
-        let now = now_ns();
-        // SAFETY: the TAT is only changed by compare-and-swap, so of two CPUs that read the same
-        // TAT only one advances it; the other tries again from the new value.
-        let tat_ptr = unsafe { &raw mut (*rate_st).gcra_tat_ns };
-        let mut admitted = false;
-        for _ in 0..GCRA_TRIES {
-            let seen = unsafe { core::ptr::read_volatile(tat_ptr) };
-            let tat = if seen < now { now } else { seen };
-            if tat - now > tolerance {
-                return Some(REJECT_RATE);
-            }
-            if unsafe { compare_and_swap(tat_ptr, seen, tat + interval) } {
-                admitted = true;
-                break;
-            }
-        }
-        if !admitted {
-            // Lost every race: as many CPUs admitted at once, so the limiter is busy anyway.
+        // SAFETY: a field of a live map value.
+        if !gcra(
+            unsafe { &raw mut (*rate_st).gcra_tat_ns },
+            p.rate_per_sec,
+            p.burst,
+        ) {
             return Some(REJECT_RATE);
         }
     }
     None
 }
 
-/// Counts a refusal in `class`'s counters by reason; `rejected` when the client is actively turned
-/// away (TLS reset) rather than silently dropped.
+/// One GCRA conformance test on the theoretical arrival time at `tat_ptr`: emission interval
+/// `T = 1 s / rate` (rate > 0), tolerance `burst * T`. Advances the TAT by compare-and-swap,
+/// so CPUs testing at the same instant never both pass on one slot.
+#[inline(always)]
+fn gcra(tat_ptr: *mut u64, rate: u64, burst: u64) -> bool {
+    let interval = 1_000_000_000 / rate;
+    let burst = if burst > MAX_BURST { MAX_BURST } else { burst };
+    let tolerance = burst * interval;
+    let now = now_ns();
+    for _ in 0..GCRA_TRIES {
+        // SAFETY: the TAT is only changed by compare-and-swap, so of two CPUs that read the same
+        // TAT only one advances it; the other tries again from the new value.
+        let seen = unsafe { core::ptr::read_volatile(tat_ptr) };
+        let tat = if seen < now { now } else { seen };
+        if tat - now > tolerance {
+            return false;
+        }
+        if unsafe { compare_and_swap(tat_ptr, seen, tat + interval) } {
+            return true;
+        }
+    }
+    // Lost every race: as many CPUs passed at once, so the limiter is busy anyway.
+    false
+}
+
+/// How a refusal of `class` (for `reason`, a `REJECT_*`) ends: [`Action::Reject`] when the
+/// class answers its refusals ([`replies_to_refusals`]) and its reply rate has room, else
+/// [`Action::Drop`]. Counted either way.
+#[inline(always)]
+pub fn refusal(class: Class, reason: u8) -> Action {
+    let action = answer(class);
+    count_refusal(class, reason, action == Action::Reject);
+    action
+}
+
+/// Whether a refused packet of `class` gets an answer ([`Action::Reject`]) or is dropped: the
+/// class's policy, then its reply rate (a source address cannot be verified, so replies are
+/// bounded per class, all CPUs together). A reply the rate withholds is counted.
+#[inline(always)]
+pub fn answer(class: Class) -> Action {
+    let Some(p) = CLASS_POLICY.get(class.id()) else {
+        return Action::Drop;
+    };
+    if !replies_to_refusals(class, p) {
+        return Action::Drop;
+    }
+    let Some(st) = CLASS_STATE.get_ptr_mut(class.id()) else {
+        return Action::Drop;
+    };
+    // SAFETY: a field of a live map value.
+    if gcra(
+        unsafe { &raw mut (*st).reply_tat_ns },
+        reply_rate(p),
+        REPLY_BURST,
+    ) {
+        return Action::Reject;
+    }
+    if let Some(s) = CLASS_STATS.get_ptr_mut(class.id()) {
+        // SAFETY: per-CPU slot.
+        unsafe { (*s).replies_limited += 1 };
+    }
+    Action::Drop
+}
+
+/// Counts a refusal in `class`'s counters by reason; `rejected` when the client is answered (a
+/// reset, a 503) rather than silently dropped.
 #[inline(always)]
 pub fn count_refusal(class: Class, reason: u8, rejected: bool) {
     if reason == REJECT_FULL

@@ -7,7 +7,9 @@ use aya_ebpf::{
     EbpfContext,
     bindings::{TC_ACT_OK, TC_ACT_SHOT, bpf_sock_tuple, xdp_action},
     helpers::generated::{
-        bpf_sk_release, bpf_skb_load_bytes, bpf_skc_lookup_tcp, bpf_xdp_load_bytes,
+        bpf_clone_redirect, bpf_csum_level, bpf_redirect, bpf_sk_release, bpf_skb_change_tail,
+        bpf_skb_load_bytes, bpf_skb_pull_data, bpf_skb_store_bytes, bpf_skc_lookup_tcp,
+        bpf_xdp_adjust_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
     },
     programs::{TcContext, XdpContext},
 };
@@ -39,13 +41,103 @@ impl Action {
         }
     }
 
-    /// The TC program's return value.
+    /// The TC program's return value for a packet of `ctx` (`Tx`: redirected to the egress of
+    /// the device it came in on).
     #[inline(always)]
-    pub fn tc(self) -> i32 {
+    pub fn tc(self, ctx: &TcContext) -> i32 {
         match self {
             Action::Pass => TC_ACT_OK,
-            Action::Drop | Action::Reject | Action::Tx => TC_ACT_SHOT,
+            Action::Drop | Action::Reject => TC_ACT_SHOT,
+            // SAFETY: a plain helper call on the program's own device.
+            Action::Tx => unsafe { bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32 },
         }
+    }
+}
+
+/// Rewriting a frame into a reply, for either hook (`crate::reply`).
+pub trait Rewrite {
+    /// Whether the hook can also hand the local stack a frame (a reset for the server's socket)
+    /// after sending a copy out with [`Rewrite::send_copy`].
+    const SENDS_COPIES: bool;
+
+    /// Cuts the frame to `len` bytes (at most its length); whether it could.
+    fn truncate(&self, len: usize) -> bool;
+
+    /// Makes the frame's first `len` bytes writable in place; returns the frame's bounds
+    /// (`data`, `data_end`), valid until the next call that changes the frame. The caller
+    /// checks its accesses against them.
+    fn writable(&self, len: usize) -> Option<(usize, usize)>;
+
+    /// Writes `len` bytes from `src` at `offset`; whether it could.
+    fn store(&self, offset: u32, src: *const u8, len: u32) -> bool;
+
+    /// Sends a copy of the frame as it is now out of the device it came in on, and keeps the
+    /// frame; whether the copy went (the TC hook only).
+    fn send_copy(&self) -> bool;
+}
+
+impl Rewrite for XdpContext {
+    const SENDS_COPIES: bool = false;
+
+    #[inline(always)]
+    fn truncate(&self, len: usize) -> bool {
+        let cut = (self.data_end() - self.data()) as i64 - len as i64;
+        // SAFETY: shrinking the frame by what lies past `len`.
+        cut >= 0 && (cut == 0 || unsafe { bpf_xdp_adjust_tail(self.ctx, -(cut as i32)) } == 0)
+    }
+
+    #[inline(always)]
+    fn writable(&self, _len: usize) -> Option<(usize, usize)> {
+        Some((self.data(), self.data_end()))
+    }
+
+    #[inline(always)]
+    fn store(&self, offset: u32, src: *const u8, len: u32) -> bool {
+        // SAFETY: `src` holds `len` bytes (the caller's bound).
+        unsafe { bpf_xdp_store_bytes(self.ctx, offset, src as *mut _, len) == 0 }
+    }
+
+    #[inline(always)]
+    fn send_copy(&self) -> bool {
+        false
+    }
+}
+
+impl Rewrite for TcContext {
+    const SENDS_COPIES: bool = true;
+
+    #[inline(always)]
+    fn truncate(&self, len: usize) -> bool {
+        // SAFETY: plain helper calls on the program's own skb.
+        unsafe { bpf_skb_change_tail(self.skb.skb, len as u32, 0) == 0 }
+    }
+
+    #[inline(always)]
+    fn writable(&self, len: usize) -> Option<(usize, usize)> {
+        // SAFETY: as above; the checksum state is reset because the frame is rewritten by hand
+        // (its checksums computed here), so nothing trusts a stale hardware sum.
+        unsafe {
+            if bpf_skb_pull_data(self.skb.skb, len as u32) != 0 {
+                return None;
+            }
+            bpf_csum_level(
+                self.skb.skb,
+                u64::from(aya_ebpf::bindings::BPF_CSUM_LEVEL_RESET),
+            );
+        }
+        Some((self.data(), self.data_end()))
+    }
+
+    #[inline(always)]
+    fn store(&self, offset: u32, src: *const u8, len: u32) -> bool {
+        // SAFETY: as for XDP.
+        unsafe { bpf_skb_store_bytes(self.skb.skb, offset, src.cast(), len, 0) == 0 }
+    }
+
+    #[inline(always)]
+    fn send_copy(&self) -> bool {
+        // SAFETY: a clone of the program's own skb, to its own device's egress.
+        unsafe { bpf_clone_redirect(self.skb.skb, (*self.skb.skb).ifindex, 0) == 0 }
     }
 }
 
@@ -124,14 +216,14 @@ pub trait JumpToSip {
     /// Jumps; returns only when the jump table is empty.
     fn jump_to_sip(&self);
 
-    /// Jumps to the hook's reply program (`crate::reply`), which answers a refused segment;
-    /// returns only when the hook has none (TC) or its table is empty.
+    /// Jumps to the hook's reply program (`crate::reply`), which answers a refused packet;
+    /// returns only when its table is empty.
     fn jump_to_reply(&self);
 }
 
 /// Index of the SIP program in a hook's jump table.
 pub const JUMP_SIP: u32 = 0;
-/// Index of the reply program in the XDP hook's jump table.
+/// Index of the reply program in a hook's jump table.
 pub const JUMP_REPLY: u32 = 1;
 
 impl JumpToSip for XdpContext {
@@ -157,6 +249,7 @@ impl JumpToSip for TcContext {
 
     #[inline(always)]
     fn jump_to_reply(&self) {
-        // The TC hook answers through the daemon's socket destroy instead.
+        // SAFETY: as above.
+        unsafe { TC_JUMP.tail_call(self, JUMP_REPLY) };
     }
 }

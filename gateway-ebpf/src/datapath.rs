@@ -8,14 +8,15 @@ use gateway_common::{
     bytes::PacketBytes,
     maps::{
         CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, DatapathCounters, IPPROTO_TCP, IPPROTO_UDP,
-        ServiceKind, port_kind, service_port_index,
+        ServiceKind, TlsCounters, port_kind, service_port_index,
     },
     packet::{Kind, parse},
 };
 
 use crate::{
-    context::{Action, ConnectionLookup, CopyOut, JumpToSip},
+    context::{Action, ConnectionLookup, CopyOut, JumpToSip, Rewrite},
     maps::{CLASS_STATS, DP_CONFIG, DP_COUNTERS, SERVICE_PORTS, TLS_COUNTERS},
+    reply::{reset, sip_503},
     sip::sip_packet,
     tls::tls_packet,
 };
@@ -23,7 +24,10 @@ use crate::{
 /// Classifies and counts one frame of `len` bytes. `ctx` serves aya-log records (compiled in at
 /// debug level, off unless the loader raises the level) and copies of TLS payloads.
 #[inline(always)]
-pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + JumpToSip, B: PacketBytes>(
+pub fn process<
+    C: EbpfContext + CopyOut + ConnectionLookup + JumpToSip + Rewrite,
+    B: PacketBytes,
+>(
     ctx: &C,
     b: &B,
     len: u64,
@@ -65,8 +69,8 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + JumpToSip, B: Packe
                             // answers the sender and counts the reset.
                             count_class(class, Action::Drop, len);
                             ctx.jump_to_reply();
-                            // Only when the hook has no reply program.
-                            count_withheld();
+                            // Only when the jump table is empty.
+                            count_tls(|c| c.resets_withheld += 1);
                             return Action::Drop;
                         }
                         decided => decided,
@@ -119,7 +123,7 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + JumpToSip, B: Packe
 /// counted by the program that jumped here), the datagram classified and admitted or not, and its
 /// class counted.
 #[inline(always)]
-pub fn process_sip<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, len: u64) -> Action {
+pub fn process_sip<C: CopyOut + JumpToSip, B: PacketBytes>(ctx: &C, b: &B, len: u64) -> Action {
     let pkt = parse(b);
     let (class, verdict) = if pkt.kind == Kind::Transport {
         sip_packet(ctx, b, &pkt)
@@ -127,6 +131,13 @@ pub fn process_sip<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, len: u64) -> Acti
         (Class::SipOriginal, Action::Pass)
     };
     count_class(class, verdict, len);
+    if verdict == Action::Reject {
+        // The reply program answers with a 503.
+        ctx.jump_to_reply();
+        // Only when the jump table is empty.
+        count(|c| c.sip_replies_withheld += 1);
+        return Action::Drop;
+    }
     verdict
 }
 
@@ -138,28 +149,44 @@ pub fn service_kind(proto: u8, port: u16) -> Option<ServiceKind> {
         .and_then(|k| port_kind(*k))
 }
 
-/// The reply program's body: the frame (a refused TLS segment) parsed again and turned into a
-/// reset to its sender, within the reply budget; else dropped. Counted either way.
+/// The reply program's body: the frame (a refused TLS segment or SIP request) parsed again and
+/// answered (`crate::reply`); else dropped. Counted either way.
 #[inline(always)]
-pub fn process_reply<B: PacketBytes>(ctx: &aya_ebpf::programs::XdpContext, b: &B) -> Action {
+pub fn process_reply<R: Rewrite, B: PacketBytes>(ctx: &R, b: &B, len: u64) -> Action {
     let pkt = parse(b);
-    if pkt.kind == Kind::Transport && crate::reply::budget() && crate::reply::reset_xdp(ctx, &pkt) {
-        if let Some(c) = TLS_COUNTERS.get_ptr_mut(0) {
-            // SAFETY: per-CPU slot.
-            unsafe { (*c).resets_sent += 1 };
-        }
-        return Action::Tx;
+    if pkt.kind != Kind::Transport {
+        return Action::Drop;
     }
-    count_withheld();
-    Action::Drop
+    let len = len as usize;
+    if pkt.transport.proto == IPPROTO_TCP {
+        let answered = reset(ctx, &pkt, len);
+        count_tls(|c| {
+            if answered.is_some() {
+                c.resets_sent += 1;
+            } else {
+                c.resets_withheld += 1;
+            }
+        });
+        answered.unwrap_or(Action::Drop)
+    } else {
+        let answered = sip_503(ctx, &pkt, len);
+        count(|c| {
+            if answered.is_some() {
+                c.sip_replies_sent += 1;
+            } else {
+                c.sip_replies_withheld += 1;
+            }
+        });
+        answered.unwrap_or(Action::Drop)
+    }
 }
 
-/// Counts a refused segment that got no reset.
+/// Counts in the TLS counters.
 #[inline(always)]
-fn count_withheld() {
+fn count_tls(f: impl FnOnce(&mut TlsCounters)) {
     if let Some(c) = TLS_COUNTERS.get_ptr_mut(0) {
         // SAFETY: per-CPU slot.
-        unsafe { (*c).resets_withheld += 1 };
+        f(unsafe { &mut *c });
     }
 }
 

@@ -57,10 +57,6 @@ pub static TLS_FLOWS: LruHashMap<FlowKey, TlsFlow, { MAX_TLS_FLOWS as usize }> =
 pub static TLS_ISSUED: LruHashMap<IssuedKey, IssuedValue, { MAX_TLS_ISSUED as usize }> =
     LruHashMap::new();
 
-/// The reply budget, per CPU (`crate::reply`).
-#[btf_map]
-pub static REPLY_BUDGET: PerCpuArray<u64, 1> = PerCpuArray::new();
-
 /// TLS counters, per CPU.
 #[btf_map]
 pub static TLS_COUNTERS: PerCpuArray<TlsCounters, 1> = PerCpuArray::new();
@@ -91,7 +87,7 @@ pub static XDP_JUMP: ProgramArray<2> = ProgramArray::new();
 
 /// The TC hook's tail calls: index 0 is the SIP classifier (`gateway_tc_sip`).
 #[btf_map]
-pub static TC_JUMP: ProgramArray<1> = ProgramArray::new();
+pub static TC_JUMP: ProgramArray<2> = ProgramArray::new();
 
 /// Admitted TLS connections the server has not answered yet (see `crate::pending`).
 #[btf_map]

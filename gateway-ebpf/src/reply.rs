@@ -1,45 +1,26 @@
-//! Replies from the NIC: the client of a refused TLS connection gets a TCP reset, built in place
-//! from the segment being refused and sent back out of the interface it came in on (XDP_TX), so
-//! it learns at once, with no daemon involved.
+//! Replies from the NIC: a refused packet is answered in its protocol's words, built in place
+//! from the packet being refused and sent back out of the interface it came in on, with no
+//! daemon involved.
 //!
-//! - The reset is the refused segment cut to its headers: Ethernet addresses swapped (VLAN tags
-//!   kept as they are), IP addresses swapped, ports swapped, `RST|ACK` with the sequence number
-//!   the client acknowledged and acknowledging all it sent. It is never longer than the segment
-//!   it answers.
-//! - Only plain headers are answered: IPv4 without options, IPv6 without extension headers.
-//!   Anything else is dropped as before and counted as withheld.
-//! - Replies are bounded by a budget per CPU (`MAX_RESETS_PER_SEC_PER_CPU`): a source address
-//!   cannot be verified, so the gateway must not become a reflector.
+//! - **TCP**: the client gets a reset (`RST|ACK`, with the sequence number it acknowledged and
+//!   acknowledging all it sent). Where the hook can send a copy (TC), the same frame then becomes
+//!   a reset for the server's socket (sequence number: the refused segment's own) handed to the
+//!   local stack, so both ends die at once.
+//! - **SIP over UDP**: a `503 Service Unavailable` built from the request
+//!   (`gateway_common::sip::reply`).
+//! - Ethernet addresses are swapped (VLAN tags kept as they are), IP addresses swapped, lengths,
+//!   TTL and checksums set. A reply is never longer than the packet it answers (no
+//!   amplification), and only plain headers are answered: IPv4 without options, IPv6 without
+//!   extension headers. Anything else is dropped and counted as withheld.
+//! - Whether a refusal is answered at all, and how often, is the class's policy
+//!   (`crate::admission::answer`: a reply rate per class), decided before the jump here.
 
-use aya_ebpf::{helpers::generated::bpf_xdp_adjust_tail, programs::XdpContext};
 use gateway_common::{
-    maps::{IPPROTO_TCP, MAX_RESETS_PER_SEC_PER_CPU},
+    maps::{IPPROTO_TCP, IPPROTO_UDP},
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
 };
 
-use crate::{maps::REPLY_BUDGET, sync::now_ns};
-
-/// Replies one CPU may send in a burst above its rate.
-const BURST: u64 = 64;
-
-/// Whether this CPU's reply budget allows one more reply now (and spends it).
-#[inline(always)]
-pub fn budget() -> bool {
-    let Some(next) = REPLY_BUDGET.get_ptr_mut(0) else {
-        return false;
-    };
-    let interval = 1_000_000_000 / MAX_RESETS_PER_SEC_PER_CPU;
-    let now = now_ns();
-    // SAFETY: a per-CPU slot, only this CPU touches it while the program runs.
-    unsafe {
-        let at = if *next < now { now } else { *next };
-        if at - now > BURST * interval {
-            return false;
-        }
-        *next = at + interval;
-    }
-    true
-}
+use crate::{context::Action, context::Rewrite, sip::compose_reply};
 
 /// Sum of the big-endian 16-bit words of `n` bytes at `p` (n even).
 ///
@@ -66,6 +47,20 @@ fn fold(mut sum: u64) -> u16 {
     !(sum as u16)
 }
 
+/// Writes `v` big-endian at `p`.
+///
+/// # Safety
+/// Two bytes at `p` inside the packet.
+#[inline(always)]
+unsafe fn put16(p: *mut u8, v: u16) {
+    let b = v.to_be_bytes();
+    // SAFETY: the caller's bounds.
+    unsafe {
+        *p = b[0];
+        *p.add(1) = b[1];
+    }
+}
+
 /// Swaps `n` bytes at `a` with those at `b`.
 ///
 /// # Safety
@@ -78,86 +73,102 @@ unsafe fn swap(a: *mut u8, b: *mut u8, n: usize) {
     }
 }
 
-/// Turns the refused segment `pkt` of `ctx` into a reset to its sender. `false` (and the frame
-/// left as it is, or cut short: the caller drops it either way) when the frame is not one this
-/// answers or the bounds do not hold.
-#[inline(always)]
-pub fn reset_xdp(ctx: &XdpContext, pkt: &Packet) -> bool {
-    let t = &pkt.transport;
-    let v4 = pkt.ip_version == 4;
-    let l3 = pkt.l3_offset as usize;
-    let ip_len = if v4 { 20 } else { 40 };
-    if t.proto != IPPROTO_TCP
-        || t.tcp_flags & TCP_RST != 0
-        || (v4 && pkt.ipv4_options)
-        || t.l4_offset as usize != l3 + ip_len
-        || l3 > 30
-    {
-        return false;
-    }
-    let new_len = l3 + ip_len + 20;
-    let old_len = ctx.data_end() - ctx.data();
-    if old_len < new_len {
-        return false;
-    }
-    // What the client sent: its payload, and SYN or FIN, each count one.
-    let mut sent = u32::from(pkt.payload_len());
-    if t.tcp_flags & TCP_SYN != 0 {
-        sent += 1;
-    }
-    if t.tcp_flags & TCP_FIN != 0 {
-        sent += 1;
-    }
-    let (seq, ack) = (t.ack, t.seq.wrapping_add(sent));
-    let cut = (old_len - new_len) as i32;
-    // SAFETY: shrinking the frame by what lies past the headers kept.
-    if cut > 0 && unsafe { bpf_xdp_adjust_tail(ctx.ctx, -cut) } != 0 {
-        return false;
-    }
-    // The frame moved or shrank: bounds again, on a masked offset the verifier can follow.
-    let l3 = l3 & 0x1f;
-    let data = ctx.data();
-    if data + 12 > ctx.data_end() {
-        return false;
-    }
-    let p = data as *mut u8;
-    // SAFETY: the MACs are within the 12 bytes checked above, the headers within the bounds each
-    // branch checks.
-    unsafe {
-        swap(p, p.add(6), 6);
-        let ip = p.add(l3);
-        let tcp;
-        let pseudo;
-        if v4 {
-            if data + l3 + 40 > ctx.data_end() {
-                return false;
-            }
-            swap(ip.add(12), ip.add(16), 4);
-            *ip.add(2) = 0;
-            *ip.add(3) = 40;
-            *ip.add(4) = 0;
-            *ip.add(5) = 0;
-            *ip.add(6) = 0x40; // DF
-            *ip.add(7) = 0;
-            *ip.add(8) = 64;
-            *ip.add(10) = 0;
-            *ip.add(11) = 0;
-            let c = fold(sum16(ip, 20)).to_be_bytes();
-            *ip.add(10) = c[0];
-            *ip.add(11) = c[1];
-            tcp = ip.add(20);
-            pseudo = sum16(ip.add(12), 8);
-        } else {
-            if data + l3 + 60 > ctx.data_end() {
-                return false;
-            }
-            swap(ip.add(8), ip.add(24), 16);
-            *ip.add(4) = 0;
-            *ip.add(5) = 20;
-            *ip.add(7) = 64;
-            tcp = ip.add(40);
-            pseudo = sum16(ip.add(8), 32);
+/// Where a reply's headers are: the IP header at `l3` (masked for the verifier), IPv4 or IPv6.
+#[derive(Clone, Copy)]
+struct Headers {
+    l3: usize,
+    v4: bool,
+}
+
+impl Headers {
+    /// The headers of `pkt` when they are plain enough to answer for `proto`: no IPv4 options, no
+    /// IPv6 extension headers, at most two VLAN tags.
+    #[inline(always)]
+    fn of(pkt: &Packet, proto: u8) -> Option<Self> {
+        let v4 = pkt.ip_version == 4;
+        let l3 = pkt.l3_offset as usize;
+        let ip_len = if v4 { 20 } else { 40 };
+        if pkt.transport.proto != proto
+            || (v4 && pkt.ipv4_options)
+            || pkt.transport.l4_offset as usize != l3 + ip_len
+            || l3 > 30
+        {
+            return None;
         }
+        Some(Headers { l3, v4 })
+    }
+
+    /// Bytes of the IP header.
+    #[inline(always)]
+    fn ip_len(self) -> usize {
+        if self.v4 { 20 } else { 40 }
+    }
+
+    /// Offset of the transport header.
+    #[inline(always)]
+    fn l4(self) -> usize {
+        (self.l3 & 0x1f) + self.ip_len()
+    }
+
+    /// Turns the frame's link and IP headers around, for a transport segment of `l4_len` bytes
+    /// of protocol `proto` going back to the sender; returns the transport header and its
+    /// pseudo-header sum. `None` when the frame is shorter than the headers.
+    #[inline(always)]
+    fn turn_around<R: Rewrite>(self, ctx: &R, l4_len: u16, proto: u8) -> Option<(*mut u8, u64)> {
+        // A masked offset the verifier can follow, and bounds checked from the IP header with
+        // constant lengths per branch (headers plus 20 transport bytes, the most this module
+        // writes directly).
+        let l3 = self.l3 & 0x1f;
+        let (data, end) = ctx.writable(l3 + self.ip_len() + 20)?;
+        if data + 12 > end {
+            return None;
+        }
+        let p = data as *mut u8;
+        // SAFETY: the MACs are within the 12 bytes checked above, the headers within the bounds
+        // each branch checks.
+        unsafe {
+            swap(p, p.add(6), 6);
+            let ip = p.add(l3);
+            if self.v4 {
+                if data + l3 + 40 > end {
+                    return None;
+                }
+                swap(ip.add(12), ip.add(16), 4);
+                put16(ip.add(2), 20 + l4_len);
+                put16(ip.add(4), 0); // id
+                put16(ip.add(6), 0x4000); // DF
+                *ip.add(8) = 64;
+                put16(ip.add(10), 0);
+                put16(ip.add(10), fold(sum16(ip, 20)));
+                Some((
+                    ip.add(20),
+                    sum16(ip.add(12), 8) + u64::from(proto) + u64::from(l4_len),
+                ))
+            } else {
+                if data + l3 + 60 > end {
+                    return None;
+                }
+                swap(ip.add(8), ip.add(24), 16);
+                put16(ip.add(4), l4_len);
+                *ip.add(7) = 64;
+                Some((
+                    ip.add(40),
+                    sum16(ip.add(8), 32) + u64::from(proto) + u64::from(l4_len),
+                ))
+            }
+        }
+    }
+}
+
+/// Writes a bare TCP reset header at `tcp` (ports swapped from what is there) with `seq` and
+/// `ack`, and its checksum over `pseudo`.
+///
+/// # Safety
+/// 20 bytes at `tcp` inside the packet.
+#[inline(always)]
+unsafe fn write_reset(tcp: *mut u8, pseudo: u64, seq: u32, ack: u32) {
+    // SAFETY: the caller's bounds.
+    unsafe {
         swap(tcp, tcp.add(2), 2);
         let s = seq.to_be_bytes();
         let a = ack.to_be_bytes();
@@ -170,9 +181,84 @@ pub fn reset_xdp(ctx: &XdpContext, pkt: &Packet) -> bool {
         for i in 14..20 {
             *tcp.add(i) = 0;
         }
-        let c = fold(pseudo + u64::from(IPPROTO_TCP) + 20 + sum16(tcp, 20)).to_be_bytes();
-        *tcp.add(16) = c[0];
-        *tcp.add(17) = c[1];
+        put16(tcp.add(16), fold(pseudo + sum16(tcp, 20)));
     }
-    true
+}
+
+/// Answers the refused TCP segment `pkt` with a reset to its sender ([`Action::Tx`]); where the
+/// hook sends copies, the reset goes as a copy and the frame becomes the server's reset, handed
+/// to the local stack ([`Action::Pass`]). `None` when the segment is not one this answers, or
+/// the frame could not be rewritten (the caller drops it).
+#[inline(always)]
+pub fn reset<R: Rewrite>(ctx: &R, pkt: &Packet, frame_len: usize) -> Option<Action> {
+    let t = &pkt.transport;
+    if t.tcp_flags & TCP_RST != 0 {
+        return None;
+    }
+    let h = Headers::of(pkt, IPPROTO_TCP)?;
+    let new_len = h.l4() + 20;
+    if frame_len < new_len {
+        return None;
+    }
+    // What the client sent: its payload, and SYN or FIN, each count one.
+    let mut sent = u32::from(pkt.payload_len());
+    if t.tcp_flags & TCP_SYN != 0 {
+        sent += 1;
+    }
+    if t.tcp_flags & TCP_FIN != 0 {
+        sent += 1;
+    }
+    let (seq, ack) = (t.seq, t.ack);
+    if !ctx.truncate(new_len) {
+        return None;
+    }
+    let (tcp, pseudo) = h.turn_around(ctx, 20, IPPROTO_TCP)?;
+    // SAFETY: turn_around checked 20 transport bytes.
+    unsafe { write_reset(tcp, pseudo, ack, seq.wrapping_add(sent)) };
+    if !R::SENDS_COPIES {
+        return Some(Action::Tx);
+    }
+    if !ctx.send_copy() {
+        return None;
+    }
+    // The same frame, turned back, resets the server's socket: the sequence number is the
+    // refused segment's own, the one the server expects next (RFC 5961 accepts no other).
+    let (tcp, pseudo) = h.turn_around(ctx, 20, IPPROTO_TCP)?;
+    // SAFETY: as above.
+    unsafe { write_reset(tcp, pseudo, seq, ack) };
+    Some(Action::Pass)
+}
+
+/// Answers the refused SIP request `pkt` (whose reply the SIP program prepared:
+/// `crate::sip::compose_reply`) with a 503 to its sender ([`Action::Tx`]). `None` when the
+/// request is not one this answers, or the reply would be longer than the request.
+#[inline(always)]
+pub fn sip_503<R: Rewrite>(ctx: &R, pkt: &Packet, frame_len: usize) -> Option<Action> {
+    let h = Headers::of(pkt, IPPROTO_UDP)?;
+    let (out, len, sum) = compose_reply()?;
+    let new_len = h.l4() + 8 + len as usize;
+    // Never more bytes than the request had.
+    if new_len > frame_len {
+        return None;
+    }
+    if !ctx.truncate(new_len) {
+        return None;
+    }
+    // A length the verifier can bound: 1..=2047, within the 2048-byte reply buffer.
+    let n = len & 0x7ff;
+    if n == 0 || !ctx.store((h.l4() + 8) as u32, out, n) {
+        return None;
+    }
+    let udp_len = 8 + n as u16;
+    let (udp, pseudo) = h.turn_around(ctx, udp_len, IPPROTO_UDP)?;
+    // SAFETY: turn_around checked 20 transport bytes, of which the UDP header is 8.
+    unsafe {
+        swap(udp, udp.add(2), 2);
+        put16(udp.add(4), udp_len);
+        put16(udp.add(6), 0);
+        let c = fold(pseudo + sum16(udp, 8) + sum);
+        // A computed zero is sent as all ones (zero means "no checksum", which IPv6 forbids).
+        put16(udp.add(6), if c == 0 { 0xffff } else { c });
+    }
+    Some(Action::Tx)
 }

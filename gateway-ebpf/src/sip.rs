@@ -31,12 +31,15 @@ use gateway_common::{
         TXN_ADMITTED,
     },
     packet::Packet,
-    sip::{Kind, MAX_SCAN, MAX_STEPS, Method, SipInfo, SipState},
+    sip::{
+        HAVE_CALL_ID, HAVE_TO_TAG, Kind, MAX_SCAN, MAX_STEPS, Method, SipInfo, SipState,
+        reply::{MAX_REPLY_STEPS, REPLY_BUF, ReplyState, reply_tag_hash},
+    },
     tls::KEY_LEN,
 };
 
 use crate::{
-    admission::count_refusal,
+    admission::{count_refusal, refusal},
     bytes::{ScratchBytes, opaque},
     context::{Action, CopyOut},
     maps::{DP_COUNTERS, SIP_DIALOGS, SIP_LATENCY, SIP_PENDING, SIP_SCRATCH, SIP_TXNS},
@@ -44,17 +47,23 @@ use crate::{
     sync::now_ns,
 };
 
-/// Per-CPU scratch: the datagram's first bytes and the parser state.
+/// Per-CPU scratch: the datagram's first bytes and the parser state, and a 503 being built for
+/// it when it is refused (`crate::reply`).
 #[repr(C)]
 pub struct Scratch {
     /// Payload bytes, in the first half (the second half is slack for masked reads).
     buf: [u8; 2 * MAX_SCAN],
     /// Bytes copied.
     len: u32,
-    /// Padding.
-    pad: u32,
+    /// Whether `reply` was set up for the datagram in `buf` (by [`sip_packet`], for the reply
+    /// program it jumps to); cleared when used.
+    reply_ready: u32,
     /// The parser.
     state: SipState,
+    /// The 503's builder.
+    reply: ReplyState,
+    /// The 503's bytes.
+    out: [u8; REPLY_BUF],
 }
 
 /// One line, as a `bpf_loop` callback: returns 1 to stop.
@@ -71,6 +80,79 @@ extern "C" fn sip_step(_index: u64, _ctx: *mut c_void) -> i64 {
     };
     let len = s.len as usize;
     i64::from(s.state.step(&bytes, len))
+}
+
+/// One byte of a 503, as a `bpf_loop` callback: returns 1 to stop.
+#[inline(never)]
+extern "C" fn reply_step(_index: u64, _ctx: *mut c_void) -> i64 {
+    let Some(s) = SIP_SCRATCH.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: per-CPU slot, used only by this program run.
+    let s = unsafe { &mut *s };
+    let bytes = ScratchBytes::<MAX_SCAN, { 2 * MAX_SCAN }> {
+        buf: &s.buf,
+        len: s.len,
+    };
+    let len = s.len as usize;
+    i64::from(s.reply.step(&bytes, len, &mut s.out))
+}
+
+/// Builds the 503 that [`sip_packet`] set up for the refused request of this program run (the
+/// reply program runs right after it, by tail call, on the same CPU): its bytes, length and
+/// one's-complement sum. `None` when none was set up or it cannot be made.
+#[inline(always)]
+pub fn compose_reply() -> Option<(*const u8, u32, u64)> {
+    let s = SIP_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: per-CPU slot, used only by this program run (and its bpf_loop callback).
+    let s = unsafe { &mut *s };
+    if s.reply_ready == 0 {
+        return None;
+    }
+    s.reply_ready = 0;
+    // SAFETY: reply_step is a static subprogram with the callback signature bpf_loop expects.
+    unsafe {
+        bpf_loop(
+            MAX_REPLY_STEPS as u32,
+            reply_step as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        );
+    }
+    if !s.reply.done() {
+        return None;
+    }
+    Some((s.out.as_ptr(), s.reply.len, s.reply.sum))
+}
+
+/// Sets up a 503 for the request in scratch (see [`compose_reply`]) when `action` is to answer
+/// it.
+#[inline(always)]
+fn prepare_reply(info: &SipInfo, class: Class, action: Action) -> Action {
+    if action != Action::Reject {
+        return action;
+    }
+    let retry_after = crate::maps::CLASS_POLICY
+        .get(class.id())
+        .map_or(0, |p| p.retry_after_s);
+    let Some(s) = SIP_SCRATCH.get_ptr_mut(0) else {
+        return Action::Drop;
+    };
+    // SAFETY: per-CPU slot, used only by this program run.
+    let s = unsafe { &mut *s };
+    s.reply = ReplyState::new(info.have & HAVE_TO_TAG != 0, info.call_id_hash, retry_after);
+    s.reply_ready = 1;
+    Action::Reject
+}
+
+/// Whether `info` is the ACK a client sends for a 503 the datapath sent: its To tag is the one
+/// the datapath gives its Call-ID (`gateway_common::sip::reply::reply_tag`). The server never
+/// saw the INVITE, so the ACK would be work for nothing.
+#[inline(always)]
+fn acks_our_503(info: &SipInfo) -> bool {
+    info.method() == Method::Ack
+        && info.have & (HAVE_TO_TAG | HAVE_CALL_ID) == HAVE_TO_TAG | HAVE_CALL_ID
+        && info.to_tag_hash == reply_tag_hash(info.call_id_hash)
 }
 
 /// Parses the SIP message in the packet's UDP payload; `None` when it cannot be copied.
@@ -97,6 +179,7 @@ fn parse_payload<C: CopyOut>(ctx: &C, pkt: &Packet) -> Option<SipInfo> {
         return None;
     }
     s.len = len as u32;
+    s.reply_ready = 0;
     s.state = SipState::default();
     // SAFETY: sip_step is a static subprogram with the callback signature bpf_loop expects.
     unsafe {
@@ -116,6 +199,10 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
     let Some(info) = parse_payload(ctx, pkt) else {
         return (Class::SipOriginal, Action::Pass);
     };
+    if acks_our_503(&info) {
+        count(|c| c.sip_acks_absorbed += 1);
+        return (Class::SipExempt, Action::Drop);
+    }
     let mut class = info.class();
     if class == Class::SipExempt && info.kind() == Kind::Request {
         class = earned_exemption(&info);
@@ -157,8 +244,15 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
         _ => None,
     };
     if let Some(reason) = refused {
-        count_refusal(class, reason, false);
-        return (class, Action::Drop);
+        // Responses and ACKs are never answered (RFC 3261 §17); other requests are as their
+        // class says.
+        let action = if info.kind() == Kind::Request && info.method() != Method::Ack {
+            prepare_reply(&info, class, refusal(class, reason))
+        } else {
+            count_refusal(class, reason, false);
+            Action::Drop
+        };
+        return (class, action);
     }
     if class == Class::SipOriginal
         && let Some(key) = key

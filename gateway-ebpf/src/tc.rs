@@ -9,7 +9,7 @@ use gateway_common::{
 
 use crate::{
     bytes::SkbBytes,
-    datapath::{process, process_sip, service_kind},
+    datapath::{process, process_reply, process_sip, service_kind},
     sip::sip_response,
     tls::tls_answer,
 };
@@ -18,14 +18,23 @@ use crate::{
 #[classifier]
 pub fn gateway_tc_ingress(ctx: TcContext) -> i32 {
     let len = u64::from(ctx.len());
-    process(&ctx, &SkbBytes::new(&ctx), len).tc()
+    process(&ctx, &SkbBytes::new(&ctx), len).tc(&ctx)
 }
 
 /// The SIP classifier, reached from `gateway_tc_ingress` by tail call.
 #[classifier]
 pub fn gateway_tc_sip(ctx: TcContext) -> i32 {
     let len = u64::from(ctx.len());
-    process_sip(&ctx, &SkbBytes::new(&ctx), len).tc()
+    process_sip(&ctx, &SkbBytes::new(&ctx), len).tc(&ctx)
+}
+
+/// The reply program, reached by tail call for a refused TLS segment or SIP request: a reset or
+/// a 503 to its sender (redirected to the device's egress; for TCP, a copy, and the server's
+/// reset to the local stack), or a drop.
+#[classifier]
+pub fn gateway_tc_reply(ctx: TcContext) -> i32 {
+    let len = u64::from(ctx.len());
+    process_reply(&ctx, &SkbBytes::new(&ctx), len).tc(&ctx)
 }
 
 /// The egress classifier: completions of the units the server answers (TLS connections, SIP

@@ -46,9 +46,9 @@ use gateway_common::{
 };
 
 use crate::{
-    admission::count_refusal,
+    admission::{answer, refusal},
     bytes::{ScratchBytes, opaque},
-    context::{Action, ConnectionLookup, CopyOut},
+    context::{Action, ConnectionLookup, CopyOut, Rewrite},
     maps::{DP_CONFIG, TLS_COUNTERS, TLS_FLOWS, TLS_PENDING, TLS_REJECTS, TLS_SCRATCH},
     pending,
     resume::{self, Place},
@@ -223,7 +223,7 @@ fn flow_key<B: PacketBytes>(b: &B, pkt: &Packet, key: &mut FlowKey, from_server:
 
 /// Classifies a TCP packet to a TLS port.
 #[inline(always)]
-pub fn tls_packet<C: CopyOut + ConnectionLookup, B: PacketBytes>(
+pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     ctx: &C,
     b: &B,
     pkt: &Packet,
@@ -259,7 +259,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup, B: PacketBytes>(
                     return (Class::TlsFlow, Action::Pass);
                 }
                 count(|c| c.rejected_flow_packets += 1);
-                return (Class::TlsFlow, Action::Reject);
+                return (Class::TlsFlow, answer(Class::TlsFlow));
             }
             _ => {}
         }
@@ -284,7 +284,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup, B: PacketBytes>(
         {
             // Out of order or unreadable: decided as a new session.
             f.hello.verdict = Verdict::New as u8;
-            return decide(&s.key, f);
+            return decide(&s.key, f, C::SENDS_COPIES);
         }
         f.hello = s.state;
         f.next_seq = t.seq.wrapping_add(payload_len);
@@ -295,7 +295,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup, B: PacketBytes>(
             // The rest of this segment comes in fragments nobody judges: decided now.
             f.hello.verdict = Verdict::Malformed as u8;
         }
-        return decide(&s.key, f);
+        return decide(&s.key, f, C::SENDS_COPIES);
     }
     // A connection we do not know. Without payload (the TCP handshake, bare ACKs) it passes.
     if payload_len == 0 {
@@ -346,15 +346,16 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup, B: PacketBytes>(
         count(|c| c.multi_segment += 1);
         (Class::TlsFlow, Action::Pass)
     } else {
-        decide(&s.key, &mut s.flow)
+        decide(&s.key, &mut s.flow, C::SENDS_COPIES)
     };
     let _ = TLS_FLOWS.insert(&s.key, &s.flow, 0);
     result
 }
 
 /// Decides the complete hello in `f`: its class, then admission against the class's limits.
+/// `resets_server`: the hook's reply resets the server's socket too (`Rewrite::SENDS_COPIES`).
 #[inline(always)]
-fn decide(key: &FlowKey, f: &mut TlsFlow) -> (Class, Action) {
+fn decide(key: &FlowKey, f: &mut TlsFlow, resets_server: bool) -> (Class, Action) {
     count(|c| c.hellos += 1);
     let mut offer = [0u8; KEY_LEN];
     let class = match f.hello.verdict() {
@@ -399,17 +400,20 @@ fn decide(key: &FlowKey, f: &mut TlsFlow) -> (Class, Action) {
                 resume::give_back(&offer);
             }
             f.state = FLOW_REJECTED;
-            reject(key, class, reason);
-            (class, Action::Reject)
+            (class, reject(key, class, reason, resets_server))
         }
     }
 }
 
-/// Counts a rejection by reason and tells the daemon, which destroys the server's socket for the
-/// connection (and with it sends the client a reset).
+/// Counts a rejection by reason and decides its answer (`crate::admission::refusal`). Unless
+/// that answer resets the server's socket in the kernel (`resets_server`), tells the daemon,
+/// which destroys the socket (and with it resets the client, if the NIC did not).
 #[inline(always)]
-fn reject(key: &FlowKey, class: Class, reason: u8) {
-    count_refusal(class, reason, true);
+fn reject(key: &FlowKey, class: Class, reason: u8, resets_server: bool) -> Action {
+    let action = refusal(class, reason);
+    if resets_server && action == Action::Reject {
+        return action;
+    }
     // A full ring buffer loses the event (counted), not the rejection: the connection is still
     // refused.
     if let Some(mut entry) = TLS_REJECTS.reserve(0) {
@@ -423,6 +427,7 @@ fn reject(key: &FlowKey, class: Class, reason: u8) {
     } else {
         count(|c| c.reject_events_lost += 1);
     }
+    action
 }
 
 /// A TCP segment leaving from a TLS port (the egress program): the server's first flight (a

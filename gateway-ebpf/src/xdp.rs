@@ -21,12 +21,12 @@ pub fn gateway_xdp_sip(ctx: XdpContext) -> u32 {
     process_sip(&ctx, &bytes, bytes.len()).xdp()
 }
 
-/// The reply program, reached from `gateway_xdp` by tail call for a refused TLS segment: a
-/// reset to its sender (XDP_TX), or a drop.
+/// The reply program, reached by tail call for a refused TLS segment or SIP request: a reset or
+/// a 503 to its sender (XDP_TX), or a drop.
 #[xdp]
 pub fn gateway_xdp_reply(ctx: XdpContext) -> u32 {
     let bytes = XdpBytes::new(&ctx);
-    process_reply(&ctx, &bytes).xdp()
+    process_reply(&ctx, &bytes, bytes.len()).xdp()
 }
 
 /// A program that passes everything and does nothing else: the benchmark's baseline.

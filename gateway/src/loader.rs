@@ -249,9 +249,9 @@ fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassif
     Ok(prog)
 }
 
-/// Loads the SIP programs and the XDP reply program and puts them in their hooks' jump tables
+/// Loads the SIP programs and the reply programs and puts them in their hooks' jump tables
 /// (`XDP_JUMP`, `TC_JUMP`), which the ingress programs tail call for SIP datagrams and refused
-/// TLS segments. Done before anything is attached, so
+/// packets. Done before anything is attached, so
 /// the first SIP packet already finds its program; on a replacement the pinned tables get the new
 /// SIP programs in place.
 pub fn wire_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoaderError> {
@@ -262,11 +262,16 @@ pub fn wire_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoaderError> {
         .and_then(|fd| fd.try_clone().map_err(Into::into))
         .map_err(program_err("TC SIP program fd"))?;
     let reply_fd = load_xdp(ebpf, programs::XDP_REPLY, "XDP reply program")?;
+    let tc_reply_fd = classifier(ebpf, programs::TC_REPLY)?
+        .fd()
+        .and_then(|fd| fd.try_clone().map_err(Into::into))
+        .map_err(program_err("TC reply program fd"))?;
     // Indexes as the programs' `JUMP_SIP` and `JUMP_REPLY`.
     for (map, index, fd) in [
         (names::XDP_JUMP, 0, &xdp_fd),
         (names::XDP_JUMP, 1, &reply_fd),
         (names::TC_JUMP, 0, &tc_fd),
+        (names::TC_JUMP, 1, &tc_reply_fd),
     ] {
         let mut jump: ProgramArray<_> = ebpf
             .map_mut(map)

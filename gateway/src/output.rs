@@ -177,6 +177,14 @@ pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> Str
     };
     let bounds =
         |m: &ClassPolicy| (m.bound_max != 0).then(|| format!("{}..{}", m.bound_min, m.bound_max));
+    // What a refusal gets, with the class's defaults filled in.
+    let refuse = |c: Class, m: &ClassPolicy| {
+        if gateway_common::maps::replies_to_refusals(c, m) {
+            format!("reject@{}/s", gateway_common::maps::reply_rate(m))
+        } else {
+            "drop".to_owned()
+        }
+    };
     if as_json {
         let v: Vec<Value> = rows
             .iter()
@@ -191,13 +199,17 @@ pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> Str
                        "reason": crate::controller::reason_name(m.reason),
                        "changed_ms_ago": ago_ms(m),
                        "bound_min": (m.bound_max != 0).then_some(m.bound_min),
-                       "bound_max": (m.bound_max != 0).then_some(m.bound_max)})
+                       "bound_max": (m.bound_max != 0).then_some(m.bound_max),
+                       "refuse": if gateway_common::maps::replies_to_refusals(*c, m) {
+                           "reject" } else { "drop" },
+                       "reply_rate": gateway_common::maps::reply_rate(m),
+                       "retry_after_s": (m.retry_after_s != 0).then_some(m.retry_after_s)})
             })
             .collect();
         return Value::Array(v).to_string();
     }
     let mut out = format!(
-        "{:<20}{:>14}{:>12}{:>10}{:>10}{:>10}{:>10}  {:<20}{:<13}{:>10}  {}\n",
+        "{:<20}{:>14}{:>12}{:>10}{:>10}{:>10}{:>10}  {:<20}{:<13}{:>10}  {:<10}{:<18}\n",
         "class",
         "backlog-limit",
         "rate/s",
@@ -208,12 +220,13 @@ pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> Str
         "owner",
         "why",
         "changed",
-        "bounds"
+        "bounds",
+        "refuse"
     );
     for (c, m, s) in rows {
         let p = gateway_common::policy::Policy::from_map(m);
         out += &format!(
-            "{:<20}{:>14}{:>12}{:>10}{:>10}{:>10}{:>10}  {:<20}{:<13}{:>10}  {}\n",
+            "{:<20}{:>14}{:>12}{:>10}{:>10}{:>10}{:>10}  {:<20}{:<13}{:>10}  {:<10}{:<18}\n",
             c.name(),
             limit(p.backlog),
             limit(p.rate),
@@ -227,7 +240,8 @@ pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> Str
                 "{:.1}s ago",
                 ms as f64 / 1000.0
             )),
-            bounds(m).unwrap_or_else(|| "-".to_owned())
+            bounds(m).unwrap_or_else(|| "-".to_owned()),
+            refuse(*c, m)
         );
     }
     out

@@ -257,3 +257,117 @@ pub fn client_hello() -> Vec<u8> {
     }
     .build()
 }
+
+/// A frame the datapath wrote (a reply, or a segment it rewrote), checked against the frame it
+/// came from by [`check_rewritten`].
+#[derive(Clone, Debug)]
+pub struct Rewritten {
+    /// IP protocol of its transport segment.
+    pub proto: u8,
+    /// Its transport segment (header and payload), checksum verified.
+    pub segment: Vec<u8>,
+}
+
+/// The one's-complement sum of `bytes` as 16-bit big-endian words, folded (0xffff over data
+/// that includes a correct checksum).
+pub fn ones_sum(bytes: &[u8]) -> u32 {
+    let mut sum: u32 = bytes
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum
+}
+
+/// Where the IP header of `f` starts, past any VLAN tags, and whether it is IPv4.
+fn l3_of(f: &[u8]) -> Result<(usize, bool), String> {
+    let mut at = 12;
+    loop {
+        let t = u16::from_be_bytes([*f.get(at).ok_or("short frame")?, f[at + 1]]);
+        match t {
+            TPID_8021Q | TPID_8021AD => at += 4,
+            0x0800 => return Ok((at + 2, true)),
+            0x86dd => return Ok((at + 2, false)),
+            other => return Err(format!("ethertype {other:#06x} at offset {at}")),
+        }
+    }
+}
+
+/// Checks `out`, written by the datapath from `req`, as a frame a receiver accepts: no longer
+/// than `req`; its link header (VLAN tags included) kept; when `turned`, Ethernet addresses, IP
+/// addresses and ports swapped (a reply), else as in `req`; IPv4 header checksum and total
+/// length, or IPv6 payload length, right for the frame; TCP or UDP checksum right over the
+/// pseudo-header. Plain IPv4 (no options) and IPv6 (no extension headers) only.
+pub fn check_rewritten(req: &[u8], out: &[u8], turned: bool) -> Result<Rewritten, String> {
+    if out.len() > req.len() {
+        return Err(format!("{} bytes answer {}", out.len(), req.len()));
+    }
+    let (l3, v4) = l3_of(req)?;
+    if l3_of(out)? != (l3, v4) || out[12..l3] != req[12..l3] {
+        return Err("link header (VLAN tags, EtherType) changed".into());
+    }
+    let swap = |a: std::ops::Range<usize>, b: std::ops::Range<usize>, what: &str| {
+        let (want_a, want_b) = if turned {
+            (&req[b.clone()], &req[a.clone()])
+        } else {
+            (&req[a.clone()], &req[b.clone()])
+        };
+        if &out[a] == want_a && &out[b] == want_b {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what} not {}",
+                if turned { "swapped" } else { "kept" }
+            ))
+        }
+    };
+    swap(0..6, 6..12, "MACs")?;
+    let ip = &out[l3..];
+    let (l4, proto, pseudo_addrs, l4_len) = if v4 {
+        if ip[0] != 0x45 {
+            return Err(format!("IPv4 version/IHL {:#04x}", ip[0]));
+        }
+        if ones_sum(&ip[..20]) != 0xffff {
+            return Err("IPv4 header checksum".into());
+        }
+        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+        if l3 + total != out.len() {
+            return Err(format!(
+                "IPv4 total length {total} in a frame of {}",
+                out.len()
+            ));
+        }
+        swap(l3 + 12..l3 + 16, l3 + 16..l3 + 20, "IPv4 addresses")?;
+        (l3 + 20, ip[9], ip[12..20].to_vec(), total - 20)
+    } else {
+        let payload = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+        if l3 + 40 + payload != out.len() {
+            return Err(format!(
+                "IPv6 payload length {payload} in a frame of {}",
+                out.len()
+            ));
+        }
+        swap(l3 + 8..l3 + 24, l3 + 24..l3 + 40, "IPv6 addresses")?;
+        (l3 + 40, ip[6], ip[8..40].to_vec(), payload)
+    };
+    swap(l4..l4 + 2, l4 + 2..l4 + 4, "ports")?;
+    let segment = out[l4..].to_vec();
+    let mut pseudo = pseudo_addrs;
+    pseudo.extend_from_slice(&[0, proto]);
+    pseudo.extend_from_slice(&(l4_len as u16).to_be_bytes());
+    if proto == 17 {
+        if usize::from(u16::from_be_bytes([segment[4], segment[5]])) != l4_len {
+            return Err("UDP length".into());
+        }
+        if segment[6..8] == [0, 0] && !v4 {
+            return Err("IPv6 UDP without a checksum".into());
+        }
+    }
+    // An odd-length segment is padded with a zero byte for its checksum.
+    if ones_sum(&[&pseudo[..], &segment[..]].concat()) != 0xffff {
+        return Err(format!("protocol {proto} checksum"));
+    }
+    Ok(Rewritten { proto, segment })
+}

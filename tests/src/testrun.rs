@@ -128,6 +128,11 @@ impl TestProgram {
     /// Runs one frame once through the XDP program; returns the action and the frame as the
     /// program left it (rewritten for `XDP_TX`).
     pub fn run_out(&self, frame: &[u8]) -> (u32, Vec<u8>) {
+        self.run_out_on(Hook::Xdp, frame)
+    }
+
+    /// [`TestProgram::run_out`] on either ingress hook (`Hook::Xdp`, `Hook::Tc`).
+    pub fn run_out_on(&self, hook: Hook, frame: &[u8]) -> (u32, Vec<u8>) {
         let mut out = vec![0u8; frame.len() + 256];
         let opts = TestRunOptions {
             data_in: Some(frame),
@@ -135,13 +140,24 @@ impl TestProgram {
             repeat: 1,
             ..Default::default()
         };
-        let p: &Xdp = self
-            .ebpf
-            .program(programs::XDP)
-            .unwrap()
-            .try_into()
-            .unwrap();
-        let r = p.test_run(opts).expect("test_run");
+        let r = if hook == Hook::Tc {
+            let p: &SchedClassifier = self
+                .ebpf
+                .program(programs::TC_INGRESS)
+                .unwrap()
+                .try_into()
+                .unwrap();
+            p.test_run(opts)
+        } else {
+            let p: &Xdp = self
+                .ebpf
+                .program(programs::XDP)
+                .unwrap()
+                .try_into()
+                .unwrap();
+            p.test_run(opts)
+        }
+        .expect("test_run");
         out.truncate(r.data_size_out as usize);
         (r.return_value, out)
     }

@@ -557,3 +557,177 @@ fn a_full_pending_table_refuses_new_work_and_keeps_what_it_holds() {
     assert_eq!(action(&prog, &invite("z9hG4bK-over", "")), XDP_PASS);
     assert_eq!(prog.counters().datapath.pending_full, 1);
 }
+
+const XDP_TX: u32 = 3;
+/// `TC_ACT_REDIRECT`: the TC hook sends its reply out of the device the request came in on.
+const TC_REDIRECT: u32 = 7;
+
+/// sip-original closed, refusals answered with a 503 (`Retry-After: 30`) at `reply_rate`.
+fn closed_with_503(prog: &mut TestProgram, reply_rate: Option<u64>) {
+    prog.maps
+        .set_policy(
+            Class::SipOriginal,
+            gateway_common::policy::Policy {
+                rate: Some(0),
+                refuse: Some(gateway_common::policy::Refuse::Reject),
+                reply_rate,
+                retry_after: Some(30),
+                ..Default::default()
+            }
+            .to_map(),
+        )
+        .unwrap();
+}
+
+/// The SIP payload of a checked reply.
+fn sip_payload(r: &gateway_tests::frames::Rewritten) -> String {
+    assert_eq!(r.proto, 17);
+    String::from_utf8(r.segment[8..].to_vec()).unwrap()
+}
+
+#[test]
+fn a_refused_request_is_answered_with_a_503_from_the_nic() {
+    if !have_root("a_refused_request_is_answered_with_a_503_from_the_nic") {
+        return;
+    }
+    use gateway_common::{
+        bytes::SliceBytes,
+        sip::{HAVE_TO_TAG, parse_sip},
+    };
+    use gateway_tests::frames::check_rewritten;
+    let mut prog = TestProgram::new();
+    closed_with_503(&mut prog, None);
+    let mut n = 0;
+    for (hook, want) in [(Hook::Xdp, XDP_TX), (Hook::Tc, TC_REDIRECT)] {
+        for (name, frame) in [
+            ("ipv4", Frame::udp(5060, b"")),
+            ("ipv6", Frame::udp(5060, b"").ipv6(&[])),
+            ("802.1Q", Frame::udp(5060, b"").vlan(0x8100)),
+            (
+                "802.1ad + 802.1Q, ipv6",
+                Frame::udp(5060, b"").vlan(0x88a8).vlan(0x8100).ipv6(&[]),
+            ),
+        ] {
+            if hook == Hook::Tc && name.contains("802.1") {
+                // A TC program sees tags the device did not take off; test_run builds none.
+                continue;
+            }
+            n += 1;
+            let req = invite(&format!("z9hG4bK-503-{n}"), "");
+            let f = Frame {
+                payload: req.clone(),
+                ..frame
+            }
+            .from_port(5061)
+            .build();
+            let before = prog.counters();
+            let (action, out) = prog.run_out_on(hook, &f);
+            assert_eq!(action, want, "{hook:?} {name}");
+            let r = check_rewritten(&f, &out, true).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let text = sip_payload(&r);
+            assert!(
+                text.starts_with("SIP/2.0 503 Service Unavailable\r\n"),
+                "{text}"
+            );
+            assert!(text.contains("\r\nRetry-After: 30\r\n"), "{text}");
+            assert!(text.ends_with("\r\nContent-Length: 0\r\n\r\n"), "{text}");
+            assert!(
+                !text.contains("Contact:") && !text.contains("Max-Forwards"),
+                "{text}"
+            );
+            // The response belongs to the request's transaction, with a To tag added.
+            let (q, a) = (
+                parse_sip(&SliceBytes(&req), req.len()),
+                parse_sip(&SliceBytes(text.as_bytes()), text.len()),
+            );
+            assert_eq!((a.status, a.unit_key()), (503, q.unit_key()), "{name}");
+            assert_ne!(a.have & HAVE_TO_TAG, 0, "{name}");
+            let after = prog.counters();
+            assert_eq!(
+                after.datapath.sip_replies_sent,
+                before.datapath.sip_replies_sent + 1
+            );
+            let c = Class::SipOriginal.id() as usize;
+            assert_eq!(after.classes[c].rejected, before.classes[c].rejected + 1);
+            // The client's ACK for that 503 is absorbed at the NIC.
+            let to = text.lines().find(|l| l.starts_with("To:")).unwrap();
+            let ack = format!(
+                "ACK sip:service@10.99.0.1:5060 SIP/2.0\r\n\
+                 Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-503-{n}\r\n\
+                 From: sipp <sip:sipp@10.99.0.2:5061>;tag=1\r\n{to}\r\n\
+                 Call-ID: 1-z9hG4bK-503-{n}@10.99.0.2\r\nCSeq: 1 ACK\r\n\
+                 Content-Length: 0\r\n\r\n"
+            );
+            let before = prog.counters();
+            let dropped = if hook == Hook::Xdp { XDP_DROP } else { 2 };
+            assert_eq!(
+                prog.run(hook, &Frame::udp(5060, ack.as_bytes()).build(), 1)
+                    .0,
+                dropped
+            );
+            assert_eq!(
+                prog.counters().datapath.sip_acks_absorbed,
+                before.datapath.sip_acks_absorbed + 1
+            );
+        }
+    }
+    // An ACK is never answered, and an ACK with another tag is not absorbed: it is judged
+    // (here refused, as an original of no transaction the server took on).
+    let before = prog.counters();
+    let ack = b"ACK sip:service@10.99.0.1:5060 SIP/2.0\r\n\
+        Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-x\r\n\
+        From: <sip:sipp@10.99.0.2>;tag=1\r\nTo: <sip:service@10.99.0.1>;tag=gw0000000000000000\r\n\
+        Call-ID: x@10.99.0.2\r\nCSeq: 1 ACK\r\n\r\n";
+    assert_eq!(action(&prog, ack), XDP_DROP);
+    let after = prog.counters();
+    assert_eq!(
+        after.datapath.sip_acks_absorbed,
+        before.datapath.sip_acks_absorbed
+    );
+    assert_eq!(
+        after.datapath.sip_replies_sent,
+        before.datapath.sip_replies_sent
+    );
+    // A request whose 503 would be longer than itself gets none (no amplification).
+    let tiny = b"OPTIONS sip:a SIP/2.0\r\nv:SIP/2.0/UDP h;branch=z9hG4bKt\r\nt:<sip:a>\r\n\
+        f:<sip:b>;tag=1\r\ni:c\r\nCSeq:1 OPTIONS\r\n\r\n";
+    let before = prog.counters();
+    assert_eq!(action(&prog, tiny), XDP_DROP);
+    assert_eq!(
+        prog.counters().datapath.sip_replies_withheld,
+        before.datapath.sip_replies_withheld + 1
+    );
+}
+
+#[test]
+fn a_spoofed_flood_gets_replies_at_no_more_than_the_reply_rate() {
+    if !have_root("a_spoofed_flood_gets_replies_at_no_more_than_the_reply_rate") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let rate = 10;
+    closed_with_503(&mut prog, Some(rate));
+    let start = std::time::Instant::now();
+    let sent = 500u64;
+    let mut replies = 0u64;
+    for i in 0..sent {
+        let f = Frame::udp(5060, &invite(&format!("z9hG4bK-flood-{i}"), "")).build();
+        let (action, out) = prog.run_out(&f);
+        if action == XDP_TX {
+            replies += 1;
+            assert!(out.len() <= f.len(), "a reply longer than its request");
+        } else {
+            assert_eq!(action, XDP_DROP);
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    // The burst, and the rate over the time the flood took.
+    let bound = gateway_common::maps::REPLY_BURST + 1 + (rate as f64 * elapsed).ceil() as u64;
+    assert!(
+        replies >= 1 && replies <= bound,
+        "{replies} replies, bound {bound}"
+    );
+    let c = prog.counters().classes[Class::SipOriginal.id() as usize];
+    assert_eq!(c.rejected, replies);
+    assert_eq!(c.replies_limited, sent - replies);
+}

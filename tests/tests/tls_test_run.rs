@@ -9,7 +9,7 @@ use gateway_common::{
     tls::parse_hello,
 };
 use gateway_tests::{
-    frames::Frame,
+    frames::{Frame, check_rewritten, ones_sum},
     have_root,
     testrun::{Hook, TestProgram},
 };
@@ -320,6 +320,9 @@ fn an_unanswered_connection_expires_and_frees_its_place() {
 const XDP_DROP: u32 = 1;
 /// A refused TLS segment on the XDP hook: turned into a reset to its sender (XDP_TX).
 const XDP_REFUSED: u32 = 3;
+/// What the TC hook returns for a refused segment it answers: `TC_ACT_OK`, the frame having
+/// become the server's reset (the client's went out as a copy).
+const TC_RESET: u32 = 0;
 const XDP_PASS: u32 = 2;
 
 /// The tls-new backlog (admitted minus every completion).
@@ -354,7 +357,8 @@ fn over_its_limits_a_new_connection_is_rejected_and_remembered() {
             ..Default::default()
         },
     );
-    for (hook, port, drop) in [(Hook::Xdp, 100u16, XDP_REFUSED), (Hook::Tc, 101, 2)] {
+    // TC passes the frame on, turned into the server's reset (see the reset test below).
+    for (hook, port, drop) in [(Hook::Xdp, 100u16, XDP_REFUSED), (Hook::Tc, 101, TC_RESET)] {
         let f = Frame::tcp(443, &hello).from_port(port).seq(1).build();
         let before = prog.counters();
         assert_eq!(prog.run(hook, &f, 1).0, drop, "{hook:?}");
@@ -372,7 +376,12 @@ fn over_its_limits_a_new_connection_is_rejected_and_remembered() {
             prog.counters().tls.rejected_flow_packets,
             before.tls.rejected_flow_packets + 1
         );
-        // The daemon hears of it.
+        if hook == Hook::Tc {
+            // TC reset the server's socket itself: the daemon has nothing to do.
+            assert!(rejects.next().is_none());
+            continue;
+        }
+        // XDP can only answer the client: the daemon hears of it, for the server's socket.
         let item = rejects.next().expect("a reject event");
         let ev = gateway::maps::decode_reject(&item).unwrap();
         assert_eq!(ev.key.sport, port);
@@ -447,7 +456,9 @@ fn the_rate_limit_allows_a_burst_then_rejects() {
         },
     );
     let f = Frame::tcp(443, &hello).from_port(9).build();
-    assert_eq!(prog.run(Hook::Tc, &f, 1).0, 2);
+    let (action, out) = prog.run_out_on(Hook::Tc, &f);
+    assert_eq!(action, TC_RESET);
+    assert_eq!(out[f.len() - hello.len() - 20 + 13], 0x14, "RST|ACK");
 }
 
 #[test]
@@ -755,18 +766,6 @@ fn a_published_key_buys_the_resumed_class_for_its_limit_of_connections_at_a_time
     assert_eq!(in_use(&prog), Some(0));
 }
 
-/// The one's-complement sum of `bytes` as 16-bit big-endian words, folded.
-fn ones_sum(bytes: &[u8]) -> u32 {
-    let mut sum: u32 = bytes
-        .chunks(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    sum
-}
-
 #[test]
 fn a_refused_hello_is_answered_with_a_reset_from_the_nic() {
     if !have_root("a_refused_hello_is_answered_with_a_reset_from_the_nic") {
@@ -895,4 +894,45 @@ fn a_refused_hello_is_answered_with_a_reset_from_the_nic() {
         .flags(0x18)
         .build();
     assert_eq!(prog.run_out(&again).0, XDP_TX);
+
+    // The TC hook answers both ends: the client's reset goes out as a copy, and the frame,
+    // turned back, becomes a reset of the server's socket with the hello's own sequence number
+    // (the one the server expects next), handed to the local stack.
+    for (i, (name, frame)) in [
+        ("ipv4", Frame::tcp(443, &hello)),
+        ("ipv6", Frame::tcp(443, &hello).ipv6(&[])),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut f = frame
+            .from_port(5000 + i as u16)
+            .seq(1000)
+            .flags(0x18)
+            .build();
+        let l4 = f.len() - hello.len() - 20;
+        f[l4 + 8..l4 + 12].copy_from_slice(&777u32.to_be_bytes());
+        let before = prog.counters().tls;
+        let (action, out) = prog.run_out_on(Hook::Tc, &f);
+        assert_eq!(action, TC_RESET, "{name}");
+        let server = check_rewritten(&f, &out, false).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let tcp = &server.segment;
+        assert_eq!(tcp.len(), 20, "{name}: headers only");
+        assert_eq!(
+            u32::from_be_bytes(tcp[4..8].try_into().unwrap()),
+            1000,
+            "{name}: seq"
+        );
+        assert_eq!(
+            u32::from_be_bytes(tcp[8..12].try_into().unwrap()),
+            777,
+            "{name}: ack"
+        );
+        assert_eq!(tcp[13], 0x14, "{name}: RST|ACK");
+        assert_eq!(
+            prog.counters().tls.resets_sent,
+            before.resets_sent + 1,
+            "{name}"
+        );
+    }
 }

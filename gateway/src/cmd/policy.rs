@@ -8,8 +8,11 @@ use std::path::Path;
 use clap::Subcommand;
 use gateway_common::{
     Class,
-    maps::{ClassPolicy, OWNER_CONTROLLER, OWNER_OPERATOR, POLICY_PINNED},
-    policy::Policy,
+    maps::{
+        ClassPolicy, OWNER_CONTROLLER, OWNER_OPERATOR, POLICY_PINNED, POLICY_REFUSE_DROP,
+        POLICY_REFUSE_REJECT,
+    },
+    policy::{Policy, Refuse},
 };
 
 use super::{CommandError, Target, open};
@@ -48,6 +51,15 @@ pub enum PolicyAction {
         /// How long an admitted unit may go unanswered before it expires (`500ms`, `10s`).
         #[arg(long)]
         timeout: Option<crate::proxy::config::Span>,
+        /// What a refusal gets: `drop` (silence) or `reject` (a TCP reset, a SIP 503 from the NIC).
+        #[arg(long, value_parser = parse_refuse)]
+        refuse: Option<Refuse>,
+        /// Replies per second for refusals, all CPUs together.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=gateway_common::policy::MAX_REPLY_RATE))]
+        reply_rate: Option<u64>,
+        /// Seconds a SIP 503 asks the client to wait (`Retry-After`).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(gateway_common::policy::MAX_RETRY_AFTER)))]
+        retry_after: Option<u32>,
         /// Fix the class: the controller leaves it alone until `policy unpin`.
         #[arg(long)]
         pin: bool,
@@ -86,6 +98,11 @@ fn by_operator(p: Policy, pin: bool) -> ClassPolicy {
     m
 }
 
+/// A refusal action, by name.
+fn parse_refuse(s: &str) -> Result<Refuse, String> {
+    Refuse::from_name(s).ok_or_else(|| format!("'{s}' is not one of: drop, reject"))
+}
+
 /// A class that can be limited, by name.
 fn parse_limitable_class(s: &str) -> Result<Class, String> {
     let class = Class::from_name(s).ok_or_else(|| config::unknown_class(s))?;
@@ -118,16 +135,47 @@ pub fn run(root: &Path, action: PolicyAction) -> Result<(), CommandError> {
             rate,
             burst,
             timeout,
+            refuse,
+            reply_rate,
+            retry_after,
             pin,
             target,
         } => {
-            if backlog.is_none() && rate.is_none() && burst.is_none() && timeout.is_none() {
+            let limits =
+                backlog.is_some() || rate.is_some() || burst.is_some() || timeout.is_some();
+            let replies = refuse.is_some() || reply_rate.is_some() || retry_after.is_some();
+            if !limits && !replies {
                 return Err(CommandError::Usage(
-                    "policy set needs at least one of --backlog, --rate, --burst, --timeout".into(),
+                    "policy set needs at least one of --backlog, --rate, --burst, --timeout, \
+                     --refuse, --reply-rate, --retry-after"
+                        .into(),
                 ));
             }
             let (pd, mut maps) = open(root, target.iface.as_deref())?;
             let current = maps.policy(class)?;
+            if !limits && !pin {
+                // How refusals are answered is no limit the controller moves: it changes alone,
+                // and the limits keep their owner.
+                let p = Policy::from_map(&current).overlay(Policy {
+                    refuse,
+                    reply_rate,
+                    retry_after,
+                    ..Policy::UNLIMITED
+                });
+                let m = p.to_map();
+                let reply_bits = POLICY_REFUSE_DROP | POLICY_REFUSE_REJECT;
+                maps.set_policy(
+                    class,
+                    ClassPolicy {
+                        flags: (current.flags & !reply_bits) | (m.flags & reply_bits),
+                        reply_rate: m.reply_rate,
+                        retry_after_s: m.retry_after_s,
+                        ..current
+                    },
+                )?;
+                println!("{} on {}: {}", class.name(), pd.iface, describe(&p));
+                return Ok(());
+            }
             let pinned = current.flags & POLICY_PINNED != 0;
             if current.owner == OWNER_CONTROLLER && !pinned && !pin {
                 return Err(CommandError::Usage(format!(
@@ -143,6 +191,9 @@ pub fn run(root: &Path, action: PolicyAction) -> Result<(), CommandError> {
                 rate,
                 burst,
                 timeout: timeout.map(|t| t.0),
+                refuse,
+                reply_rate,
+                retry_after,
             });
             if p.burst.is_some() && p.rate.is_none() {
                 return Err(CommandError::Usage(format!(
@@ -200,9 +251,14 @@ fn describe(p: &Policy) -> String {
         humantime::format_duration(t).to_string()
     });
     format!(
-        "backlog {}, rate {}/s, burst {}, timeout {timeout}",
+        "backlog {}, rate {}/s, burst {}, timeout {timeout}, refuse {}, reply rate {}/s{}",
         show(p.backlog),
         show(p.rate),
-        p.burst.unwrap_or(0)
+        p.burst.unwrap_or(0),
+        p.refuse.map_or("default", |r| r.name()),
+        p.reply_rate
+            .unwrap_or(gateway_common::maps::DEFAULT_REPLY_RATE),
+        p.retry_after
+            .map_or(String::new(), |s| format!(", retry-after {s}s"))
     )
 }

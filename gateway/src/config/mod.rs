@@ -368,4 +368,29 @@ mod tests {
         assert_eq!(c.policy.of(Class::TlsResumed), Policy::UNLIMITED);
         assert_eq!(PolicyConfig::of(p).policy(), p);
     }
+
+    #[test]
+    fn how_refusals_are_answered_is_policy_and_checked() {
+        let c = Config::parse(
+            "policy:
+  sip-original: {backlog: 30, refuse: reject, reply_rate: 500, retry_after: 5}
+",
+            "t.yaml",
+        )
+        .unwrap();
+        let p = c.policy.of(Class::SipOriginal);
+        assert_eq!(p.refuse, Some(gateway_common::policy::Refuse::Reject));
+        assert_eq!((p.reply_rate, p.retry_after), (Some(500), Some(5)));
+        assert_eq!(PolicyConfig::of(p).policy(), p);
+        let e = err("policy:\n  sip-original:\n    refuse: bounce\n");
+        assert!(
+            e.contains("refuse 'bounce' is not one of: drop, reject"),
+            "{e}"
+        );
+        assert!(e.contains("policy.sip-original"), "{e}");
+        let e = err("policy:\n  sip-original:\n    retry_after: 0\n");
+        assert!(e.contains("retry_after 0 out of range"), "{e}");
+        let e = err("policy:\n  tls-new:\n    reply_rate: 2000000\n");
+        assert!(e.contains("reply_rate 2000000 out of range"), "{e}");
+    }
 }

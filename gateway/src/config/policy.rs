@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use gateway_common::{
     Class,
-    policy::{MAX_BACKLOG, MAX_BURST, MAX_RATE, Policy},
+    policy::{MAX_BACKLOG, MAX_BURST, MAX_RATE, MAX_REPLY_RATE, MAX_RETRY_AFTER, Policy, Refuse},
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de::Error as _};
 
@@ -38,6 +38,40 @@ pub struct PolicyConfig {
     /// expires and frees its place; absent means the class's default (TLS 10 s, SIP 2 s).
     #[serde(default)]
     pub timeout: Option<crate::proxy::config::Span>,
+    /// What a refusal gets: `drop` (silence) or `reject` (a TCP reset, a SIP 503 from the NIC);
+    /// absent means the class's default (TLS classes reject, SIP classes drop).
+    #[serde(default, deserialize_with = "de_refuse", serialize_with = "ser_refuse")]
+    pub refuse: Option<Refuse>,
+    /// Replies per second for refusals, all CPUs together; absent means 20000.
+    #[serde(default, deserialize_with = "de_reply_rate")]
+    pub reply_rate: Option<u64>,
+    /// Seconds a SIP 503 asks the client to wait before trying again (`Retry-After`, 1..=86400);
+    /// absent means no such header.
+    #[serde(default, deserialize_with = "de_retry_after")]
+    pub retry_after: Option<u32>,
+}
+
+fn de_refuse<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Refuse>, D::Error> {
+    let v = Option::<String>::deserialize(d)?;
+    v.map(|name| {
+        Refuse::from_name(&name)
+            .ok_or_else(|| D::Error::custom(format!("refuse '{name}' is not one of: drop, reject")))
+    })
+    .transpose()
+}
+fn ser_refuse<S: Serializer>(v: &Option<Refuse>, s: S) -> Result<S::Ok, S::Error> {
+    v.map(Refuse::name).serialize(s)
+}
+fn de_reply_rate<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    bounded(d, "reply_rate", MAX_REPLY_RATE)
+}
+fn de_retry_after<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    match bounded(d, "retry_after", u64::from(MAX_RETRY_AFTER))? {
+        Some(0) => Err(D::Error::custom(format!(
+            "retry_after 0 out of range 1..={MAX_RETRY_AFTER} (leave it out for no Retry-After)"
+        ))),
+        v => Ok(v.map(|v| v as u32)),
+    }
 }
 
 fn de_backlog<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
@@ -58,6 +92,9 @@ impl PolicyConfig {
             rate: self.rate,
             burst: self.burst,
             timeout: self.timeout.map(|t| t.0),
+            refuse: self.refuse,
+            reply_rate: self.reply_rate,
+            retry_after: self.retry_after,
         }
     }
 
@@ -68,6 +105,9 @@ impl PolicyConfig {
             rate: p.rate,
             burst: p.burst,
             timeout: p.timeout.map(crate::proxy::config::Span),
+            refuse: p.refuse,
+            reply_rate: p.reply_rate,
+            retry_after: p.retry_after,
         }
     }
 }

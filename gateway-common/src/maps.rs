@@ -871,14 +871,14 @@ mod tests {
     /// Sum of field sizes equals the struct size: no implicit padding anywhere.
     #[test]
     fn no_implicit_padding() {
-        assert_eq!(size_of::<ClassStats>(), 6 * 8);
-        assert_eq!(size_of::<ClassPolicy>(), 5 * 8 + 4 + 4 + 3 * 8);
-        assert_eq!(size_of::<ClassState>(), 5 * 8);
+        assert_eq!(size_of::<ClassStats>(), 7 * 8);
+        assert_eq!(size_of::<ClassPolicy>(), 5 * 8 + 4 + 4 + 3 * 8 + 8 + 4 + 4);
+        assert_eq!(size_of::<ClassState>(), 6 * 8);
         assert_eq!(size_of::<Pending>(), 8 + 8 + 4 + 4 + 16);
         assert_eq!(size_of::<ServiceKey>(), 2 + 1 + 1);
         assert_eq!(size_of::<ServiceValue>(), 4 + 4);
         assert_eq!(size_of::<DatapathConfig>(), 8 + 4 * 6);
-        assert_eq!(size_of::<DatapathCounters>(), 11 * 8);
+        assert_eq!(size_of::<DatapathCounters>(), 14 * 8);
         assert_eq!(size_of::<SipDialog>(), 8);
         assert_eq!(size_of::<FlowKey>(), 16 + 16 + 2 + 2 + 4);
         assert_eq!(

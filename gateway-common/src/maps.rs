@@ -113,6 +113,10 @@ pub mod programs {
     /// The reply program of the TC hook, reached by tail call from [`TC_INGRESS`] and
     /// [`TC_SIP`].
     pub const TC_REPLY: &str = "gateway_tc_reply";
+    /// The finishing program at the TC ingress of an XDP attachment: for a refused segment the
+    /// XDP program turned into the server's reset, it sends the client its reset (a copy) and
+    /// passes the server's on.
+    pub const TC_FINISH: &str = "gateway_tc_finish";
 
     /// A bare `XDP_PASS` program, the baseline of the per-packet cost benchmark.
     pub const XDP_BARE_PASS: &str = "gateway_bare_pass";
@@ -494,8 +498,11 @@ pub struct DatapathConfig {
     pub reloads: u32,
     /// Reloads the daemon refused (the config was bad; nothing changed).
     pub reloads_refused: u32,
-    /// Padding, zero.
-    pub pad: u32,
+    /// 1 when the loader attached the finishing program (`programs::TC_FINISH`) at this XDP
+    /// attachment's TC ingress: the XDP reply program then hands a refused TCP segment to the
+    /// stack as the server's reset, and the finishing program sends the client's. 0: the XDP
+    /// program resets the client alone (XDP_TX).
+    pub finisher: u32,
 }
 
 crate::counters! {
@@ -671,10 +678,12 @@ crate::counters! {
         /// Offers of an issued key that already held its limit of resumed connections (a replayed
         /// or shared key): classed tls-new.
         pub replays_bounded: u64,
-        /// Resets sent to clients of refused connections, from the NIC.
+        /// Resets sent to clients of refused connections, from the NIC (on XDP with the
+        /// finishing program: handed over to it, which counts a copy it could not send as
+        /// withheld).
         pub resets_sent: u64,
         /// Refused segments the class would answer that got no reset: the frame was not one the
-        /// datapath answers (IPv4 options, IPv6 extension headers).
+        /// datapath answers (IPv4 options, IPv6 extension headers), or a copy failed.
         pub resets_withheld: u64,
         /// Rejections the `TLS_REJECTS` ring buffer had no room for (the daemon did not hear of
         /// them; the connections were refused all the same).

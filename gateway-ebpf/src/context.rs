@@ -9,7 +9,7 @@ use aya_ebpf::{
     helpers::generated::{
         bpf_clone_redirect, bpf_csum_level, bpf_redirect, bpf_sk_release, bpf_skb_change_tail,
         bpf_skb_load_bytes, bpf_skb_pull_data, bpf_skb_store_bytes, bpf_skc_lookup_tcp,
-        bpf_xdp_adjust_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
+        bpf_xdp_adjust_meta, bpf_xdp_adjust_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
     },
     programs::{TcContext, XdpContext},
 };
@@ -74,7 +74,15 @@ pub trait Rewrite {
     /// Sends a copy of the frame as it is now out of the device it came in on, and keeps the
     /// frame; whether the copy went (the TC hook only).
     fn send_copy(&self) -> bool;
+
+    /// Marks the frame for the finishing program at TC ingress (XDP only): metadata holding
+    /// [`HANDED_OVER`] and `value`. Whether it could.
+    fn hand_over(&self, value: u32) -> bool;
 }
+
+/// The metadata tag of a frame the XDP reply program hands to the finishing program
+/// (`b"GWRS"`): the server's reset, whose client still needs its own.
+pub const HANDED_OVER: u32 = u32::from_be_bytes(*b"GWRS");
 
 impl Rewrite for XdpContext {
     const SENDS_COPIES: bool = false;
@@ -100,6 +108,24 @@ impl Rewrite for XdpContext {
     #[inline(always)]
     fn send_copy(&self) -> bool {
         false
+    }
+
+    #[inline(always)]
+    fn hand_over(&self, value: u32) -> bool {
+        // SAFETY: growing the metadata area by 8 bytes in front of the frame.
+        if unsafe { bpf_xdp_adjust_meta(self.ctx, -8) } != 0 {
+            return false;
+        }
+        let meta = self.metadata();
+        if meta + 8 > self.data() {
+            return false;
+        }
+        // SAFETY: the 8 metadata bytes just checked.
+        unsafe {
+            *(meta as *mut [u8; 4]) = HANDED_OVER.to_ne_bytes();
+            *((meta + 4) as *mut [u8; 4]) = value.to_ne_bytes();
+        }
+        true
     }
 }
 
@@ -138,6 +164,29 @@ impl Rewrite for TcContext {
     fn send_copy(&self) -> bool {
         // SAFETY: a clone of the program's own skb, to its own device's egress.
         unsafe { bpf_clone_redirect(self.skb.skb, (*self.skb.skb).ifindex, 0) == 0 }
+    }
+
+    #[inline(always)]
+    fn hand_over(&self, _value: u32) -> bool {
+        false
+    }
+}
+
+/// The value the XDP reply program handed over with a frame ([`Rewrite::hand_over`]), if it
+/// did: read by the finishing program at TC ingress.
+#[inline(always)]
+pub fn handed_over(ctx: &TcContext) -> Option<u32> {
+    // SAFETY: reads of the skb's metadata bounds, then of the 8 bytes checked against them.
+    unsafe {
+        let skb = ctx.skb.skb;
+        let meta = core::ptr::read_volatile(&(*skb).data_meta) as usize;
+        let data = core::ptr::read_volatile(&(*skb).data) as usize;
+        if meta + 8 > data {
+            return None;
+        }
+        let tag = u32::from_ne_bytes(*(meta as *const [u8; 4]));
+        let value = u32::from_ne_bytes(*((meta + 4) as *const [u8; 4]));
+        (tag == HANDED_OVER).then_some(value)
     }
 }
 

@@ -181,6 +181,13 @@ pub fn process_reply<R: Rewrite, B: PacketBytes>(ctx: &R, b: &B, len: u64) -> Ac
     }
 }
 
+/// Counts a refused segment whose client got no reset after all (the finishing program could
+/// not send its copy).
+#[inline(always)]
+pub fn count_withheld_reset() {
+    count_tls(|c| c.resets_withheld += 1);
+}
+
 /// Counts in the TLS counters.
 #[inline(always)]
 fn count_tls(f: impl FnOnce(&mut TlsCounters)) {

@@ -20,7 +20,11 @@ use gateway_common::{
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
 };
 
-use crate::{context::Action, context::Rewrite, sip::compose_reply};
+use crate::{
+    context::{Action, Rewrite},
+    maps::DP_CONFIG,
+    sip::compose_reply,
+};
 
 /// Sum of the big-endian 16-bit words of `n` bytes at `p` (n even).
 ///
@@ -110,11 +114,18 @@ impl Headers {
         (self.l3 & 0x1f) + self.ip_len()
     }
 
-    /// Turns the frame's link and IP headers around, for a transport segment of `l4_len` bytes
-    /// of protocol `proto` going back to the sender; returns the transport header and its
-    /// pseudo-header sum. `None` when the frame is shorter than the headers.
+    /// Sets the frame's link and IP headers for a transport segment of `l4_len` bytes of
+    /// protocol `proto`, turned around (going back to the sender) when `turn`; returns the
+    /// transport header and its pseudo-header sum. `None` when the frame is shorter than the
+    /// headers.
     #[inline(always)]
-    fn turn_around<R: Rewrite>(self, ctx: &R, l4_len: u16, proto: u8) -> Option<(*mut u8, u64)> {
+    fn rewrite<R: Rewrite>(
+        self,
+        ctx: &R,
+        l4_len: u16,
+        proto: u8,
+        turn: bool,
+    ) -> Option<(*mut u8, u64)> {
         // A masked offset the verifier can follow, and bounds checked from the IP header with
         // constant lengths per branch (headers plus 20 transport bytes, the most this module
         // writes directly).
@@ -127,13 +138,17 @@ impl Headers {
         // SAFETY: the MACs are within the 12 bytes checked above, the headers within the bounds
         // each branch checks.
         unsafe {
-            swap(p, p.add(6), 6);
+            if turn {
+                swap(p, p.add(6), 6);
+            }
             let ip = p.add(l3);
             if self.v4 {
                 if data + l3 + 40 > end {
                     return None;
                 }
-                swap(ip.add(12), ip.add(16), 4);
+                if turn {
+                    swap(ip.add(12), ip.add(16), 4);
+                }
                 put16(ip.add(2), 20 + l4_len);
                 put16(ip.add(4), 0); // id
                 put16(ip.add(6), 0x4000); // DF
@@ -148,7 +163,9 @@ impl Headers {
                 if data + l3 + 60 > end {
                     return None;
                 }
-                swap(ip.add(8), ip.add(24), 16);
+                if turn {
+                    swap(ip.add(8), ip.add(24), 16);
+                }
                 put16(ip.add(4), l4_len);
                 *ip.add(7) = 64;
                 Some((
@@ -160,16 +177,18 @@ impl Headers {
     }
 }
 
-/// Writes a bare TCP reset header at `tcp` (ports swapped from what is there) with `seq` and
-/// `ack`, and its checksum over `pseudo`.
+/// Writes a bare TCP reset header at `tcp` (ports swapped from what is there when `turn`) with
+/// `seq` and `ack`, and its checksum over `pseudo`.
 ///
 /// # Safety
 /// 20 bytes at `tcp` inside the packet.
 #[inline(always)]
-unsafe fn write_reset(tcp: *mut u8, pseudo: u64, seq: u32, ack: u32) {
+unsafe fn write_reset(tcp: *mut u8, pseudo: u64, seq: u32, ack: u32, turn: bool) {
     // SAFETY: the caller's bounds.
     unsafe {
-        swap(tcp, tcp.add(2), 2);
+        if turn {
+            swap(tcp, tcp.add(2), 2);
+        }
         let s = seq.to_be_bytes();
         let a = ack.to_be_bytes();
         for i in 0..4 {
@@ -185,10 +204,19 @@ unsafe fn write_reset(tcp: *mut u8, pseudo: u64, seq: u32, ack: u32) {
     }
 }
 
-/// Answers the refused TCP segment `pkt` with a reset to its sender ([`Action::Tx`]); where the
-/// hook sends copies, the reset goes as a copy and the frame becomes the server's reset, handed
-/// to the local stack ([`Action::Pass`]). `None` when the segment is not one this answers, or
-/// the frame could not be rewritten (the caller drops it).
+/// Answers the refused TCP segment `pkt` with a reset to its sender, and the server's socket
+/// with one too where the hook can:
+///
+/// - TC sends the client's reset as a copy, then turns the frame back into the server's reset
+///   (sequence number: the refused segment's own, the one the server expects next; RFC 5961
+///   accepts no other) and hands it to the local stack ([`Action::Pass`]);
+/// - XDP with the finishing program attached (`DatapathConfig::finisher`) turns the segment into
+///   the server's reset in place and hands it over with the client's acknowledgement number in
+///   metadata ([`Action::Pass`]; [`finish`] sends the client's reset);
+/// - XDP alone resets the client ([`Action::Tx`]) and leaves the server's socket to the daemon.
+///
+/// `None` when the segment is not one this answers, or the frame could not be rewritten (the
+/// caller drops it).
 #[inline(always)]
 pub fn reset<R: Rewrite>(ctx: &R, pkt: &Packet, frame_len: usize) -> Option<Action> {
     let t = &pkt.transport;
@@ -209,24 +237,59 @@ pub fn reset<R: Rewrite>(ctx: &R, pkt: &Packet, frame_len: usize) -> Option<Acti
         sent += 1;
     }
     let (seq, ack) = (t.seq, t.ack);
+    let client_ack = seq.wrapping_add(sent);
     if !ctx.truncate(new_len) {
         return None;
     }
-    let (tcp, pseudo) = h.turn_around(ctx, 20, IPPROTO_TCP)?;
-    // SAFETY: turn_around checked 20 transport bytes.
-    unsafe { write_reset(tcp, pseudo, ack, seq.wrapping_add(sent)) };
+    if !R::SENDS_COPIES && finisher_attached() && ctx.hand_over(client_ack) {
+        let (tcp, pseudo) = h.rewrite(ctx, 20, IPPROTO_TCP, false)?;
+        // SAFETY: rewrite checked 20 transport bytes.
+        unsafe { write_reset(tcp, pseudo, seq, ack, false) };
+        return Some(Action::Pass);
+    }
+    let (tcp, pseudo) = h.rewrite(ctx, 20, IPPROTO_TCP, true)?;
+    // SAFETY: as above.
+    unsafe { write_reset(tcp, pseudo, ack, client_ack, true) };
     if !R::SENDS_COPIES {
         return Some(Action::Tx);
     }
     if !ctx.send_copy() {
         return None;
     }
-    // The same frame, turned back, resets the server's socket: the sequence number is the
-    // refused segment's own, the one the server expects next (RFC 5961 accepts no other).
-    let (tcp, pseudo) = h.turn_around(ctx, 20, IPPROTO_TCP)?;
+    let (tcp, pseudo) = h.rewrite(ctx, 20, IPPROTO_TCP, true)?;
     // SAFETY: as above.
-    unsafe { write_reset(tcp, pseudo, seq, ack) };
+    unsafe { write_reset(tcp, pseudo, seq, ack, true) };
     Some(Action::Pass)
+}
+
+/// Whether the finishing program is attached at this XDP attachment's TC ingress.
+#[inline(always)]
+fn finisher_attached() -> bool {
+    DP_CONFIG.get(0).is_some_and(|c| c.finisher != 0)
+}
+
+/// The finishing program's body (TC ingress of an XDP attachment): a frame the XDP reply program
+/// handed over (`pkt`, the server's reset, with the client's acknowledgement number
+/// `client_ack`) is sent to the client as its reset (a copy), then turned back and passed on to
+/// the stack as the server's. `false` when the copy could not be made (the server's reset is
+/// passed on all the same).
+#[inline(always)]
+pub fn finish<R: Rewrite>(ctx: &R, pkt: &Packet, client_ack: u32) -> bool {
+    let Some(h) = Headers::of(pkt, IPPROTO_TCP) else {
+        return false;
+    };
+    let (seq, ack) = (pkt.transport.seq, pkt.transport.ack);
+    let Some((tcp, pseudo)) = h.rewrite(ctx, 20, IPPROTO_TCP, true) else {
+        return false;
+    };
+    // SAFETY: rewrite checked 20 transport bytes.
+    unsafe { write_reset(tcp, pseudo, ack, client_ack, true) };
+    let sent = ctx.send_copy();
+    if let Some((tcp, pseudo)) = h.rewrite(ctx, 20, IPPROTO_TCP, true) {
+        // SAFETY: as above.
+        unsafe { write_reset(tcp, pseudo, seq, ack, true) };
+    }
+    sent
 }
 
 /// Answers the refused SIP request `pkt` (whose reply the SIP program prepared:
@@ -250,8 +313,8 @@ pub fn sip_503<R: Rewrite>(ctx: &R, pkt: &Packet, frame_len: usize) -> Option<Ac
         return None;
     }
     let udp_len = 8 + n as u16;
-    let (udp, pseudo) = h.turn_around(ctx, udp_len, IPPROTO_UDP)?;
-    // SAFETY: turn_around checked 20 transport bytes, of which the UDP header is 8.
+    let (udp, pseudo) = h.rewrite(ctx, udp_len, IPPROTO_UDP, true)?;
+    // SAFETY: rewrite checked 20 transport bytes, of which the UDP header is 8.
     unsafe {
         swap(udp, udp.add(2), 2);
         put16(udp.add(4), udp_len);

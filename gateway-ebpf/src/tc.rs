@@ -9,7 +9,10 @@ use gateway_common::{
 
 use crate::{
     bytes::SkbBytes,
+    context::handed_over,
+    datapath::count_withheld_reset,
     datapath::{process, process_reply, process_sip, service_kind},
+    reply::finish,
     sip::sip_response,
     tls::tls_answer,
 };
@@ -35,6 +38,21 @@ pub fn gateway_tc_sip(ctx: TcContext) -> i32 {
 pub fn gateway_tc_reply(ctx: TcContext) -> i32 {
     let len = u64::from(ctx.len());
     process_reply(&ctx, &SkbBytes::new(&ctx), len).tc(&ctx)
+}
+
+/// The finishing program at the TC ingress of an XDP attachment: a frame the XDP reply program
+/// handed over (the server's reset of a refused connection) gets the client's reset sent as a
+/// copy, and goes on to the stack. Every other frame passes untouched, after one metadata check.
+#[classifier]
+pub fn gateway_tc_finish(ctx: TcContext) -> i32 {
+    let Some(client_ack) = handed_over(&ctx) else {
+        return TC_ACT_OK;
+    };
+    let pkt = parse(&SkbBytes::new(&ctx));
+    if pkt.kind != Kind::Transport || !finish(&ctx, &pkt, client_ack) {
+        count_withheld_reset();
+    }
+    TC_ACT_OK
 }
 
 /// The egress classifier: completions of the units the server answers (TLS connections, SIP

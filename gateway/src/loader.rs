@@ -304,10 +304,45 @@ fn load_xdp(
 /// Attaches the egress program (SIP completions) as a tcx egress link pinned in `pd`, or, when
 /// one is pinned already, replaces its program through it.
 fn attach_egress(ebpf: &mut Ebpf, pd: &PinDir, iface: &str) -> Result<(), LoaderError> {
-    let prog = classifier(ebpf, programs::TC_EGRESS)?;
-    let what = format!("attaching tc egress to {iface}");
-    if pd.egress_link().exists() {
-        let link: FdLink = PinnedLink::from_pin(pd.egress_link())?.into();
+    attach_tcx(
+        ebpf,
+        programs::TC_EGRESS,
+        TcAttachType::Egress,
+        &pd.egress_link(),
+        iface,
+    )
+}
+
+/// Attaches an XDP attachment's finishing program at tcx ingress (pinned in `pd`, or replaced
+/// through its pinned link), then tells the datapath it may hand refused connections over to it
+/// (`DatapathConfig::finisher`).
+fn attach_finisher(ebpf: &mut Ebpf, pd: &PinDir, iface: &str) -> Result<(), LoaderError> {
+    attach_tcx(
+        ebpf,
+        programs::TC_FINISH,
+        TcAttachType::Ingress,
+        &pd.finish_link(),
+        iface,
+    )?;
+    let mut maps = Maps::open(pd)?;
+    let cfg = maps.config()?;
+    maps.set_config(DatapathConfig { finisher: 1, ..cfg })?;
+    Ok(())
+}
+
+/// Attaches the TC program `name` as a tcx link of `attach_type` on `iface`, pinned at `pin`;
+/// when a link is pinned there already, replaces its program through it.
+fn attach_tcx(
+    ebpf: &mut Ebpf,
+    name: &str,
+    attach_type: TcAttachType,
+    pin: &Path,
+    iface: &str,
+) -> Result<(), LoaderError> {
+    let prog = classifier(ebpf, name)?;
+    let what = format!("attaching {name} to {iface}");
+    if pin.exists() {
+        let link: FdLink = PinnedLink::from_pin(pin)?.into();
         let id = prog
             .attach_to_link(SchedClassifierLink::try_from(link)?)
             .map_err(program_err(what.clone()))?;
@@ -317,7 +352,7 @@ fn attach_egress(ebpf: &mut Ebpf, pd: &PinDir, iface: &str) -> Result<(), Loader
     let id = prog
         .attach_with_options(
             iface,
-            TcAttachType::Egress,
+            attach_type,
             TcAttachOptions::TcxOrder(LinkOrder::default()),
         )
         .map_err(program_err(what.clone()))?;
@@ -326,7 +361,7 @@ fn attach_egress(ebpf: &mut Ebpf, pd: &PinDir, iface: &str) -> Result<(), Loader
         .map_err(program_err(what))?
         .try_into()
         .map_err(LoaderError::Link)?;
-    let _pinned = link.pin(pd.egress_link())?;
+    let _pinned = link.pin(pin)?;
     Ok(())
 }
 
@@ -389,6 +424,9 @@ fn fresh(pd: &PinDir, ifindex: u32, opts: &AttachOptions) -> Result<Attachment, 
     let _pinned = link.pin(pd.link())?;
     attach_egress(&mut ebpf, pd, iface)?;
     record_mode(pd, mode, ifindex)?;
+    if mode != AttachMode::Tc {
+        attach_finisher(&mut ebpf, pd, iface)?;
+    }
     Ok(Attachment {
         iface: iface.clone(),
         mode,
@@ -432,6 +470,9 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<Attachment, LoaderError>
         }
     }
     attach_egress(&mut ebpf, pd, &opts.iface)?;
+    if recorded != AttachMode::Tc {
+        attach_finisher(&mut ebpf, pd, &opts.iface)?;
+    }
     let info = FdLink::from(PinnedLink::from_pin(pd.link())?).info()?;
     Ok(Attachment {
         iface: opts.iface.clone(),

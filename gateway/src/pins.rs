@@ -101,6 +101,12 @@ impl PinDir {
         self.dir.join("egress-link")
     }
 
+    /// Path of the pinned tcx ingress link of an XDP attachment's finishing program (the
+    /// client's reset for a refused connection whose server's reset XDP handed over).
+    pub fn finish_link(&self) -> PathBuf {
+        self.dir.join("finish-link")
+    }
+
     /// Path of a pinned map.
     pub fn map(&self, name: &str) -> PathBuf {
         self.dir.join(name)

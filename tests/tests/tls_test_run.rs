@@ -895,6 +895,41 @@ fn a_refused_hello_is_answered_with_a_reset_from_the_nic() {
         .build();
     assert_eq!(prog.run_out(&again).0, XDP_TX);
 
+    // XDP with the finishing program attached: the frame becomes the server's reset in place
+    // (same direction, the hello's own sequence number), handed to the stack with the client's
+    // acknowledgement number in metadata for the finishing program at TC ingress.
+    let cfg = prog.maps.config().unwrap();
+    prog.maps
+        .set_config(gateway_common::maps::DatapathConfig { finisher: 1, ..cfg })
+        .unwrap();
+    let mut f = Frame::tcp(443, &hello)
+        .from_port(4500)
+        .seq(1000)
+        .flags(0x18)
+        .build();
+    let l4 = f.len() - hello.len() - 20;
+    f[l4 + 8..l4 + 12].copy_from_slice(&777u32.to_be_bytes());
+    let (action, out) = prog.run_out(&f);
+    assert_eq!(action, XDP_PASS);
+    // The test run returns the metadata in front of the frame.
+    let (meta, out) = out.split_at(8);
+    assert_eq!(&meta[..4], &u32::from_be_bytes(*b"GWRS").to_ne_bytes());
+    assert_eq!(meta[4..8], (1000 + hello.len() as u32).to_ne_bytes());
+    let server = check_rewritten(&f, out, false).unwrap();
+    assert_eq!(server.segment.len(), 20);
+    assert_eq!(
+        u32::from_be_bytes(server.segment[4..8].try_into().unwrap()),
+        1000
+    );
+    assert_eq!(
+        u32::from_be_bytes(server.segment[8..12].try_into().unwrap()),
+        777
+    );
+    assert_eq!(server.segment[13], 0x14, "RST|ACK");
+    prog.maps
+        .set_config(gateway_common::maps::DatapathConfig { finisher: 0, ..cfg })
+        .unwrap();
+
     // The TC hook answers both ends: the client's reset goes out as a copy, and the frame,
     // turned back, becomes a reset of the server's socket with the hello's own sequence number
     // (the one the server expects next), handed to the local stack.

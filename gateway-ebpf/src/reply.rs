@@ -264,7 +264,7 @@ pub fn reset<R: Rewrite>(ctx: &R, pkt: &Packet, frame_len: usize) -> Option<Acti
 
 /// Whether the finishing program is attached at this XDP attachment's TC ingress.
 #[inline(always)]
-fn finisher_attached() -> bool {
+pub fn finisher_attached() -> bool {
     DP_CONFIG.get(0).is_some_and(|c| c.finisher != 0)
 }
 

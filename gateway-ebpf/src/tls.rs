@@ -51,6 +51,7 @@ use crate::{
     context::{Action, ConnectionLookup, CopyOut, Rewrite},
     maps::{DP_CONFIG, TLS_COUNTERS, TLS_FLOWS, TLS_PENDING, TLS_REJECTS, TLS_SCRATCH},
     pending,
+    reply::finisher_attached,
     resume::{self, Place},
 };
 
@@ -353,7 +354,8 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
 }
 
 /// Decides the complete hello in `f`: its class, then admission against the class's limits.
-/// `resets_server`: the hook's reply resets the server's socket too (`Rewrite::SENDS_COPIES`).
+/// `resets_server`: the hook's reply resets the server's socket too (`Rewrite::SENDS_COPIES`;
+/// on XDP, so does the finishing program when attached).
 #[inline(always)]
 fn decide(key: &FlowKey, f: &mut TlsFlow, resets_server: bool) -> (Class, Action) {
     count(|c| c.hellos += 1);
@@ -411,7 +413,7 @@ fn decide(key: &FlowKey, f: &mut TlsFlow, resets_server: bool) -> (Class, Action
 #[inline(always)]
 fn reject(key: &FlowKey, class: Class, reason: u8, resets_server: bool) -> Action {
     let action = refusal(class, reason);
-    if resets_server && action == Action::Reject {
+    if action == Action::Reject && (resets_server || finisher_attached()) {
         return action;
     }
     // A full ring buffer loses the event (counted), not the rejection: the connection is still

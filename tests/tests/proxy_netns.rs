@@ -960,8 +960,8 @@ fn refused_clients_are_reset_at_the_nic_and_leave_nothing_in_the_proxy() {
         "{:?}",
         started.elapsed()
     );
-    // None of them waits out a handshake timeout in the proxy: the daemon's socket destroy ends
-    // the server side.
+    // None of them waits out a handshake timeout in the proxy: the server's reset from the
+    // datapath (handed to the stack with the client's) ends the server side.
     let text = s.idle();
     assert_eq!(outcome(&text, "handshake_timeout"), 0.0, "{text}");
     eprintln!(

@@ -13,7 +13,8 @@ pub const UAC: &str = include_str!("../sip_uac.xml");
 pub struct UacRun {
     /// Successful calls in each second (SIPp's periodic `SuccessfulCall(P)`).
     pub successful_per_second: Vec<f64>,
-    /// The cumulative counters at the end (`...(C)` columns, without the suffix).
+    /// The cumulative counters at the end (`...(C)` columns, without the suffix, and the
+    /// histograms).
     pub totals: HashMap<String, u64>,
 }
 
@@ -84,7 +85,11 @@ pub fn run_uac(net: &TestNet, dir: &Path, rate: u64, seconds: u64) -> UacRun {
         .iter()
         .zip(last.iter())
         .filter_map(|(k, v)| {
-            let name = k.strip_suffix("(C)")?;
+            // Cumulative columns; the histograms (`CallLengthRepartition_<10`, ...) have no
+            // suffix and are cumulative too.
+            let name = k
+                .strip_suffix("(C)")
+                .or_else(|| (!k.ends_with("(P)")).then_some(*k))?;
             v.parse().ok().map(|v| (name.to_string(), v))
         })
         .collect();

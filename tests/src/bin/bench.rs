@@ -79,6 +79,7 @@ Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
 
     tls_costs(&mut TestProgram::new());
     sip_costs(&mut TestProgram::new());
+    reply_costs(&mut TestProgram::new());
     egress_costs(&TestProgram::new());
     spoofed_costs();
 
@@ -174,6 +175,18 @@ fn tls_costs(prog: &mut TestProgram) {
         1,
     );
     let rejected = Frame::tcp(443, &plain).from_port(2).seq(1).build();
+    // Its later packets dropped, not answered: a repeated run must see the same frame (a reset
+    // would rewrite it in place; replies cost their own row, `reply_costs`).
+    prog.maps
+        .set_policy(
+            gateway_common::Class::TlsFlow,
+            gateway_common::policy::Policy {
+                refuse: Some(gateway_common::policy::Refuse::Drop),
+                ..Default::default()
+            }
+            .to_map(),
+        )
+        .unwrap();
     for (name, frame, target) in [
         ("admitted connection (tls-flow)", &data, "< 1.5x"),
         ("rejected connection (dropped)", &rejected, "-"),
@@ -268,6 +281,72 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 2 BYE\r\n\r\n",
         "| BYE of an established dialog (exempt) | {o:.0} | {b:.0} | {:.1}x | - |",
         o / b
     );
+}
+
+/// What answering a refusal costs against dropping it: a refused hello reset, a refused 1 KB
+/// INVITE answered with a 503 (both XDP_TX from the reply program), against the same refusals
+/// with `refuse: drop`.
+fn reply_costs(prog: &mut TestProgram) {
+    use gateway_common::{
+        Class,
+        policy::{Policy, Refuse},
+    };
+    const SINGLE: usize = 2000;
+    let hello = Frame::tcp(443, &HelloBuilder::default().build())
+        .from_port(7)
+        .seq(1)
+        .build();
+    let mut invite = b"INVITE sip:service@10.99.0.1:5060 SIP/2.0\r\n\
+Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-4101-1-0\r\n\
+From: sipp <sip:sipp@10.99.0.2:5061>;tag=4101SIPpTag001\r\n\
+To: service <sip:service@10.99.0.1:5060>\r\n\
+Call-ID: 1-4101@10.99.0.2\r\n\
+CSeq: 1 INVITE\r\n\
+Contact: sip:sipp@10.99.0.2:5061\r\n\
+Max-Forwards: 70\r\n\
+Subject: Performance Test\r\n\
+Content-Type: application/sdp\r\n\
+Content-Length: 600\r\n\r\n"
+        .to_vec();
+    invite.resize(1024, b'v');
+    let invite = Frame::udp(5060, &invite).build();
+    println!(
+        "\n# Refusal cost: answered against dropped\n\nSingle runs, flows and transactions \
+         cleared before each, median of {SINGLE}; the class closed (rate 0), the reply rate at \
+         its maximum so that every run answers.\n"
+    );
+    println!("| refusal | answered ns | dropped ns | answered / dropped | action |");
+    println!("|---|---:|---:|---:|---|");
+    for (name, class, frame) in [
+        ("TLS hello, 153 B: reset", Class::TlsNew, &hello),
+        ("SIP INVITE, 1 KB: 503", Class::SipOriginal, &invite),
+    ] {
+        let mut cost = |refuse| {
+            let p = Policy {
+                rate: Some(0),
+                refuse: Some(refuse),
+                reply_rate: Some(gateway_common::policy::MAX_REPLY_RATE),
+                ..Default::default()
+            };
+            prog.maps.set_policy(class, p.to_map()).unwrap();
+            let mut runs = Vec::new();
+            let mut action = 0;
+            for _ in 0..SINGLE {
+                prog.forget();
+                let (a, ns) = prog.run(Hook::Xdp, frame, 1);
+                action = a;
+                runs.push(ns);
+            }
+            (median(runs), action)
+        };
+        let (answered, tx) = cost(Refuse::Reject);
+        let (dropped, _) = cost(Refuse::Drop);
+        assert_eq!(tx, 3, "{name}: answered with XDP_TX");
+        println!(
+            "| {name} | {answered:.0} | {dropped:.0} | {:.2}x | XDP_TX |",
+            answered / dropped
+        );
+    }
 }
 
 /// What a spoofed segment costs (the socket lookup that finds no connection, then the drop),

@@ -30,6 +30,9 @@ const STATIC: &str = "services:\n  - {kind: sip, port: 5060}\npolicy:\n  sip-ori
 /// No limit set by hand: the controller finds them (its default target, 100 ms).
 const CONTROLLED: &str = "services:\n  - {kind: sip, port: 5060}\ncontroller:\n  classes:\n    sip-original: {mode: sip}\n";
 
+/// The controller, with refused requests answered by a 503 from the NIC (issue 13).
+const CONTROLLED_503: &str = "services:\n  - {kind: sip, port: 5060}\ncontroller:\n  classes:\n    sip-original: {mode: sip}\npolicy:\n  sip-original: {refuse: reject}\n  sip-retransmission: {refuse: reject}\n";
+
 /// One run (no gateway, or the gateway with `config`): successful calls per second over the
 /// steady window, and SIPp's totals.
 fn run(multiplier: f64, config: Option<&str>, kamailio: bool) -> (f64, HashMap<String, u64>) {
@@ -85,6 +88,9 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let kamailio = args.iter().any(|a| a == "kamailio");
     let loads: Vec<f64> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    if args.iter().any(|a| a == "refuse") {
+        return refusals(if loads.is_empty() { vec![3.0] } else { loads }, kamailio);
+    }
     let cap = capacity();
     println!(
         "# SIP overload: goodput as a share of capacity\n\nServer: {}, {}, {:?} CPU per INVITE and {:?} per ACK/BYE: capacity {cap:.0} calls/s. SIPp with a transaction-matching UAC, T1 500 ms; goodput = successful calls/s averaged over seconds {WARM}..{SECONDS}. Static policy (picked by hand): sip-original backlog 30, sip-retransmission backlog 10. Controller: no limit set, mode sip, target 100 ms.\n",
@@ -125,6 +131,42 @@ fn main() {
             retrans(&gt),
             retrans(&ct),
             ct.get("FailedCall").copied().unwrap_or(0),
+        );
+    }
+}
+
+/// Refused callers, dropped against answered with a 503 from the NIC, behind the controller:
+/// goodput, the INVITE retransmissions the refusals cause, failed calls, and how many calls
+/// ended within 10 ms (SIPp's call-length histogram counts failed calls too).
+fn refusals(loads: Vec<f64>, kamailio: bool) {
+    let cap = capacity();
+    println!(
+        "# SIP overload: refused callers dropped or answered (503 from the NIC)\n\nServer: {}, capacity {cap:.0} calls/s; the controller sets the limits (mode sip); 20 s of load.\n",
+        if kamailio {
+            "a real Kamailio (one worker)"
+        } else {
+            "one FIFO thread, 8 MiB buffer"
+        }
+    );
+    println!(
+        "| offered load | goodput, drop | goodput, 503 | retransmissions, drop | retransmissions, 503 | failed calls, drop | failed calls, 503 | calls ended < 10 ms, drop | calls ended < 10 ms, 503 |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let get = |t: &HashMap<String, u64>, k: &str| t.get(k).copied().unwrap_or(0);
+    for m in loads {
+        let (drop, dt) = run(m, Some(CONTROLLED), kamailio);
+        let (answered, at) = run(m, Some(CONTROLLED_503), kamailio);
+        println!(
+            "| {m:.1}x ({:.0} calls/s) | {:.0}% | {:.0}% | {} | {} | {} | {} | {} | {} |",
+            cap * m,
+            100.0 * drop / cap,
+            100.0 * answered / cap,
+            get(&dt, "Retransmissions"),
+            get(&at, "Retransmissions"),
+            get(&dt, "FailedCall"),
+            get(&at, "FailedCall"),
+            get(&dt, "CallLengthRepartition_<10"),
+            get(&at, "CallLengthRepartition_<10"),
         );
     }
 }

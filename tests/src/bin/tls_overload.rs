@@ -1,5 +1,5 @@
 //! `cargo xtask bench` (tls-overload, seed 000): resumed-session clients in a closed loop while a
-//! flood of new handshakes arrives at 0x, 1x and 5x the proxy's full-handshake capacity, with the
+//! flood of new handshakes arrives at 0x, 1x, 2x and 5x the proxy's full-handshake capacity, with the
 //! gateway's controller (mode tls) and with no limit, in one run. The proxy runs one thread on
 //! core 0; the clients and the flood share core 1. The flood is cheap: one real ClientHello,
 //! recorded once, replayed on every connection (no client crypto), so the proxy does a full
@@ -153,6 +153,7 @@ fn main() {
         "# TLS overload (seed 000)\n\nProxy: one thread on core 0; a full handshake costs {:.0} µs of its CPU, so its capacity is {capacity:.0} full handshakes/s. {RESUMING_CLIENTS} resumed-session clients (rustls, closed loop, a GET each) and the flood share core 1. Flood: one recorded rustls ClientHello replayed per connection. {PHASE:?} per phase.\n",
         cost * 1e6
     );
+    refusal_cost(&net, &cert, &backend, &hello, capacity);
     println!(
         "| gateway | flood | flood sent/s | resumed/s | share of unloaded |\n|---|---|---:|---:|---:|"
     );
@@ -168,7 +169,7 @@ fn main() {
         let _ = net.in_peer(|| rustls_fetch(&config, &addr));
         let _ = net.in_peer(|| rustls_fetch(&config, &addr));
         let (unloaded, _) = phase(&net, &cert, &hello, 0.0);
-        for m in [1.0, 5.0] {
+        for m in [1.0, 2.0, 5.0] {
             let (resumed, sent) = phase(&net, &cert, &hello, m * capacity);
             println!(
                 "| {name} | {m:.0}x | {sent:.0} | {resumed:.0} | {:.0}% |",
@@ -178,4 +179,41 @@ fn main() {
         println!("| {name} | 0x | 0 | {unloaded:.0} | 100% |");
         let _ = daemon.terminate(Duration::from_secs(20));
     }
+}
+
+/// What a refused hello costs the server: tls-new closed, the flood alone at the proxy's
+/// capacity for one phase; busy time of core 0 (the proxy's) and of core 1 (the flood's, where
+/// the veth runs the datapath), and the daemon's own CPU, per refused hello.
+fn refusal_cost(net: &TestNet, cert: &Cert, backend: &Backend, hello: &[u8], capacity: f64) {
+    use gateway_tests::procfs::{cpu_busy_seconds, cpu_seconds};
+    let daemon = start(net, cert, backend, "policy:\n  tls-new: {backlog: 0}\n");
+    let refused = |net: &TestNet| {
+        gateway_tests::netns::class_counter(&net.stats(), "tls-new", "dropped_backlog") as f64
+    };
+    let (r0, c0, c1, d0) = (
+        refused(net),
+        cpu_busy_seconds(0),
+        cpu_busy_seconds(1),
+        cpu_seconds(daemon.pid()),
+    );
+    let _ = phase(net, cert, hello, capacity);
+    let (r1, c0b, c1b, d1) = (
+        refused(net),
+        cpu_busy_seconds(0),
+        cpu_busy_seconds(1),
+        cpu_seconds(daemon.pid()),
+    );
+    let n = (r1 - r0).max(1.0);
+    let tls = &net.stats()["tls"];
+    println!(
+        "Refusal cost (tls-new closed, the flood alone at 1x for {PHASE:?}): {n:.0} hellos refused \
+         ({} resets sent, {} withheld); per refused hello, core 0 (the proxy) {:.1} µs busy, of \
+         which the daemon {:.1} µs; core 1 (flood and datapath) {:.1} µs.\n",
+        tls["resets_sent"],
+        tls["resets_withheld"],
+        (c0b - c0) * 1e6 / n,
+        (d1 - d0) * 1e6 / n,
+        (c1b - c1) * 1e6 / n,
+    );
+    let _ = daemon.terminate(Duration::from_secs(10));
 }

@@ -383,8 +383,37 @@ fn bind_proxy(addr: SocketAddr, backlog: u32) -> Result<TcpListener, DaemonError
     }
     .map_err(err)?;
     socket.set_reuseaddr(true).map_err(err)?;
+    defer_accept(&socket).map_err(err)?;
     socket.bind(addr).map_err(err)?;
     socket.listen(backlog).map_err(err)
+}
+
+/// Seconds a proxy listener's connection may wait for its client's first bytes before the
+/// kernel hands it to accept() anyway.
+const DEFER_ACCEPT_SECS: libc::c_int = 10;
+
+/// `TCP_DEFER_ACCEPT`: a connection reaches accept() only once its ClientHello has arrived. A
+/// refused hello never arrives (the datapath turns it into the server's reset, which ends the
+/// connection while it is still a request socket), so the daemon never pays for a refused
+/// connection: no accept, no task, no failed read.
+fn defer_accept(socket: &tokio::net::TcpSocket) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let secs = DEFER_ACCEPT_SECS;
+    // SAFETY: a valid socket fd and a c_int option value of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&raw const secs).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Sets up and starts every proxy listener of the config; all or none.

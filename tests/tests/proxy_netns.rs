@@ -971,4 +971,27 @@ fn refused_clients_are_reset_at_the_nic_and_leave_nothing_in_the_proxy() {
     let tls = &s.net.stats()["tls"];
     assert!(tls["resets_sent"].as_u64().unwrap() >= 20, "{tls}");
     assert_eq!(tls["reject_events_lost"], 0, "{tls}");
+
+    // A hello in one segment never reaches accept(): the listener defers accept until data
+    // arrives (TCP_DEFER_ACCEPT), and the datapath turns the refused hello into the server's
+    // reset, which ends the connection while it is a request socket. (The rustls hellos above
+    // take two segments, the first of which the stack receives before the second decides.)
+    let before = outcomes(&s.idle());
+    let hello = gateway_common::testing::HelloBuilder::default().build();
+    for _ in 0..10 {
+        let got = s.net.in_peer(|| {
+            let mut c = TcpStream::connect((GW_V4, PORT)).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            std::io::Write::write_all(&mut c, &hello).unwrap();
+            let mut buf = [0u8; 64];
+            std::io::Read::read(&mut c, &mut buf).map_err(|e| e.kind())
+        });
+        assert_eq!(got, Err(std::io::ErrorKind::ConnectionReset));
+    }
+    let text = s.idle();
+    assert_eq!(
+        outcomes(&text),
+        before,
+        "the proxy saw a refused connection: {text}"
+    );
 }

@@ -105,6 +105,12 @@ impl Proxy {
         tracker: TaskTracker,
     ) {
         crate::accept::accept_until(listener, &stop, &self.label, |sock, peer| {
+            // A connection already reset (SO_ERROR) costs no task and no read: the datapath
+            // refused its hello after the hello's first segment had queued it.
+            if matches!(sock.take_error(), Ok(Some(_))) {
+                self.own.outcome(Outcome::ResetAtAccept);
+                return;
+            }
             tracker.spawn(self.clone().connection(sock, peer));
         })
         .await;

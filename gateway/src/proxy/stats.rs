@@ -43,17 +43,21 @@ pub enum Outcome {
     BackendUnavailable,
     /// A proxied connection closed for idleness.
     IdleTimeout,
+    /// Reset before the proxy read anything (a hello the datapath refused, whose server's reset
+    /// came after the connection was queued for accept): closed at accept, no task.
+    ResetAtAccept,
 }
 
 impl Outcome {
     /// Every outcome, in discriminant order.
-    pub const ALL: [Outcome; 6] = [
+    pub const ALL: [Outcome; 7] = [
         Outcome::Proxied,
         Outcome::RefusedFull,
         Outcome::HandshakeTimeout,
         Outcome::HandshakeError,
         Outcome::BackendUnavailable,
         Outcome::IdleTimeout,
+        Outcome::ResetAtAccept,
     ];
 
     /// The label value.
@@ -65,6 +69,7 @@ impl Outcome {
             Outcome::HandshakeError => "handshake_error",
             Outcome::BackendUnavailable => "backend_unavailable",
             Outcome::IdleTimeout => "idle_timeout",
+            Outcome::ResetAtAccept => "reset_at_accept",
         }
     }
 }

@@ -30,15 +30,15 @@ const PHASE: Duration = Duration::from_secs(4);
 const RESUMING_CLIENTS: usize = 2;
 const FLOOD_THREADS: usize = 8;
 
-/// Resumed handshakes (with their GET) per second from `RESUMING_CLIENTS` closed-loop clients
-/// for `PHASE`, while `flood` new hellos per second arrive.
-fn phase(net: &TestNet, cert: &Cert, hello: &[u8], flood: f64) -> (f64, f64) {
+/// Resumed handshakes (with their GET) per second from `clients` closed-loop clients for
+/// `PHASE`, while `flood` new hellos per second arrive.
+fn phase(net: &TestNet, cert: &Cert, hello: &[u8], flood: f64, clients: usize) -> (f64, f64) {
     let addr = format!("{GW_V4}:8443");
     let done = Arc::new(AtomicU64::new(0));
     let sent = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     std::thread::scope(|s| {
-        for _ in 0..RESUMING_CLIENTS {
+        for _ in 0..clients {
             let (done, stop, addr, ns) = (
                 done.clone(),
                 stop.clone(),
@@ -153,24 +153,53 @@ fn main() {
         "# TLS overload (seed 000)\n\nProxy: one thread on core 0; a full handshake costs {:.0} µs of its CPU, so its capacity is {capacity:.0} full handshakes/s. {RESUMING_CLIENTS} resumed-session clients (rustls, closed loop, a GET each) and the flood share core 1. Flood: one recorded rustls ClientHello replayed per connection. {PHASE:?} per phase.\n",
         cost * 1e6
     );
-    refusal_cost(&net, &cert, &backend, &hello, capacity);
+    refusal_cost(
+        &net,
+        &cert,
+        &backend,
+        (
+            "the recorded rustls hello (post-quantum key share: two segments)",
+            &hello,
+        ),
+        capacity,
+    );
+    let classic = gateway_common::testing::HelloBuilder::default().build();
+    refusal_cost(
+        &net,
+        &cert,
+        &backend,
+        ("a one-segment hello (TLS 1.2, 153 B)", &classic),
+        capacity,
+    );
+    if std::env::args().any(|a| a == "refusal") {
+        return;
+    }
     println!(
         "| gateway | flood | flood sent/s | resumed/s | share of unloaded |\n|---|---|---:|---:|---:|"
     );
+    // The hand-set policy the refusal-path figures of issue 13 were taken with: tls-new at a
+    // quarter of the proxy's capacity.
+    let quarter = format!(
+        "policy:\n  tls-new: {{rate: {}, burst: {}}}\n",
+        (capacity / 4.0).round(),
+        (capacity / 40.0).round().max(1.0)
+    );
     for (name, extra) in [
-        ("no limit", ""),
+        ("no limit", String::new()),
+        ("tls-new at a quarter of capacity (hand-set)", quarter),
         (
             "controller (mode tls, cpu_target 0.8)",
-            "controller:\n  classes:\n    tls-new: {mode: tls, cpu_target: 0.8, min: 1}\n",
+            "controller:\n  classes:\n    tls-new: {mode: tls, cpu_target: 0.8, min: 1}\n"
+                .to_string(),
         ),
     ] {
-        let daemon = start(&net, &cert, &backend, extra);
+        let daemon = start(&net, &cert, &backend, &extra);
         // Warm up the cost figures the controller reads (a full and a resumed handshake).
         let _ = net.in_peer(|| rustls_fetch(&config, &addr));
         let _ = net.in_peer(|| rustls_fetch(&config, &addr));
-        let (unloaded, _) = phase(&net, &cert, &hello, 0.0);
+        let (unloaded, _) = phase(&net, &cert, &hello, 0.0, RESUMING_CLIENTS);
         for m in [1.0, 2.0, 5.0] {
-            let (resumed, sent) = phase(&net, &cert, &hello, m * capacity);
+            let (resumed, sent) = phase(&net, &cert, &hello, m * capacity, RESUMING_CLIENTS);
             println!(
                 "| {name} | {m:.0}x | {sent:.0} | {resumed:.0} | {:.0}% |",
                 100.0 * resumed / unloaded
@@ -184,19 +213,33 @@ fn main() {
 /// What a refused hello costs the server: tls-new closed, the flood alone at the proxy's
 /// capacity for one phase; busy time of core 0 (the proxy's) and of core 1 (the flood's, where
 /// the veth runs the datapath), and the daemon's own CPU, per refused hello.
-fn refusal_cost(net: &TestNet, cert: &Cert, backend: &Backend, hello: &[u8], capacity: f64) {
+fn refusal_cost(
+    net: &TestNet,
+    cert: &Cert,
+    backend: &Backend,
+    (what, hello): (&str, &[u8]),
+    capacity: f64,
+) {
     use gateway_tests::procfs::{cpu_busy_seconds, cpu_seconds};
     let daemon = start(net, cert, backend, "policy:\n  tls-new: {backlog: 0}\n");
     let refused = |net: &TestNet| {
         gateway_tests::netns::class_counter(&net.stats(), "tls-new", "dropped_backlog") as f64
     };
+    let accepted = |net: &TestNet| {
+        scrape(net, METRICS)
+            .lines()
+            .filter(|l| l.starts_with("gateway_proxy_connections_total"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let a0 = accepted(net);
     let (r0, c0, c1, d0) = (
         refused(net),
         cpu_busy_seconds(0),
         cpu_busy_seconds(1),
         cpu_seconds(daemon.pid()),
     );
-    let _ = phase(net, cert, hello, capacity);
+    let _ = phase(net, cert, hello, capacity, 0);
     let (r1, c0b, c1b, d1) = (
         refused(net),
         cpu_busy_seconds(0),
@@ -204,11 +247,13 @@ fn refusal_cost(net: &TestNet, cert: &Cert, backend: &Backend, hello: &[u8], cap
         cpu_seconds(daemon.pid()),
     );
     let n = (r1 - r0).max(1.0);
+    let seen = accepted(net) - a0;
     let tls = &net.stats()["tls"];
     println!(
-        "Refusal cost (tls-new closed, the flood alone at 1x for {PHASE:?}): {n:.0} hellos refused \
+        "Refusal cost of {what} (tls-new closed, the flood alone at 1x for {PHASE:?}): {n:.0} hellos refused \
          ({} resets sent, {} withheld); per refused hello, core 0 (the proxy) {:.1} µs busy, of \
-         which the daemon {:.1} µs; core 1 (flood and datapath) {:.1} µs.\n",
+         which the daemon {:.1} µs; core 1 (flood and datapath) {:.1} µs. Connections the \
+         proxy accepted meanwhile: {seen:.0}.\n",
         tls["resets_sent"],
         tls["resets_withheld"],
         (c0b - c0) * 1e6 / n,

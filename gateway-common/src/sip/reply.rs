@@ -133,6 +133,9 @@ const TAG_PARAM_BYTES: [u8; 64] = padded(b";tag=gw");
 const RETRY_AFTER_BYTES: [u8; 64] = padded(RETRY_AFTER);
 const CONTENT_LENGTH_BYTES: [u8; 64] = padded(CONTENT_LENGTH);
 
+/// Bytes inside a line a step takes beyond its first.
+const RUN: usize = 7;
+
 /// Nothing queued to write.
 const SRC_NONE: u8 = 0;
 /// The status line.
@@ -419,7 +422,37 @@ impl ReplyState {
                 }
             }
         }
+        self.run_on(b, len, out);
         self.phase == PHASE_DONE || self.phase == PHASE_FAILED
+    }
+
+    /// Inside a line (copied or skipped), up to [`RUN`] more bytes short of its end in the same
+    /// step: most of a request is such bytes, and a step costs a callback.
+    #[inline(always)]
+    fn run_on<B: PacketBytes>(&mut self, b: &B, len: usize, out: &mut [u8; REPLY_BUF]) {
+        let copy = self.phase == PHASE_VALUE;
+        if !copy && self.phase != PHASE_SKIP && self.phase != PHASE_REQUEST_LINE {
+            return;
+        }
+        let end = if len < super::MAX_SCAN {
+            len
+        } else {
+            super::MAX_SCAN
+        };
+        for _ in 0..RUN {
+            let pos = self.pos as usize;
+            if pos >= end {
+                return;
+            }
+            let c = byte(b, pos);
+            if c == b'\r' || c == b'\n' {
+                return;
+            }
+            if copy {
+                self.put(out, c);
+            }
+            self.pos += 1;
+        }
     }
 }
 

@@ -325,6 +325,17 @@ fn refused_clients_are_reset(attach_args: &[&str]) {
         out.contains("Connection reset by peer") || out.contains("errno=104"),
         "{out}"
     );
+    // A resumed client's class stays open: an offer of a published key is answered.
+    let identity = [0x5a_u8; 32];
+    let hex: String = identity.iter().map(|b| format!("{b:02x}")).collect();
+    net.gateway_ok(&["tls", "issued", "add", &hex, "--kind", "psk"]);
+    let resuming = HelloBuilder {
+        psk_identity: Some(identity.to_vec()),
+        ..HelloBuilder::tls13()
+    }
+    .build();
+    assert!(answered(&net, &resuming), "{}", net.stats());
+    assert_eq!(class_counter(&net.stats(), "tls-resumed", "admitted"), 1);
     let tls = &net.stats()["tls"];
     assert!(tls["resets_sent"].as_u64().unwrap() >= 11, "{tls}");
     assert_eq!(tls["resets_withheld"], 0, "{tls}");
@@ -337,4 +348,59 @@ fn refused_clients_are_reset(attach_args: &[&str]) {
     );
     let left = String::from_utf8_lossy(&left.stdout).to_string();
     assert!(left.trim().is_empty(), "server sockets left: {left}");
+}
+
+#[test]
+fn with_refusals_answered_kamailio_answers_every_call_while_open_and_the_nic_the_rest() {
+    if !have_root("kamailio_with_refusals_answered") {
+        return;
+    }
+    let net = TestNet::new();
+    let dir = gateway_tests::fresh_temp_dir("gwt-kam-503");
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    net.gateway_ok(&["service", "add", "sip", "5060"]);
+    net.gateway_ok(&[
+        "policy",
+        "set",
+        "sip-original",
+        "--refuse",
+        "reject",
+        "--retry-after",
+        "5",
+    ]);
+    let _kamailio = gateway_tests::kamailio::Kamailio::start(
+        &["ip", "netns", "exec", &net.gw_ns],
+        format!("{GW_V4}:5060").parse().unwrap(),
+    );
+    // Kamailio takes a moment to start: OPTIONS until it answers (bounded). It answers the
+    // Via's port, 5061, which SIPp takes over afterwards.
+    let probe = net.in_peer(|| UdpSocket::bind("10.99.0.2:5061").expect("bind"));
+    probe
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let ready = (0..50).any(|n| {
+        let options = dialog_request("OPTIONS", &format!("up-{n}"), 1, "");
+        probe.send_to(options.as_bytes(), (GW_V4, 5060)).unwrap();
+        probe.recv_from(&mut [0u8; 2048]).is_ok()
+    });
+    assert!(ready, "kamailio never answered");
+    drop(probe);
+    let sent = |net: &TestNet| {
+        net.stats()["datapath"]["sip_replies_sent"]
+            .as_u64()
+            .unwrap()
+    };
+    // Open: Kamailio answers every call; the NIC answers nothing.
+    let open = gateway_tests::sipp::run_uac(&net, &dir, 20, 2);
+    assert_eq!(open.total("SuccessfulCall"), 40, "{:?}", open.totals);
+    assert_eq!(open.total("FailedCall"), 0, "{:?}", open.totals);
+    assert_eq!(sent(&net), 0);
+    // Closed: every call fails on the NIC's 503, none retransmitted.
+    net.gateway_ok(&["policy", "set", "sip-original", "--rate", "0"]);
+    let closed = gateway_tests::sipp::run_uac(&net, &dir, 20, 1);
+    assert_eq!(closed.total("SuccessfulCall"), 0, "{:?}", closed.totals);
+    assert_eq!(closed.total("FailedCall"), 20, "{:?}", closed.totals);
+    assert_eq!(closed.total("Retransmissions"), 0, "{:?}", closed.totals);
+    assert_eq!(sent(&net), 20);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -4,6 +4,7 @@
 mod attach;
 mod config;
 mod policy;
+mod probe;
 mod reload;
 mod run;
 mod service;
@@ -19,6 +20,7 @@ use thiserror::Error;
 pub use attach::{AttachArgs, DetachArgs};
 pub use config::ConfigAction;
 pub use policy::PolicyAction;
+pub use probe::ProbeArgs;
 pub use reload::ReloadArgs;
 pub use run::RunArgs;
 pub use service::ServiceAction;
@@ -84,6 +86,9 @@ pub enum Command {
     /// Make the running daemon read its config again: applied whole, or refused with nothing
     /// changed.
     Reload(ReloadArgs),
+    /// Find a server's limits: synchronized crowds of clients, growing until the median
+    /// response time rises by a threshold (the mini-flash-crowd probe).
+    Probe(ProbeArgs),
     /// Configuration files.
     Config {
         /// Config subcommand.
@@ -170,5 +175,6 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Run(args) => run::run(bpffs, args),
         Command::Reload(args) => reload::run(&root(&bpffs), args),
         Command::Config { action } => config::run(action),
+        Command::Probe(args) => probe::run(args),
     }
 }

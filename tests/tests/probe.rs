@@ -1,0 +1,155 @@
+//! `gateway probe` against a SIP server of known capacity (one FIFO worker, a fixed service time
+//! per INVITE): the tipping point it reports is where the model puts it, within one step.
+
+use std::{net::UdpSocket, time::Duration};
+
+use gateway_tests::{
+    gateway_bin, have_root,
+    netns::{GW_V4, TestNet},
+    sipserver::SlowSipServer,
+};
+
+const START: u32 = 2;
+const STEP: u32 = 4;
+const THRESHOLD_MS: f64 = 90.0;
+
+/// Where the model puts the tipping point: with one worker of service time `s`, a crowd of `n`
+/// synchronized INVITEs is answered at s, 2s, ..., ns, so its median is about (n + 1) / 2 * s;
+/// the first stage whose median exceeds the base stage's by the threshold.
+fn expected_tipping(service_ms: f64) -> u32 {
+    let median = |n: u32| f64::from(n + 1) / 2.0 * service_ms;
+    (0..)
+        .map(|i| START + i * STEP)
+        .find(|n| median(*n) - median(START) >= THRESHOLD_MS)
+        .unwrap()
+}
+
+fn probe(service: Duration) -> (u32, serde_json::Value) {
+    let net = TestNet::new();
+    let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
+    let _server = SlowSipServer::start(socket, 4 << 20, service, Duration::from_micros(100));
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &net.peer_ns])
+        .arg(gateway_bin())
+        .args([
+            "probe",
+            "--target",
+            &format!("{GW_V4}:5060"),
+            "--kind",
+            "sip-invite",
+            "--start",
+            &START.to_string(),
+            "--step",
+            &STEP.to_string(),
+            "--max",
+            "98",
+            "--rounds",
+            "2",
+            "--threshold",
+            &format!("{THRESHOLD_MS}ms"),
+            "--timeout",
+            "10s",
+            "--deadline",
+            "120s",
+            "--json",
+            "--suggest-policy",
+        ])
+        .output()
+        .expect("gateway probe");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let tip = v["tipping_crowd"].as_u64().expect("a tipping point") as u32;
+    (tip, v)
+}
+
+#[test]
+fn the_probe_finds_the_tipping_point_of_a_server_of_known_capacity_within_one_step() {
+    if !have_root("the_probe_finds_the_tipping_point") {
+        return;
+    }
+    for service_ms in [10.0, 5.0] {
+        let (tip, v) = probe(Duration::from_secs_f64(service_ms / 1000.0));
+        let want = expected_tipping(service_ms);
+        eprintln!("service {service_ms} ms: tipped at {tip}, model {want}: {v}");
+        assert!(
+            tip.abs_diff(want) <= STEP,
+            "service {service_ms} ms: tipped at {tip}, the model says {want}: {v}"
+        );
+        assert_eq!(v["stop"], "threshold", "{v}");
+        // No request failed on the way, and the suggestion holds the stable crowd.
+        for s in v["stages"].as_array().unwrap() {
+            assert_eq!(s["failed"], 0, "{v}");
+        }
+        let stable = tip - STEP;
+        assert!(
+            v["suggested_policy"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("sip-original: {{backlog: {stable}}}")),
+            "{v}"
+        );
+    }
+}
+
+#[test]
+fn tls_kinds_measure_real_handshakes_and_resumptions() {
+    if !have_root("tls_kinds_measure_real_handshakes") {
+        return;
+    }
+    use gateway_tests::tls::{Cert, RustlsServer};
+    let net = TestNet::new();
+    let cert = Cert::new();
+    let listener = net.in_gw(|| std::net::TcpListener::bind((GW_V4, 443)).expect("bind"));
+    let _server = RustlsServer::start(&cert, listener);
+    for (kind, trust) in [
+        ("tls-new", vec!["--insecure".to_string()]),
+        (
+            "tls-resumed",
+            vec![
+                "--ca".to_string(),
+                cert.cert().display().to_string(),
+                "--server-name".to_string(),
+                "gateway-test".to_string(),
+            ],
+        ),
+    ] {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &net.peer_ns])
+            .arg(gateway_bin())
+            .args(["probe", "--target", &format!("{GW_V4}:443"), "--kind", kind])
+            .args(["--start", "1", "--step", "1", "--max", "3", "--rounds", "1"])
+            .args(["--threshold", "10s", "--json"])
+            .args(&trust)
+            .output()
+            .expect("gateway probe");
+        assert!(
+            out.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(v["stop"], "max_crowd", "{v}");
+        let stages = v["stages"].as_array().unwrap();
+        assert_eq!(stages.len(), 3, "{v}");
+        for s in stages {
+            assert_eq!(s["failed"], 0, "{kind}: {v}");
+            assert_eq!(s["answered"], s["crowd"], "{kind}: {v}");
+            if kind == "tls-resumed" {
+                assert!(s["resumed"].as_u64().unwrap() >= 1, "{v}");
+            } else {
+                assert_eq!(s["resumed"], 0, "{v}");
+            }
+        }
+    }
+    // Without a way to trust the server, a TLS probe is refused before it sends anything.
+    let out = std::process::Command::new(gateway_bin())
+        .args(["probe", "--target", "127.0.0.1:9", "--kind", "tls-new"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--ca FILE"));
+}

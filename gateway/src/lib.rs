@@ -16,6 +16,7 @@ pub mod maps;
 pub mod metrics;
 pub mod output;
 pub mod pins;
+pub mod plot;
 pub mod probe;
 pub mod proxy;
 pub mod reload;

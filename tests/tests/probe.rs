@@ -24,7 +24,7 @@ fn expected_tipping(service_ms: f64) -> u32 {
         .unwrap()
 }
 
-fn probe(service: Duration) -> (u32, serde_json::Value) {
+fn probe(service: Duration, plot: &std::path::Path) -> (u32, serde_json::Value) {
     let net = TestNet::new();
     let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
     let _server = SlowSipServer::start(socket, 4 << 20, service, Duration::from_micros(100));
@@ -53,6 +53,8 @@ fn probe(service: Duration) -> (u32, serde_json::Value) {
             "120s",
             "--json",
             "--suggest-policy",
+            "--plot",
+            plot.to_str().unwrap(),
         ])
         .output()
         .expect("gateway probe");
@@ -71,8 +73,12 @@ fn the_probe_finds_the_tipping_point_of_a_server_of_known_capacity_within_one_st
     if !have_root("the_probe_finds_the_tipping_point") {
         return;
     }
+    let dir = gateway_tests::fresh_temp_dir("gwt-probe");
     for service_ms in [10.0, 5.0] {
-        let (tip, v) = probe(Duration::from_secs_f64(service_ms / 1000.0));
+        let plot = dir.join(format!("probe-{service_ms}ms.png"));
+        let (tip, v) = probe(Duration::from_secs_f64(service_ms / 1000.0), &plot);
+        let png = std::fs::read(&plot).expect("the plot written");
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
         let want = expected_tipping(service_ms);
         eprintln!("service {service_ms} ms: tipped at {tip}, model {want}: {v}");
         assert!(
@@ -93,6 +99,7 @@ fn the_probe_finds_the_tipping_point_of_a_server_of_known_capacity_within_one_st
             "{v}"
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

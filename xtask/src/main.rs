@@ -27,6 +27,8 @@ const APT_PACKAGES: &[&str] = &[
     "openssl",
     "curl",
     "tcpdump",
+    // The font the probe's and the benchmarks' PNG charts draw their text with.
+    "fonts-dejavu-core",
 ];
 
 const USAGE: &str =

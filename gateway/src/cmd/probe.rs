@@ -54,6 +54,9 @@ pub struct ProbeArgs {
     /// Print the class limits (and controller bounds) the curve implies, as config YAML.
     #[arg(long)]
     pub suggest_policy: bool,
+    /// Draw the curve (median and p90 by crowd, the tipping point marked) into this PNG file.
+    #[arg(long, value_name = "FILE.png")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// Runs the probe and prints its curve.
@@ -97,6 +100,10 @@ pub fn run(args: ProbeArgs) -> Result<(), CommandError> {
         }))
         .map_err(|e| CommandError::Usage(format!("probing {}: {e}", plan.target)))?;
     bar.finish_and_clear();
+    if let Some(path) = &args.plot {
+        probe::plot(&curve, path).map_err(|e| CommandError::Usage(e.to_string()))?;
+        eprintln!("plot: {}", path.display());
+    }
     if args.json {
         let mut v = serde_json::to_value(&curve).expect("serializable");
         if args.suggest_policy {

@@ -269,6 +269,49 @@ pub fn suggest_policy(curve: &Curve) -> Option<String> {
     })
 }
 
+/// Draws the curve into a PNG file: median and p90 response time by crowd, and the tipping
+/// point marked.
+pub fn plot(curve: &Curve, path: &std::path::Path) -> Result<(), crate::plot::PlotError> {
+    use crate::plot::{Chart, Series};
+    let line = |name: &str, f: fn(&Stage) -> f64| Series {
+        name: name.to_owned(),
+        points: curve
+            .stages
+            .iter()
+            .map(|s| (f64::from(s.crowd), f(s)))
+            .collect(),
+    };
+    let mut series = vec![line("median", |s| s.median_ms), line("p90", |s| s.p90_ms)];
+    // The stop line: the base stage's median plus the threshold.
+    if let (Some(first), Some(last)) = (curve.stages.first(), curve.stages.last()) {
+        let stop = first.median_ms + curve.threshold_ms;
+        series.push(Series {
+            name: "base median + threshold".to_owned(),
+            points: vec![
+                (f64::from(first.crowd), stop),
+                (f64::from(last.crowd), stop),
+            ],
+        });
+    }
+    let title = format!(
+        "probe of {} ({}), threshold {:.0} ms",
+        curve.target,
+        curve.kind.name(),
+        curve.threshold_ms
+    );
+    let marker = curve.tipping_crowd.map(|c| (f64::from(c), "tipping point"));
+    crate::plot::write_png(
+        path,
+        &Chart {
+            title: &title,
+            x_label: "crowd (clients sending at once)",
+            y_label: "response time (ms)",
+            series: &series,
+            marker,
+        },
+    )
+}
+
 /// The curve as a table.
 pub fn table(curve: &Curve) -> String {
     let mut out = format!(

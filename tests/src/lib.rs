@@ -10,6 +10,7 @@ pub mod kamailio;
 pub mod metrics;
 pub mod netns;
 pub mod procfs;
+pub mod report;
 pub mod sipp;
 pub mod sipserver;
 pub mod testrun;

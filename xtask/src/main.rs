@@ -31,8 +31,7 @@ const APT_PACKAGES: &[&str] = &[
     "fonts-dejavu-core",
 ];
 
-const USAGE: &str =
-    "usage: cargo xtask <setup | build-ebpf [--check] | test | fuzz [SECONDS] | demo | bench>";
+const USAGE: &str = "usage: cargo xtask <setup | build-ebpf [--check] | test | fuzz [SECONDS] | demo | bench [NAME]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -49,7 +48,16 @@ fn main() -> ExitCode {
             }
         },
         Some("demo") => setup().and_then(|()| demo()),
-        Some("bench") => setup().and_then(|()| bench()),
+        Some("bench") => match args.get(1).map(String::as_str) {
+            Some(name) if !BENCHES.iter().any(|b| b.0 == name) => {
+                eprintln!(
+                    "xtask bench: no benchmark '{name}' (one of: {})\n{USAGE}",
+                    BENCHES.map(|b| b.0).join(", ")
+                );
+                return ExitCode::from(2);
+            }
+            name => setup().and_then(|()| bench(name)),
+        },
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -346,17 +354,32 @@ fn demo() -> Result<()> {
     ]))
 }
 
-fn bench() -> Result<()> {
+/// The benchmarks: name, program, its arguments. Each writes its summary, CSV and charts under
+/// `target/bench/NAME/`.
+const BENCHES: [(&str, &str, &[&str]); 8] = [
+    ("datapath", "bench", &[]),
+    ("tls-proxy", "tls_proxy", &[]),
+    ("sip-overload", "sip_overload", &[]),
+    (
+        "sip-overload-kamailio",
+        "sip_overload",
+        &["kamailio", "1", "3"],
+    ),
+    // Refused callers at 3x: dropped against answered with a 503 from the NIC.
+    ("sip-refusals", "sip_overload", &["refuse", "3"]),
+    ("controller", "controller_step", &[]),
+    ("tls-overload", "tls_overload", &[]),
+    ("probe", "probe_bench", &[]),
+];
+
+/// Runs one benchmark by name, or all; then writes `docs/benchmarks.md` from every summary
+/// under `target/bench/`.
+fn bench(name: Option<&str>) -> Result<()> {
     run(cargo().args(["build", "--release", "--package", "gateway"]))?;
-    for (bin, args) in [
-        ("bench", &[][..]),
-        ("tls_proxy", &[]),
-        ("sip_overload", &[]),
-        // Refused callers at 3x: dropped against answered with a 503 from the NIC.
-        ("sip_overload", &["refuse", "3"]),
-        ("controller_step", &[]),
-        ("tls_overload", &[]),
-    ] {
+    for (bench, bin, args) in BENCHES {
+        if name.is_some_and(|n| n != bench) {
+            continue;
+        }
         run(cargo()
             .args([
                 "run",
@@ -370,5 +393,60 @@ fn bench() -> Result<()> {
             ])
             .args(args))?;
     }
+    write_benchmarks_doc()
+}
+
+/// `docs/benchmarks.md`: the machine, the commands, and the latest summary of each benchmark
+/// (headings one level down), in the order of [`BENCHES`].
+fn write_benchmarks_doc() -> Result<()> {
+    let root = root();
+    let out = root.join("target/bench");
+    let shell = |cmd: &str| {
+        Command::new("sh")
+            .args(["-c", cmd])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    let mut doc = format!(
+        "# Benchmarks\n\nThe latest figures of `cargo xtask bench` (all) or `cargo xtask bench NAME` \
+         (one of: {}), each measured against a baseline or peer in the same run. Every benchmark \
+         also leaves CSV and PNG charts under `target/bench/NAME/`.\n\n\
+         Machine: {} ({} CPUs), kernel {}, commit {}, {}.\n",
+        BENCHES.map(|b| format!("`{}`", b.0)).join(", "),
+        shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"),
+        shell("nproc"),
+        shell("uname -r"),
+        shell("git rev-parse --short HEAD"),
+        shell("date -u +%Y-%m-%d"),
+    );
+    // The sip_overload summaries are named by server.
+    let dirs = [
+        "datapath",
+        "tls-proxy",
+        "sip-overload-fifo",
+        "sip-overload-kamailio",
+        "sip-refusals-fifo",
+        "controller",
+        "tls-overload",
+        "probe",
+    ];
+    for dir in dirs {
+        let Ok(summary) = std::fs::read_to_string(out.join(dir).join("summary.md")) else {
+            continue;
+        };
+        doc += "\n";
+        for line in summary.lines() {
+            if line.starts_with('#') {
+                doc += "#";
+            }
+            doc += line;
+            doc += "\n";
+        }
+    }
+    let path = root.join("docs/benchmarks.md");
+    std::fs::create_dir_all(root.join("docs"))?;
+    std::fs::write(&path, doc)?;
+    eprintln!("xtask: wrote {}", path.display());
     Ok(())
 }

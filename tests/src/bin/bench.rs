@@ -13,16 +13,26 @@ use gateway_tests::{
     have_root,
     netns::TestNet,
     procfs::{median, rss_bytes},
+    report::Report,
     testrun::{Hook, TestProgram},
 };
 
 const REPEAT: u32 = 5_000_000;
 const ROUNDS: usize = 9;
 
+/// Prints a line of the summary and keeps it in the report.
+macro_rules! say {
+    ($r:expr, $($t:tt)*) => {
+        $r.say(format!($($t)*))
+    };
+}
+
 fn main() {
     if !have_root("bench") {
         std::process::exit(1);
     }
+    let mut report = Report::new("datapath");
+    let r = &mut report;
     let prog = TestProgram::new();
     // Keyed (branch, Call-ID, CSeq): repeated runs after the first are its retransmissions.
     let invite =
@@ -51,13 +61,17 @@ Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
             Frame::udp(9999, invite).ipv6(&[(0, 8), (60, 8)]).build(),
         ),
     ];
-    println!(
+    say!(
+        r,
         "# Datapath cost per packet\n\nBPF_PROG_TEST_RUN with repeat {REPEAT}, wall time of the \
          syscall / repeat; {ROUNDS} rounds, each running the gateway and the bare program back to \
          back; medians, and the ratio is the median of the per-round ratios.\n"
     );
-    println!("| packet | gateway_xdp ns | bare XDP_PASS ns | ratio (min..max) |");
-    println!("|---|---:|---:|---:|");
+    say!(
+        r,
+        "| packet | gateway_xdp ns | bare XDP_PASS ns | ratio (min..max) |"
+    );
+    say!(r, "|---|---:|---:|---:|");
     for (name, frame) in &cases {
         let (mut ours, mut bare, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..ROUNDS {
@@ -69,7 +83,8 @@ Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
         }
         let lo = ratios.iter().copied().fold(f64::MAX, f64::min);
         let hi = ratios.iter().copied().fold(0.0, f64::max);
-        println!(
+        say!(
+            r,
             "| {name} | {:.1} | {:.1} | {:.2}x ({lo:.2}..{hi:.2}) |",
             median(ours),
             median(bare),
@@ -77,18 +92,22 @@ Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
         );
     }
 
-    tls_costs(&mut TestProgram::new());
-    sip_costs(&mut TestProgram::new());
-    reply_costs(&mut TestProgram::new());
-    egress_costs(&TestProgram::new());
-    spoofed_costs();
+    tls_costs(r, &mut TestProgram::new());
+    sip_costs(r, &mut TestProgram::new());
+    reply_costs(r, &mut TestProgram::new());
+    egress_costs(r, &TestProgram::new());
+    spoofed_costs(r);
 
     let net = TestNet::new();
     let daemon = Daemon::start(&net, &["--iface", &net.gw_if], Duration::from_secs(30));
     let rss = rss_bytes(daemon.pid());
     assert!(rss > 0, "VmRSS of the daemon");
-    println!("\n# Daemon at idle\n\n| figure | value | target |\n|---|---:|---:|");
-    println!(
+    say!(
+        r,
+        "\n# Daemon at idle\n\n| figure | value | target |\n|---|---:|---:|"
+    );
+    say!(
+        r,
         "| resident memory (VmRSS) | {:.1} MB | < 30 MB |",
         rss as f64 / (1 << 20) as f64
     );
@@ -98,7 +117,7 @@ Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
 
 /// The TLS path: a ClientHello (on a connection the program has not seen), a packet of an
 /// admitted connection, and one of a rejected connection.
-fn tls_costs(prog: &mut TestProgram) {
+fn tls_costs(r: &mut Report, prog: &mut TestProgram) {
     const SINGLE: usize = 2000;
     let plain = HelloBuilder::default().build();
     let pq = HelloBuilder {
@@ -106,14 +125,18 @@ fn tls_costs(prog: &mut TestProgram) {
         ..HelloBuilder::tls13()
     }
     .build();
-    println!(
+    say!(
+        r,
         "\n# TLS datapath cost\n\nHellos: single test runs with the flow table cleared before each, the \
          kernel's own duration per run, median of {SINGLE}, against single runs of the bare \
          program (so both include the same clock overhead). Flow packets: as above, repeat \
          {REPEAT}.\n"
     );
-    println!("| packet | gateway_xdp ns | bare XDP_PASS ns | ratio | target |");
-    println!("|---|---:|---:|---:|---:|");
+    say!(
+        r,
+        "| packet | gateway_xdp ns | bare XDP_PASS ns | ratio | target |"
+    );
+    say!(r, "|---|---:|---:|---:|---:|");
     // A resuming hello whose key was published: verified, and a place of the key taken.
     let resuming = HelloBuilder {
         psk_identity: Some(vec![9; 32]),
@@ -149,7 +172,7 @@ fn tls_costs(prog: &mut TestProgram) {
             bare.push(prog.run(Hook::BarePass, &frame, 1).1);
         }
         let (o, b) = (median(ours), median(bare));
-        println!("| {name} | {o:.0} | {b:.0} | {:.1}x | < 400 ns |", o / b);
+        say!(r, "| {name} | {o:.0} | {b:.0} | {:.1}x | < 400 ns |", o / b);
     }
     // Packets of an admitted and of a rejected connection.
     let hello_frame = Frame::tcp(443, &plain).from_port(1).seq(1).build();
@@ -200,7 +223,8 @@ fn tls_costs(prog: &mut TestProgram) {
             bare.push(b);
             ratios.push(o / b);
         }
-        println!(
+        say!(
+            r,
             "| {name} | {:.1} | {:.1} | {:.2}x | {target} |",
             median(ours),
             median(bare),
@@ -210,7 +234,7 @@ fn tls_costs(prog: &mut TestProgram) {
 }
 
 /// The SIP path: a 1 KB INVITE of a new transaction, and its retransmission.
-fn sip_costs(prog: &mut TestProgram) {
+fn sip_costs(r: &mut Report, prog: &mut TestProgram) {
     const SINGLE: usize = 2000;
     let mut invite = b"INVITE sip:service@10.99.0.1:5060 SIP/2.0\r\n\
 Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-4101-1-0\r\n\
@@ -233,12 +257,17 @@ Content-Length: 600\r\n\r\n"
         bare.push(prog.run(Hook::BarePass, &frame, 1).1);
     }
     let (o, b) = (median(ours), median(bare));
-    println!(
+    say!(
+        r,
         "\n# SIP datapath cost\n\nSame method as the hellos (single runs, transactions cleared).\n"
     );
-    println!("| packet | gateway_xdp ns | bare XDP_PASS ns | ratio | target |");
-    println!("|---|---:|---:|---:|---:|");
-    println!(
+    say!(
+        r,
+        "| packet | gateway_xdp ns | bare XDP_PASS ns | ratio | target |"
+    );
+    say!(r, "|---|---:|---:|---:|---:|");
+    say!(
+        r,
         "| INVITE, 1 KB, new transaction | {o:.0} | {b:.0} | {:.1}x | < 500 ns |",
         o / b
     );
@@ -248,7 +277,8 @@ Content-Length: 600\r\n\r\n"
         bare.push(prog.run(Hook::BarePass, &frame, 1).1);
     }
     let (o, b) = (median(ours), median(bare));
-    println!(
+    say!(
+        r,
         "| the same INVITE again (retransmission) | {o:.0} | {b:.0} | {:.1}x | - |",
         o / b
     );
@@ -277,7 +307,8 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 2 BYE\r\n\r\n",
         bare.push(prog.run(Hook::BarePass, &bye, 1).1);
     }
     let (o, b) = (median(ours), median(bare));
-    println!(
+    say!(
+        r,
         "| BYE of an established dialog (exempt) | {o:.0} | {b:.0} | {:.1}x | - |",
         o / b
     );
@@ -286,7 +317,7 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 2 BYE\r\n\r\n",
 /// What answering a refusal costs against dropping it: a refused hello reset, a refused 1 KB
 /// INVITE answered with a 503 (both XDP_TX from the reply program), against the same refusals
 /// with `refuse: drop`.
-fn reply_costs(prog: &mut TestProgram) {
+fn reply_costs(r: &mut Report, prog: &mut TestProgram) {
     use gateway_common::{
         Class,
         policy::{Policy, Refuse},
@@ -310,13 +341,17 @@ Content-Length: 600\r\n\r\n"
         .to_vec();
     invite.resize(1024, b'v');
     let invite = Frame::udp(5060, &invite).build();
-    println!(
+    say!(
+        r,
         "\n# Refusal cost: answered against dropped\n\nSingle runs, flows and transactions \
          cleared before each, median of {SINGLE}; the class closed (rate 0), the reply rate at \
          its maximum so that every run answers.\n"
     );
-    println!("| refusal | answered ns | dropped ns | answered / dropped | action |");
-    println!("|---|---:|---:|---:|---|");
+    say!(
+        r,
+        "| refusal | answered ns | dropped ns | answered / dropped | action |"
+    );
+    say!(r, "|---|---:|---:|---:|---|");
     for (name, class, frame) in [
         ("TLS hello, 153 B: reset", Class::TlsNew, &hello),
         ("SIP INVITE, 1 KB: 503", Class::SipOriginal, &invite),
@@ -342,7 +377,8 @@ Content-Length: 600\r\n\r\n"
         let (answered, tx) = cost(Refuse::Reject);
         let (dropped, _) = cost(Refuse::Drop);
         assert_eq!(tx, 3, "{name}: answered with XDP_TX");
-        println!(
+        say!(
+            r,
             "| {name} | {answered:.0} | {dropped:.0} | {:.2}x | XDP_TX |",
             answered / dropped
         );
@@ -351,7 +387,7 @@ Content-Length: 600\r\n\r\n"
 
 /// What a spoofed segment costs (the socket lookup that finds no connection, then the drop),
 /// and the kernel memory the pending tables take at their limit.
-fn spoofed_costs() {
+fn spoofed_costs(r: &mut Report) {
     let mut prog = TestProgram::new();
     // The real check, as attached: no CONFIG_TRUST_UNCONNECTED.
     prog.maps
@@ -370,20 +406,26 @@ fn spoofed_costs() {
         prog.counters().tls.no_connection >= u64::from(REPEAT),
         "the segments went through the socket lookup"
     );
-    println!(
+    say!(
+        r,
         "\n# Spoofed segments\n\nA TLS-port segment from a 4-tuple with no connection: one socket lookup, \
          dropped, no state. Repeat {REPEAT}, median of {ROUNDS} rounds.\n"
     );
-    println!("| packet | gateway_xdp ns | bare XDP_PASS ns | per core |");
-    println!("|---|---:|---:|---:|");
-    println!(
+    say!(
+        r,
+        "| packet | gateway_xdp ns | bare XDP_PASS ns | per core |"
+    );
+    say!(r, "|---|---:|---:|---:|");
+    say!(
+        r,
         "| spoofed segment (no connection) | {o:.1} | {b:.1} | {:.1} Mpps |",
         1e3 / o
     );
-    println!(
+    say!(
+        r,
         "\n| pending table (65,536 entries, preallocated) | kernel memory (bpftool memlock) |"
     );
-    println!("|---|---:|");
+    say!(r, "|---|---:|");
     for name in [
         gateway_common::maps::names::TLS_PENDING,
         gateway_common::maps::names::SIP_PENDING,
@@ -395,18 +437,19 @@ fn spoofed_costs() {
             .expect("bpftool");
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
         let bytes = v["bytes_memlock"].as_u64().expect("bytes_memlock");
-        println!("| {name} | {:.1} MiB |", bytes as f64 / (1 << 20) as f64);
+        say!(r, "| {name} | {:.1} MiB |", bytes as f64 / (1 << 20) as f64);
     }
 }
 
 /// The egress program on what servers send: it looks for answers that complete pending units.
-fn egress_costs(prog: &TestProgram) {
-    println!(
+fn egress_costs(r: &mut Report, prog: &TestProgram) {
+    say!(
+        r,
         "\n# Egress cost\n\nThe TC egress program (BPF_PROG_TEST_RUN on an skb), repeat {REPEAT}, median \
          of {ROUNDS} rounds; no pending unit matches, the common case (a unit completes once).\n"
     );
-    println!("| packet leaving | tc egress ns |");
-    println!("|---|---:|");
+    say!(r, "| packet leaving | tc egress ns |");
+    say!(r, "|---|---:|");
     let trying = b"SIP/2.0 100 Trying\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bK1\r\n\
 Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
     for (name, frame) in [
@@ -433,7 +476,7 @@ Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
         for _ in 0..ROUNDS {
             ours.push(timed(prog, Hook::TcEgress, &frame));
         }
-        println!("| {name} | {:.1} |", median(ours));
+        say!(r, "| {name} | {:.1} |", median(ours));
     }
 }
 

@@ -10,12 +10,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gateway::controller::{law::ServiceTimeLaw, sim::SipSim};
+use gateway::{
+    controller::{law::ServiceTimeLaw, sim::SipSim},
+    plot::Series,
+};
 use gateway_tests::{
     daemon::Daemon,
     fresh_temp_dir, have_root,
     metrics::{scrape, value},
     netns::{GW_V4, TestNet},
+    report::Report,
     sipp::run_uac,
     sipserver::SlowSipServer,
 };
@@ -130,31 +134,51 @@ fn main() {
     let real_delays: Vec<Duration> = samples.iter().map(|(_, d)| *d).collect();
     let (sim_max, sim_above) = band(&sim_delays);
     let (real_max, real_above) = band(&real_delays);
-    println!(
+    let mut report = Report::new("controller");
+    report.say(format!(
         "# Controller step response\n\nA 1.4x overload step against a server of {capacity:.0} calls/s the gateway is not told; mode sip, target {TARGET:?}, interval {INTERVAL:?}. Settling time: from the controller's first delay over the target until its delay is back under it (simulator: per 100 ms interval; real datapath: the `gateway_controller_delay_microseconds` gauge sampled every 50 ms). Then: the largest delay and the share of samples over the target for the rest of the run.\n"
+    ));
+    report.say(
+        "| plant | settling time | target | then: largest delay | then: samples over target |\n|---|---:|---:|---:|---:|",
     );
-    println!(
-        "| plant | settling time | target | then: largest delay | then: samples over target |\n|---|---:|---:|---:|---:|"
-    );
-    println!(
+    report.say(format!(
         "| simulator | {} ms | < 500 ms | {} ms | {:.0}% |",
         sim.as_millis(),
         sim_max.as_millis(),
         100.0 * sim_above
-    );
-    println!(
+    ));
+    report.say(format!(
         "| real datapath (FIFO server, SIPp) | {} ms | < 500 ms | {} ms | {:.0}% |",
         real.as_millis(),
         real_max.as_millis(),
         100.0 * real_above
+    ));
+    let ms = |d: &Duration| d.as_secs_f64() * 1000.0;
+    report.csv(
+        "delay.csv",
+        &["seconds", "delay_ms"],
+        &samples
+            .iter()
+            .map(|(t, d)| vec![format!("{:.3}", t.as_secs_f64()), format!("{:.1}", ms(d))])
+            .collect::<Vec<_>>(),
     );
-    let trace: Vec<String> = samples
-        .iter()
-        .step_by(4)
-        .map(|(t, d)| format!("{:.1}s {}ms", t.as_secs_f64(), d.as_millis()))
-        .collect();
-    println!(
-        "\nDelay input over the run (every 200 ms): {}",
-        trace.join(", ")
+    let end = samples.last().map_or(1.0, |(t, _)| t.as_secs_f64());
+    report.chart(
+        "delay.png",
+        "Controller step response: a 1.4x step against the FIFO server",
+        ("seconds", "controller's delay input (ms)"),
+        &[
+            Series {
+                name: "delay (real datapath)".into(),
+                points: samples
+                    .iter()
+                    .map(|(t, d)| (t.as_secs_f64(), ms(d)))
+                    .collect(),
+            },
+            Series {
+                name: "target".into(),
+                points: vec![(0.0, ms(&TARGET)), (end, ms(&TARGET))],
+            },
+        ],
     );
 }

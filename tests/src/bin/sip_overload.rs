@@ -5,11 +5,13 @@
 
 use std::{collections::HashMap, net::UdpSocket, time::Duration};
 
+use gateway::plot::Series;
 use gateway_tests::{
     daemon::Daemon,
     have_root,
     kamailio::Kamailio,
     netns::{GW_V4, TestNet},
+    report::Report,
     sipp::run_uac,
     sipserver::SlowSipServer,
 };
@@ -91,8 +93,10 @@ fn main() {
     if args.iter().any(|a| a == "refuse") {
         return refusals(if loads.is_empty() { vec![3.0] } else { loads }, kamailio);
     }
+    let server = if kamailio { "kamailio" } else { "fifo" };
+    let mut report = Report::new(&format!("sip-overload-{server}"));
     let cap = capacity();
-    println!(
+    report.say(format!(
         "# SIP overload: goodput as a share of capacity\n\nServer: {}, {}, {:?} CPU per INVITE and {:?} per ACK/BYE: capacity {cap:.0} calls/s. SIPp with a transaction-matching UAC, T1 500 ms; goodput = successful calls/s averaged over seconds {WARM}..{SECONDS}. Static policy (picked by hand): sip-original backlog 30, sip-retransmission backlog 10. Controller: no limit set, mode sip, target 100 ms.\n",
         if kamailio {
             "a real Kamailio (one worker, stateless, cfgutils usleep: its one worker busy for the same time per call)"
@@ -106,23 +110,30 @@ fn main() {
         },
         INVITE_COST,
         OTHER_COST
+    ));
+    report.say(
+        "| offered load | FIFO (no gateway) | gateway, static policy | gateway, controller | FIFO retransmissions | static retransmissions | controller retransmissions | controller failed calls |",
     );
-    println!(
-        "| offered load | FIFO (no gateway) | gateway, static policy | gateway, controller | FIFO retransmissions | static retransmissions | controller retransmissions | controller failed calls |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    report.say("|---|---:|---:|---:|---:|---:|---:|---:|");
     let loads = if loads.is_empty() {
         vec![1.0, 2.0, 3.0]
     } else {
         loads
     };
+    let mut rows = Vec::new();
+    let mut lines: [Series; 3] =
+        ["no gateway", "gateway, static", "gateway, controller"].map(|name| Series {
+            name: name.to_owned(),
+            points: Vec::new(),
+        });
     for m in loads {
         let (fifo, ft) = run(m, None, kamailio);
         let (gw, gt) = run(m, Some(STATIC), kamailio);
         let (ctl, ct) = run(m, Some(CONTROLLED), kamailio);
         let retrans = |t: &HashMap<String, u64>| t.get("Retransmissions").copied().unwrap_or(0);
-        println!(
-            "| {m:.1}x ({:.0} calls/s) | {:.0}% ({fifo:.0}/s) | {:.0}% ({gw:.0}/s) | {:.0}% ({ctl:.0}/s) | {} | {} | {} | {} |",
+        let failed = ct.get("FailedCall").copied().unwrap_or(0);
+        report.say(format!(
+            "| {m:.1}x ({:.0} calls/s) | {:.0}% ({fifo:.0}/s) | {:.0}% ({gw:.0}/s) | {:.0}% ({ctl:.0}/s) | {} | {} | {} | {failed} |",
             cap * m,
             100.0 * fifo / cap,
             100.0 * gw / cap,
@@ -130,9 +141,41 @@ fn main() {
             retrans(&ft),
             retrans(&gt),
             retrans(&ct),
-            ct.get("FailedCall").copied().unwrap_or(0),
-        );
+        ));
+        for (line, goodput) in lines.iter_mut().zip([fifo, gw, ctl]) {
+            line.points.push((m, 100.0 * goodput / cap));
+        }
+        rows.push(vec![
+            format!("{m}"),
+            format!("{:.1}", 100.0 * fifo / cap),
+            format!("{:.1}", 100.0 * gw / cap),
+            format!("{:.1}", 100.0 * ctl / cap),
+            retrans(&ft).to_string(),
+            retrans(&gt).to_string(),
+            retrans(&ct).to_string(),
+            failed.to_string(),
+        ]);
     }
+    report.csv(
+        "goodput.csv",
+        &[
+            "load",
+            "no_gateway_pct",
+            "static_pct",
+            "controller_pct",
+            "no_gateway_retransmissions",
+            "static_retransmissions",
+            "controller_retransmissions",
+            "controller_failed_calls",
+        ],
+        &rows,
+    );
+    report.chart(
+        "goodput.png",
+        &format!("SIP overload (seed 001), {server} server: goodput"),
+        ("offered load (x capacity)", "goodput (% of capacity)"),
+        &lines,
+    );
 }
 
 /// Refused callers, dropped against answered with a 503 from the NIC, behind the controller:
@@ -141,23 +184,26 @@ fn main() {
 /// it, every call over within 10 ms.)
 fn refusals(loads: Vec<f64>, kamailio: bool) {
     let cap = capacity();
-    println!(
-        "# SIP overload: refused callers dropped or answered (503 from the NIC)\n\nServer: {}, capacity {cap:.0} calls/s; the controller sets the limits (mode sip); 20 s of load.\n",
+    let server = if kamailio { "kamailio" } else { "fifo" };
+    let mut report = Report::new(&format!("sip-refusals-{server}"));
+    report.say(format!(
+        "# SIP overload: refused callers dropped or answered (503 from the NIC)\n\nServer: {}, capacity {cap:.0} calls/s; the controller sets the limits (mode sip); {SECONDS} s of load.\n",
         if kamailio {
             "a real Kamailio (one worker)"
         } else {
             "one FIFO thread, 8 MiB buffer"
         }
+    ));
+    report.say(
+        "| offered load | goodput, drop | goodput, 503 | retransmissions, drop | retransmissions, 503 | failed calls, drop | failed calls, 503 |",
     );
-    println!(
-        "| offered load | goodput, drop | goodput, 503 | retransmissions, drop | retransmissions, 503 | failed calls, drop | failed calls, 503 |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    report.say("|---|---:|---:|---:|---:|---:|---:|");
     let get = |t: &HashMap<String, u64>, k: &str| t.get(k).copied().unwrap_or(0);
+    let mut rows = Vec::new();
     for m in loads {
         let (drop, dt) = run(m, Some(CONTROLLED), kamailio);
         let (answered, at) = run(m, Some(CONTROLLED_503), kamailio);
-        println!(
+        report.say(format!(
             "| {m:.1}x ({:.0} calls/s) | {:.0}% | {:.0}% | {} | {} | {} | {} |",
             cap * m,
             100.0 * drop / cap,
@@ -166,6 +212,28 @@ fn refusals(loads: Vec<f64>, kamailio: bool) {
             get(&at, "Retransmissions"),
             get(&dt, "FailedCall"),
             get(&at, "FailedCall"),
-        );
+        ));
+        rows.push(vec![
+            format!("{m}"),
+            format!("{:.1}", 100.0 * drop / cap),
+            format!("{:.1}", 100.0 * answered / cap),
+            get(&dt, "Retransmissions").to_string(),
+            get(&at, "Retransmissions").to_string(),
+            get(&dt, "FailedCall").to_string(),
+            get(&at, "FailedCall").to_string(),
+        ]);
     }
+    report.csv(
+        "refusals.csv",
+        &[
+            "load",
+            "drop_goodput_pct",
+            "reject_goodput_pct",
+            "drop_retransmissions",
+            "reject_retransmissions",
+            "drop_failed_calls",
+            "reject_failed_calls",
+        ],
+        &rows,
+    );
 }

@@ -16,12 +16,14 @@ use std::{
     time::{Duration, Instant},
 };
 
+use gateway::plot::Series;
 use gateway_tests::{
     backend::{Backend, Mode},
     daemon::Daemon,
     have_root,
     metrics::{scrape, value},
     netns::{GW_V4, TestNet, in_netns},
+    report::Report,
     tls::{Cert, capture_hello, rustls_config, rustls_fetch},
 };
 
@@ -149,11 +151,13 @@ fn main() {
         full("gateway_proxy_handshake_cpu_seconds_total") / full("gateway_proxy_handshakes_total");
     let capacity = 1.0 / cost;
     let _ = daemon.terminate(Duration::from_secs(10));
-    println!(
+    let mut report = Report::new("tls-overload");
+    report.say(format!(
         "# TLS overload (seed 000)\n\nProxy: one thread on core 0; a full handshake costs {:.0} µs of its CPU, so its capacity is {capacity:.0} full handshakes/s. {RESUMING_CLIENTS} resumed-session clients (rustls, closed loop, a GET each) and the flood share core 1. Flood: one recorded rustls ClientHello replayed per connection. {PHASE:?} per phase.\n",
         cost * 1e6
-    );
+    ));
     refusal_cost(
+        &mut report,
         &net,
         &cert,
         &backend,
@@ -165,6 +169,7 @@ fn main() {
     );
     let classic = gateway_common::testing::HelloBuilder::default().build();
     refusal_cost(
+        &mut report,
         &net,
         &cert,
         &backend,
@@ -174,9 +179,10 @@ fn main() {
     if std::env::args().any(|a| a == "refusal") {
         return;
     }
-    println!(
-        "| gateway | flood | flood sent/s | resumed/s | share of unloaded |\n|---|---|---:|---:|---:|"
+    report.say(
+        "| gateway | flood | flood sent/s | resumed/s | share of unloaded |\n|---|---|---:|---:|---:|",
     );
+    let (mut rows, mut lines) = (Vec::new(), Vec::new());
     // The hand-set policy the refusal-path figures of issue 13 were taken with: tls-new at a
     // quarter of the proxy's capacity.
     let quarter = format!(
@@ -198,22 +204,63 @@ fn main() {
         let _ = net.in_peer(|| rustls_fetch(&config, &addr));
         let _ = net.in_peer(|| rustls_fetch(&config, &addr));
         let (unloaded, _) = phase(&net, &cert, &hello, 0.0, RESUMING_CLIENTS);
+        let mut line = Series {
+            name: name.to_owned(),
+            points: vec![(0.0, 100.0)],
+        };
+        rows.push(vec![
+            name.to_owned(),
+            "0".into(),
+            "0".into(),
+            format!("{unloaded:.0}"),
+            "100".into(),
+        ]);
         for m in [1.0, 2.0, 5.0] {
             let (resumed, sent) = phase(&net, &cert, &hello, m * capacity, RESUMING_CLIENTS);
-            println!(
-                "| {name} | {m:.0}x | {sent:.0} | {resumed:.0} | {:.0}% |",
-                100.0 * resumed / unloaded
-            );
+            let share = 100.0 * resumed / unloaded;
+            report.say(format!(
+                "| {name} | {m:.0}x | {sent:.0} | {resumed:.0} | {share:.0}% |"
+            ));
+            line.points.push((m, share));
+            rows.push(vec![
+                name.to_owned(),
+                format!("{m}"),
+                format!("{sent:.0}"),
+                format!("{resumed:.0}"),
+                format!("{share:.1}"),
+            ]);
         }
-        println!("| {name} | 0x | 0 | {unloaded:.0} | 100% |");
+        report.say(format!("| {name} | 0x | 0 | {unloaded:.0} | 100% |"));
+        lines.push(line);
         let _ = daemon.terminate(Duration::from_secs(20));
     }
+    report.csv(
+        "resumed.csv",
+        &[
+            "gateway",
+            "flood_x_capacity",
+            "flood_sent_per_s",
+            "resumed_per_s",
+            "share_of_unloaded_pct",
+        ],
+        &rows,
+    );
+    report.chart(
+        "resumed.png",
+        "TLS overload (seed 000): resumed sessions under a flood of new handshakes",
+        (
+            "flood of new hellos (x the proxy's full-handshake capacity)",
+            "resumed clients' rate (% of unloaded)",
+        ),
+        &lines,
+    );
 }
 
 /// What a refused hello costs the server: tls-new closed, the flood alone at the proxy's
 /// capacity for one phase; busy time of core 0 (the proxy's) and of core 1 (the flood's, where
 /// the veth runs the datapath), and the daemon's own CPU, per refused hello.
 fn refusal_cost(
+    report: &mut Report,
     net: &TestNet,
     cert: &Cert,
     backend: &Backend,
@@ -249,7 +296,7 @@ fn refusal_cost(
     let n = (r1 - r0).max(1.0);
     let seen = accepted(net) - a0;
     let tls = &net.stats()["tls"];
-    println!(
+    report.say(format!(
         "Refusal cost of {what} (tls-new closed, the flood alone at 1x for {PHASE:?}): {n:.0} hellos refused \
          ({} resets sent, {} withheld); per refused hello, core 0 (the proxy) {:.1} µs busy, of \
          which the daemon {:.1} µs; core 1 (flood and datapath) {:.1} µs. Connections the \
@@ -259,6 +306,6 @@ fn refusal_cost(
         (c0b - c0) * 1e6 / n,
         (d1 - d0) * 1e6 / n,
         (c1b - c1) * 1e6 / n,
-    );
+    ));
     let _ = daemon.terminate(Duration::from_secs(10));
 }

@@ -131,7 +131,16 @@ fn raise_fd_limit() {
         .expect("setrlimit");
 }
 
+/// Prints a line of the summary and keeps it in the report.
+macro_rules! say {
+    ($r:expr, $($t:tt)*) => {
+        $r.say(format!($($t)*))
+    };
+}
+
 fn main() {
+    let mut report = gateway_tests::report::Report::new("tls-proxy");
+    let r = &mut report;
     if !have_root("tls_proxy bench") {
         std::process::exit(1);
     }
@@ -183,14 +192,18 @@ fn main() {
     let nginx_pid = nginx.pid();
 
     if run("handshakes") {
-        println!(
+        say!(
+            r,
             "\n# TLS proxy against nginx\n\nBoth terminate TLS with the same P-256 certificate on core 0 \
          (nginx: 1 worker; gateway: 1 runtime thread, datapath attached) and proxy to the same \
          backend; `openssl s_time -www /` runs on core 1. Handshakes per CPU-second = connections \
          / the server's own CPU time; {ROUNDS} interleaved rounds of {SECONDS} s, medians.\n"
         );
-        println!("| handshake | gateway /CPU-s | nginx /CPU-s | ratio | target |");
-        println!("|---|---:|---:|---:|---:|");
+        say!(
+            r,
+            "| handshake | gateway /CPU-s | nginx /CPU-s | ratio | target |"
+        );
+        say!(r, "|---|---:|---:|---:|---:|");
         for (name, args) in [
             ("TLS 1.3 full", &["-tls1_3", "-new"][..]),
             ("TLS 1.3 resumed", &["-tls1_3", "-reuse"]),
@@ -203,7 +216,7 @@ fn main() {
                 n.push(rate(&net, nginx_pid, &format!("{GW_V4}:9443"), args));
             }
             let (g, n) = (median(g), median(n));
-            println!("| {name} | {g:.0} | {n:.0} | {:.2}x | >= 1x |", g / n);
+            say!(r, "| {name} | {g:.0} | {n:.0} | {:.2}x | >= 1x |", g / n);
         }
         // Evidence that resumption happened on both sides.
         let text = scrape(&net, METRICS);
@@ -226,7 +239,8 @@ fn main() {
             ) / value(&text, "gateway_proxy_handshakes_total", &[("kind", k)])
                 * 1e6
         };
-        println!(
+        say!(
+            r,
             "\nGateway handshakes: {full:.0} full, {resumed:.0} resumed; nginx logged {reused} reused \
          sessions. CPU per handshake as the gateway measures it: full {:.0} µs, resumed {:.0} µs.",
             cpu("full"),
@@ -234,29 +248,35 @@ fn main() {
         );
     }
     if run("throughput") {
-        println!(
+        say!(
+            r,
             "\n# Proxy throughput\n\nOne {} MiB download with curl, {ROUNDS} rounds, median.\n",
             BULK >> 20
         );
-        println!("| path | MiB/s |\n|---|---:|");
+        say!(r, "| path | MiB/s |\n|---|---:|");
         let (mut g, mut n) = (Vec::new(), Vec::new());
         for _ in 0..ROUNDS {
             g.push(curl_speed(&net, &cert, 8444));
             n.push(curl_speed(&net, &cert, 9444));
         }
         let (g, n) = (median(g), median(n));
-        println!(
+        say!(
+            r,
             "| gateway | {g:.0} |\n| nginx | {n:.0} |\n| ratio | {:.2}x |",
             g / n
         );
     }
     if run("memory") {
-        println!(
+        say!(
+            r,
             "\n# Memory per idle connection\n\nResident memory (all processes of the server) before and \
          after {IDLE} connections that finished their handshake and send nothing. The gateway has \
          already connected each to its backend; nginx connects upstream only on a request.\n"
         );
-        println!("| server | bytes per idle connection | target |\n|---|---:|---:|");
+        say!(
+            r,
+            "| server | bytes per idle connection | target |\n|---|---:|---:|"
+        );
         for (name, pid, port) in [("gateway", gw, 8443), ("nginx", nginx_pid, 9443)] {
             let before = tree_rss_bytes(pid);
             let after = idle_connections(&net, &cert, port, IDLE, || {
@@ -272,7 +292,7 @@ fn main() {
                 tree_rss_bytes(pid)
             });
             let per = after.saturating_sub(before) as f64 / IDLE as f64;
-            println!("| {name} | {per:.0} | < 16384 |");
+            say!(r, "| {name} | {per:.0} | < 16384 |");
         }
     }
     let (exit, _) = daemon.terminate(Duration::from_secs(60));

@@ -9,6 +9,8 @@ use gateway::plot::{Chart, Series, write_png};
 /// One benchmark's results being written.
 pub struct Report {
     dir: PathBuf,
+    /// How the summary names the directory: `target/bench/NAME` unless moved.
+    shown: String,
     markdown: String,
 }
 
@@ -22,8 +24,13 @@ impl Report {
         let dir = root.join(name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("the bench output directory");
+        let shown = match std::env::var_os("GATEWAY_BENCH_DIR") {
+            Some(_) => dir.display().to_string(),
+            None => format!("target/bench/{name}"),
+        };
         Report {
             dir,
+            shown,
             markdown: String::new(),
         }
     }
@@ -31,6 +38,11 @@ impl Report {
     /// Where `file` of this report goes (for a program that writes it itself).
     pub fn path(&self, file: &str) -> PathBuf {
         self.dir.join(file)
+    }
+
+    /// How the summary names `file` of this report.
+    pub fn shown(&self, file: &str) -> String {
+        format!("{}/{file}", self.shown)
     }
 
     /// Prints `text` (a line of the summary) and keeps it for `summary.md`.
@@ -68,7 +80,7 @@ impl Report {
             marker: None,
         };
         match write_png(&path, &chart) {
-            Ok(()) => self.say(format!("\nChart: `{}`\n", path.display())),
+            Ok(()) => self.say(format!("\nChart: `{}`\n", self.shown(file))),
             Err(e) => self.say(format!("\n(no chart: {e})\n")),
         }
     }

@@ -411,7 +411,8 @@ fn write_benchmarks_doc() -> Result<()> {
     let mut doc = format!(
         "# Benchmarks\n\nThe latest figures of `cargo xtask bench` (all) or `cargo xtask bench NAME` \
          (one of: {}), each measured against a baseline or peer in the same run. Every benchmark \
-         also leaves CSV and PNG charts under `target/bench/NAME/`.\n\n\
+         also leaves its CSV and PNG charts under `target/bench/NAME/`; the charts are copied to \
+         `docs/bench/`.\n\n\
          Machine: {} ({} CPUs), kernel {}, commit {}, {}.\n",
         BENCHES.map(|b| format!("`{}`", b.0)).join(", "),
         shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"),
@@ -436,8 +437,26 @@ fn write_benchmarks_doc() -> Result<()> {
             continue;
         };
         doc += "\n";
+        let mut fenced = false;
         for line in summary.lines() {
-            if line.starts_with('#') {
+            if line.starts_with("```") {
+                fenced = !fenced;
+            }
+            // A chart is copied next to the document and shown there.
+            if let Some(file) = line
+                .strip_prefix(&format!("Chart: `target/bench/{dir}/"))
+                .and_then(|rest| rest.strip_suffix('`'))
+            {
+                let name = format!("{dir}-{file}");
+                std::fs::create_dir_all(root.join("docs/bench"))?;
+                std::fs::copy(
+                    out.join(dir).join(file),
+                    root.join("docs/bench").join(&name),
+                )?;
+                doc += &format!("![{dir}: {file}](bench/{name})\n");
+                continue;
+            }
+            if line.starts_with('#') && !fenced {
                 doc += "#";
             }
             doc += line;

@@ -101,5 +101,5 @@ fn main() {
         &["crowd", "median_ms", "p90_ms", "model_median_ms"],
         &rows,
     );
-    report.say(format!("\nChart: `{}`", plot.display()));
+    report.say(format!("\nChart: `{}`", report.shown("curve.png")));
 }

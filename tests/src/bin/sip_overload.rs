@@ -112,7 +112,7 @@ fn main() {
         OTHER_COST
     ));
     report.say(
-        "| offered load | FIFO (no gateway) | gateway, static policy | gateway, controller | FIFO retransmissions | static retransmissions | controller retransmissions | controller failed calls |",
+        "| offered load | no gateway | gateway, static policy | gateway, controller | no-gateway retransmissions | static retransmissions | controller retransmissions | controller failed calls |",
     );
     report.say("|---|---:|---:|---:|---:|---:|---:|---:|");
     let loads = if loads.is_empty() {

@@ -9,6 +9,7 @@ pub mod frames;
 pub mod kamailio;
 pub mod metrics;
 pub mod netns;
+pub mod probe;
 pub mod procfs;
 pub mod report;
 pub mod sipp;

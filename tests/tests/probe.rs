@@ -6,6 +6,7 @@ use std::{net::UdpSocket, time::Duration};
 use gateway_tests::{
     gateway_bin, have_root,
     netns::{GW_V4, TestNet},
+    probe::run_probe,
     sipserver::SlowSipServer,
 };
 
@@ -28,11 +29,9 @@ fn probe(service: Duration, plot: &std::path::Path) -> (u32, serde_json::Value) 
     let net = TestNet::new();
     let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
     let _server = SlowSipServer::start(socket, 4 << 20, service, Duration::from_micros(100));
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", &net.peer_ns])
-        .arg(gateway_bin())
-        .args([
-            "probe",
+    let v = run_probe(
+        &net,
+        &[
             "--target",
             &format!("{GW_V4}:5060"),
             "--kind",
@@ -51,19 +50,11 @@ fn probe(service: Duration, plot: &std::path::Path) -> (u32, serde_json::Value) 
             "10s",
             "--deadline",
             "120s",
-            "--json",
             "--suggest-policy",
             "--plot",
             plot.to_str().unwrap(),
-        ])
-        .output()
-        .expect("gateway probe");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let tip = v["tipping_crowd"].as_u64().expect("a tipping point") as u32;
     (tip, v)
 }
@@ -124,21 +115,12 @@ fn tls_kinds_measure_real_handshakes_and_resumptions() {
             ],
         ),
     ] {
-        let out = std::process::Command::new("ip")
-            .args(["netns", "exec", &net.peer_ns])
-            .arg(gateway_bin())
-            .args(["probe", "--target", &format!("{GW_V4}:443"), "--kind", kind])
-            .args(["--start", "1", "--step", "1", "--max", "3", "--rounds", "1"])
-            .args(["--threshold", "10s", "--json"])
-            .args(&trust)
-            .output()
-            .expect("gateway probe");
-        assert!(
-            out.status.success(),
-            "{kind}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let target = format!("{GW_V4}:443");
+        let mut args = vec!["--target", &target, "--kind", kind];
+        args.extend(["--start", "1", "--step", "1", "--max", "3", "--rounds", "1"]);
+        args.extend(["--threshold", "10s"]);
+        args.extend(trust.iter().map(String::as_str));
+        let v = run_probe(&net, &args);
         assert_eq!(v["stop"], "max_crowd", "{v}");
         let stages = v["stages"].as_array().unwrap();
         assert_eq!(stages.len(), 3, "{v}");

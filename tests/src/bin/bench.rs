@@ -233,9 +233,8 @@ fn tls_costs(r: &mut Report, prog: &mut TestProgram) {
     }
 }
 
-/// The SIP path: a 1 KB INVITE of a new transaction, and its retransmission.
-fn sip_costs(r: &mut Report, prog: &mut TestProgram) {
-    const SINGLE: usize = 2000;
+/// A SIPp-style INVITE padded to 1 KB with an SDP-sized body.
+fn invite_1k() -> Vec<u8> {
     let mut invite = b"INVITE sip:service@10.99.0.1:5060 SIP/2.0\r\n\
 Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-4101-1-0\r\n\
 From: sipp <sip:sipp@10.99.0.2:5061>;tag=4101SIPpTag001\r\n\
@@ -249,6 +248,13 @@ Content-Type: application/sdp\r\n\
 Content-Length: 600\r\n\r\n"
         .to_vec();
     invite.resize(1024, b'v');
+    invite
+}
+
+/// The SIP path: a 1 KB INVITE of a new transaction, and its retransmission.
+fn sip_costs(r: &mut Report, prog: &mut TestProgram) {
+    const SINGLE: usize = 2000;
+    let invite = invite_1k();
     let frame = Frame::udp(5060, &invite).build();
     let (mut ours, mut bare) = (Vec::new(), Vec::new());
     for _ in 0..SINGLE {
@@ -327,19 +333,7 @@ fn reply_costs(r: &mut Report, prog: &mut TestProgram) {
         .from_port(7)
         .seq(1)
         .build();
-    let mut invite = b"INVITE sip:service@10.99.0.1:5060 SIP/2.0\r\n\
-Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-4101-1-0\r\n\
-From: sipp <sip:sipp@10.99.0.2:5061>;tag=4101SIPpTag001\r\n\
-To: service <sip:service@10.99.0.1:5060>\r\n\
-Call-ID: 1-4101@10.99.0.2\r\n\
-CSeq: 1 INVITE\r\n\
-Contact: sip:sipp@10.99.0.2:5061\r\n\
-Max-Forwards: 70\r\n\
-Subject: Performance Test\r\n\
-Content-Type: application/sdp\r\n\
-Content-Length: 600\r\n\r\n"
-        .to_vec();
-    invite.resize(1024, b'v');
+    let invite = invite_1k();
     let invite = Frame::udp(5060, &invite).build();
     say!(
         r,

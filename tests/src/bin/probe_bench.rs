@@ -5,8 +5,9 @@
 use std::{net::UdpSocket, time::Duration};
 
 use gateway_tests::{
-    gateway_bin, have_root,
+    have_root,
     netns::{GW_V4, TestNet},
+    probe::run_probe,
     report::Report,
     sipserver::SlowSipServer,
 };
@@ -30,34 +31,28 @@ fn main() {
         Duration::from_micros(100),
     );
     let plot = report.path("curve.png");
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", &net.peer_ns])
-        .arg(gateway_bin())
-        .args([
-            "probe",
+    let v = run_probe(
+        &net,
+        &[
             "--target",
             &format!("{GW_V4}:5060"),
             "--kind",
             "sip-invite",
-        ])
-        .args(["--start", &START.to_string(), "--step", &STEP.to_string()])
-        .args(["--max", "98", "--rounds", "3"])
-        .args([
+            "--start",
+            &START.to_string(),
+            "--step",
+            &STEP.to_string(),
+            "--max",
+            "98",
+            "--rounds",
+            "3",
             "--threshold",
             &format!("{THRESHOLD_MS}ms"),
-            "--json",
             "--suggest-policy",
-        ])
-        .arg("--plot")
-        .arg(&plot)
-        .output()
-        .expect("gateway probe");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+            "--plot",
+            plot.to_str().unwrap(),
+        ],
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     // The model: n synchronized INVITEs on one worker are answered at s, 2s, ..., ns; the median
     // is about (n + 1) / 2 * s.
     let median = |n: u32| f64::from(n + 1) / 2.0 * SERVICE_MS;

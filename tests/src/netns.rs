@@ -103,14 +103,16 @@ pub struct TestNet {
     pub peer_if: String,
     /// Pin storage.
     pub bpffs: Bpffs,
-    /// An `XDP_PASS` program on the peer's veth (see [`peer_xdp`]).
+    /// An `XDP_PASS` program on the peer's veth (see [`bare_xdp`]).
     _peer_xdp: Option<aya::Ebpf>,
 }
 
-/// Puts an `XDP_PASS` program on the peer's veth: a veth delivers what the gateway's XDP program
-/// sends back (XDP_TX, the resets from the NIC) only to a peer that runs NAPI, which an XDP
-/// program of its own turns on. On a NIC the frame simply goes out on the wire.
-fn peer_xdp(ns: &str, ifname: &str) -> aya::Ebpf {
+/// Puts the bare `XDP_PASS` program on `ifname` in `ns` (native mode) until the returned object
+/// is dropped. On the peer's veth: a veth delivers what the gateway's XDP program sends back
+/// (XDP_TX, the resets from the NIC) only to a peer that runs NAPI, which an XDP program of its
+/// own turns on (on a NIC the frame simply goes out on the wire). On the gateway's end: the
+/// baseline of the throughput benchmark.
+pub fn bare_xdp(ns: &str, ifname: &str) -> aya::Ebpf {
     in_netns(ns, || {
         let mut ebpf = aya::Ebpf::load(gateway::EBPF_OBJECT).expect("the eBPF object");
         let p: &mut aya::programs::Xdp = ebpf
@@ -181,7 +183,7 @@ impl TestNet {
             must("ip", &["-n", ns, "link", "set", ifname, "up"]);
             must("ip", &["-n", ns, "link", "set", "lo", "up"]);
         }
-        net._peer_xdp = Some(peer_xdp(&net.peer_ns, &net.peer_if));
+        net._peer_xdp = Some(bare_xdp(&net.peer_ns, &net.peer_if));
         net
     }
 

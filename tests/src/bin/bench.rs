@@ -97,6 +97,7 @@ Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
     reply_costs(r, &mut TestProgram::new());
     egress_costs(r, &TestProgram::new());
     spoofed_costs(r);
+    veth_pps(r);
 
     let net = TestNet::new();
     let daemon = Daemon::start(&net, &["--iface", &net.gw_if], Duration::from_secs(30));
@@ -377,6 +378,93 @@ fn reply_costs(r: &mut Report, prog: &mut TestProgram) {
             answered / dropped
         );
     }
+}
+
+/// Packets per second through a veth pair into a UDP socket, with the gateway's XDP program on
+/// the receiving end against without it, in the same run: datagrams of 64 bytes to a port that
+/// is no service (the common case), sent as fast as one thread can for `SECONDS` a round.
+fn veth_pps(r: &mut Report) {
+    use std::{
+        net::UdpSocket,
+        sync::atomic::{AtomicBool, AtomicU64, Ordering},
+    };
+    const SECONDS: f64 = 2.0;
+    const ROUNDS: usize = 3;
+    let net = TestNet::new();
+    let round = |net: &TestNet| -> (f64, f64) {
+        let rx = net.in_gw(|| UdpSocket::bind((gateway_tests::netns::GW_V4, 9999)).unwrap());
+        rx.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let tx = net.in_peer(|| UdpSocket::bind("10.99.0.2:0").unwrap());
+        tx.connect((gateway_tests::netns::GW_V4, 9999)).unwrap();
+        let (stop, got, sent) = (AtomicBool::new(false), AtomicU64::new(0), AtomicU64::new(0));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut buf = [0u8; 128];
+                while !stop.load(Ordering::Relaxed) {
+                    if rx.recv(&mut buf).is_ok() {
+                        got.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+            s.spawn(|| {
+                let payload = [7u8; 64];
+                let start = std::time::Instant::now();
+                while start.elapsed().as_secs_f64() < SECONDS {
+                    for _ in 0..64 {
+                        if tx.send(&payload).is_ok() {
+                            sent.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+        });
+        (
+            got.load(Ordering::Relaxed) as f64 / SECONDS,
+            sent.load(Ordering::Relaxed) as f64 / SECONDS,
+        )
+    };
+    let (mut without, mut bare, mut with) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        without.push(round(&net));
+        let program = gateway_tests::netns::bare_xdp(&net.gw_ns, &net.gw_if);
+        bare.push(round(&net));
+        drop(program);
+        net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+        with.push(round(&net));
+        net.gateway_ok(&["detach", "--iface", &net.gw_if]);
+    }
+    let show = |v: &[(f64, f64)]| {
+        let got = median(v.iter().map(|x| x.0).collect());
+        let sent = median(v.iter().map(|x| x.1).collect());
+        (got, sent)
+    };
+    let ((w_got, w_sent), (b_got, b_sent), (g_got, g_sent)) =
+        (show(&without), show(&bare), show(&with));
+    say!(
+        r,
+        "\n# Through a veth pair\n\n64-byte UDP datagrams to a port that is no service, one \
+         sending thread in the peer namespace, one receiving socket behind the veth; {ROUNDS} \
+         rounds of {SECONDS} s each way, alternating; medians. Both ends share this VM's 2 \
+         cores, so the figure is the whole path's, sender included.\n"
+    );
+    say!(
+        r,
+        "| receiving end | sent/s | received/s | against no program |\n|---|---:|---:|---:|"
+    );
+    say!(r, "| no program | {w_sent:.0} | {w_got:.0} | 1.00x |");
+    say!(
+        r,
+        "| bare XDP_PASS (native: the veth runs NAPI) | {b_sent:.0} | {b_got:.0} | {:.2}x |",
+        b_got / w_got
+    );
+    say!(
+        r,
+        "| gateway_xdp (native) | {g_sent:.0} | {g_got:.0} | {:.2}x ({:.2}x the bare program) |",
+        g_got / w_got,
+        g_got / b_got
+    );
 }
 
 /// What a spoofed segment costs (the socket lookup that finds no connection, then the drop),

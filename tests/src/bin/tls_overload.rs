@@ -1,6 +1,7 @@
 //! `cargo xtask bench` (tls-overload, seed 000): resumed-session clients in a closed loop while a
 //! flood of new handshakes arrives at 0x, 1x, 2x and 5x the proxy's full-handshake capacity, with the
-//! gateway's controller (mode tls) and with no limit, in one run. The proxy runs one thread on
+//! gateway's controller (mode tls), a hand-set policy, no limit, and nginx terminating the same
+//! certificate on the same core with no gateway, in one run. The proxy runs one thread on
 //! core 0; the clients and the flood share core 1. The flood is cheap: one real ClientHello,
 //! recorded once, replayed on every connection (no client crypto), so the proxy does a full
 //! handshake's work for each one it admits.
@@ -18,13 +19,13 @@ use std::{
 
 use gateway::plot::Series;
 use gateway_tests::{
-    backend::{Backend, Mode},
+    backend::{Backend, Mode, Nginx},
     daemon::Daemon,
     have_root,
     metrics::{scrape, value},
     netns::{GW_V4, TestNet, in_netns},
     report::Report,
-    tls::{Cert, capture_hello, rustls_config, rustls_fetch},
+    tls::{Cert, capture_hello, rustls_config, rustls_fetch, wait_listening},
 };
 
 const METRICS: u16 = 9479;
@@ -190,19 +191,8 @@ fn main() {
         (capacity / 4.0).round(),
         (capacity / 40.0).round().max(1.0)
     );
-    for (name, extra) in [
-        ("no limit", String::new()),
-        ("tls-new at a quarter of capacity (hand-set)", quarter),
-        (
-            "controller (mode tls, cpu_target 0.8)",
-            "controller:\n  classes:\n    tls-new: {mode: tls, cpu_target: 0.8, min: 1}\n"
-                .to_string(),
-        ),
-    ] {
-        let daemon = start(&net, &cert, &backend, &extra);
-        // Warm up the cost figures the controller reads (a full and a resumed handshake).
-        let _ = net.in_peer(|| rustls_fetch(&config, &addr));
-        let _ = net.in_peer(|| rustls_fetch(&config, &addr));
+    // One curve: the unloaded rate, then the share of it under each flood.
+    let mut curve = |name: &str| {
         let (unloaded, _) = phase(&net, &cert, &hello, 0.0, RESUMING_CLIENTS);
         let mut line = Series {
             name: name.to_owned(),
@@ -232,7 +222,41 @@ fn main() {
         }
         report.say(format!("| {name} | 0x | 0 | {unloaded:.0} | 100% |"));
         lines.push(line);
+    };
+    for (name, extra) in [
+        ("no limit", String::new()),
+        ("tls-new at a quarter of capacity (hand-set)", quarter),
+        (
+            "controller (mode tls, cpu_target 0.8)",
+            "controller:\n  classes:\n    tls-new: {mode: tls, cpu_target: 0.8, min: 1}\n"
+                .to_string(),
+        ),
+    ] {
+        let daemon = start(&net, &cert, &backend, &extra);
+        // Warm up the cost figures the controller reads (a full and a resumed handshake).
+        let _ = net.in_peer(|| rustls_fetch(&config, &addr));
+        let _ = net.in_peer(|| rustls_fetch(&config, &addr));
+        curve(name);
         let _ = daemon.terminate(Duration::from_secs(20));
+    }
+    // The peer: nginx terminating the same certificate on the same core, no gateway in front.
+    {
+        let (c, k) = (cert.cert(), cert.key());
+        let nginx = Nginx::start(
+            &["ip", "netns", "exec", &net.gw_ns, "taskset", "-c", "0"],
+            &format!(
+                "  ssl_certificate {}; ssl_certificate_key {};\n\
+                 ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:S:10m; ssl_session_tickets on;\n\
+                 server {{ listen {GW_V4}:8443 ssl; location / {{ proxy_pass http://{}; }} }}",
+                c.display(),
+                k.display(),
+                backend.addr
+            ),
+            1,
+        );
+        wait_listening(|| net.in_peer(|| TcpStream::connect((GW_V4, 8443)).is_ok()));
+        curve("nginx, no gateway");
+        drop(nginx);
     }
     report.csv(
         "resumed.csv",

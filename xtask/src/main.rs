@@ -356,10 +356,11 @@ fn demo() -> Result<()> {
 
 /// The benchmarks: name, program, its arguments. Each writes its summary, CSV and charts under
 /// `target/bench/NAME/`.
-const BENCHES: [(&str, &str, &[&str]); 8] = [
+const BENCHES: [(&str, &str, &[&str]); 9] = [
     ("datapath", "bench", &[]),
     ("tls-proxy", "tls_proxy", &[]),
     ("sip-overload", "sip_overload", &[]),
+    ("sip-overload-small", "sip_overload", &["small"]),
     (
         "sip-overload-kamailio",
         "sip_overload",
@@ -426,6 +427,7 @@ fn write_benchmarks_doc() -> Result<()> {
         "datapath",
         "tls-proxy",
         "sip-overload-fifo",
+        "sip-overload-fifo-small",
         "sip-overload-kamailio",
         "sip-refusals-fifo",
         "controller",

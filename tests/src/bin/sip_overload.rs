@@ -18,7 +18,9 @@ use gateway_tests::{
 
 const INVITE_COST: Duration = Duration::from_millis(5);
 const OTHER_COST: Duration = Duration::from_micros(200);
+/// The FIFO server's receive buffer: large (8 MiB, the default) or small (`small`: 256 KiB).
 const RCVBUF: usize = 8 << 20;
+const RCVBUF_SMALL: usize = 256 << 10;
 /// Seconds of load per run; goodput is averaged over seconds WARM..SECONDS.
 const SECONDS: u64 = 20;
 const WARM: usize = 5;
@@ -37,7 +39,12 @@ const CONTROLLED_503: &str = "services:\n  - {kind: sip, port: 5060}\ncontroller
 
 /// One run (no gateway, or the gateway with `config`): successful calls per second over the
 /// steady window, and SIPp's totals.
-fn run(multiplier: f64, config: Option<&str>, kamailio: bool) -> (f64, HashMap<String, u64>) {
+fn run(
+    multiplier: f64,
+    config: Option<&str>,
+    kamailio: bool,
+    rcvbuf: usize,
+) -> (f64, HashMap<String, u64>) {
     let net = TestNet::new();
     let dir =
         std::env::temp_dir().join(format!("gwt-overload-{}-{}", std::process::id(), net.gw_if));
@@ -45,7 +52,7 @@ fn run(multiplier: f64, config: Option<&str>, kamailio: bool) -> (f64, HashMap<S
     // One of the two servers, of the same capacity.
     let _fifo = (!kamailio).then(|| {
         let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
-        SlowSipServer::start(socket, RCVBUF, INVITE_COST, OTHER_COST)
+        SlowSipServer::start(socket, rcvbuf, INVITE_COST, OTHER_COST)
     });
     let _kamailio = kamailio.then(|| {
         let k = Kamailio::start_with_cost(
@@ -93,7 +100,13 @@ fn main() {
     if args.iter().any(|a| a == "refuse") {
         return refusals(if loads.is_empty() { vec![3.0] } else { loads }, kamailio);
     }
-    let server = if kamailio { "kamailio" } else { "fifo" };
+    let small = args.iter().any(|a| a == "small");
+    let rcvbuf = if small { RCVBUF_SMALL } else { RCVBUF };
+    let server = match (kamailio, small) {
+        (true, _) => "kamailio",
+        (false, true) => "fifo-small",
+        (false, false) => "fifo",
+    };
     let mut report = Report::new(&format!("sip-overload-{server}"));
     let cap = capacity();
     report.say(format!(
@@ -106,7 +119,7 @@ fn main() {
         if kamailio {
             "its own receive buffer (Kamailio's default)".to_string()
         } else {
-            format!("{} MiB receive buffer", RCVBUF >> 20)
+            format!("{} KiB receive buffer", rcvbuf >> 10)
         },
         INVITE_COST,
         OTHER_COST
@@ -116,7 +129,7 @@ fn main() {
     );
     report.say("|---|---:|---:|---:|---:|---:|---:|---:|");
     let loads = if loads.is_empty() {
-        vec![1.0, 2.0, 3.0]
+        vec![0.5, 1.0, 2.0, 3.0]
     } else {
         loads
     };
@@ -127,9 +140,9 @@ fn main() {
             points: Vec::new(),
         });
     for m in loads {
-        let (fifo, ft) = run(m, None, kamailio);
-        let (gw, gt) = run(m, Some(STATIC), kamailio);
-        let (ctl, ct) = run(m, Some(CONTROLLED), kamailio);
+        let (fifo, ft) = run(m, None, kamailio, rcvbuf);
+        let (gw, gt) = run(m, Some(STATIC), kamailio, rcvbuf);
+        let (ctl, ct) = run(m, Some(CONTROLLED), kamailio, rcvbuf);
         let retrans = |t: &HashMap<String, u64>| t.get("Retransmissions").copied().unwrap_or(0);
         let failed = ct.get("FailedCall").copied().unwrap_or(0);
         report.say(format!(
@@ -172,7 +185,7 @@ fn main() {
     );
     report.chart(
         "goodput.png",
-        &format!("SIP overload (seed 001), {server} server: goodput"),
+        &format!("SIP overload (seed 001), {server} server: goodput (% of capacity)"),
         ("offered load (x capacity)", "goodput (% of capacity)"),
         &lines,
     );
@@ -201,8 +214,8 @@ fn refusals(loads: Vec<f64>, kamailio: bool) {
     let get = |t: &HashMap<String, u64>, k: &str| t.get(k).copied().unwrap_or(0);
     let mut rows = Vec::new();
     for m in loads {
-        let (drop, dt) = run(m, Some(CONTROLLED), kamailio);
-        let (answered, at) = run(m, Some(CONTROLLED_503), kamailio);
+        let (drop, dt) = run(m, Some(CONTROLLED), kamailio, RCVBUF);
+        let (answered, at) = run(m, Some(CONTROLLED_503), kamailio, RCVBUF);
         report.say(format!(
             "| {m:.1}x ({:.0} calls/s) | {:.0}% | {:.0}% | {} | {} | {} | {} |",
             cap * m,

@@ -766,6 +766,16 @@ fn a_published_key_buys_the_resumed_class_for_its_limit_of_connections_at_a_time
     assert_eq!(in_use(&prog), Some(0));
 }
 
+/// The hello segment of `frame` from client port `port`: sequence number 1000, PSH|ACK, the
+/// client having acknowledged the server's SYN-ACK up to 777; with the offset of its TCP header
+/// (`hello_len` bytes of payload follow it).
+fn hello_segment(frame: Frame, port: u16, hello_len: usize) -> (Vec<u8>, usize) {
+    let mut f = frame.from_port(port).seq(1000).flags(0x18).build();
+    let l4 = f.len() - hello_len - 20;
+    f[l4 + 8..l4 + 12].copy_from_slice(&777u32.to_be_bytes());
+    (f, l4)
+}
+
 #[test]
 fn a_refused_hello_is_answered_with_a_reset_from_the_nic() {
     if !have_root("a_refused_hello_is_answered_with_a_reset_from_the_nic") {
@@ -794,14 +804,7 @@ fn a_refused_hello_is_answered_with_a_reset_from_the_nic() {
     .into_iter()
     .enumerate()
     {
-        let mut f = frame
-            .from_port(3000 + i as u16)
-            .seq(1000)
-            .flags(0x18)
-            .build();
-        let l4 = f.len() - hello.len() - 20;
-        // The client acknowledged the server's SYN-ACK up to 777.
-        f[l4 + 8..l4 + 12].copy_from_slice(&777u32.to_be_bytes());
+        let (f, l4) = hello_segment(frame, 3000 + i as u16, hello.len());
         let before = prog.counters().tls;
         let (action, out) = prog.run_out(&f);
         assert_eq!(action, XDP_TX, "{name}");
@@ -902,13 +905,7 @@ fn a_refused_hello_is_answered_with_a_reset_from_the_nic() {
     prog.maps
         .set_config(gateway_common::maps::DatapathConfig { finisher: 1, ..cfg })
         .unwrap();
-    let mut f = Frame::tcp(443, &hello)
-        .from_port(4500)
-        .seq(1000)
-        .flags(0x18)
-        .build();
-    let l4 = f.len() - hello.len() - 20;
-    f[l4 + 8..l4 + 12].copy_from_slice(&777u32.to_be_bytes());
+    let (f, _) = hello_segment(Frame::tcp(443, &hello), 4500, hello.len());
     let (action, out) = prog.run_out(&f);
     assert_eq!(action, XDP_PASS);
     // The test run returns the metadata in front of the frame.
@@ -940,13 +937,7 @@ fn a_refused_hello_is_answered_with_a_reset_from_the_nic() {
     .into_iter()
     .enumerate()
     {
-        let mut f = frame
-            .from_port(5000 + i as u16)
-            .seq(1000)
-            .flags(0x18)
-            .build();
-        let l4 = f.len() - hello.len() - 20;
-        f[l4 + 8..l4 + 12].copy_from_slice(&777u32.to_be_bytes());
+        let (f, _) = hello_segment(frame, 5000 + i as u16, hello.len());
         let before = prog.counters().tls;
         let (action, out) = prog.run_out_on(Hook::Tc, &f);
         assert_eq!(action, TC_RESET, "{name}");

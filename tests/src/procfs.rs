@@ -74,3 +74,11 @@ pub fn cpu_busy_seconds(cpu: usize) -> f64 {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     busy as f64 / hz
 }
+
+/// Pins the calling thread, and every thread it spawns from now on, to CPU `cpu`: a benchmark's
+/// clients stay off the core it measures the server on.
+pub fn pin_current_thread(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).expect("cpu index");
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("sched_setaffinity");
+}

@@ -262,6 +262,9 @@ pub fn rustls_fetch(
         rustls::ClientConnection::new(config.clone(), name).map_err(std::io::Error::other)?;
     let sock = TcpStream::connect(addr)?;
     sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    // As browsers do: the client's Finished and its request are separate writes, which Nagle
+    // would hold behind the server's delayed acknowledgement (40 ms).
+    sock.set_nodelay(true)?;
     let mut tls = rustls::StreamOwned::new(conn, sock);
     tls.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
     let mut body = Vec::new();

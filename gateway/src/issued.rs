@@ -8,7 +8,7 @@
 
 use std::{
     collections::VecDeque,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
@@ -20,14 +20,22 @@ use tracing::warn;
 
 use crate::{attached::Attached, maps::monotonic_ns};
 
+/// The terms a key is published under; a reload changes them for keys issued from then on (a
+/// key keeps the terms it was issued with: its lifetime is what the client was told).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Terms {
+    /// How long a key stays published.
+    pub lifetime: Duration,
+    /// How many resumed connections may hold it at once.
+    pub resume_limit: u32,
+}
+
 /// The issued keys a listener published to every attached interface.
 pub struct IssuedKeys {
     ifaces: Vec<Arc<Attached>>,
-    /// Published keys by expiry, oldest first (one lifetime per [`IssuedKeys`], so issue order
-    /// is expiry order); at most `MAX_TLS_ISSUED` long, as the map itself.
+    /// Published keys by expiry, soonest first; at most `MAX_TLS_ISSUED` long, as the map itself.
     expiry: Mutex<VecDeque<(Instant, IssuedKey)>>,
-    lifetime: Duration,
-    resume_limit: u32,
+    terms: Mutex<Terms>,
 }
 
 impl IssuedKeys {
@@ -37,9 +45,21 @@ impl IssuedKeys {
         IssuedKeys {
             ifaces: ifaces.to_vec(),
             expiry: Mutex::new(VecDeque::new()),
-            lifetime,
-            resume_limit,
+            terms: Mutex::new(Terms {
+                lifetime,
+                resume_limit,
+            }),
         }
+    }
+
+    /// The terms keys are published under now.
+    pub fn terms(&self) -> Terms {
+        *lock(&self.terms)
+    }
+
+    /// Publishes keys from now on under `terms` (a reload); keys already published keep theirs.
+    pub fn set_terms(&self, terms: Terms) {
+        *lock(&self.terms) = terms;
     }
 
     /// Keys for no datapath at all.
@@ -47,9 +67,8 @@ impl IssuedKeys {
         Self::new(&[], lifetime, 1)
     }
 
-    fn expiry(&self) -> std::sync::MutexGuard<'_, VecDeque<(Instant, IssuedKey)>> {
-        // A panic elsewhere while holding the lock leaves the queue consistent.
-        self.expiry.lock().unwrap_or_else(|p| p.into_inner())
+    fn expiry(&self) -> MutexGuard<'_, VecDeque<(Instant, IssuedKey)>> {
+        lock(&self.expiry)
     }
 
     /// Publishes an issued session id, ticket or PSK identity (the digest of all of it; values
@@ -59,23 +78,30 @@ impl IssuedKeys {
         let Some(key) = issued_key(issued) else {
             return;
         };
+        let terms = self.terms();
         let value = IssuedValue {
             kind: kind as u32,
-            limit: self.resume_limit,
+            limit: terms.resume_limit,
             issued_ns: monotonic_ns(),
             ..Default::default()
         };
         let mut expiry = self.expiry();
+        if expiry.len() >= MAX_TLS_ISSUED as usize {
+            // Full: the key that would end soonest goes now, so that the map (an LRU of the same
+            // size) need not evict one this queue still tracks.
+            let (_, soonest) = expiry.pop_front().expect("full");
+            self.remove(&soonest);
+        }
         for a in &self.ifaces {
             if let Err(e) = a.maps().add_issued(key, value) {
                 warn!(iface = %a.iface(), error = %e, "cannot publish an issued session key");
             }
         }
-        if expiry.len() >= MAX_TLS_ISSUED as usize {
-            // The map (an LRU of the same size) has evicted this one already.
-            expiry.pop_front();
-        }
-        expiry.push_back((Instant::now() + self.lifetime, key));
+        // In expiry order: after a reload shortened the lifetime, a new key may end before
+        // older ones.
+        let at = Instant::now() + terms.lifetime;
+        let place = expiry.partition_point(|(t, _)| *t <= at);
+        expiry.insert(place, (at, key));
     }
 
     /// Withdraws the key of an issued value (a single-use session was taken).
@@ -116,6 +142,12 @@ impl IssuedKeys {
     }
 }
 
+/// Locks `m`; a panic elsewhere while holding it leaves the data consistent (every change under
+/// these locks is a single step).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The datapath's key of an issued value: the digest of all of it. Values shorter than
 /// `KEY_LEN` or longer than `MAX_OFFER` are never verified by the datapath and not published.
 fn issued_key(issued: &[u8]) -> Option<IssuedKey> {
@@ -131,5 +163,46 @@ impl std::fmt::Debug for IssuedKeys {
         f.debug_struct("IssuedKeys")
             .field("published", &self.published())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reload_changes_the_terms_of_keys_issued_after_it_only() {
+        let keys = IssuedKeys::none(Duration::from_secs(60));
+        let t0 = Instant::now();
+        keys.publish(&[1; 32], Offer::Ticket);
+        keys.set_terms(Terms {
+            lifetime: Duration::from_secs(1),
+            resume_limit: 3,
+        });
+        assert_eq!(keys.terms().resume_limit, 3);
+        keys.publish(&[2; 32], Offer::Ticket);
+        // The new key ends first although issued last; the old one keeps its 60 s.
+        assert_eq!(keys.expire(t0 + Duration::from_secs(2)), 1);
+        assert_eq!(keys.published(), 1);
+        assert_eq!(keys.expire(t0 + Duration::from_secs(30)), 0);
+        assert_eq!(keys.expire(t0 + Duration::from_secs(61)), 1);
+        assert_eq!(keys.published(), 0);
+    }
+
+    #[test]
+    fn a_full_queue_lets_the_soonest_ending_key_go() {
+        let keys = IssuedKeys::none(Duration::from_secs(60));
+        for i in 0..MAX_TLS_ISSUED {
+            keys.publish(&i.to_le_bytes().repeat(8), Offer::Ticket);
+        }
+        keys.set_terms(Terms {
+            lifetime: Duration::from_secs(1),
+            resume_limit: 1,
+        });
+        keys.publish(&[7; 32], Offer::Ticket);
+        keys.publish(&[8; 32], Offer::Ticket);
+        assert_eq!(keys.published(), MAX_TLS_ISSUED as usize);
+        // The second short-lived key pushed out the first one, not a 60 s key.
+        assert_eq!(keys.expire(Instant::now() + Duration::from_secs(2)), 1);
     }
 }

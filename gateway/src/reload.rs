@@ -86,7 +86,8 @@ impl Plan {
     }
 
     /// Applies the plan: services, policies and datapath settings to every interface, the new
-    /// certificates to every listener (for new connections). Returns the new config. (The
+    /// certificates and session terms (lifetime, resume limit) to every listener (for new
+    /// connections and the session keys issued from now on). Returns the new config. (The
     /// daemon restarts its controller with the new settings.)
     ///
     /// # Errors
@@ -99,8 +100,13 @@ impl Plan {
         for a in attached {
             apply(&mut a.maps(), &self.cfg).map_err(|e| format!("{}: {e}", a.iface()))?;
         }
-        for (proxy, tls) in proxies.iter().zip(self.tls) {
+        for ((proxy, tls), p) in proxies.iter().zip(self.tls).zip(&self.cfg.proxies) {
             proxy.set_tls(tls);
+            // Session keys issued from now on: the new lifetime and resume limit.
+            proxy.issued().set_terms(crate::issued::Terms {
+                lifetime: p.tls.session_lifetime.0,
+                resume_limit: p.tls.resume_limit,
+            });
         }
         Ok(self.cfg)
     }

@@ -38,6 +38,17 @@ fn backlog_limit(net: &TestNet, class: &str) -> Value {
         .clone()
 }
 
+/// The resume limit of every session key the listener has published.
+fn issued_limits(net: &TestNet) -> Vec<u64> {
+    let rows: Value =
+        serde_json::from_str(&net.gateway_ok(&["tls", "issued", "list", "--json"])).unwrap();
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["limit"].as_u64().unwrap())
+        .collect()
+}
+
 /// Whether `openssl s_client` verifies the listener's chain against `ca`.
 fn verifies(net: &TestNet, ca: &Cert) -> bool {
     let out = s_client(
@@ -127,7 +138,8 @@ fn a_bad_config_changes_nothing_and_a_good_one_is_applied_whole_with_new_certifi
     assert!(line.contains("metrics changed"), "{line}");
     assert_eq!(backlog_limit(&net, "sip-original"), 30);
 
-    // A good one: policies, services and certificates, all at once.
+    // A good one: policies, services, certificates and session terms, all at once.
+    let limits_before = issued_limits(&net);
     write(
         &config(
             &net,
@@ -139,13 +151,26 @@ fn a_bad_config_changes_nothing_and_a_good_one_is_applied_whole_with_new_certifi
         .replace(
             "  - {kind: sip, port: 5060}\n",
             "  - {kind: sip, port: 5060}\n  - {kind: tls, port: 9443}\n",
-        ),
+        )
+        .replace("tls: {cert: ", "tls: {resume_limit: 3, cert: "),
     );
     net.gateway_ok(&["reload"]);
     assert_eq!(backlog_limit(&net, "sip-original"), 40);
     assert!(net.gateway_ok(&["service", "list"]).contains("9443"));
     assert!(verifies(&net, &new_cert), "new clients get the new chain");
     assert!(!verifies(&net, &old_cert));
+    // Session keys issued after the reload carry its resume limit; those before keep theirs.
+    let limits_after = issued_limits(&net);
+    let default = u64::from(gateway_common::maps::DEFAULT_RESUME_LIMIT);
+    assert!(
+        !limits_before.is_empty() && limits_before.iter().all(|&l| l == default),
+        "{limits_before:?}"
+    );
+    assert!(
+        limits_after.contains(&3)
+            && limits_after.iter().filter(|&&l| l == default).count() == limits_before.len(),
+        "before {limits_before:?}, after {limits_after:?}"
+    );
     // The connection made before the reload carries on to its answer.
     backend.release();
     let (_, body) = old.join().unwrap().expect("the old connection's answer");

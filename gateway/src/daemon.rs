@@ -223,7 +223,13 @@ async fn serve(
             })
         })
     });
-    let mut controlling = start_controller(cfg, &attached, &costs, &controller_stats, &stop);
+    let pools: Vec<_> = proxies
+        .proxies
+        .iter()
+        .map(|p| p.differentiation().clone())
+        .collect();
+    let mut controlling =
+        start_controller(cfg, &attached, &pools, &costs, &controller_stats, &stop);
     for a in &attached {
         mark(a, |c| c.daemon_pid = std::process::id());
     }
@@ -272,7 +278,7 @@ async fn serve(
                         token.cancel();
                         let _ = task.await;
                         controlling =
-                            start_controller(&new, &attached, &costs, &controller_stats, &stop);
+                            start_controller(&new, &attached, &pools, &costs, &controller_stats, &stop);
                         info!(config = %new, "SIGHUP: reloaded");
                         running = new;
                         for a in &attached {
@@ -322,6 +328,7 @@ async fn serve(
 fn start_controller(
     cfg: &Config,
     attached: &[Arc<Attached>],
+    pools: &[Arc<crate::proxy::gate::Differentiation>],
     costs: &CostSource,
     stats: &ControllerStats,
     stop: &CancellationToken,
@@ -334,6 +341,7 @@ fn start_controller(
     let controller = Controller::new(
         &cfg.controller,
         attached,
+        pools,
         costs.clone(),
         stats.clone(),
         cores,

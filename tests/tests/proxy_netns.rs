@@ -995,3 +995,56 @@ fn refused_clients_are_reset_at_the_nic_and_leave_nothing_in_the_proxy() {
         "the proxy saw a refused connection: {text}"
     );
 }
+
+#[test]
+fn pdd_gives_resumed_sessions_the_shorter_wait_for_a_backend_slot() {
+    if !have_root("pdd_gives_resumed_sessions_the_shorter_wait") {
+        return;
+    }
+    let mut s = Setup::new();
+    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+    // One backend slot, so that connections wait for it; the controller holds new sessions'
+    // mean wait at 4 times resumed ones' (seed 002).
+    s.start(
+        &format!("{{address: {}, max_active: 1, backlog: 500}}", backend.addr),
+        "",
+        "controller:\n  interval: 50ms\n  classes:\n    tls-resumed: {mode: pdd, ratio: 4}\n",
+    );
+    let (net, cert, addr) = (&s.net, &s.cert, s.addr());
+    let stop = Instant::now() + Duration::from_secs(4);
+    std::thread::scope(|scope| {
+        for i in 0..12 {
+            let addr = addr.clone();
+            scope.spawn(move || {
+                net.in_peer(|| {
+                    let shared = rustls_config(cert);
+                    let _ = rustls_fetch(&shared, &addr);
+                    while Instant::now() < stop {
+                        // Half the clients resume, half start anew every time.
+                        let config = if i % 2 == 0 {
+                            shared.clone()
+                        } else {
+                            rustls_config(cert)
+                        };
+                        rustls_fetch(&config, &addr).expect("through the proxy");
+                    }
+                })
+            });
+        }
+    });
+    let text = s.metrics();
+    let labels = [("iface", "proxies"), ("class", "tls-resumed")];
+    let ratio = value(&text, "gateway_controller_delay_ratio", &labels);
+    let share = value(&text, "gateway_controller_limit", &labels);
+    assert_eq!(
+        value(&text, "gateway_controller_delay_ratio_target", &labels),
+        4.0
+    );
+    eprintln!("pdd: wait ratio {ratio:.2} (set point 4), resumed share {share}%");
+    // FIFO gives both classes the same wait (ratio 1); the law moved the share from its start
+    // (50%) toward the resumed sessions and their wait well under the new ones'.
+    assert!(
+        (2.5..=6.0).contains(&ratio) && share > 50.0,
+        "ratio {ratio}, share {share}%: {text}"
+    );
+}

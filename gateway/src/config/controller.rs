@@ -26,6 +26,13 @@ pub enum Mode {
         /// Share of the CPUs handshakes may use, 0 to 1.
         cpu_target: f64,
     },
+    /// Hold the ratio of new sessions' to resumed sessions' wait for a backend slot at `ratio`
+    /// (seed 002, proportional delay differentiation) by moving the resumed sessions' share of
+    /// the slots that free while both wait; `min` and `max` bound that share, in percent.
+    Pdd {
+        /// The set point: new sessions' mean wait over resumed sessions'.
+        ratio: f64,
+    },
 }
 
 /// One controlled class.
@@ -33,9 +40,10 @@ pub enum Mode {
 pub struct ClassControl {
     /// Its law.
     pub mode: Mode,
-    /// The lowest limit the controller may set.
+    /// The lowest limit the controller may set (`pdd`: the lowest share, percent).
     pub min: u64,
-    /// The highest limit the controller may set (and where it starts).
+    /// The highest limit the controller may set, and where it starts (`pdd`: the highest
+    /// share, percent).
     pub max: u64,
 }
 
@@ -112,6 +120,8 @@ struct RawClass {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cpu_target: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     min: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max: Option<u64>,
@@ -120,6 +130,17 @@ struct RawClass {
 impl RawClass {
     fn read(&self, class: Class) -> Result<ClassControl, String> {
         let name = class.name();
+        let misplaced =
+            |field: &str, modes: &str| Err(format!("{name}.{field}: only for mode {modes}"));
+        if self.target.is_some() && self.mode != "sip" {
+            return misplaced("target", "sip");
+        }
+        if self.cpu_target.is_some() && self.mode != "tls" {
+            return misplaced("cpu_target", "tls");
+        }
+        if self.ratio.is_some() && self.mode != "pdd" {
+            return misplaced("ratio", "pdd");
+        }
         let (mode, ceiling) = match self.mode.as_str() {
             "sip" => {
                 if !matches!(class, Class::SipOriginal) {
@@ -144,10 +165,32 @@ impl RawClass {
                 }
                 (Mode::Tls { cpu_target }, MAX_RATE)
             }
+            "pdd" => {
+                if !matches!(class, Class::TlsResumed) {
+                    return Err(format!(
+                        "{name}: mode pdd controls tls-resumed only (its share of backend slots against tls-new)"
+                    ));
+                }
+                let ratio = self.ratio.unwrap_or(2.0);
+                if !(ratio > 1.0 && ratio <= 100.0) {
+                    return Err(format!("{name}.ratio: {ratio} is not in (1, 100]"));
+                }
+                let (min, max) = (self.min.unwrap_or(5), self.max.unwrap_or(95));
+                if min > max || max > 100 {
+                    return Err(format!(
+                        "{name}: share bounds {min}..={max} (percent) are not within 0..=100 with min <= max"
+                    ));
+                }
+                return Ok(ClassControl {
+                    mode: Mode::Pdd { ratio },
+                    min,
+                    max,
+                });
+            }
             "static" => return Err(format!("{name}: static classes are not listed here")),
             other => {
                 return Err(format!(
-                    "{name}.mode: unknown mode '{other}' (valid: sip, tls)"
+                    "{name}.mode: unknown mode '{other}' (valid: sip, tls, pdd)"
                 ));
             }
         };
@@ -185,14 +228,16 @@ impl Serialize for ControllerConfig {
             .classes
             .iter()
             .map(|(class, c)| {
-                let (mode, target, cpu_target) = match c.mode {
-                    Mode::Sip { target } => ("sip", Some(Span(target)), None),
-                    Mode::Tls { cpu_target } => ("tls", None, Some(cpu_target)),
+                let (mode, target, cpu_target, ratio) = match c.mode {
+                    Mode::Sip { target } => ("sip", Some(Span(target)), None, None),
+                    Mode::Tls { cpu_target } => ("tls", None, Some(cpu_target), None),
+                    Mode::Pdd { ratio } => ("pdd", None, None, Some(ratio)),
                 };
                 let raw = RawClass {
                     mode: mode.into(),
                     target,
                     cpu_target,
+                    ratio,
                     min: Some(c.min),
                     max: Some(c.max),
                 };

@@ -341,9 +341,24 @@ mod tests {
             }
         );
         assert_eq!((sip.min, sip.max), (1, 500));
+        let c = Config::parse(
+            "controller:\n  classes:\n    tls-resumed: {mode: pdd, ratio: 3}\n",
+            "t.yaml",
+        )
+        .unwrap();
+        let pdd = c.controller.classes[&Class::TlsResumed];
+        assert_eq!(pdd.mode, Mode::Pdd { ratio: 3.0 });
+        assert_eq!((pdd.min, pdd.max), (5, 95));
         for (yaml, needle) in [
             ("sip-original: {mode: sip, target: 600ms}", "well under T1"),
-            ("sip-original: {mode: pdd}", "unknown mode 'pdd'"),
+            ("sip-original: {mode: fifo}", "unknown mode 'fifo'"),
+            ("sip-original: {mode: pdd}", "controls tls-resumed only"),
+            ("tls-resumed: {mode: pdd, ratio: 0.5}", "ratio: 0.5"),
+            ("tls-resumed: {mode: pdd, max: 120}", "share bounds"),
+            (
+                "tls-resumed: {mode: pdd, target: 80ms}",
+                "target: only for mode sip",
+            ),
             ("tls-new: {mode: sip}", "controls sip-original only"),
             ("tls-new: {mode: tls, cpu_target: 1.5}", "cpu_target"),
             ("sip-original: {mode: sip, min: 9, max: 3}", "bounds 9..=3"),

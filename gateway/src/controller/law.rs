@@ -251,10 +251,11 @@ pub struct DelayRatioLaw {
     ki: f64,
     previous: f64,
     share: f64,
+    bounds: (f64, f64),
 }
 
 impl DelayRatioLaw {
-    /// Bounds of the high-priority share.
+    /// Default bounds of the high-priority share.
     const SHARE: (f64, f64) = (0.05, 0.95);
 
     /// A law holding delay(low) / delay(high) at `set_point` (above 1), starting from an even
@@ -266,6 +267,18 @@ impl DelayRatioLaw {
             ki: 0.05,
             previous: 0.0,
             share: 0.5,
+            bounds: Self::SHARE,
+        }
+    }
+
+    /// The same law with the high-priority share kept within `lo..=hi` (0 to 1), starting
+    /// halfway between them.
+    pub fn within(self, lo: f64, hi: f64) -> Self {
+        let (lo, hi) = (lo.clamp(0.0, 1.0), hi.clamp(0.0, 1.0));
+        DelayRatioLaw {
+            bounds: (lo, hi.max(lo)),
+            share: f64::midpoint(lo, hi.max(lo)),
+            ..self
         }
     }
 
@@ -283,7 +296,7 @@ impl DelayRatioLaw {
             return self.share;
         }
         let error = (self.set_point - l / h) / self.set_point;
-        let (lo, hi) = Self::SHARE;
+        let (lo, hi) = self.bounds;
         self.share =
             (self.share + self.kp * (error - self.previous) + self.ki * error).clamp(lo, hi);
         self.previous = error;

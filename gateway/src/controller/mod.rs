@@ -6,13 +6,17 @@
 //! Who owns a limit: operators set bounds and targets in the config; the controller moves the
 //! effective limit inside them. A class an operator pinned (`policy set --pin`) is left alone
 //! until it is unpinned, and the controller then starts from the operator's value.
+//!
+//! Mode `pdd` acts in the daemon rather than the datapath: it sets how the proxies' backend
+//! pools share freed slots between resumed and new sessions ([`crate::proxy::gate`]), from the
+//! waits the pools measured.
 
 pub mod law;
 pub mod sim;
 
 use std::{
     collections::BTreeMap,
-    sync::Arc,
+    sync::{Arc, atomic::AtomicU64},
     time::{Duration, Instant},
 };
 
@@ -35,8 +39,12 @@ use crate::{
     attached::Attached,
     config::{ControllerConfig, Mode},
     maps::{Maps, MapsError, monotonic_ns},
+    proxy::gate::{Differentiation, Priority, Waits},
 };
-use law::{Decision, HandshakeBudgetLaw, HandshakeCosts, Observation, Reason, ServiceTimeLaw};
+use law::{
+    Decision, DelayRatioLaw, HandshakeBudgetLaw, HandshakeCosts, Observation, Reason,
+    ServiceTimeLaw,
+};
 
 /// Where the TLS law gets the costs of a full and a resumed handshake (the daemon's proxies
 /// measure them); `None` until both were measured.
@@ -86,6 +94,95 @@ struct Plant {
     last: Option<Snapshot>,
 }
 
+/// Mode `pdd`: the law and the backend pools it moves.
+struct Pdd {
+    law: DelayRatioLaw,
+    ratio: f64,
+    pools: Vec<Arc<Differentiation>>,
+    /// The pools' waits (summed) at the last intervals, oldest first, at most
+    /// [`PDD_WINDOW`] + 1.
+    history: std::collections::VecDeque<Waits>,
+}
+
+/// Intervals the `pdd` law averages the waits over: one interval's few waits make a noisy
+/// ratio, and the ratio of means is what it holds.
+const PDD_WINDOW: usize = 10;
+
+impl Pdd {
+    fn new(law: DelayRatioLaw, ratio: f64, pools: Vec<Arc<Differentiation>>) -> Self {
+        Pdd {
+            law,
+            ratio,
+            pools,
+            history: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// One interval: the mean waits of both classes over every pool in the last
+    /// [`PDD_WINDOW`] intervals, and the new share if both waited.
+    fn step(&mut self, stats: &ControllerStats) {
+        let now = self.pools.iter().fold(Waits::default(), |mut t, p| {
+            let w = p.waits();
+            for i in 0..2 {
+                t.waited_us[i] += w.waited_us[i];
+                t.waits[i] += w.waits[i];
+            }
+            t
+        });
+        self.history.push_back(now);
+        if self.history.len() > PDD_WINDOW + 1 {
+            self.history.pop_front();
+        }
+        let before = self.history[0];
+        if self.history.len() == 1 {
+            let share = self.law.share();
+            for p in &self.pools {
+                p.set_share(Some(share));
+            }
+            return;
+        }
+        let high = now.mean_since(&before, Priority::High);
+        let low = now.mean_since(&before, Priority::Low);
+        let labels = |class: Class| Labels {
+            iface: PROXIES.into(),
+            class: class.name(),
+        };
+        for (class, d) in [(Class::TlsResumed, high), (Class::TlsNew, low)] {
+            if let Some(d) = d {
+                stats
+                    .delay_us
+                    .get_or_create(&labels(class))
+                    .set(d.as_micros().min(i64::MAX as u128) as i64);
+            }
+        }
+        stats
+            .ratio_target
+            .get_or_create(&labels(Class::TlsResumed))
+            .set(self.ratio);
+        let (Some(high), Some(low)) = (high, low) else {
+            return;
+        };
+        if !high.is_zero() {
+            stats
+                .ratio
+                .get_or_create(&labels(Class::TlsResumed))
+                .set(low.as_secs_f64() / high.as_secs_f64());
+        }
+        let share = self.law.step(high, low);
+        for p in &self.pools {
+            p.set_share(Some(share));
+        }
+        stats
+            .limit
+            .get_or_create(&labels(Class::TlsResumed))
+            .set((share * 100.0).round() as i64);
+        debug!(share, ?high, ?low, "controller: pdd");
+    }
+}
+
+/// The `iface` label of the series about the proxies' pools (mode `pdd`).
+const PROXIES: &str = "proxies";
+
 /// Labels of the controller's series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Labels {
@@ -99,6 +196,8 @@ pub struct ControllerStats {
     limit: Family<Labels, Gauge>,
     delay_us: Family<Labels, Gauge>,
     target_us: Family<Labels, Gauge>,
+    ratio: Family<Labels, Gauge<f64, AtomicU64>>,
+    ratio_target: Family<Labels, Gauge<f64, AtomicU64>>,
 }
 
 impl ControllerStats {
@@ -107,18 +206,30 @@ impl ControllerStats {
         let r = registry.sub_registry_with_prefix("gateway_controller");
         r.register(
             "limit",
-            "The limit the controller set (backlog for sip, new handshakes per second for tls)",
+            "The limit the controller set (backlog for sip, new handshakes per second for tls, \
+             resumed sessions' share of contended backend slots in percent for pdd, iface \"proxies\")",
             self.limit.clone(),
         );
         r.register(
             "delay_microseconds",
-            "The service time the controller saw in its last interval (its input, sip mode)",
+            "The service time the controller saw in its last interval (its input: sip mode; pdd: \
+             the mean wait for a backend slot, per class)",
             self.delay_us.clone(),
         );
         r.register(
             "target_microseconds",
             "The service time the controller holds the class under (its set point, sip mode)",
             self.target_us.clone(),
+        );
+        r.register(
+            "delay_ratio",
+            "New sessions' mean wait for a backend slot over resumed sessions' (pdd mode's input)",
+            self.ratio.clone(),
+        );
+        r.register(
+            "delay_ratio_target",
+            "The wait ratio the pdd mode holds (its set point)",
+            self.ratio_target.clone(),
         );
     }
 }
@@ -127,6 +238,7 @@ impl ControllerStats {
 pub struct Controller {
     cfg: ControllerConfig,
     plants: Vec<Plant>,
+    pdd: Option<Pdd>,
     costs: CostSource,
     stats: ControllerStats,
     cores: f64,
@@ -145,15 +257,28 @@ fn process_cpu() -> Option<Duration> {
 }
 
 impl Controller {
-    /// A controller for `ifaces` per `cfg`, with handshake costs from `costs`, for a server of
-    /// `cores` CPUs (the daemon's worker threads, or the CPUs it may run on).
+    /// A controller for `ifaces` and the proxies' backend `pools` per `cfg`, with handshake
+    /// costs from `costs`, for a server of `cores` CPUs (the daemon's worker threads, or the
+    /// CPUs it may run on). Pools go back to FIFO unless `cfg` has a `pdd` class.
     pub fn new(
         cfg: &ControllerConfig,
         ifaces: &[Arc<Attached>],
+        pools: &[Arc<Differentiation>],
         costs: CostSource,
         stats: ControllerStats,
         cores: usize,
     ) -> Self {
+        for p in pools {
+            p.set_share(None);
+        }
+        let pdd = cfg.classes.values().find_map(|c| match c.mode {
+            Mode::Pdd { ratio } => Some(Pdd::new(
+                DelayRatioLaw::new(ratio).within(c.min as f64 / 100.0, c.max as f64 / 100.0),
+                ratio,
+                pools.to_vec(),
+            )),
+            _ => None,
+        });
         let cores = cores.max(1) as f64;
         let plants = ifaces
             .iter()
@@ -162,7 +287,7 @@ impl Controller {
                 laws: cfg
                     .classes
                     .iter()
-                    .map(|(class, c)| {
+                    .filter_map(|(class, c)| {
                         let law = match c.mode {
                             Mode::Sip { target } => {
                                 Law::Sip(ServiceTimeLaw::new(target, c.min, c.max, c.max))
@@ -170,8 +295,10 @@ impl Controller {
                             Mode::Tls { cpu_target } => {
                                 Law::Tls(HandshakeBudgetLaw::new(cpu_target, cores, c.min, c.max))
                             }
+                            // Not the datapath's: see `Pdd`.
+                            Mode::Pdd { .. } => return None,
                         };
-                        (*class, law)
+                        Some((*class, law))
                     })
                     .collect(),
                 last: None,
@@ -180,6 +307,7 @@ impl Controller {
         Controller {
             cfg: cfg.clone(),
             plants,
+            pdd,
             costs,
             stats,
             cores,
@@ -189,7 +317,7 @@ impl Controller {
 
     /// Whether there is anything to control.
     pub fn is_idle(&self) -> bool {
-        self.cfg.classes.is_empty() || self.plants.is_empty()
+        self.pdd.is_none() && self.plants.iter().all(|p| p.laws.is_empty())
     }
 
     /// Runs one interval every `interval` until `stop`.
@@ -228,6 +356,9 @@ impl Controller {
             _ => None,
         };
         self.cpu = now;
+        if let Some(pdd) = &mut self.pdd {
+            pdd.step(&self.stats);
+        }
         for plant in &mut self.plants {
             if let Err(e) = step(plant, &self.cfg, elapsed, costs, busy, &self.stats) {
                 warn!(iface = %plant.attached.iface(), error = %e, "controller: cannot read or write the maps");
@@ -416,4 +547,113 @@ fn write(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::{Instant, sleep};
+
+    use super::*;
+    use crate::proxy::{config::BackendConfig, pool::Pool};
+
+    /// A deterministic stream of uniform numbers in (0, 1) (a 64-bit LCG).
+    struct Lcg(u64);
+
+    impl Lcg {
+        fn next(&mut self) -> f64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((self.0 >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        }
+
+        /// An exponential draw of mean `mean`.
+        fn exp(&mut self, mean: Duration) -> Duration {
+            mean.mul_f64(-self.next().ln())
+        }
+    }
+
+    /// Runs a backend pool of 4 slots for `secs`: resumed and new sessions arriving (Poisson) at
+    /// `rates` per second, each holding its slot an exponential 6 ms; the pdd law stepping every
+    /// 100 ms. Returns the ratio of the classes' mean waits over the last half.
+    async fn run_pdd(
+        pdd: &mut Pdd,
+        pool: &Arc<Pool>,
+        rates: [f64; 2],
+        secs: u64,
+        seed: u64,
+    ) -> f64 {
+        let stats = ControllerStats::default();
+        let end = Instant::now() + Duration::from_secs(secs);
+        let half = Instant::now() + Duration::from_secs(secs / 2);
+        for (class, rate) in [(Priority::High, rates[0]), (Priority::Low, rates[1])] {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let mut rng = Lcg(seed ^ class as u64);
+                while Instant::now() < end {
+                    sleep(rng.exp(Duration::from_secs_f64(1.0 / rate))).await;
+                    let hold = rng.exp(Duration::from_millis(6));
+                    let Some(r) = pool.reserve(&[], class) else {
+                        continue;
+                    };
+                    tokio::spawn(async move {
+                        if let Some(slot) = r.slot(Duration::from_secs(30)).await {
+                            sleep(hold).await;
+                            drop(slot);
+                        }
+                    });
+                }
+            });
+        }
+        let mut from = None;
+        while Instant::now() < end {
+            sleep(Duration::from_millis(100)).await;
+            pdd.step(&stats);
+            if from.is_none() && Instant::now() >= half {
+                from = Some(pool.differentiation().waits());
+            }
+        }
+        let (now, from) = (pool.differentiation().waits(), from.unwrap());
+        let mean = |c| now.mean_since(&from, c).unwrap().as_secs_f64();
+        mean(Priority::Low) / mean(Priority::High)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pdd_holds_the_wait_ratio_of_a_real_backend_pool_through_a_load_change() {
+        let pool = Arc::new(Pool::new(
+            &[BackendConfig {
+                address: ([127, 0, 0, 1], 1).into(),
+                weight: 1,
+                max_active: 4,
+                backlog: 10_000,
+            }],
+            Duration::from_secs(1),
+        ));
+        let mut pdd = Pdd::new(
+            DelayRatioLaw::new(3.0),
+            3.0,
+            vec![pool.differentiation().clone()],
+        );
+        // 90% busy, resumed sessions a third of the load; then two thirds of it.
+        for (rates, seed) in [([150.0, 450.0], 1), ([400.0, 200.0], 2)] {
+            let ratio = run_pdd(&mut pdd, &pool, rates, 60, seed).await;
+            eprintln!(
+                "rates {rates:?}: ratio {ratio:.3} share {:.3}",
+                pdd.law.share()
+            );
+            assert!(
+                (ratio - 3.0).abs() <= 0.3,
+                "rates {rates:?}: wait ratio {ratio:.2}, set point 3 (share {:.2})",
+                pdd.law.share()
+            );
+        }
+        // Without the law (FIFO across the classes) both wait alike.
+        pdd.pools.clear();
+        pool.differentiation().set_share(None);
+        let ratio = run_pdd(&mut pdd, &pool, [400.0, 200.0], 60, 3).await;
+        assert!((ratio - 1.0).abs() < 0.2, "FIFO: wait ratio {ratio:.2}");
+    }
 }

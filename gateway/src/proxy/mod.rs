@@ -18,6 +18,7 @@
 
 pub mod config;
 pub mod cputime;
+pub mod gate;
 pub mod header;
 pub mod pool;
 pub mod relay;
@@ -90,6 +91,12 @@ impl Proxy {
     /// The listen address.
     pub fn listen(&self) -> SocketAddr {
         self.cfg.listen
+    }
+
+    /// How its backend pool shares slots between resumed and new sessions (the controller's
+    /// `pdd` mode sets it), and their waits.
+    pub fn differentiation(&self) -> &Arc<gate::Differentiation> {
+        self.pool.differentiation()
     }
 
     /// This listener's figures (handshake counts and CPU cost, outcomes).
@@ -213,7 +220,12 @@ impl Proxy {
             }
             Err(outcome) => return outcome,
         };
-        let Some((mut backend, _slot)) = self.connect_backend().await else {
+        // Resumed sessions and new ones wait for a backend slot apart (seed 002).
+        let class = match kind {
+            Some(HandshakeKind::Resumed) => gate::Priority::High,
+            _ => gate::Priority::Low,
+        };
+        let Some((mut backend, _slot)) = self.connect_backend(class).await else {
             let _ = tls.shutdown().await;
             return Outcome::BackendUnavailable;
         };
@@ -237,10 +249,10 @@ impl Proxy {
     /// A connected backend: a place with the next member by weight, then a slot there, then the
     /// connect; moves to the next member when one stays full past the queue timeout, refuses or
     /// does not answer. `None` when no member is left to try.
-    async fn connect_backend(&self) -> Option<(TcpStream, Slot)> {
+    async fn connect_backend(&self, class: gate::Priority) -> Option<(TcpStream, Slot)> {
         let mut tried = Vec::new();
         loop {
-            let r = self.pool.reserve(&tried)?;
+            let r = self.pool.reserve(&tried, class)?;
             let member = r.member;
             tried.push(member);
             let Some(slot) = r.slot(self.cfg.timeouts.queue.0).await else {

@@ -3,42 +3,38 @@
 //! full, and new connections go to another member or are refused, never queued beyond. A member
 //! that refuses a connection or does not answer in time is marked down for the retry interval,
 //! and the next member is tried. Among members with room, smooth weighted round robin spreads new
-//! connections in proportion to the weights.
+//! connections in proportion to the weights. Resumed and new sessions wait in a member's backlog
+//! apart ([`gate`](super::gate)).
 
 use std::{
     net::SocketAddr,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU32, Ordering},
-    },
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
-use super::config::BackendConfig;
+use super::{
+    config::BackendConfig,
+    gate::{Differentiation, Entry, Gate, Place, Priority, SlotGuard},
+};
 
 /// One member.
 pub struct Member {
     /// Its address.
     pub address: SocketAddr,
     weight: i64,
-    slots: Arc<Semaphore>,
-    max_active: u32,
-    backlog: u32,
-    waiting: Arc<AtomicU32>,
+    gate: Arc<Gate>,
     down_until: Mutex<Option<Instant>>,
 }
 
 impl Member {
     /// Connections it serves now.
     pub fn active(&self) -> u32 {
-        self.max_active - self.slots.available_permits() as u32
+        self.gate.active()
     }
 
     /// Connections waiting for a slot.
     pub fn waiting(&self) -> u32 {
-        self.waiting.load(Ordering::Relaxed)
+        self.gate.waiting()
     }
 
     /// Whether it is up (not marked down, or its retry interval has passed) at `now`.
@@ -50,7 +46,7 @@ impl Member {
     }
 
     fn has_room(&self) -> bool {
-        self.slots.available_permits() > 0 || self.waiting() < self.backlog
+        self.gate.has_room()
     }
 }
 
@@ -62,27 +58,15 @@ pub struct Reservation {
 }
 
 enum Kind {
-    Active(OwnedSemaphorePermit),
-    Queued(QueuePlace),
-}
-
-/// A place in a member's backlog; leaving it (dropping) frees it.
-struct QueuePlace {
-    slots: Arc<Semaphore>,
-    waiting: Arc<AtomicU32>,
-}
-
-impl Drop for QueuePlace {
-    fn drop(&mut self) {
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
-    }
+    Active(SlotGuard),
+    Queued(Place),
 }
 
 /// A slot a connection holds while it is served; dropping it frees the slot.
 pub struct Slot {
     /// Index of the member.
     pub member: usize,
-    _permit: OwnedSemaphorePermit,
+    _held: SlotGuard,
 }
 
 impl Reservation {
@@ -94,18 +78,13 @@ impl Reservation {
     /// The slot: at once, or when one frees within `wait`; `None` if none did.
     pub async fn slot(self, wait: Duration) -> Option<Slot> {
         let member = self.member;
-        let permit = match self.kind {
-            Kind::Active(p) => p,
-            Kind::Queued(place) => {
-                let acquire = place.slots.clone().acquire_owned();
-                let permit = tokio::time::timeout(wait, acquire).await.ok()?.ok()?;
-                drop(place);
-                permit
-            }
+        let held = match self.kind {
+            Kind::Active(held) => held,
+            Kind::Queued(place) => place.slot(wait).await?,
         };
         Some(Slot {
             member,
-            _permit: permit,
+            _held: held,
         })
     }
 }
@@ -113,6 +92,7 @@ impl Reservation {
 /// The pool.
 pub struct Pool {
     members: Vec<Member>,
+    diff: Arc<Differentiation>,
     retry: Duration,
     /// Smooth weighted round robin: each member's current weight.
     current: Mutex<Vec<i64>>,
@@ -121,19 +101,18 @@ pub struct Pool {
 impl Pool {
     /// A pool of `backends`, marking failed members down for `retry`.
     pub fn new(backends: &[BackendConfig], retry: Duration) -> Self {
+        let diff = Arc::new(Differentiation::new());
         Pool {
             members: backends
                 .iter()
                 .map(|b| Member {
                     address: b.address,
                     weight: i64::from(b.weight),
-                    slots: Arc::new(Semaphore::new(b.max_active as usize)),
-                    max_active: b.max_active,
-                    backlog: b.backlog,
-                    waiting: Arc::new(AtomicU32::new(0)),
+                    gate: Gate::new(b.max_active, b.backlog, diff.clone()),
                     down_until: Mutex::new(None),
                 })
                 .collect(),
+            diff,
             retry,
             current: Mutex::new(vec![0; backends.len()]),
         }
@@ -144,15 +123,21 @@ impl Pool {
         &self.members
     }
 
+    /// How the members' backlogs share slots between resumed and new sessions, and their waits.
+    pub fn differentiation(&self) -> &Arc<Differentiation> {
+        &self.diff
+    }
+
     /// Whether some member is up and has a free slot or backlog place now.
     pub fn has_room(&self) -> bool {
         let now = Instant::now();
         self.members.iter().any(|m| m.is_up(now) && m.has_room())
     }
 
-    /// Reserves a place with the next member by weight that is up, has room and is not in
-    /// `exclude`; `None` when there is none (every member is down, full or excluded).
-    pub fn reserve(&self, exclude: &[usize]) -> Option<Reservation> {
+    /// Reserves a place for a connection of `class` with the next member by weight that is up,
+    /// has room and is not in `exclude`; `None` when there is none (every member is down, full
+    /// or excluded).
+    pub fn reserve(&self, exclude: &[usize], class: Priority) -> Option<Reservation> {
         let now = Instant::now();
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
         let mut skip: Vec<usize> = exclude.to_vec();
@@ -169,28 +154,20 @@ impl Pool {
                 .iter()
                 .max_by_key(|&&i| (current[i], -(i as i64)))?;
             current[pick] -= total;
-            let m = &self.members[pick];
-            if let Ok(permit) = m.slots.clone().try_acquire_owned() {
-                return Some(Reservation {
-                    member: pick,
-                    kind: Kind::Active(permit),
-                });
-            }
-            // Queue only below the backlog limit (checked and taken in one step).
-            let queued = m
-                .waiting
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
-                    (w < m.backlog).then_some(w + 1)
-                })
-                .is_ok();
-            if queued {
-                return Some(Reservation {
-                    member: pick,
-                    kind: Kind::Queued(QueuePlace {
-                        slots: m.slots.clone(),
-                        waiting: m.waiting.clone(),
-                    }),
-                });
+            match self.members[pick].gate.enter(class) {
+                Some(Entry::Slot(held)) => {
+                    return Some(Reservation {
+                        member: pick,
+                        kind: Kind::Active(held),
+                    });
+                }
+                Some(Entry::Queued(place)) => {
+                    return Some(Reservation {
+                        member: pick,
+                        kind: Kind::Queued(place),
+                    });
+                }
+                None => {}
             }
             // Filled up since the check: try the others.
             skip.push(pick);
@@ -231,7 +208,7 @@ mod tests {
         let mut held = Vec::new();
         let mut per = [0; 2];
         for _ in 0..40 {
-            let r = p.reserve(&[]).unwrap();
+            let r = p.reserve(&[], Priority::Low).unwrap();
             per[r.member] += 1;
             held.push(r);
         }
@@ -241,14 +218,14 @@ mod tests {
     #[tokio::test]
     async fn a_full_member_refuses_and_the_backlog_waits_for_a_slot() {
         let p = pool(&[(1, 1, 1)]);
-        let first = p.reserve(&[]).unwrap();
+        let first = p.reserve(&[], Priority::Low).unwrap();
         assert!(!first.is_queued());
-        let second = p.reserve(&[]).unwrap();
+        let second = p.reserve(&[], Priority::Low).unwrap();
         assert!(second.is_queued());
         assert_eq!(p.members()[0].waiting(), 1);
         // Active slot and backlog both taken: full, refused.
         assert!(!p.has_room());
-        assert!(p.reserve(&[]).is_none());
+        assert!(p.reserve(&[], Priority::Low).is_none());
         // The queued one gets the slot once the first leaves.
         let slot = first.slot(Duration::from_secs(1)).await.unwrap();
         let waiter = tokio::spawn(second.slot(Duration::from_secs(5)));
@@ -258,7 +235,7 @@ mod tests {
         assert_eq!(p.members()[0].waiting(), 0);
         assert_eq!(p.members()[0].active(), 1);
         // A wait that ends without a slot frees its backlog place.
-        let third = p.reserve(&[]).unwrap();
+        let third = p.reserve(&[], Priority::Low).unwrap();
         assert!(third.is_queued());
         assert!(third.slot(Duration::from_millis(20)).await.is_none());
         assert_eq!(p.members()[0].waiting(), 0);
@@ -269,15 +246,17 @@ mod tests {
         let p = pool(&[(1, 10, 0), (1, 10, 0)]);
         p.mark_down(0);
         for _ in 0..4 {
-            assert_eq!(p.reserve(&[]).unwrap().member, 1);
+            assert_eq!(p.reserve(&[], Priority::Low).unwrap().member, 1);
         }
-        assert!(p.reserve(&[1]).is_none());
+        assert!(p.reserve(&[1], Priority::Low).is_none());
         let deadline = Instant::now() + Duration::from_secs(5);
         while !p.members()[0].is_up(Instant::now()) {
             assert!(Instant::now() < deadline);
             std::thread::yield_now();
         }
-        let picks: Vec<usize> = (0..4).map(|_| p.reserve(&[]).unwrap().member).collect();
+        let picks: Vec<usize> = (0..4)
+            .map(|_| p.reserve(&[], Priority::Low).unwrap().member)
+            .collect();
         assert!(picks.contains(&0), "{picks:?}");
     }
 }

@@ -25,6 +25,8 @@ pub enum Mode {
 struct Shared {
     /// Connections accepted.
     accepted: usize,
+    /// Requests read in full (a connection that sends nothing is not counted).
+    requests: usize,
     /// Client addresses of the PROXY v2 headers received.
     proxied_from: Vec<SocketAddr>,
     released: bool,
@@ -67,6 +69,22 @@ impl Backend {
     /// Connections accepted so far.
     pub fn accepted(&self) -> usize {
         self.shared.0.lock().unwrap().accepted
+    }
+
+    /// Requests read in full so far: unlike [`Backend::accepted`], a proxy's connection for a
+    /// client that completed a handshake and left without asking anything does not count.
+    pub fn requests(&self) -> usize {
+        self.shared.0.lock().unwrap().requests
+    }
+
+    /// Waits until `n` requests were read in full; false when `timeout` passed first.
+    pub fn wait_for_requests(&self, n: usize, timeout: Duration) -> bool {
+        let (lock, cv) = &*self.shared;
+        let g = lock.lock().unwrap();
+        let (g, _) = cv
+            .wait_timeout_while(g, timeout, |s| s.requests < n)
+            .unwrap();
+        g.requests >= n
     }
 
     /// Client addresses the PROXY headers carried.
@@ -115,6 +133,8 @@ fn serve(
         }
         buf.extend_from_slice(&chunk[..n]);
     }
+    shared.0.lock().unwrap().requests += 1;
+    shared.1.notify_all();
     if mode == Mode::Hold {
         let mut g = shared.0.lock().unwrap();
         while !g.released {

@@ -142,3 +142,56 @@ fn tls_kinds_measure_real_handshakes_and_resumptions() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--ca FILE"));
 }
+
+#[test]
+fn http_get_and_sip_options_measure_real_servers() {
+    if !have_root("http_get_and_sip_options_measure_real_servers") {
+        return;
+    }
+    use gateway_tests::{
+        backend::Nginx,
+        kamailio::Kamailio,
+        tls::{Cert, wait_listening},
+    };
+    let net = TestNet::new();
+    let cert = Cert::new();
+    // nginx terminating TLS and answering every GET itself; Kamailio answering every OPTIONS.
+    let _nginx = Nginx::start(
+        &["ip", "netns", "exec", &net.gw_ns],
+        &format!(
+            "  server {{ listen {GW_V4}:443 ssl; ssl_certificate {}; ssl_certificate_key {};\n\
+             location / {{ return 200 \"probed\\n\"; }} }}",
+            cert.cert().display(),
+            cert.key().display()
+        ),
+        1,
+    );
+    wait_listening(|| net.in_peer(|| std::net::TcpStream::connect((GW_V4, 443)).is_ok()));
+    let _kamailio = Kamailio::start(
+        &["ip", "netns", "exec", &net.gw_ns],
+        format!("{GW_V4}:5060").parse().unwrap(),
+    );
+    let ca = cert.cert().display().to_string();
+    for (kind, port) in [("http-get", 443), ("sip-options", 5060)] {
+        let target = format!("{GW_V4}:{port}");
+        let mut args = vec!["--target", &target, "--kind", kind];
+        args.extend(["--start", "1", "--step", "2", "--max", "5", "--rounds", "2"]);
+        // Kamailio may take a moment to answer its first request: Timer A resends meanwhile.
+        args.extend(["--threshold", "10s", "--timeout", "10s"]);
+        if kind == "http-get" {
+            args.extend(["--ca", &ca, "--server-name", "gateway-test"]);
+        }
+        let v = run_probe(&net, &args);
+        assert_eq!(v["stop"], "max_crowd", "{kind}: {v}");
+        let stages = v["stages"].as_array().unwrap();
+        assert_eq!(stages.len(), 3, "{kind}: {v}");
+        for s in stages {
+            assert_eq!(s["failed"], 0, "{kind}: {v}");
+            assert_eq!(
+                s["answered"].as_u64().unwrap(),
+                2 * s["crowd"].as_u64().unwrap(),
+                "{kind}: every request of both rounds answered: {v}"
+            );
+        }
+    }
+}

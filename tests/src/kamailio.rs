@@ -20,16 +20,19 @@ impl Kamailio {
     /// `["ip", "netns", "exec", NS]`; empty for this namespace). It may take a moment before it
     /// answers: callers resend (bounded) until it does.
     pub fn start(prefix: &[&str], listen: SocketAddr) -> Self {
-        Self::start_with_cost(prefix, listen, std::time::Duration::ZERO)
+        Self::start_with_cost(prefix, listen, std::time::Duration::ZERO, None)
     }
 
     /// [`Kamailio::start`], its one worker busy for `invite_cost` on each INVITE before it
     /// answers (cfgutils' `usleep`, as a database lookup would hold it): a server of known
-    /// capacity for overload runs.
+    /// capacity for overload runs. `max_rcvbuf` raises the most its UDP receive buffer probing
+    /// may reach (`-b`; the kernel also caps it at `net.core.rmem_max`); `None` keeps
+    /// Kamailio's own default.
     pub fn start_with_cost(
         prefix: &[&str],
         listen: SocketAddr,
         invite_cost: std::time::Duration,
+        max_rcvbuf: Option<usize>,
     ) -> Self {
         let dir = fresh_temp_dir("gwt-kamailio");
         let cfg = dir.join("kamailio.cfg");
@@ -49,7 +52,11 @@ impl Kamailio {
         )
         .unwrap();
         let mut all: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
-        all.extend(["kamailio", "-DD", "-E", "-f"].map(String::from));
+        all.extend(["kamailio", "-DD", "-E"].map(String::from));
+        if let Some(b) = max_rcvbuf {
+            all.extend(["-b".to_string(), b.to_string()]);
+        }
+        all.push("-f".into());
         all.push(cfg.display().to_string());
         all.push("-P".into());
         all.push(dir.join("kamailio.pid").display().to_string());

@@ -356,7 +356,7 @@ fn demo() -> Result<()> {
 
 /// The benchmarks: name, program, its arguments. Each writes its summary, CSV and charts under
 /// `target/bench/NAME/`.
-const BENCHES: [(&str, &str, &[&str]); 9] = [
+const BENCHES: [(&str, &str, &[&str]); 10] = [
     ("datapath", "bench", &[]),
     ("tls-proxy", "tls_proxy", &[]),
     ("sip-overload", "sip_overload", &[]),
@@ -364,7 +364,12 @@ const BENCHES: [(&str, &str, &[&str]); 9] = [
     (
         "sip-overload-kamailio",
         "sip_overload",
-        &["kamailio", "1", "3"],
+        &["kamailio", "0.5", "1", "2", "3"],
+    ),
+    (
+        "sip-overload-kamailio-large",
+        "sip_overload",
+        &["kamailio", "large", "0.5", "1", "2", "3"],
     ),
     // Refused callers at 3x: dropped against answered with a 503 from the NIC.
     ("sip-refusals", "sip_overload", &["refuse", "3"]),
@@ -429,6 +434,7 @@ fn write_benchmarks_doc() -> Result<()> {
         "sip-overload-fifo",
         "sip-overload-fifo-small",
         "sip-overload-kamailio",
+        "sip-overload-kamailio-large",
         "sip-refusals-fifo",
         "controller",
         "tls-overload",

@@ -1,7 +1,8 @@
 //! `cargo xtask bench` (part two): seed 001's curve. A SIP server of known capacity (one FIFO
-//! thread, 8 MiB receive buffer, fixed CPU per message) is driven by SIPp at 1x, 2x and 3x its
-//! capacity, without the gateway and with it, in one run. The figure is goodput, successful calls
-//! per second over a steady window, as a share of capacity.
+//! thread with an 8 MiB or a 256 KiB receive buffer, or a real Kamailio with its own buffer or
+//! one probed up to 8 MiB; fixed CPU per message) is driven by SIPp at 0.5x to 3x its capacity,
+//! without the gateway and with it, in one run. The figure is goodput, successful calls per
+//! second over a steady window, as a share of capacity.
 
 use std::{collections::HashMap, net::UdpSocket, time::Duration};
 
@@ -38,12 +39,13 @@ const CONTROLLED: &str = "services:\n  - {kind: sip, port: 5060}\ncontroller:\n 
 const CONTROLLED_503: &str = "services:\n  - {kind: sip, port: 5060}\ncontroller:\n  classes:\n    sip-original: {mode: sip}\npolicy:\n  sip-original: {refuse: reject}\n  sip-retransmission: {refuse: reject}\n";
 
 /// One run (no gateway, or the gateway with `config`): successful calls per second over the
-/// steady window, and SIPp's totals.
+/// steady window, and SIPp's totals. `rcvbuf` is the FIFO server's buffer, or the most
+/// Kamailio's probing may reach (`None`: its default).
 fn run(
     multiplier: f64,
     config: Option<&str>,
     kamailio: bool,
-    rcvbuf: usize,
+    rcvbuf: Option<usize>,
 ) -> (f64, HashMap<String, u64>) {
     let net = TestNet::new();
     let dir =
@@ -52,13 +54,14 @@ fn run(
     // One of the two servers, of the same capacity.
     let _fifo = (!kamailio).then(|| {
         let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
-        SlowSipServer::start(socket, rcvbuf, INVITE_COST, OTHER_COST)
+        SlowSipServer::start(socket, rcvbuf.unwrap_or(RCVBUF), INVITE_COST, OTHER_COST)
     });
     let _kamailio = kamailio.then(|| {
         let k = Kamailio::start_with_cost(
             &["ip", "netns", "exec", &net.gw_ns],
             format!("{GW_V4}:5060").parse().unwrap(),
             INVITE_COST + OTHER_COST * 2,
+            rcvbuf,
         );
         wait_answering(&net);
         k
@@ -101,11 +104,12 @@ fn main() {
         return refusals(if loads.is_empty() { vec![3.0] } else { loads }, kamailio);
     }
     let small = args.iter().any(|a| a == "small");
-    let rcvbuf = if small { RCVBUF_SMALL } else { RCVBUF };
-    let server = match (kamailio, small) {
-        (true, _) => "kamailio",
-        (false, true) => "fifo-small",
-        (false, false) => "fifo",
+    let large = args.iter().any(|a| a == "large");
+    let (server, rcvbuf) = match (kamailio, small, large) {
+        (true, _, false) => ("kamailio", None),
+        (true, _, true) => ("kamailio-large", Some(RCVBUF)),
+        (false, true, _) => ("fifo-small", Some(RCVBUF_SMALL)),
+        (false, false, _) => ("fifo", Some(RCVBUF)),
     };
     let mut report = Report::new(&format!("sip-overload-{server}"));
     let cap = capacity();
@@ -116,10 +120,18 @@ fn main() {
         } else {
             "one FIFO thread"
         },
-        if kamailio {
-            "its own receive buffer (Kamailio's default)".to_string()
-        } else {
-            format!("{} KiB receive buffer", rcvbuf >> 10)
+        match (kamailio, rcvbuf) {
+            (true, None) => "its own receive buffer (Kamailio's default probing, up to 256 KiB)".to_string(),
+            (true, Some(b)) => format!(
+                "its receive buffer probed up to {} KiB (`kamailio -b`; the kernel caps a request at net.core.rmem_max, {} KiB here)",
+                b >> 10,
+                std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+                    .ok()
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0)
+                    >> 10
+            ),
+            (false, b) => format!("{} KiB receive buffer", b.unwrap_or(RCVBUF) >> 10),
         },
         INVITE_COST,
         OTHER_COST
@@ -214,8 +226,8 @@ fn refusals(loads: Vec<f64>, kamailio: bool) {
     let get = |t: &HashMap<String, u64>, k: &str| t.get(k).copied().unwrap_or(0);
     let mut rows = Vec::new();
     for m in loads {
-        let (drop, dt) = run(m, Some(CONTROLLED), kamailio, RCVBUF);
-        let (answered, at) = run(m, Some(CONTROLLED_503), kamailio, RCVBUF);
+        let (drop, dt) = run(m, Some(CONTROLLED), kamailio, None);
+        let (answered, at) = run(m, Some(CONTROLLED_503), kamailio, None);
         report.say(format!(
             "| {m:.1}x ({:.0} calls/s) | {:.0}% | {:.0}% | {} | {} | {} | {} |",
             cap * m,

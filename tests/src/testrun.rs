@@ -34,6 +34,9 @@ pub enum Hook {
     BarePass,
     /// The TC egress program.
     TcEgress,
+    /// The finishing program at TC ingress (XDP modes: sends the client's reset of a refused
+    /// connection).
+    TcFinish,
 }
 
 /// A loaded datapath with pinned maps.
@@ -74,7 +77,7 @@ impl Counters {
 }
 
 impl TestProgram {
-    /// Loads the object and its three programs; protects tcp/443 (tls) and udp/5060 (sip). TLS
+    /// Loads the object and its programs; protects tcp/443 (tls) and udp/5060 (sip). TLS
     /// hellos are judged without the socket lookup (`CONFIG_TRUST_UNCONNECTED`).
     pub fn new() -> Self {
         let bpffs = Bpffs::new();
@@ -86,7 +89,11 @@ impl TestProgram {
             p.load()
                 .unwrap_or_else(|e| panic!("verifier refused {name}: {e:?}"));
         }
-        for name in [programs::TC_INGRESS, programs::TC_EGRESS] {
+        for name in [
+            programs::TC_INGRESS,
+            programs::TC_EGRESS,
+            programs::TC_FINISH,
+        ] {
             let tc: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
             tc.load()
                 .unwrap_or_else(|e| panic!("verifier refused {name}: {e:?}"));
@@ -185,11 +192,11 @@ impl TestProgram {
                 let p: &Xdp = self.ebpf.program(name).unwrap().try_into().unwrap();
                 p.test_run(opts)
             }
-            Hook::Tc | Hook::TcEgress => {
-                let name = if hook == Hook::Tc {
-                    programs::TC_INGRESS
-                } else {
-                    programs::TC_EGRESS
+            Hook::Tc | Hook::TcEgress | Hook::TcFinish => {
+                let name = match hook {
+                    Hook::Tc => programs::TC_INGRESS,
+                    Hook::TcEgress => programs::TC_EGRESS,
+                    _ => programs::TC_FINISH,
                 };
                 let p: &SchedClassifier = self.ebpf.program(name).unwrap().try_into().unwrap();
                 p.test_run(opts)

@@ -68,10 +68,20 @@ struct Got {
     sent: f64,
     /// The 99th percentile of a resumed fetch (connect, handshake, GET, answer), ms.
     p99_ms: f64,
+    /// Full handshakes the server completed per second (the proxy's count; `None` for nginx).
+    served: Option<f64>,
 }
 
-/// What `sessions` got for `PHASE` while `flood` new hellos per second arrive.
-fn phase(net: &TestNet, cert: &Cert, hello: &[u8], flood: f64, sessions: Sessions) -> Got {
+/// What `sessions` got for `PHASE` while `flood` new hellos per second arrive; `full` reads the
+/// server's count of full handshakes, if it has one.
+fn phase(
+    net: &TestNet,
+    cert: &Cert,
+    hello: &[u8],
+    flood: f64,
+    sessions: Sessions,
+    full: &dyn Fn() -> Option<f64>,
+) -> Got {
     let addr = format!("{GW_V4}:8443");
     let measuring = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
@@ -140,10 +150,14 @@ fn phase(net: &TestNet, cert: &Cert, hello: &[u8], flood: f64, sessions: Session
         }
         std::thread::sleep(Duration::from_millis(500));
         measuring.store(true, Ordering::Relaxed);
-        let (s0, t0) = (sent.load(Ordering::Relaxed), Instant::now());
+        let (s0, f0, t0) = (sent.load(Ordering::Relaxed), full(), Instant::now());
         std::thread::sleep(PHASE);
         measuring.store(false, Ordering::Relaxed);
-        let (s1, secs) = (sent.load(Ordering::Relaxed), t0.elapsed().as_secs_f64());
+        let (s1, f1, secs) = (
+            sent.load(Ordering::Relaxed),
+            full(),
+            t0.elapsed().as_secs_f64(),
+        );
         stop.store(true, Ordering::Relaxed);
         let mut times: Vec<f64> = clients
             .into_iter()
@@ -158,6 +172,7 @@ fn phase(net: &TestNet, cert: &Cert, hello: &[u8], flood: f64, sessions: Session
                 .get((times.len() * 99 / 100).min(times.len().saturating_sub(1)))
                 .copied()
                 .unwrap_or(0.0),
+            served: f0.zip(f1).map(|(a, b)| (b - a) / secs),
         }
     })
 }
@@ -243,7 +258,7 @@ fn main() {
         return;
     }
     report.say(
-        "| gateway | clients | flood | flood sent/s | resumed/s | share of unloaded | resumed p99 ms |\n|---|---|---|---:|---:|---:|---:|",
+        "| gateway | clients | flood | flood sent/s | new handshakes served/s | resumed/s | share of unloaded | resumed p99 ms |\n|---|---|---|---:|---:|---:|---:|---:|",
     );
     let (mut rows, mut lines) = (Vec::new(), Vec::new());
     // The hand-set policy the refusal-path figures of issue 13 were taken with: tls-new at a
@@ -254,13 +269,22 @@ fn main() {
         (capacity / 40.0).round().max(1.0)
     );
     // One curve: the unloaded rate, then the share of it under each flood.
-    let mut curve = |name: &str, sessions: Sessions| {
+    let mut curve = |name: &str, sessions: Sessions, gateway: bool| {
+        let full = || {
+            gateway.then(|| {
+                value(
+                    &scrape(&net, METRICS),
+                    "gateway_proxy_handshakes_total",
+                    &[("kind", "full")],
+                )
+            })
+        };
         let who = if sessions.think.is_zero() {
             format!("{} back to back", sessions.clients)
         } else {
             format!("{} thinking {:?}", sessions.clients, sessions.think)
         };
-        let unloaded = phase(&net, &cert, &hello, 0.0, sessions);
+        let unloaded = phase(&net, &cert, &hello, 0.0, sessions, &full);
         let mut line = Series {
             name: format!("{name}, {who}"),
             points: vec![(0.0, 100.0)],
@@ -268,14 +292,18 @@ fn main() {
         let mut row = |m: f64, got: Got| {
             let share = 100.0 * got.resumed / unloaded.resumed;
             report.say(format!(
-                "| {name} | {who} | {m:.0}x | {:.0} | {:.0} | {share:.0}% | {:.1} |",
-                got.sent, got.resumed, got.p99_ms
+                "| {name} | {who} | {m:.0}x | {:.0} | {} | {:.0} | {share:.0}% | {:.1} |",
+                got.sent,
+                got.served.map_or("-".into(), |f| format!("{f:.0}")),
+                got.resumed,
+                got.p99_ms
             ));
             rows.push(vec![
                 name.to_owned(),
                 who.clone(),
                 format!("{m}"),
                 format!("{:.0}", got.sent),
+                got.served.map_or(String::new(), |f| format!("{f:.0}")),
                 format!("{:.0}", got.resumed),
                 format!("{share:.1}"),
                 format!("{:.2}", got.p99_ms),
@@ -284,7 +312,7 @@ fn main() {
         };
         row(0.0, unloaded);
         for m in [1.0, 2.0, 5.0] {
-            let got = phase(&net, &cert, &hello, m * capacity, sessions);
+            let got = phase(&net, &cert, &hello, m * capacity, sessions, &full);
             line.points.push((m, row(m, got)));
         }
         lines.push(line);
@@ -311,7 +339,7 @@ fn main() {
         // Warm up the cost figures the controller reads (a full and a resumed handshake).
         let _ = net.in_peer(|| rustls_fetch(&config, &addr));
         let _ = net.in_peer(|| rustls_fetch(&config, &addr));
-        curve(name, sessions);
+        curve(name, sessions, true);
         let _ = daemon.terminate(Duration::from_secs(20));
     }
     // The peer: nginx terminating the same certificate on the same core, no gateway in front.
@@ -330,7 +358,7 @@ fn main() {
             1,
         );
         wait_listening(|| net.in_peer(|| TcpStream::connect((GW_V4, 8443)).is_ok()));
-        curve("nginx, no gateway", THINKING);
+        curve("nginx, no gateway", THINKING, false);
         drop(nginx);
     }
     report.csv(
@@ -340,6 +368,7 @@ fn main() {
             "clients",
             "flood_x_capacity",
             "flood_sent_per_s",
+            "full_handshakes_served_per_s",
             "resumed_per_s",
             "share_of_unloaded_pct",
             "resumed_p99_ms",
@@ -435,6 +464,7 @@ fn refusal_cost(
             clients: 0,
             think: Duration::ZERO,
         },
+        &|| None,
     );
     let (r1, c0b, c1b, d1) = (
         refused(net),

@@ -76,7 +76,7 @@ map_table! {
     /// SIP transactions seen (transaction key to [`super::SipTxn`]).
     SIP_TXNS: u64 => SipTxn,
     /// Per-class, per-CPU service-time histograms ([`super::LatencyHistogram`]).
-    SIP_LATENCY: u32 => LatencyHistogram,
+    SERVICE_LATENCY: u32 => LatencyHistogram,
     /// The XDP hook's jump table (index 0: the SIP program). Pinned: the kernel empties a program
     /// array when its last userspace reference goes away, and a pin is one.
     XDP_JUMP: u32 => u32,

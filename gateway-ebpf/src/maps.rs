@@ -79,7 +79,7 @@ pub static SIP_SCRATCH: PerCpuArray<crate::sip::Scratch, 1> = PerCpuArray::new()
 
 /// Per-class service-time histograms (admission to first response), per CPU.
 #[btf_map]
-pub static SIP_LATENCY: PerCpuArray<LatencyHistogram, NUM_CLASSES> = PerCpuArray::new();
+pub static SERVICE_LATENCY: PerCpuArray<LatencyHistogram, NUM_CLASSES> = PerCpuArray::new();
 
 /// The XDP hook's tail calls: index 0 is the SIP classifier (`gateway_xdp_sip`).
 #[btf_map]

@@ -21,13 +21,17 @@ use aya_ebpf::{
 };
 use gateway_common::{
     Class,
-    maps::{Pending, REJECT_FULL, SWEEP_INTERVAL_NS, timeout_ns},
+    maps::{
+        LATENCY_BUCKETS, LatencyHistogram, Pending, REJECT_FULL, SWEEP_INTERVAL_NS, timeout_ns,
+    },
     tls::KEY_LEN,
 };
 
 use crate::{
     admission::admission,
-    maps::{CLASS_POLICY, CLASS_STATE, PendingTable as Table, SIP_PENDING, TLS_PENDING},
+    maps::{
+        CLASS_POLICY, CLASS_STATE, PendingTable as Table, SERVICE_LATENCY, SIP_PENDING, TLS_PENDING,
+    },
     resume,
     sync::{atomic_add, now_ns},
 };
@@ -83,11 +87,19 @@ fn hold<K>(table: &Table<K>, key: &K, class: Class, offer: &[u8; KEY_LEN]) -> bo
     true
 }
 
-/// The unit `key` was answered by the server: it completes (counted in its class). Returns it,
-/// or `None` when there was no such unit (never admitted, or already ended).
+/// The unit `key` was answered by the server: it completes (counted in its class), and its
+/// service time, admission to the server's answer, goes into its class's histogram
+/// (`SERVICE_LATENCY`). Returns it, or `None` when there was no such unit (never admitted, or
+/// already ended).
 #[inline(always)]
 pub fn complete<K>(table: &Table<K>, key: &K) -> Option<Pending> {
-    end(table, key, Field::Completed)
+    let unit = end(table, key, Field::Completed)?;
+    if let Some(h) = SERVICE_LATENCY.get_ptr_mut(unit.class) {
+        let bucket = LatencyHistogram::bucket(now_ns().saturating_sub(unit.admitted_ns));
+        // SAFETY: per-CPU slot.
+        unsafe { (*h).buckets[bucket & (LATENCY_BUCKETS - 1)] += 1 };
+    }
+    Some(unit)
 }
 
 /// Which counter of `ClassState` an event adds to.

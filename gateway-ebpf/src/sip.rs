@@ -26,10 +26,7 @@ use aya_ebpf::helpers::generated::bpf_loop;
 use gateway_common::{
     Class,
     bytes::PacketBytes,
-    maps::{
-        DatapathCounters, LATENCY_BUCKETS, LatencyHistogram, REJECT_BACKLOG, SipDialog, SipTxn,
-        TXN_ADMITTED,
-    },
+    maps::{DatapathCounters, REJECT_BACKLOG, SipDialog, SipTxn, TXN_ADMITTED},
     packet::Packet,
     sip::{
         HAVE_CALL_ID, HAVE_TO_TAG, Kind, MAX_SCAN, MAX_STEPS, Method, SipInfo, SipState,
@@ -42,7 +39,7 @@ use crate::{
     admission::{count_refusal, refusal},
     bytes::{ScratchBytes, opaque},
     context::{Action, CopyOut},
-    maps::{DP_COUNTERS, SIP_DIALOGS, SIP_LATENCY, SIP_PENDING, SIP_SCRATCH, SIP_TXNS},
+    maps::{DP_COUNTERS, SIP_DIALOGS, SIP_PENDING, SIP_SCRATCH, SIP_TXNS},
     pending,
     sync::now_ns,
 };
@@ -313,8 +310,8 @@ fn count(f: impl FnOnce(&mut DatapathCounters)) {
 }
 
 /// A datagram leaving from a SIP port: a 2xx to an INVITE establishes a dialog; when it is the
-/// server's first response to a pending request, the request completes (the backlog shrinks) and its service time, admission to first
-/// response, goes into the latency histogram. The server needs no change and no userspace hop.
+/// server's first response to a pending request, the request completes (the backlog shrinks; its
+/// service time, admission to first response, goes into its class's histogram). The server needs no change and no userspace hop.
 #[inline(always)]
 pub fn sip_response<C: CopyOut>(ctx: &C, pkt: &Packet) {
     let Some(info) = parse_payload(ctx, pkt) else {
@@ -335,12 +332,5 @@ pub fn sip_response<C: CopyOut>(ctx: &C, pkt: &Packet) {
     let Some(key) = info.unit_key() else {
         return;
     };
-    let Some(unit) = pending::complete(&SIP_PENDING, &key) else {
-        return;
-    };
-    if let Some(h) = SIP_LATENCY.get_ptr_mut(unit.class) {
-        let bucket = LatencyHistogram::bucket(now_ns().saturating_sub(unit.admitted_ns));
-        // SAFETY: per-CPU slot.
-        unsafe { (*h).buckets[bucket & (LATENCY_BUCKETS - 1)] += 1 };
-    }
+    let _ = pending::complete(&SIP_PENDING, &key);
 }

@@ -122,7 +122,7 @@ pub struct Maps {
     tls_issued: HashMap<MapData, IssuedKey, IssuedValue>,
     tls_counters: PerCpuArray<MapData, TlsCounters>,
     sip_txns: HashMap<MapData, u64, SipTxn>,
-    sip_latency: PerCpuArray<MapData, LatencyHistogram>,
+    service_latency: PerCpuArray<MapData, LatencyHistogram>,
     tls_pending: HashMap<MapData, FlowKey, Pending>,
     sip_pending: HashMap<MapData, u64, Pending>,
 }
@@ -167,7 +167,7 @@ impl Maps {
             tls_issued: open_as(pins, names::TLS_ISSUED)?,
             tls_counters: open_as(pins, names::TLS_COUNTERS)?,
             sip_txns: open_as(pins, names::SIP_TXNS)?,
-            sip_latency: open_as(pins, names::SIP_LATENCY)?,
+            service_latency: open_as(pins, names::SERVICE_LATENCY)?,
             tls_pending: open_as(pins, names::TLS_PENDING)?,
             sip_pending: open_as(pins, names::SIP_PENDING)?,
         })
@@ -342,6 +342,6 @@ impl Maps {
 
     /// The service-time histogram of one class, summed over CPUs.
     pub fn latency(&self, class: Class) -> Result<LatencyHistogram, MapsError> {
-        sum(&self.sip_latency, class.id(), names::SIP_LATENCY)
+        sum(&self.service_latency, class.id(), names::SERVICE_LATENCY)
     }
 }

@@ -24,8 +24,8 @@ pub struct StatsView<'a> {
     pub counters: &'a DatapathCounters,
     /// TLS counters.
     pub tls: &'a TlsCounters,
-    /// SIP service times (admission to first response) of originals.
-    pub sip_latency: &'a LatencyHistogram,
+    /// Service times (admission to the server's first answer), by class id.
+    pub latency: &'a [LatencyHistogram],
     /// The limits in force, by class (so `--watch` shows a controller moving them).
     pub policies: &'a [(Class, ClassPolicy)],
 }
@@ -43,17 +43,22 @@ impl StatsView<'_> {
             .map(|c| {
                 let s = &self.classes[c.id() as usize];
                 let st = &self.state[c.id() as usize];
+                let h = &self.latency[c.id() as usize];
                 json!({
                     "id": c.id(), "name": c.name(), "packets": s.packets, "bytes": s.bytes,
                     "admitted": s.admitted, "dropped_backlog": s.dropped_backlog,
                     "dropped_rate": s.dropped_rate, "rejected": s.rejected,
                     "backlog": st.backlog(), "expired": st.expired,
+                    "service_time_samples": h.count(),
+                    "service_time_us_p50": h.quantile_us(500),
+                    "service_time_us_p90": h.quantile_us(900),
                 })
             })
             .collect();
         let mut datapath = serde_json::Map::new();
         datapath.insert("packets".into(), self.total_packets().into());
         datapath.extend(counter_map(self.counters));
+        let sip = &self.latency[Class::SipOriginal.id() as usize];
         json!({
             "iface": self.info.iface, "mode": self.info.mode,
             "link_id": self.info.link_id, "program_id": self.info.program_id,
@@ -61,11 +66,11 @@ impl StatsView<'_> {
             "datapath": datapath,
             "tls": counter_map(self.tls),
             "sip": {
-                "service_time_samples": self.sip_latency.count(),
-                "service_time_us_p50": self.sip_latency.quantile_us(500),
-                "service_time_us_p90": self.sip_latency.quantile_us(900),
-                "service_time_us_p99": self.sip_latency.quantile_us(990),
-                "service_time_buckets": self.sip_latency.buckets.to_vec(),
+                "service_time_samples": sip.count(),
+                "service_time_us_p50": sip.quantile_us(500),
+                "service_time_us_p90": sip.quantile_us(900),
+                "service_time_us_p99": sip.quantile_us(990),
+                "service_time_buckets": sip.buckets.to_vec(),
             },
         })
     }
@@ -140,18 +145,24 @@ impl StatsView<'_> {
                 limits.join(", ")
             }
         );
-        let h = self.sip_latency;
-        let q = |p| {
-            h.quantile_us(p)
-                .map_or("-".to_owned(), |us| format!("<{us}us"))
-        };
-        out += &format!(
-            "sip service time (admission to first response): samples {} p50 {} p90 {} p99 {}\n",
-            h.count(),
-            q(500),
-            q(900),
-            q(990)
-        );
+        for class in [Class::SipOriginal, Class::TlsNew, Class::TlsResumed] {
+            let h = &self.latency[class.id() as usize];
+            if h.count() == 0 && class != Class::SipOriginal {
+                continue;
+            }
+            let q = |p| {
+                h.quantile_us(p)
+                    .map_or("-".to_owned(), |us| format!("<{us}us"))
+            };
+            out += &format!(
+                "{} service time (admission to the server's first answer): samples {} p50 {} p90 {} p99 {}\n",
+                class.name(),
+                h.count(),
+                q(500),
+                q(900),
+                q(990)
+            );
+        }
         out
     }
 }

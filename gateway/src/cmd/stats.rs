@@ -40,7 +40,10 @@ pub fn run(root: &Path, args: StatsArgs) -> Result<(), CommandError> {
         let state = maps.class_state()?;
         let counters = maps.counters()?;
         let tls = maps.tls_counters()?;
-        let sip_latency = maps.latency(gateway_common::Class::SipOriginal)?;
+        let latency = gateway_common::Class::ALL
+            .into_iter()
+            .map(|c| maps.latency(c))
+            .collect::<Result<Vec<_>, _>>()?;
         let policies = gateway_common::Class::ALL
             .into_iter()
             .filter(|c| c.is_limitable())
@@ -52,7 +55,7 @@ pub fn run(root: &Path, args: StatsArgs) -> Result<(), CommandError> {
             state: &state,
             counters: &counters,
             tls: &tls,
-            sip_latency: &sip_latency,
+            latency: &latency,
             policies: &policies,
         };
         if json {

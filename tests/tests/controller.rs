@@ -1,6 +1,8 @@
 //! The adaptive controller in the daemon, against a SIP server whose capacity nobody tells the
 //! gateway (one FIFO thread, a fixed CPU cost per INVITE), driven by SIPp at three times that
-//! capacity; and who owns a limit when an operator steps in.
+//! capacity; and who owns a limit when an operator steps in. Mode `tls` in front of a TLS
+//! server the daemon does not terminate (nginx), its handshake cost inferred from completion
+//! times.
 
 use std::{
     net::UdpSocket,
@@ -134,6 +136,91 @@ fn with_no_limit_set_the_controller_keeps_a_server_at_capacity_and_yields_to_an_
         r["owner"] == "controller"
     });
     assert!(back["backlog_limit"].as_u64().unwrap() >= 7, "{back}");
+    let (status, log) = daemon.terminate(Duration::from_secs(10));
+    assert!(status.success(), "{log:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn for_a_tls_server_it_does_not_terminate_it_infers_the_handshake_cost_from_completion_times() {
+    if !have_root("for_a_tls_server_it_does_not_terminate_it_infers_the_handshake_cost") {
+        return;
+    }
+    use gateway_tests::{
+        backend::Nginx,
+        metrics::{scrape, value},
+        tls::{Cert, rustls_config, rustls_fetch, wait_listening},
+    };
+    const METRICS: u16 = 9482;
+    let net = TestNet::new();
+    let dir = fresh_temp_dir("gwt-controller-tls");
+    let cert = Cert::new();
+    // nginx terminates TLS itself: the daemon has no proxy to measure a handshake with.
+    let _nginx = Nginx::start(
+        &["ip", "netns", "exec", &net.gw_ns],
+        &format!(
+            "  server {{ listen {GW_V4}:443 ssl; ssl_certificate {}; ssl_certificate_key {};\n\
+             location / {{ return 200 \"inferred\\n\"; }} }}",
+            cert.cert().display(),
+            cert.key().display()
+        ),
+        1,
+    );
+    wait_listening(|| net.in_peer(|| std::net::TcpStream::connect((GW_V4, 443)).is_ok()));
+    let daemon = Daemon::start_config(
+        &net,
+        &dir,
+        &format!(
+            "workers: 1\nmetrics: 127.0.0.1:{METRICS}\nservices:\n  - {{kind: tls, port: 443}}\n\
+             controller:\n  classes:\n    tls-new: {{mode: tls, cpu_target: 0.5, min: 1, max: 100000}}\n"
+        ),
+    );
+    let start = wait_policy(&net, "tls-new", "taken over", |r| {
+        r["owner"] == "controller"
+    });
+    assert_eq!(start["rate"], 100000, "{start}");
+
+    // Full handshakes one after another (a new client configuration each: no session to
+    // resume), until the controller has inferred a cost; bounded in count and time.
+    let labels = [("iface", net.gw_if.as_str()), ("class", "tls-new")];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut cost_us = 0.0;
+    for n in 0.. {
+        assert!(
+            n < 2000 && Instant::now() < deadline,
+            "no cost inferred after {n} handshakes"
+        );
+        let (_, body) = net
+            .in_peer(|| rustls_fetch(&rustls_config(&cert), &format!("{GW_V4}:443")))
+            .expect("a full handshake and an answer from nginx");
+        assert!(body.ends_with("inferred\n"), "{body:?}");
+        if n % 20 == 19 {
+            cost_us = value(
+                &scrape(&net, METRICS),
+                "gateway_controller_handshake_cost_microseconds",
+                &labels,
+            );
+            if cost_us > 0.0 {
+                break;
+            }
+        }
+    }
+    // A full handshake's work on one core: tens of microseconds at the least, milliseconds at
+    // the most, never the time a client took between handshakes.
+    assert!((20.0..20_000.0).contains(&cost_us), "cost {cost_us} µs");
+    // The budget the law set from it: cpu_target x cores / cost (within the estimate's own
+    // movement between the two reads).
+    let budget = 0.5 * 1e6 / cost_us;
+    let row = wait_policy(&net, "tls-new", "a budget set", |r| r["reason"] == "budget");
+    let rate = row["rate"].as_f64().unwrap();
+    assert!(
+        (budget / 4.0..=budget * 4.0).contains(&rate),
+        "rate {rate}/s for a budget of {budget:.0}/s: {row}"
+    );
+    assert_eq!(row["owner"], "controller", "{row}");
+    println!(
+        "inferred a full handshake of {cost_us} µs: tls-new at {rate}/s (budget {budget:.0}/s)"
+    );
     let (status, log) = daemon.terminate(Duration::from_secs(10));
     assert!(status.success(), "{log:?}");
     let _ = std::fs::remove_dir_all(&dir);

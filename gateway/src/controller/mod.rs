@@ -11,6 +11,7 @@
 //! pools share freed slots between resumed and new sessions ([`crate::proxy::gate`]), from the
 //! waits the pools measured.
 
+pub mod infer;
 pub mod law;
 pub mod sim;
 
@@ -41,6 +42,7 @@ use crate::{
     maps::{Maps, MapsError, monotonic_ns},
     proxy::gate::{Differentiation, Priority, Waits},
 };
+use infer::CostInference;
 use law::{
     Decision, DelayRatioLaw, HandshakeBudgetLaw, HandshakeCosts, Observation, Reason,
     ServiceTimeLaw,
@@ -74,7 +76,8 @@ enum Law {
 struct Snapshot {
     state: [ClassState; NUM_CLASSES],
     stats: [ClassStats; NUM_CLASSES],
-    latency: LatencyHistogram,
+    /// Service times by class id.
+    latency: [LatencyHistogram; NUM_CLASSES],
 }
 
 impl Snapshot {
@@ -82,7 +85,13 @@ impl Snapshot {
         Ok(Snapshot {
             state: maps.class_state()?,
             stats: maps.class_stats()?,
-            latency: maps.latency(Class::SipOriginal)?,
+            latency: {
+                let mut l = [LatencyHistogram::default(); NUM_CLASSES];
+                for c in Class::ALL {
+                    l[c.id() as usize] = maps.latency(c)?;
+                }
+                l
+            },
         })
     }
 }
@@ -92,6 +101,9 @@ struct Plant {
     attached: Arc<Attached>,
     laws: BTreeMap<Class, Law>,
     last: Option<Snapshot>,
+    /// Handshake costs inferred from completion times, for a TLS server the daemon does not
+    /// terminate (mode `tls` without a proxy that measured its own).
+    inferred: CostInference,
 }
 
 /// Mode `pdd`: the law and the backend pools it moves.
@@ -198,6 +210,7 @@ pub struct ControllerStats {
     target_us: Family<Labels, Gauge>,
     ratio: Family<Labels, Gauge<f64, AtomicU64>>,
     ratio_target: Family<Labels, Gauge<f64, AtomicU64>>,
+    cost_us: Family<Labels, Gauge>,
 }
 
 impl ControllerStats {
@@ -230,6 +243,13 @@ impl ControllerStats {
             "delay_ratio_target",
             "The wait ratio the pdd mode holds (its set point)",
             self.ratio_target.clone(),
+        );
+        r.register(
+            "handshake_cost_microseconds",
+            "The cost of a handshake the tls mode divides its budget by (class tls-new: full, \
+             tls-resumed: resumed), measured by the proxies (iface \"proxies\") or inferred from \
+             completion times for a server the daemon does not terminate (iface: where)",
+            self.cost_us.clone(),
         );
     }
 }
@@ -302,6 +322,7 @@ impl Controller {
                     })
                     .collect(),
                 last: None,
+                inferred: CostInference::default(),
             })
             .collect();
         Controller {
@@ -399,6 +420,30 @@ fn step(
         }
         return Ok(());
     };
+    let delta = |c: Class| now.latency[c.id() as usize].since(&before.latency[c.id() as usize]);
+    plant
+        .inferred
+        .observe(&delta(Class::TlsNew), &delta(Class::TlsResumed));
+    // The proxies' own measure when they have one; else what completion times say, and then the
+    // daemon's CPU use says nothing of the server's.
+    let (costs, busy, costs_from) = match (costs, plant.inferred.costs()) {
+        (Some(c), _) => (Some(c), busy, PROXIES.to_string()),
+        (None, inferred) => (inferred, None, iface.clone()),
+    };
+    if let Some(c) = costs
+        && plant.laws.values().any(|l| matches!(l, Law::Tls(_)))
+    {
+        for (class, cost) in [(Class::TlsNew, c.full), (Class::TlsResumed, c.resumed)] {
+            let labels = Labels {
+                iface: costs_from.clone(),
+                class: class.name(),
+            };
+            stats
+                .cost_us
+                .get_or_create(&labels)
+                .set(cost.as_micros().min(i64::MAX as u128) as i64);
+        }
+    }
     for (class, law) in plant.laws.iter_mut() {
         let policy = maps.policy(*class)?;
         let labels = Labels {
@@ -440,9 +485,7 @@ fn step(
                     expired: s.expired.saturating_sub(b.expired),
                     refused: dropped(&now.stats[i]).saturating_sub(dropped(&before.stats[i])),
                     backlog: s.backlog(),
-                    service_p90: now
-                        .latency
-                        .since(&before.latency)
+                    service_p90: delta(*class)
                         .quantile_within_us(900)
                         .map(Duration::from_micros),
                 };

@@ -21,10 +21,14 @@ pub enum Mode {
         /// The service time to stay under.
         target: Duration,
     },
-    /// Budget new handshakes by the CPU left after resumed ones (seed 000), as tls-new's rate.
+    /// Budget new handshakes by the CPU left after resumed ones (seed 000), as tls-new's rate,
+    /// and cut them while resumed handshakes wait over their allowance.
     Tls {
         /// Share of the CPUs handshakes may use, 0 to 1.
         cpu_target: f64,
+        /// How long resumed handshakes may wait beyond their unqueued time before new ones are
+        /// cut, in full handshakes' time.
+        wait: f64,
     },
     /// Hold the ratio of new sessions' to resumed sessions' wait for a backend slot at `ratio`
     /// (seed 002, proportional delay differentiation) by moving the resumed sessions' share of
@@ -120,6 +124,8 @@ struct RawClass {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cpu_target: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    resumed_wait: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     ratio: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     min: Option<u64>,
@@ -137,6 +143,9 @@ impl RawClass {
         }
         if self.cpu_target.is_some() && self.mode != "tls" {
             return misplaced("cpu_target", "tls");
+        }
+        if self.resumed_wait.is_some() && self.mode != "tls" {
+            return misplaced("resumed_wait", "tls");
         }
         if self.ratio.is_some() && self.mode != "pdd" {
             return misplaced("ratio", "pdd");
@@ -163,7 +172,13 @@ impl RawClass {
                 if !(cpu_target > 0.0 && cpu_target <= 1.0) {
                     return Err(format!("{name}.cpu_target: {cpu_target} is not in (0, 1]"));
                 }
-                (Mode::Tls { cpu_target }, MAX_RATE)
+                let wait = self
+                    .resumed_wait
+                    .unwrap_or(crate::controller::law::HandshakeBudgetLaw::WAIT);
+                if !(wait > 0.0 && wait <= 100.0) {
+                    return Err(format!("{name}.resumed_wait: {wait} is not in (0, 100]"));
+                }
+                (Mode::Tls { cpu_target, wait }, MAX_RATE)
             }
             "pdd" => {
                 if !matches!(class, Class::TlsResumed) {
@@ -228,15 +243,16 @@ impl Serialize for ControllerConfig {
             .classes
             .iter()
             .map(|(class, c)| {
-                let (mode, target, cpu_target, ratio) = match c.mode {
+                let (mode, target, tls, ratio) = match c.mode {
                     Mode::Sip { target } => ("sip", Some(Span(target)), None, None),
-                    Mode::Tls { cpu_target } => ("tls", None, Some(cpu_target), None),
+                    Mode::Tls { cpu_target, wait } => ("tls", None, Some((cpu_target, wait)), None),
                     Mode::Pdd { ratio } => ("pdd", None, None, Some(ratio)),
                 };
                 let raw = RawClass {
                     mode: mode.into(),
                     target,
-                    cpu_target,
+                    cpu_target: tls.map(|t| t.0),
+                    resumed_wait: tls.map(|t| t.1),
                     ratio,
                     min: Some(c.min),
                     max: Some(c.max),

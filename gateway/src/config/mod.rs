@@ -347,6 +347,18 @@ mod tests {
         )
         .unwrap();
         let pdd = c.controller.classes[&Class::TlsResumed];
+        let c = Config::parse(
+            "controller:\n  classes:\n    tls-new: {mode: tls, resumed_wait: 2}\n",
+            "t.yaml",
+        )
+        .unwrap();
+        assert_eq!(
+            c.controller.classes[&Class::TlsNew].mode,
+            Mode::Tls {
+                cpu_target: 0.8,
+                wait: 2.0
+            }
+        );
         assert_eq!(pdd.mode, Mode::Pdd { ratio: 3.0 });
         assert_eq!((pdd.min, pdd.max), (5, 95));
         for (yaml, needle) in [
@@ -361,6 +373,11 @@ mod tests {
             ),
             ("tls-new: {mode: sip}", "controls sip-original only"),
             ("tls-new: {mode: tls, cpu_target: 1.5}", "cpu_target"),
+            ("tls-new: {mode: tls, resumed_wait: 0}", "resumed_wait: 0"),
+            (
+                "sip-original: {mode: sip, resumed_wait: 1}",
+                "resumed_wait: only for mode tls",
+            ),
             ("sip-original: {mode: sip, min: 9, max: 3}", "bounds 9..=3"),
             ("other: {mode: sip}", "never limited"),
         ] {

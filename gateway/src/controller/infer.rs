@@ -13,59 +13,38 @@
 //!
 //! Pure: the controller feeds it each interval's histogram deltas.
 
-use std::{collections::VecDeque, time::Duration};
-
 use gateway_common::maps::LatencyHistogram;
 
-use super::law::HandshakeCosts;
+use super::{
+    floor::{Floor, median},
+    law::HandshakeCosts,
+};
 
 /// Intervals an estimate looks back over (5 s at the default interval of 100 ms).
 pub const WINDOW: usize = 50;
 
-/// Completions an interval needs before its median counts.
-pub const MIN_SAMPLES: u64 = 5;
-
-/// The lowest of the last [`WINDOW`] interval medians of one class.
-#[derive(Clone, Debug, Default)]
-struct Lowest {
-    medians: VecDeque<u64>,
+/// The inferred costs of one server's full and resumed handshakes.
+#[derive(Clone, Debug)]
+pub struct CostInference {
+    full: Floor,
+    resumed: Floor,
 }
 
-impl Lowest {
-    fn push(&mut self, interval: &LatencyHistogram) {
-        let median = (interval.count() >= MIN_SAMPLES)
-            .then(|| interval.quantile_within_us(500))
-            .flatten();
-        // An interval without enough completions still ages the window.
-        self.medians.push_back(median.unwrap_or(u64::MAX));
-        if self.medians.len() > WINDOW {
-            self.medians.pop_front();
+impl Default for CostInference {
+    fn default() -> Self {
+        CostInference {
+            full: Floor::new(WINDOW),
+            resumed: Floor::new(WINDOW),
         }
     }
-
-    fn get(&self) -> Option<Duration> {
-        self.medians
-            .iter()
-            .copied()
-            .min()
-            .filter(|&us| us != u64::MAX)
-            .map(Duration::from_micros)
-    }
-}
-
-/// The inferred costs of one server's full and resumed handshakes.
-#[derive(Clone, Debug, Default)]
-pub struct CostInference {
-    full: Lowest,
-    resumed: Lowest,
 }
 
 impl CostInference {
     /// One interval's completion times of new (`tls-new`) and resumed (`tls-resumed`)
     /// connections.
     pub fn observe(&mut self, new: &LatencyHistogram, resumed: &LatencyHistogram) {
-        self.full.push(new);
-        self.resumed.push(resumed);
+        self.full.push(median(new));
+        self.resumed.push(median(resumed));
     }
 
     /// The costs, once a full handshake's was seen within the window. With no resumed
@@ -82,7 +61,9 @@ impl CostInference {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
+
+    use super::{super::floor::MIN_SAMPLES, *};
 
     /// A histogram of `n` completions of `us` microseconds each.
     fn times(n: u64, us: u64) -> LatencyHistogram {

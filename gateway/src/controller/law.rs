@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use super::floor::Floor;
+
 /// Why a limit moved (`ClassPolicy::reason`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
@@ -17,16 +19,24 @@ pub enum Reason {
     Budget = 4,
     /// The delay ratio between two classes moved away from its set point.
     Ratio = 5,
+    /// Resumed handshakes waited longer than allowed beyond their unqueued time: new
+    /// handshakes are cut to make room for them.
+    ResumedWait = 7,
+    /// New handshakes closed for one interval to measure resumed ones unqueued, or reopened
+    /// after it.
+    Probe = 8,
 }
 
 impl Reason {
     /// Every reason, by id order.
-    pub const ALL: [Reason; 5] = [
+    pub const ALL: [Reason; 7] = [
         Reason::OverTarget,
         Reason::Expired,
         Reason::Headroom,
         Reason::Budget,
         Reason::Ratio,
+        Reason::ResumedWait,
+        Reason::Probe,
     ];
 
     /// The reason of id `id` (`Reason as u32`).
@@ -42,6 +52,8 @@ impl Reason {
             Reason::Headroom => "headroom",
             Reason::Budget => "budget",
             Reason::Ratio => "ratio",
+            Reason::ResumedWait => "resumed-wait",
+            Reason::Probe => "probe",
         }
     }
 }
@@ -161,13 +173,41 @@ impl ServiceTimeLaw {
 /// Mode `tls` (seed 000): resumed handshakes first; new handshakes get the CPU left. Per
 /// interval, the new-handshake budget is (CPU target x cores x interval - resumed handshakes x
 /// a resumed handshake's cost) / a full handshake's cost, set as tls-new's rate.
-#[derive(Clone, Copy, Debug)]
+///
+/// "Resumed first" is also held where it shows: the resumed handshakes' service time (a
+/// hello's admission to the server's first flight). The law keeps its floor, the time they take
+/// unqueued (the lowest interval median over a window, [`Floor`]), and allows them to wait
+/// `wait` full handshakes' time beyond it. When two intervals in a row have their median over
+/// that allowance, resumed clients are queueing behind full handshakes, and tls-new's rate is
+/// cut by the ratio of the allowance to the measured time (at most by half an interval); one
+/// interval over is taken for noise.
+///
+/// The floor is re-measured where it can be stale, as Envoy's adaptive concurrency re-measures
+/// its minimum RTT at a small limit: while tls-new is being refused, the law closes it for one
+/// interval every [`Self::PROBE_EVERY`] intervals (and at the first refusals), and what resumed
+/// handshakes took then becomes the floor; so does an interval over the allowance in which new
+/// handshakes took under [`Self::MIN_NEW_SHARE`] of the CPUs (they cannot have caused it). A
+/// flood's own cost that no rate removes (refused hellos still reach the server's kernel and
+/// its accept queue) then raises the floor, and the guard does not cut new handshakes for it. Without
+/// refusals the law never probes: nothing arriving is turned away for it.
+#[derive(Clone, Debug)]
 pub struct HandshakeBudgetLaw {
     cpu_target: f64,
     cores: f64,
     min: u64,
     max: u64,
     rate: u64,
+    /// Full handshakes' time a resumed handshake may wait beyond its floor.
+    wait: f64,
+    floor: Floor,
+    /// The allowance of the last interval.
+    allowance: Option<Duration>,
+    /// Whether the last interval was over the allowance (with new handshakes to blame).
+    was_over: bool,
+    /// Intervals since the floor was last probed.
+    since_probe: usize,
+    /// The rate to return to after the probing interval now running.
+    probing: Option<u64>,
 }
 
 /// The costs the budget divides by.
@@ -179,9 +219,44 @@ pub struct HandshakeCosts {
     pub resumed: Duration,
 }
 
+/// What one interval showed the `tls` law.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HandshakeObservation {
+    /// The interval's length.
+    pub interval: Duration,
+    /// Resumed handshakes admitted in the interval.
+    pub resumed: u64,
+    /// New handshakes admitted in the interval.
+    pub new: u64,
+    /// New hellos refused in the interval.
+    pub refused: u64,
+    /// How busy the server's CPUs were (0 to 1 of all cores); `None` when not measured.
+    pub busy: Option<f64>,
+    /// The median service time of the resumed handshakes answered in the interval; `None` with
+    /// too few of them.
+    pub resumed_time: Option<Duration>,
+}
+
 impl HandshakeBudgetLaw {
+    /// The default wait a resumed handshake is allowed beyond its floor: half a full
+    /// handshake's time (the residual of the one a single worker may be busy with).
+    pub const WAIT: f64 = 0.5;
+
+    /// Intervals the resumed handshakes' floor looks back over (60 s at the default interval
+    /// of 100 ms).
+    pub const FLOOR_WINDOW: usize = 600;
+
+    /// Intervals between two probes of the floor while tls-new is being refused (30 s at the
+    /// default interval): one interval in 300 with new hellos refused.
+    pub const PROBE_EVERY: usize = 300;
+
+    /// The share of the CPUs under which new handshakes are not blamed for resumed ones'
+    /// wait: a wait over the allowance then is the floor now (a flood's cost that no rate
+    /// removes), not a reason to cut.
+    pub const MIN_NEW_SHARE: f64 = 0.05;
+
     /// A law keeping handshakes within `cpu_target` (0 to 1) of `cores` CPUs, with tls-new's rate
-    /// within `min..=max` per second.
+    /// within `min..=max` per second and the default [`Self::WAIT`].
     pub fn new(cpu_target: f64, cores: f64, min: u64, max: u64) -> Self {
         HandshakeBudgetLaw {
             cpu_target,
@@ -189,7 +264,19 @@ impl HandshakeBudgetLaw {
             min,
             max,
             rate: max,
+            wait: Self::WAIT,
+            floor: Floor::new(Self::FLOOR_WINDOW),
+            allowance: None,
+            was_over: false,
+            since_probe: Self::PROBE_EVERY,
+            probing: None,
         }
+    }
+
+    /// The same law allowing resumed handshakes `wait` full handshakes' time (above 0) beyond
+    /// their floor.
+    pub fn with_wait(self, wait: f64) -> Self {
+        HandshakeBudgetLaw { wait, ..self }
     }
 
     /// The rate now.
@@ -202,41 +289,84 @@ impl HandshakeBudgetLaw {
         self.rate = rate.clamp(self.min, self.max);
     }
 
-    /// One interval of `interval` in which `resumed` resumed handshakes were admitted and the
-    /// server's CPUs were `busy` (0 to 1 of all `cores`; `None` when not measured): the new rate
-    /// of tls-new if it changed.
+    /// The service time resumed handshakes were held under in the last interval (their floor
+    /// plus the allowed wait); `None` before any was measured.
+    pub fn resumed_allowance(&self) -> Option<Duration> {
+        self.allowance
+    }
+
+    /// One interval: the new rate of tls-new if it changed.
     ///
     /// The budget formula counts handshakes only. What it leaves out (accepting, relaying,
     /// refusing) shows in `busy`: over the CPU target, the rate goes to the lower of the formula
     /// and the rate scaled by target / busy; under it, it grows back toward the formula by a
-    /// tenth per interval.
-    pub fn step(
-        &mut self,
-        interval: Duration,
-        resumed: u64,
-        costs: HandshakeCosts,
-        busy: Option<f64>,
-    ) -> Option<Decision> {
-        let budget = self.cpu_target * self.cores * interval.as_secs_f64()
-            - resumed as f64 * costs.resumed.as_secs_f64();
+    /// tenth per interval. Resumed handshakes over their allowance cut the rate first.
+    pub fn step(&mut self, o: &HandshakeObservation, costs: HandshakeCosts) -> Option<Decision> {
+        self.since_probe = self.since_probe.saturating_add(1);
+        let over = self
+            .allowance
+            .zip(o.resumed_time)
+            .filter(|(allowed, took)| took > allowed);
+        // The share of the CPUs new handshakes took in the interval: under
+        // [`Self::MIN_NEW_SHARE`] they cannot be what resumed ones waited for.
+        let new_share = o.new as f64 * costs.full.as_secs_f64()
+            / (self.cores * o.interval.as_secs_f64()).max(1e-9);
+        let probed = self.probing.is_some();
+        let not_theirs = over.is_some() && new_share < Self::MIN_NEW_SHARE;
+        if (probed || not_theirs) && o.resumed_time.is_some() {
+            // Measured with (almost) no new handshake ahead: the floor now.
+            self.floor.reset(o.resumed_time);
+        } else {
+            self.floor.push(o.resumed_time);
+        }
+        self.allowance = self.floor.get().map(|f| f + costs.full.mul_f64(self.wait));
+        // Cut for a wait that lasts: two intervals over in a row, and new handshakes there to
+        // have caused it.
+        let cut = over.filter(|_| self.was_over && !not_theirs && !probed);
+        self.was_over = over.is_some() && !not_theirs;
+        if let Some(rate) = self.probing.take() {
+            return self.set(rate, Reason::Probe);
+        }
+        if o.refused > 0 && self.since_probe >= Self::PROBE_EVERY && self.rate > self.min {
+            self.since_probe = 0;
+            self.probing = Some(self.rate);
+            return self.set(self.min, Reason::Probe);
+        }
+        let secs = o.interval.as_secs_f64();
+        let budget =
+            self.cpu_target * self.cores * secs - o.resumed as f64 * costs.resumed.as_secs_f64();
         let full = costs.full.as_secs_f64().max(1e-6);
-        let formula = (budget.max(0.0) / full / interval.as_secs_f64()).floor() as u64;
+        let formula = (budget.max(0.0) / full / secs).floor() as u64;
         let rate = self.rate.min(self.max) as f64;
-        let per_second = match busy {
-            Some(u) if u > self.cpu_target => {
-                formula.min((rate * self.cpu_target / u).floor() as u64)
-            }
-            Some(_) => formula.min(((rate * 1.1).ceil() as u64).saturating_add(1)),
-            None => formula,
+        let (per_second, reason) = if let Some((allowed, took)) = cut {
+            let gradient = (allowed.as_secs_f64() / took.as_secs_f64()).max(0.5);
+            (
+                formula.min((rate * gradient).floor() as u64),
+                Reason::ResumedWait,
+            )
+        } else {
+            let grown = match o.busy {
+                Some(u) if u > self.cpu_target => {
+                    formula.min((rate * self.cpu_target / u).floor() as u64)
+                }
+                Some(_) => formula.min(((rate * 1.1).ceil() as u64).saturating_add(1)),
+                None => formula,
+            };
+            (grown, Reason::Budget)
         };
-        let wanted = per_second.clamp(self.min, self.max);
+        self.set(per_second, reason)
+    }
+
+    /// Sets the rate (within the bounds): the decision if it changed.
+    fn set(&mut self, rate: u64, reason: Reason) -> Option<Decision> {
+        let wanted = rate.clamp(self.min, self.max);
         if wanted == self.rate {
             return None;
         }
         self.rate = wanted;
         Some(Decision {
             limit: wanted,
-            reason: Reason::Budget,
+            reason,
         })
     }
 }

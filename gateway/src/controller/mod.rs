@@ -11,6 +11,7 @@
 //! pools share freed slots between resumed and new sessions ([`crate::proxy::gate`]), from the
 //! waits the pools measured.
 
+pub mod floor;
 pub mod infer;
 pub mod law;
 pub mod sim;
@@ -44,8 +45,8 @@ use crate::{
 };
 use infer::CostInference;
 use law::{
-    Decision, DelayRatioLaw, HandshakeBudgetLaw, HandshakeCosts, Observation, Reason,
-    ServiceTimeLaw,
+    Decision, DelayRatioLaw, HandshakeBudgetLaw, HandshakeCosts, HandshakeObservation, Observation,
+    Reason, ServiceTimeLaw,
 };
 
 /// Where the TLS law gets the costs of a full and a resumed handshake (the daemon's proxies
@@ -65,7 +66,7 @@ pub fn reason_name(reason: u32) -> &'static str {
 }
 
 /// One class's law.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum Law {
     Sip(ServiceTimeLaw),
     Tls(HandshakeBudgetLaw),
@@ -225,13 +226,16 @@ impl ControllerStats {
         );
         r.register(
             "delay_microseconds",
-            "The service time the controller saw in its last interval (its input: sip mode; pdd: \
-             the mean wait for a backend slot, per class)",
+            "The service time the controller saw in its last interval (its input: sip mode; tls \
+             mode: the resumed handshakes' median, class tls-resumed; pdd: the mean wait for a \
+             backend slot, per class)",
             self.delay_us.clone(),
         );
         r.register(
             "target_microseconds",
-            "The service time the controller holds the class under (its set point, sip mode)",
+            "The service time the controller holds the class under (its set point: sip mode; tls \
+             mode: the resumed handshakes' allowance, their floor plus the allowed wait, class \
+             tls-resumed)",
             self.target_us.clone(),
         );
         r.register(
@@ -312,9 +316,10 @@ impl Controller {
                             Mode::Sip { target } => {
                                 Law::Sip(ServiceTimeLaw::new(target, c.min, c.max, c.max))
                             }
-                            Mode::Tls { cpu_target } => {
-                                Law::Tls(HandshakeBudgetLaw::new(cpu_target, cores, c.min, c.max))
-                            }
+                            Mode::Tls { cpu_target, wait } => Law::Tls(
+                                HandshakeBudgetLaw::new(cpu_target, cores, c.min, c.max)
+                                    .with_wait(wait),
+                            ),
                             // Not the datapath's: see `Pdd`.
                             Mode::Pdd { .. } => return None,
                         };
@@ -506,10 +511,43 @@ fn step(
             Law::Tls(l) => {
                 let Some(costs) = costs else { continue };
                 let i = Class::TlsResumed.id() as usize;
-                let resumed = now.state[i]
-                    .admitted
-                    .saturating_sub(before.state[i].admitted);
-                l.step(elapsed, resumed, costs, busy)
+                let n = Class::TlsNew.id() as usize;
+                let refused = |x: &ClassStats| x.dropped_backlog + x.dropped_rate;
+                let o = HandshakeObservation {
+                    interval: elapsed,
+                    resumed: now.state[i]
+                        .admitted
+                        .saturating_sub(before.state[i].admitted),
+                    new: now.state[n]
+                        .admitted
+                        .saturating_sub(before.state[n].admitted),
+                    refused: refused(&now.stats[n]).saturating_sub(refused(&before.stats[n])),
+                    busy,
+                    resumed_time: floor::median(&delta(Class::TlsResumed)),
+                };
+                let decision = l.step(&o, costs);
+                debug!(
+                    %iface, resumed_time = ?o.resumed_time, allowance = ?l.resumed_allowance(),
+                    refused = o.refused, ?busy, rate = l.rate(), "controller: tls"
+                );
+                // Its input and set point: the resumed handshakes' time and allowance.
+                let resumed = Labels {
+                    iface: iface.clone(),
+                    class: Class::TlsResumed.name(),
+                };
+                if let Some(t) = o.resumed_time {
+                    stats
+                        .delay_us
+                        .get_or_create(&resumed)
+                        .set(t.as_micros().min(i64::MAX as u128) as i64);
+                }
+                if let Some(t) = l.resumed_allowance() {
+                    stats
+                        .target_us
+                        .get_or_create(&resumed)
+                        .set(t.as_micros().min(i64::MAX as u128) as i64);
+                }
+                decision
             }
         };
         if let Some(d) = decision {

@@ -25,9 +25,12 @@ pub struct Daemon {
 
 impl Daemon {
     /// Spawns `gateway run ARGS` in the gateway namespace and waits (at most `timeout`) for it to
-    /// log "gateway ready". Panics with its log if it exits or times out first.
+    /// log "gateway ready". Panics with its log if it exits or times out first. It logs at
+    /// `info`, or with the filter in `GW_LOG` when set (for example
+    /// `GW_LOG=info,gateway::controller=debug` to follow the controller's inputs in a benchmark).
     pub fn start(net: &TestNet, args: &[&str], timeout: Duration) -> Daemon {
-        Self::start_logging(net, args, "info", timeout)
+        let filter = std::env::var("GW_LOG").unwrap_or_else(|_| "info".into());
+        Self::start_logging(net, args, &filter, timeout)
     }
 
     /// `gateway run` on the gateway's veth with a config of `body` (services, policy, datapath

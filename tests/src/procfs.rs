@@ -82,3 +82,19 @@ pub fn pin_current_thread(cpu: usize) {
     set.set(cpu).expect("cpu index");
     nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("sched_setaffinity");
 }
+
+/// Puts the calling thread in the idle scheduling class (`SCHED_IDLE`): it runs only when
+/// nothing else on its CPU wants to. A benchmark's load generator sharing a core with the
+/// clients it measures then takes only the time they leave, as it would from a machine of
+/// its own.
+pub fn idle_current_thread() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for SCHED_IDLE.
+    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    assert_eq!(
+        r,
+        0,
+        "sched_setscheduler: {}",
+        std::io::Error::last_os_error()
+    );
+}

@@ -1,17 +1,20 @@
 //! A real Kamailio for the tests: one worker, stateless, answering every request with `200 OK`
-//! (the `sl` module adds its own To tag), started by the test and killed when dropped.
+//! (the `sl` module adds its own To tag), started by the test and killed when dropped, with
+//! every process it forked.
 
 use std::{
     net::SocketAddr,
-    path::PathBuf,
-    process::{Command, Stdio},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
 };
 
-use crate::{fresh_temp_dir, tls::Proc};
+use crate::fresh_temp_dir;
 
 /// A running Kamailio and its directory.
 pub struct Kamailio {
-    _proc: Proc,
+    child: Child,
     dir: PathBuf,
 }
 
@@ -62,20 +65,49 @@ impl Kamailio {
         all.push(dir.join("kamailio.pid").display().to_string());
         let child = Command::new(&all[0])
             .args(&all[1..])
+            // A process group of its own: Kamailio forks its workers (and timers), which a
+            // kill of the main process alone would leave running.
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("kamailio (cargo xtask setup installs it)");
-        Kamailio {
-            _proc: Proc(child),
-            dir,
-        }
+        Kamailio { child, dir }
     }
+
+    /// Its directory (config and pid file): every one of its processes names it.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// Processes whose command line names `dir` (a [`Kamailio`]'s, say).
+pub fn processes_naming(dir: &Path) -> Vec<u32> {
+    let needle = dir.display().to_string();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
+        })
+        .collect()
 }
 
 impl Drop for Kamailio {
     fn drop(&mut self) {
+        // SAFETY: signalling the process group this struct started (its leader not yet reaped,
+        // so the group id is not reused).
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        let _ = self.child.wait();
+        // The forked processes die as the signal lands; bounded wait until none is left.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !processes_naming(&self.dir).is_empty() && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

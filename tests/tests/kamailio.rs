@@ -12,7 +12,7 @@ use gateway_common::{
 use gateway_tests::{
     frames::Frame,
     have_root,
-    kamailio::Kamailio,
+    kamailio::{Kamailio, processes_naming},
     testrun::{Hook, TestProgram},
 };
 
@@ -36,7 +36,7 @@ fn kamailio_responses_name_the_requests_transactions() {
         .local_addr()
         .unwrap()
         .port();
-    let _k = Kamailio::start(&[], ([127, 0, 0, 1], port).into());
+    let k = Kamailio::start(&[], ([127, 0, 0, 1], port).into());
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let local = sock.local_addr().unwrap().port();
     sock.set_read_timeout(Some(Duration::from_millis(200)))
@@ -69,6 +69,15 @@ fn kamailio_responses_name_the_requests_transactions() {
         assert_eq!(r.cseq, 7);
         answered.push((req, resp));
     }
+    // Dropped, it leaves no process behind: its forked workers end with it.
+    let dir = k.dir().to_owned();
+    assert!(
+        processes_naming(&dir).len() > 1,
+        "Kamailio forks its worker: {:?}",
+        processes_naming(&dir)
+    );
+    drop(k);
+    assert_eq!(processes_naming(&dir), Vec::<u32>::new(), "left running");
 
     // Through the real programs: Kamailio's answer to the INVITE, leaving, completes it.
     if !have_root("kamailio_response_completes") {

@@ -459,10 +459,21 @@ fn main() {
          hellos/s); see the sent column for every phase.",
         reached / capacity
     ));
+    // New hellos each controller admitted in its 5x phase.
+    let admitted_at_5x = |name: &str| {
+        rows.iter()
+            .find(|r| {
+                r[0] == name && r[1].starts_with(&THINKING.clients.to_string()) && r[2] == "5"
+            })
+            .and_then(|r| r[4].parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     report.say(format!(
-        "With the CPU budget alone (the resumed-wait guard off) the controller fills the proxy \
-         to its CPU target with full handshakes (see the admitted column), and resumed sessions, \
-         waiting behind them, keep {:.1}% at 5x.",
+        "With the CPU budget alone (the resumed-wait guard off) the controller admitted {:.0} new \
+         hellos/s at 5x against {:.0} with the guard, and resumed sessions kept {:.1}% (the \
+         guard: {controller:.1}%).",
+        admitted_at_5x(BUDGET_ONLY),
+        admitted_at_5x(CONTROLLER),
         at_5x(BUDGET_ONLY, THINKING)
     ));
     report.say(format!(

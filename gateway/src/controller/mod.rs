@@ -482,13 +482,12 @@ fn step(
             Law::Sip(l) => {
                 let i = class.id() as usize;
                 let (s, b) = (&now.state[i], &before.state[i]);
-                let dropped = |x: &ClassStats| x.dropped_backlog + x.dropped_rate;
                 let o = Observation {
                     interval: elapsed,
                     admitted: s.admitted.saturating_sub(b.admitted),
                     completed: s.completed.saturating_sub(b.completed),
                     expired: s.expired.saturating_sub(b.expired),
-                    refused: dropped(&now.stats[i]).saturating_sub(dropped(&before.stats[i])),
+                    refused: refused(&now.stats[i]).saturating_sub(refused(&before.stats[i])),
                     backlog: s.backlog(),
                     service_p90: delta(*class)
                         .quantile_within_us(900)
@@ -512,7 +511,6 @@ fn step(
                 let Some(costs) = costs else { continue };
                 let i = Class::TlsResumed.id() as usize;
                 let n = Class::TlsNew.id() as usize;
-                let refused = |x: &ClassStats| x.dropped_backlog + x.dropped_rate;
                 let o = HandshakeObservation {
                     interval: elapsed,
                     resumed: now.state[i]
@@ -560,6 +558,11 @@ fn step(
         }
     }
     Ok(())
+}
+
+/// Arrivals a class refused (by its backlog or its rate), a monotonic count.
+fn refused(s: &ClassStats) -> u64 {
+    s.dropped_backlog + s.dropped_rate
 }
 
 /// The limit a law holds now and its bounds.

@@ -443,15 +443,18 @@ fn main() {
             "is not reached"
         },
     ));
+    // Column `col` of `name`'s 5x row with the thinking sessions.
+    let at_5x_column = |name: &str, col: usize| {
+        rows.iter()
+            .find(|r| {
+                r[0] == name && r[1].starts_with(&THINKING.clients.to_string()) && r[2] == "5"
+            })
+            .and_then(|r| r[col].parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     // What the flood reached in the controller's 5x phase: the generator takes only the CPU
     // the clients leave it.
-    let reached = rows
-        .iter()
-        .find(|r| {
-            r[0] == CONTROLLER && r[1].starts_with(&THINKING.clients.to_string()) && r[2] == "5"
-        })
-        .and_then(|r| r[3].parse::<f64>().ok())
-        .unwrap_or(0.0);
+    let reached = at_5x_column(CONTROLLER, 3);
     report.say(format!(
         "The flood generator runs in the idle scheduling class on the clients' core: it takes \
          only the CPU they leave, as a flood from other machines would, and sends what that \
@@ -460,14 +463,7 @@ fn main() {
         reached / capacity
     ));
     // New hellos each controller admitted in its 5x phase.
-    let admitted_at_5x = |name: &str| {
-        rows.iter()
-            .find(|r| {
-                r[0] == name && r[1].starts_with(&THINKING.clients.to_string()) && r[2] == "5"
-            })
-            .and_then(|r| r[4].parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
+    let admitted_at_5x = |name: &str| at_5x_column(name, 4);
     report.say(format!(
         "With the CPU budget alone (the resumed-wait guard off) the controller admitted {:.0} new \
          hellos/s at 5x against {:.0} with the guard, and resumed sessions kept {:.1}% (the \

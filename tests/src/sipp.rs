@@ -11,24 +11,29 @@ pub const UAC: &str = include_str!("../sip_uac.xml");
 /// What one SIPp run reported.
 #[derive(Debug, Default)]
 pub struct UacRun {
-    /// Successful calls in each second (SIPp's periodic `SuccessfulCall(P)`).
+    /// Successful calls in each period of about a second (SIPp's periodic `SuccessfulCall(P)`);
+    /// the first row is the start and counts none.
     pub successful_per_second: Vec<f64>,
+    /// When each of those rows was written (SIPp's `CurrentTime`, seconds since the epoch): a
+    /// busy SIPp writes them late, so a row may cover more than a second.
+    pub at: Vec<f64>,
     /// The cumulative counters at the end (`...(C)` columns, without the suffix, and the
     /// histograms).
     pub totals: HashMap<String, u64>,
 }
 
 impl UacRun {
-    /// Successful calls per second averaged over seconds `from..to`.
+    /// Successful calls per second over rows `from..to` (about seconds `from..to`): their
+    /// calls over the time they cover, from the row before `from` to the last one.
     pub fn goodput(&self, from: usize, to: usize) -> f64 {
-        let window: Vec<f64> = self
-            .successful_per_second
-            .iter()
-            .skip(from)
-            .take(to.saturating_sub(from))
-            .copied()
-            .collect();
-        window.iter().sum::<f64>() / window.len().max(1) as f64
+        let to = to.min(self.successful_per_second.len()).min(self.at.len());
+        let from = from.max(1);
+        if from >= to {
+            return 0.0;
+        }
+        let calls: f64 = self.successful_per_second[from..to].iter().sum();
+        let span = self.at[to - 1] - self.at[from - 1];
+        if span > 0.0 { calls / span } else { 0.0 }
     }
 
     /// A cumulative counter (`FailedCall`, `Retransmissions`, ...), 0 when absent.
@@ -40,6 +45,25 @@ impl UacRun {
 /// Runs the UAC against GW_V4:5060 at `rate` calls per second for `seconds` seconds (and at
 /// most five more for the last calls), working in `dir`.
 pub fn run_uac(net: &TestNet, dir: &Path, rate: u64, seconds: u64) -> UacRun {
+    uac(net, dir, rate, rate * seconds, 1_000_000, seconds)
+}
+
+/// Runs the UAC in a closed loop: `in_flight` calls at a time, each new one started as one
+/// ends (never faster than `rate` calls/s), `calls` calls in all, bounded by `seconds` (and
+/// five more). Against a server slower than `rate` this keeps it busy without a queue longer
+/// than `in_flight` calls: its throughput is its capacity.
+pub fn run_uac_closed(
+    net: &TestNet,
+    dir: &Path,
+    in_flight: u64,
+    rate: u64,
+    calls: u64,
+    seconds: u64,
+) -> UacRun {
+    uac(net, dir, rate, calls, in_flight, seconds)
+}
+
+fn uac(net: &TestNet, dir: &Path, rate: u64, calls: u64, limit: u64, seconds: u64) -> UacRun {
     let scenario = dir.join("uac.xml");
     std::fs::write(&scenario, UAC).unwrap();
     let stats = dir.join("uac.csv");
@@ -52,9 +76,9 @@ pub fn run_uac(net: &TestNet, dir: &Path, rate: u64, seconds: u64) -> UacRun {
             "-r",
             &rate.to_string(),
             "-m",
-            &(rate * seconds).to_string(),
+            &calls.to_string(),
             "-l",
-            "1000000",
+            &limit.to_string(),
         ])
         .args([
             "-nostdin",
@@ -76,10 +100,19 @@ pub fn run_uac(net: &TestNet, dir: &Path, rate: u64, seconds: u64) -> UacRun {
         .iter()
         .position(|h| *h == "SuccessfulCall(P)")
         .expect("SuccessfulCall(P) column");
-    let successful_per_second = rows[1..]
+    let now = header
         .iter()
-        .filter_map(|r| r.get(ok).and_then(|v| v.parse().ok()))
-        .collect();
+        .position(|h| *h == "CurrentTime")
+        .expect("CurrentTime column");
+    // Rows with both figures: `CurrentTime` is "date\ttime\tepoch".
+    let (successful_per_second, at) = rows[1..]
+        .iter()
+        .filter_map(|r| {
+            let calls: f64 = r.get(ok)?.parse().ok()?;
+            let epoch: f64 = r.get(now)?.rsplit('\t').next()?.parse().ok()?;
+            Some((calls, epoch))
+        })
+        .unzip();
     let last = rows.last().unwrap();
     let totals = header
         .iter()
@@ -95,6 +128,7 @@ pub fn run_uac(net: &TestNet, dir: &Path, rate: u64, seconds: u64) -> UacRun {
         .collect();
     UacRun {
         successful_per_second,
+        at,
         totals,
     }
 }

@@ -1,8 +1,8 @@
-//! `cargo xtask bench` (part two): seed 001's curve. A SIP server of known capacity (one FIFO
-//! thread with an 8 MiB or a 256 KiB receive buffer, or a real Kamailio with its own buffer or
-//! one probed up to 8 MiB; fixed CPU per message) is driven by SIPp at 0.5x to 3x its capacity,
-//! without the gateway and with it, in one run. The figure is goodput, successful calls per
-//! second over a steady window, as a share of capacity.
+//! `cargo xtask bench` (part two): seed 001's curve. A SIP server (one FIFO thread with an
+//! 8 MiB or a 256 KiB receive buffer, or a real Kamailio with its own buffer or one probed up to
+//! 8 MiB; fixed CPU per message) has its capacity measured alone, then is driven by SIPp at 0.5x
+//! to 3x that capacity, without the gateway and with it, in one run. The figure is goodput,
+//! successful calls per second over a steady window, as a share of the measured capacity.
 
 use std::{collections::HashMap, net::UdpSocket, time::Duration};
 
@@ -13,7 +13,7 @@ use gateway_tests::{
     kamailio::Kamailio,
     netns::{GW_V4, TestNet},
     report::Report,
-    sipp::run_uac,
+    sipp::{run_uac, run_uac_closed},
     sipserver::SlowSipServer,
 };
 
@@ -38,36 +38,89 @@ const CONTROLLED: &str = "services:\n  - {kind: sip, port: 5060}\ncontroller:\n 
 /// The controller, with refused requests answered by a 503 from the NIC (issue 13).
 const CONTROLLED_503: &str = "services:\n  - {kind: sip, port: 5060}\ncontroller:\n  classes:\n    sip-original: {mode: sip}\npolicy:\n  sip-original: {refuse: reject}\n  sip-retransmission: {refuse: reject}\n";
 
-/// One run (no gateway, or the gateway with `config`): successful calls per second over the
-/// steady window, and SIPp's totals. `rcvbuf` is the FIFO server's buffer, or the most
-/// Kamailio's probing may reach (`None`: its default).
-fn run(
-    multiplier: f64,
-    config: Option<&str>,
-    kamailio: bool,
-    rcvbuf: Option<usize>,
-) -> (f64, HashMap<String, u64>) {
-    let net = TestNet::new();
-    let dir =
-        std::env::temp_dir().join(format!("gwt-overload-{}-{}", std::process::id(), net.gw_if));
-    std::fs::create_dir_all(&dir).unwrap();
-    // One of the two servers, of the same capacity.
-    let _fifo = (!kamailio).then(|| {
-        let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
-        SlowSipServer::start(socket, rcvbuf.unwrap_or(RCVBUF), INVITE_COST, OTHER_COST)
-    });
-    let _kamailio = kamailio.then(|| {
+/// The server under test, in the gateway's namespace until dropped.
+enum Server {
+    Fifo(#[allow(dead_code)] SlowSipServer),
+    Kamailio(#[allow(dead_code)] Kamailio),
+}
+
+/// Starts one of the two servers, of the same nominal capacity. `rcvbuf` is the FIFO server's
+/// buffer, or the most Kamailio's probing may reach (`None`: its default).
+fn serve(net: &TestNet, kamailio: bool, rcvbuf: Option<usize>) -> Server {
+    if kamailio {
         let k = Kamailio::start_with_cost(
             &["ip", "netns", "exec", &net.gw_ns],
             format!("{GW_V4}:5060").parse().unwrap(),
             INVITE_COST + OTHER_COST * 2,
             rcvbuf,
         );
-        wait_answering(&net);
-        k
-    });
+        wait_answering(net);
+        Server::Kamailio(k)
+    } else {
+        let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
+        Server::Fifo(SlowSipServer::start(
+            socket,
+            rcvbuf.unwrap_or(RCVBUF),
+            INVITE_COST,
+            OTHER_COST,
+        ))
+    }
+}
+
+fn scratch(net: &TestNet) -> std::path::PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("gwt-overload-{}-{}", std::process::id(), net.gw_if));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Calls in flight while the capacity is measured: enough that the server never waits for the
+/// next, few enough that none waits near T1 (16 calls of about 6 ms).
+const IN_FLIGHT: u64 = 16;
+/// Seconds of the capacity measurement; its rate is averaged over seconds WARM_CAPACITY..
+const CAPACITY_SECONDS: u64 = 12;
+const WARM_CAPACITY: usize = 2;
+
+/// The server's real capacity, measured alone in this run: SIPp in a closed loop of
+/// [`IN_FLIGHT`] calls (a new one as each ends), so that the server is never idle and nothing
+/// is resent. Successful calls per second over the steady window, and the retransmissions (0
+/// when the measure is clean). The nominal figure counts only the CPU the server is told to
+/// spend; Kamailio's own work per message, and the sleep's overshoot, come on top.
+fn measured_capacity(kamailio: bool, rcvbuf: Option<usize>) -> (f64, u64) {
+    let net = TestNet::new();
+    let dir = scratch(&net);
+    let _server = serve(&net, kamailio, rcvbuf);
+    let nominal = capacity();
+    let uac = run_uac_closed(
+        &net,
+        &dir,
+        IN_FLIGHT,
+        (3.0 * nominal) as u64,
+        (nominal * CAPACITY_SECONDS as f64) as u64,
+        CAPACITY_SECONDS,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    // The run ends when its calls are done: at or after CAPACITY_SECONDS, as the server is
+    // slower than nominal; the last second is partial.
+    let seconds = uac.successful_per_second.len().saturating_sub(1);
+    (
+        uac.goodput(WARM_CAPACITY, seconds),
+        uac.total("Retransmissions"),
+    )
+}
+
+/// One run at `rate` calls/s (no gateway, or the gateway with `config`): successful calls per
+/// second over the steady window, and SIPp's totals.
+fn run(
+    rate: u64,
+    config: Option<&str>,
+    kamailio: bool,
+    rcvbuf: Option<usize>,
+) -> (f64, HashMap<String, u64>) {
+    let net = TestNet::new();
+    let dir = scratch(&net);
+    let _server = serve(&net, kamailio, rcvbuf);
     let daemon = config.map(|body| Daemon::start_config(&net, &dir, body));
-    let rate = (capacity() * multiplier).round() as u64;
     let uac = run_uac(&net, &dir, rate, SECONDS);
     if let Some(d) = daemon {
         let _ = d.terminate(Duration::from_secs(10));
@@ -112,9 +165,10 @@ fn main() {
         (false, false, _) => ("fifo", Some(RCVBUF)),
     };
     let mut report = Report::new(&format!("sip-overload-{server}"));
-    let cap = capacity();
+    let nominal = capacity();
+    let (cap, capacity_retransmissions) = measured_capacity(kamailio, rcvbuf);
     report.say(format!(
-        "# SIP overload: goodput as a share of capacity\n\nServer: {}, {}, {:?} CPU per INVITE and {:?} per ACK/BYE: capacity {cap:.0} calls/s. SIPp with a transaction-matching UAC, T1 500 ms; goodput = successful calls/s averaged over seconds {WARM}..{SECONDS}. Static policy (picked by hand): sip-original backlog 30, sip-retransmission backlog 10. Controller: no limit set, mode sip, target 100 ms.\n",
+        "# SIP overload: goodput as a share of capacity\n\nServer: {}, {}, {:?} CPU per INVITE and {:?} per ACK/BYE: a nominal capacity of {nominal:.0} calls/s. Its real capacity, measured alone in this run (SIPp in a closed loop of {IN_FLIGHT} calls, each new call as one ends, so that the server is never idle and no request is resent; {capacity_retransmissions} retransmissions), is **{cap:.0} calls/s** ({:.0}% of nominal): the offered loads and the shares below are of that. SIPp with a transaction-matching UAC, T1 500 ms; goodput = successful calls/s averaged over seconds {WARM}..{SECONDS}. Static policy (picked by hand): sip-original backlog 30, sip-retransmission backlog 10. Controller: no limit set, mode sip, target 100 ms.\n",
         if kamailio {
             "a real Kamailio (one worker, stateless, cfgutils usleep: its one worker busy for the same time per call)"
         } else {
@@ -134,7 +188,8 @@ fn main() {
             (false, b) => format!("{} KiB receive buffer", b.unwrap_or(RCVBUF) >> 10),
         },
         INVITE_COST,
-        OTHER_COST
+        OTHER_COST,
+        100.0 * cap / nominal
     ));
     report.say(
         "| offered load | no gateway | gateway, static policy | gateway, controller | no-gateway retransmissions | static retransmissions | controller retransmissions | controller failed calls |",
@@ -152,9 +207,10 @@ fn main() {
             points: Vec::new(),
         });
     for m in loads {
-        let (fifo, ft) = run(m, None, kamailio, rcvbuf);
-        let (gw, gt) = run(m, Some(STATIC), kamailio, rcvbuf);
-        let (ctl, ct) = run(m, Some(CONTROLLED), kamailio, rcvbuf);
+        let rate = (cap * m).round() as u64;
+        let (fifo, ft) = run(rate, None, kamailio, rcvbuf);
+        let (gw, gt) = run(rate, Some(STATIC), kamailio, rcvbuf);
+        let (ctl, ct) = run(rate, Some(CONTROLLED), kamailio, rcvbuf);
         let retrans = |t: &HashMap<String, u64>| t.get("Retransmissions").copied().unwrap_or(0);
         let failed = ct.get("FailedCall").copied().unwrap_or(0);
         report.say(format!(
@@ -208,11 +264,11 @@ fn main() {
 /// learns nothing until its own Timer B, 32 s; an answered one at once: `sip_netns` measures
 /// it, every call over within 10 ms.)
 fn refusals(loads: Vec<f64>, kamailio: bool) {
-    let cap = capacity();
+    let (cap, _) = measured_capacity(kamailio, None);
     let server = if kamailio { "kamailio" } else { "fifo" };
     let mut report = Report::new(&format!("sip-refusals-{server}"));
     report.say(format!(
-        "# SIP overload: refused callers dropped or answered (503 from the NIC)\n\nServer: {}, capacity {cap:.0} calls/s; the controller sets the limits (mode sip); {SECONDS} s of load.\n",
+        "# SIP overload: refused callers dropped or answered (503 from the NIC)\n\nServer: {}, capacity {cap:.0} calls/s measured alone in this run; the controller sets the limits (mode sip); {SECONDS} s of load.\n",
         if kamailio {
             "a real Kamailio (one worker)"
         } else {
@@ -226,8 +282,9 @@ fn refusals(loads: Vec<f64>, kamailio: bool) {
     let get = |t: &HashMap<String, u64>, k: &str| t.get(k).copied().unwrap_or(0);
     let mut rows = Vec::new();
     for m in loads {
-        let (drop, dt) = run(m, Some(CONTROLLED), kamailio, None);
-        let (answered, at) = run(m, Some(CONTROLLED_503), kamailio, None);
+        let rate = (cap * m).round() as u64;
+        let (drop, dt) = run(rate, Some(CONTROLLED), kamailio, None);
+        let (answered, at) = run(rate, Some(CONTROLLED_503), kamailio, None);
         report.say(format!(
             "| {m:.1}x ({:.0} calls/s) | {:.0}% | {:.0}% | {} | {} | {} | {} |",
             cap * m,

@@ -3,14 +3,17 @@
 //! every process it forked.
 
 use std::{
-    net::SocketAddr,
+    net::{SocketAddr, UdpSocket},
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use crate::fresh_temp_dir;
+use crate::{
+    fresh_temp_dir,
+    netns::{GW_V4, PEER_V4, TestNet},
+};
 
 /// A running Kamailio and its directory.
 pub struct Kamailio {
@@ -80,6 +83,24 @@ impl Kamailio {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// Waits (bounded) until the server at GW_V4:5060 in `net`'s gateway namespace answers an
+/// OPTIONS sent from the peer namespace (a Kamailio takes a moment to start).
+pub fn wait_answering(net: &TestNet) {
+    let sock = net.in_peer(|| UdpSocket::bind((PEER_V4, 0)).unwrap());
+    sock.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let port = sock.local_addr().unwrap().port();
+    let options = format!(
+        "OPTIONS sip:k@{GW_V4}:5060 SIP/2.0\r\nVia: SIP/2.0/UDP {PEER_V4}:{port};branch=z9hG4bK-up;rport\r\nFrom: <sip:t@{PEER_V4}>;tag=1\r\nTo: <sip:k@{GW_V4}>\r\nCall-ID: up@{PEER_V4}\r\nCSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n"
+    );
+    let mut buf = [0u8; 2048];
+    let up = (0..100).any(|_| {
+        sock.send_to(options.as_bytes(), (GW_V4, 5060)).unwrap();
+        sock.recv(&mut buf).is_ok()
+    });
+    assert!(up, "kamailio never answered");
 }
 
 /// Processes whose command line names `dir` (a [`Kamailio`]'s, say).

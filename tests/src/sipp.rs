@@ -63,6 +63,29 @@ pub fn run_uac_closed(
     uac(net, dir, rate, calls, in_flight, seconds)
 }
 
+/// Calls in flight while a capacity is measured: enough that the server never waits for the
+/// next, few enough that none waits near T1 (16 calls of a few ms each).
+pub const IN_FLIGHT: u64 = 16;
+
+/// The capacity of the SIP server at GW_V4:5060, measured: SIPp in a closed loop of
+/// [`IN_FLIGHT`] calls (a new one as each ends), so that the server is never idle and nothing
+/// is resent, for about `seconds` (the calls of `seconds` at `nominal` calls/s, so longer
+/// against a server slower than that). Successful calls per second from the third second, and
+/// the retransmissions (0 when the measure is clean).
+pub fn measure_capacity(net: &TestNet, dir: &Path, nominal: f64, seconds: u64) -> (f64, u64) {
+    let run = run_uac_closed(
+        net,
+        dir,
+        IN_FLIGHT,
+        (3.0 * nominal) as u64,
+        (nominal * seconds as f64) as u64,
+        seconds,
+    );
+    // Without the first two seconds (starting) and the last row (the last calls ending).
+    let rows = run.successful_per_second.len().saturating_sub(1);
+    (run.goodput(2, rows), run.total("Retransmissions"))
+}
+
 fn uac(net: &TestNet, dir: &Path, rate: u64, calls: u64, limit: u64, seconds: u64) -> UacRun {
     let scenario = dir.join("uac.xml");
     std::fs::write(&scenario, UAC).unwrap();

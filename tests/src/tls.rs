@@ -22,7 +22,7 @@ impl Cert {
     }
 
     /// Generates an RSA certificate of `bits` for CN=gateway-test (2048, the web's most common
-    /// key; 3072, NIST's for use past 2030), whose signature makes a full handshake several
+    /// key; 4096, the largest in common use), whose signature makes a full handshake several
     /// times dearer than with P-256.
     pub fn rsa(bits: u32) -> Self {
         Self::with_key(&["-newkey", &format!("rsa:{bits}")])
@@ -236,16 +236,38 @@ pub fn session_key(sess: &Path) -> String {
 /// A rustls client configuration (aws-lc-rs, post-quantum key exchange preferred, TLS 1.2 and
 /// 1.3, in-memory session resumption) trusting `cert` as its only root.
 pub fn rustls_config(cert: &Cert) -> std::sync::Arc<rustls::ClientConfig> {
+    std::sync::Arc::new(
+        rustls::ClientConfig::builder()
+            .with_root_certificates(roots(cert))
+            .with_no_client_auth(),
+    )
+}
+
+/// [`rustls_config`] with X25519 its only key exchange: no post-quantum hybrid key share, so
+/// its ClientHello (about 250 B) fits one segment, like an older client's or the cheapest hello
+/// a flood can send that still costs the server a full handshake.
+pub fn rustls_config_classic(cert: &Cert) -> std::sync::Arc<rustls::ClientConfig> {
+    let provider = rustls::crypto::CryptoProvider {
+        kx_groups: vec![rustls::crypto::aws_lc_rs::kx_group::X25519],
+        ..rustls::crypto::aws_lc_rs::default_provider()
+    };
+    std::sync::Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider.into())
+            .with_safe_default_protocol_versions()
+            .expect("X25519 suits every default version")
+            .with_root_certificates(roots(cert))
+            .with_no_client_auth(),
+    )
+}
+
+/// `cert` as the one trusted root.
+fn roots(cert: &Cert) -> rustls::RootCertStore {
     use rustls::pki_types::{CertificateDer, pem::PemObject as _};
     let mut roots = rustls::RootCertStore::empty();
     roots
         .add(CertificateDer::from_pem_file(cert.cert()).expect("certificate PEM"))
         .expect("root");
-    std::sync::Arc::new(
-        rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
-    )
+    roots
 }
 
 /// Connects with rustls to `addr` as `gateway-test`, sends `GET / HTTP/1.0`, reads the answer to

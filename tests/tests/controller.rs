@@ -1,19 +1,21 @@
 //! The adaptive controller in the daemon, against a SIP server whose capacity nobody tells the
-//! gateway (one FIFO thread, a fixed CPU cost per INVITE), driven by SIPp at three times that
-//! capacity; and who owns a limit when an operator steps in. Mode `tls` in front of a TLS
+//! gateway (one FIFO thread, a fixed CPU cost per INVITE, and a real Kamailio), driven by SIPp
+//! at three times that capacity; and who owns a limit when an operator steps in. Mode `tls` in front of a TLS
 //! server the daemon does not terminate (nginx), its handshake cost inferred from completion
 //! times.
 
 use std::{
     net::UdpSocket,
+    path::Path,
     time::{Duration, Instant},
 };
 
 use gateway_tests::{
     daemon::Daemon,
     fresh_temp_dir, have_root,
+    kamailio::{self, Kamailio},
     netns::{GW_V4, TestNet},
-    sipp::run_uac,
+    sipp::{UacRun, measure_capacity, run_uac},
     sipserver::SlowSipServer,
 };
 use serde_json::Value;
@@ -49,6 +51,34 @@ fn wait_policy(net: &TestNet, class: &str, what: &str, done: impl Fn(&Value) -> 
     }
 }
 
+/// SIPp at `rate` calls/s for [`SECONDS`], the sip-original row sampled while the load lasts
+/// (read after it, the limits may already have relaxed): the run, the lowest backlog limit and
+/// its row.
+fn overload(net: &TestNet, dir: &Path, rate: u64) -> (UacRun, u64, Value) {
+    let running = std::sync::atomic::AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        let uac = scope.spawn(|| {
+            let uac = run_uac(net, dir, rate, SECONDS);
+            running.store(false, std::sync::atomic::Ordering::Relaxed);
+            uac
+        });
+        let mut lowest: Option<(u64, Value)> = None;
+        while running.load(std::sync::atomic::Ordering::Relaxed) {
+            let held = policy(net, "sip-original");
+            let l = held["backlog_limit"].as_u64().unwrap();
+            if lowest.as_ref().is_none_or(|(low, _)| l < *low) {
+                lowest = Some((l, held));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let (limit, held) = lowest.expect("sampled during the load");
+        (uac.join().unwrap(), limit, held)
+    })
+}
+
+/// The controller with no limit set: mode sip, target 100 ms, an upper bound of 10000.
+const CONTROLLED: &str = "services:\n  - {kind: sip, port: 5060}\ncontroller:\n  classes:\n    sip-original: {mode: sip, target: 100ms, max: 10000}\n";
+
 #[test]
 fn with_no_limit_set_the_controller_keeps_a_server_at_capacity_and_yields_to_an_operator() {
     if !have_root("with_no_limit_set_the_controller_keeps_a_server_at_capacity") {
@@ -59,11 +89,7 @@ fn with_no_limit_set_the_controller_keeps_a_server_at_capacity_and_yields_to_an_
     let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
     let _server = SlowSipServer::start(socket, 8 << 20, INVITE_COST, OTHER_COST);
     let capacity = 1.0 / (INVITE_COST + OTHER_COST * 2).as_secs_f64();
-    let daemon = Daemon::start_config(
-        &net,
-        &dir,
-        "services:\n  - {kind: sip, port: 5060}\ncontroller:\n  classes:\n    sip-original: {mode: sip, target: 100ms, max: 10000}\n",
-    );
+    let daemon = Daemon::start_config(&net, &dir, CONTROLLED);
     // The controller takes the class over at its upper bound: no limit picked by hand.
     let start = wait_policy(&net, "sip-original", "taken over", |r| {
         r["owner"] == "controller"
@@ -71,27 +97,8 @@ fn with_no_limit_set_the_controller_keeps_a_server_at_capacity_and_yields_to_an_
     assert_eq!(start["backlog_limit"], 10000, "{start}");
     assert_eq!(start["bound_max"], 10000, "{start}");
 
-    // Three times the server's capacity; the limits sampled while the load lasts (read after
-    // it, they may already have relaxed).
-    let running = std::sync::atomic::AtomicBool::new(true);
-    let (uac, limit, held) = std::thread::scope(|scope| {
-        let uac = scope.spawn(|| {
-            let uac = run_uac(&net, &dir, (3.0 * capacity) as u64, SECONDS);
-            running.store(false, std::sync::atomic::Ordering::Relaxed);
-            uac
-        });
-        let mut lowest: Option<(u64, Value)> = None;
-        while running.load(std::sync::atomic::Ordering::Relaxed) {
-            let held = policy(&net, "sip-original");
-            let l = held["backlog_limit"].as_u64().unwrap();
-            if lowest.as_ref().is_none_or(|(low, _)| l < *low) {
-                lowest = Some((l, held));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let (limit, held) = lowest.expect("sampled during the load");
-        (uac.join().unwrap(), limit, held)
-    });
+    // Three times the server's capacity.
+    let (uac, limit, held) = overload(&net, &dir, (3.0 * capacity) as u64);
     let goodput = uac.goodput(WARM, SECONDS as usize);
     assert!(
         goodput >= 0.85 * capacity,
@@ -136,6 +143,50 @@ fn with_no_limit_set_the_controller_keeps_a_server_at_capacity_and_yields_to_an_
         r["owner"] == "controller"
     });
     assert!(back["backlog_limit"].as_u64().unwrap() >= 7, "{back}");
+    let (status, log) = daemon.terminate(Duration::from_secs(10));
+    assert!(status.success(), "{log:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The same against a real Kamailio (one worker, the same CPU per call held in `usleep`),
+/// whose real capacity the test measures alone first: Kamailio's own work per message comes on
+/// top of the nominal figure.
+#[test]
+fn with_no_limit_set_the_controller_keeps_a_real_kamailio_at_capacity_and_relaxes_after() {
+    if !have_root("with_no_limit_set_the_controller_keeps_a_real_kamailio_at_capacity") {
+        return;
+    }
+    let net = TestNet::new();
+    let dir = fresh_temp_dir("gwt-controller-kamailio");
+    let _kamailio = Kamailio::start_with_cost(
+        &["ip", "netns", "exec", &net.gw_ns],
+        format!("{GW_V4}:5060").parse().unwrap(),
+        INVITE_COST + OTHER_COST * 2,
+        None,
+    );
+    kamailio::wait_answering(&net);
+    let nominal = 1.0 / (INVITE_COST + OTHER_COST * 2).as_secs_f64();
+    let (capacity, resent) = measure_capacity(&net, &dir, nominal, 6);
+    assert_eq!(resent, 0, "a clean measure resends nothing");
+    assert!(
+        (0.5 * nominal..1.05 * nominal).contains(&capacity),
+        "{capacity:.0} calls/s of a nominal {nominal:.0}"
+    );
+    let daemon = Daemon::start_config(&net, &dir, CONTROLLED);
+    wait_policy(&net, "sip-original", "taken over", |r| {
+        r["owner"] == "controller"
+    });
+    let (uac, limit, held) = overload(&net, &dir, (3.0 * capacity) as u64);
+    let goodput = uac.goodput(WARM, SECONDS as usize);
+    assert!(
+        goodput >= 0.9 * capacity,
+        "goodput {goodput:.0}/s of {capacity:.0} measured: {uac:?} {held}"
+    );
+    assert!(limit < 1000, "{held}");
+    assert_eq!(held["owner"], "controller");
+    wait_policy(&net, "sip-original", "relaxed", |r| {
+        r["backlog_limit"].as_u64().unwrap() >= 4 * limit.max(1) && r["reason"] == "headroom"
+    });
     let (status, log) = daemon.terminate(Duration::from_secs(10));
     assert!(status.success(), "{log:?}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -375,7 +375,8 @@ const BENCHES: [(&str, &str, &[&str]); 11] = [
     ("sip-refusals", "sip_overload", &["refuse", "3"]),
     ("controller", "controller_step", &[]),
     ("tls-overload", "tls_overload", &[]),
-    // The same with an RSA-3072 certificate: a flood of 5x the proxy's capacity within reach.
+    // The same with an RSA-4096 certificate: a flood of 5x the proxy's
+    // capacity within the reach of a small machine's generator.
     ("tls-overload-rsa", "tls_overload", &["rsa"]),
     ("probe", "probe_bench", &[]),
 ];

@@ -10,10 +10,10 @@ use gateway::plot::Series;
 use gateway_tests::{
     daemon::Daemon,
     have_root,
-    kamailio::Kamailio,
+    kamailio::{self, Kamailio},
     netns::{GW_V4, TestNet},
     report::Report,
-    sipp::{run_uac, run_uac_closed},
+    sipp::{IN_FLIGHT, measure_capacity, run_uac},
     sipserver::SlowSipServer,
 };
 
@@ -54,7 +54,7 @@ fn serve(net: &TestNet, kamailio: bool, rcvbuf: Option<usize>) -> Server {
             INVITE_COST + OTHER_COST * 2,
             rcvbuf,
         );
-        wait_answering(net);
+        kamailio::wait_answering(net);
         Server::Kamailio(k)
     } else {
         let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
@@ -74,39 +74,19 @@ fn scratch(net: &TestNet) -> std::path::PathBuf {
     dir
 }
 
-/// Calls in flight while the capacity is measured: enough that the server never waits for the
-/// next, few enough that none waits near T1 (16 calls of about 6 ms).
-const IN_FLIGHT: u64 = 16;
-/// Seconds of the capacity measurement; its rate is averaged over seconds WARM_CAPACITY..
+/// Seconds of the capacity measurement.
 const CAPACITY_SECONDS: u64 = 12;
-const WARM_CAPACITY: usize = 2;
 
-/// The server's real capacity, measured alone in this run: SIPp in a closed loop of
-/// [`IN_FLIGHT`] calls (a new one as each ends), so that the server is never idle and nothing
-/// is resent. Successful calls per second over the steady window, and the retransmissions (0
-/// when the measure is clean). The nominal figure counts only the CPU the server is told to
-/// spend; Kamailio's own work per message, and the sleep's overshoot, come on top.
+/// The server's real capacity, measured alone in this run ([`measure_capacity`]), and the
+/// retransmissions while measuring. The nominal figure counts only the CPU the server is told
+/// to spend; Kamailio's own work per message, and the sleep's overshoot, come on top.
 fn measured_capacity(kamailio: bool, rcvbuf: Option<usize>) -> (f64, u64) {
     let net = TestNet::new();
     let dir = scratch(&net);
     let _server = serve(&net, kamailio, rcvbuf);
-    let nominal = capacity();
-    let uac = run_uac_closed(
-        &net,
-        &dir,
-        IN_FLIGHT,
-        (3.0 * nominal) as u64,
-        (nominal * CAPACITY_SECONDS as f64) as u64,
-        CAPACITY_SECONDS,
-    );
+    let measured = measure_capacity(&net, &dir, capacity(), CAPACITY_SECONDS);
     let _ = std::fs::remove_dir_all(&dir);
-    // The run ends when its calls are done: at or after CAPACITY_SECONDS, as the server is
-    // slower than nominal; the last second is partial.
-    let seconds = uac.successful_per_second.len().saturating_sub(1);
-    (
-        uac.goodput(WARM_CAPACITY, seconds),
-        uac.total("Retransmissions"),
-    )
+    measured
 }
 
 /// One run at `rate` calls/s (no gateway, or the gateway with `config`): successful calls per
@@ -127,23 +107,6 @@ fn run(
     }
     let _ = std::fs::remove_dir_all(&dir);
     (uac.goodput(WARM, SECONDS as usize), uac.totals)
-}
-
-/// Waits (bounded) until the server answers an OPTIONS.
-fn wait_answering(net: &TestNet) {
-    let sock = net.in_peer(|| UdpSocket::bind("10.99.0.2:0").unwrap());
-    sock.set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
-    let port = sock.local_addr().unwrap().port();
-    let options = format!(
-        "OPTIONS sip:k@{GW_V4}:5060 SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2:{port};branch=z9hG4bK-up;rport\r\nFrom: <sip:t@10.99.0.2>;tag=1\r\nTo: <sip:k@{GW_V4}>\r\nCall-ID: up@10.99.0.2\r\nCSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n"
-    );
-    let mut buf = [0u8; 2048];
-    let up = (0..100).any(|_| {
-        sock.send_to(options.as_bytes(), (GW_V4, 5060)).unwrap();
-        sock.recv(&mut buf).is_ok()
-    });
-    assert!(up, "kamailio never answered");
 }
 
 fn main() {

@@ -159,12 +159,21 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
             }
         }
     }
+    // Two runtimes: the proxies' connections on `workers` threads, and the daemon's own work
+    // (the controller, the metrics endpoint, signals and reloads, the datapath's events) on a
+    // thread of its own, so that a backlog of full handshakes, each a few milliseconds of one
+    // worker's CPU, never delays a control interval or a scrape.
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if cfg.workers > 0 {
         builder.worker_threads(cfg.workers);
     }
-    let runtime = builder.enable_all().build()?;
-    let result = runtime.block_on(serve(&cfg, &source, &mut attachments));
+    let proxying = builder.thread_name("gateway-proxy").enable_all().build()?;
+    let control = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let result = control.block_on(serve(&cfg, &source, &mut attachments, proxying.handle()));
+    // The connections have drained (or their deadline passed) in `serve`: what is left ends now.
+    proxying.shutdown_background();
     match cfg.on_exit {
         OnExit::Detach => {
             for a in &attachments {
@@ -183,10 +192,12 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
     result
 }
 
+/// The daemon's own work, on the control runtime; the proxies run on `proxying`.
 async fn serve(
     cfg: &Config,
     source: &ConfigSource,
     attachments: &mut [Attachment],
+    proxying: &tokio::runtime::Handle,
 ) -> Result<(), DaemonError> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -212,7 +223,7 @@ async fn serve(
     }
     let stop = CancellationToken::new();
     let tracker = TaskTracker::new();
-    let proxies = start_proxies(cfg, &attached, &stop, &tracker).await?;
+    let proxies = start_proxies(cfg, &attached, &stop, &tracker, proxying)?;
     let controller_stats = ControllerStats::default();
     let measured = proxies.proxies.clone();
     let costs: CostSource = Arc::new(move || {
@@ -424,13 +435,17 @@ fn defer_accept(socket: &tokio::net::TcpSocket) -> std::io::Result<()> {
     }
 }
 
-/// Sets up and starts every proxy listener of the config; all or none.
-async fn start_proxies(
+/// Sets up and starts every proxy listener of the config on `runtime` (its listeners, accept
+/// loops and so every connection); all or none.
+fn start_proxies(
     cfg: &Config,
     attached: &[Arc<Attached>],
     stop: &CancellationToken,
     tracker: &TaskTracker,
+    runtime: &tokio::runtime::Handle,
 ) -> Result<Proxies, DaemonError> {
+    // The listeners register with that runtime's I/O driver.
+    let _entered = runtime.enter();
     let stats = Arc::new(ProxyStats::default());
     let mut ready = Vec::new();
     for (index, p) in cfg.proxies.iter().enumerate() {
@@ -457,12 +472,8 @@ async fn start_proxies(
             listen = %proxy.listen(), backends = p.backends.len(),
             proxy_protocol = p.proxy_protocol, "TLS proxy listening"
         );
-        accepting.push(tokio::spawn(proxy.clone().serve(
-            listener,
-            stop.clone(),
-            tracker.clone(),
-        )));
-        tokio::spawn(proxy.clone().housekeeping(stop.clone()));
+        accepting.push(runtime.spawn(proxy.clone().serve(listener, stop.clone(), tracker.clone())));
+        runtime.spawn(proxy.clone().housekeeping(stop.clone()));
         proxies.push(proxy);
     }
     Ok(Proxies {

@@ -3,6 +3,7 @@
 //! verified at the NIC, exact backlog accounting, the backend pool, bad input and drain.
 
 use std::{
+    io::{Read as _, Write as _},
     net::{TcpListener, TcpStream},
     time::{Duration, Instant},
 };
@@ -13,7 +14,10 @@ use gateway_tests::{
     have_root,
     metrics::{scrape, value, wait_for},
     netns::{GW_V4, TestNet, class_counter},
-    tls::{Cert, RustlsServer, rustls_config, rustls_fetch, s_client_input, wait_listening},
+    tls::{
+        Cert, RustlsServer, capture_hello, rustls_config, rustls_fetch, s_client_input,
+        wait_listening,
+    },
 };
 use rustls::HandshakeKind;
 
@@ -583,6 +587,63 @@ fn sigterm_drains_in_flight_connections_and_stops_accepting() {
         assert!(status.success(), "{log:?}");
         assert!(!log.iter().any(|l| l.contains("drain deadline")), "{log:?}");
     });
+}
+
+/// The daemon's own work runs apart from the proxies' workers: with its one worker buried
+/// under full handshakes (RSA-4096, several milliseconds each), a scrape is answered at once,
+/// long before that backlog is worked off. On one shared runtime it waited behind the backlog
+/// (over 10 s in the tls-overload benchmark), and so would the controller's intervals.
+#[test]
+fn a_backlog_of_full_handshakes_does_not_delay_the_daemons_own_work() {
+    if !have_root("a_backlog_of_full_handshakes") {
+        return;
+    }
+    let mut s = Setup {
+        net: TestNet::new(),
+        cert: Cert::rsa(4096),
+        daemon: None,
+    };
+    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+    s.start(
+        &format!("{{address: {}}}", backend.addr),
+        "",
+        "workers: 1\n",
+    );
+    let config = rustls_config(&s.cert);
+    assert_eq!(s.fetch(&config).unwrap().0, HandshakeKind::Full);
+    // New hellos (from a client with no session) that never finish: each costs the proxy a
+    // full handshake's signature.
+    let fresh = rustls_config(&s.cert);
+    let hello = capture_hello(|addr| {
+        let _ = rustls_fetch(&fresh, &addr);
+    });
+    const HELLOS: usize = 150;
+    let addr = s.addr();
+    // Connected first (the proxy's listener defers accept until a hello arrives), then every
+    // hello at once: the backlog builds in a few milliseconds.
+    let mut flood: Vec<TcpStream> = s.net.in_peer(|| {
+        (0..HELLOS)
+            .map(|_| TcpStream::connect(&addr).expect("connect"))
+            .collect()
+    });
+    for c in &mut flood {
+        c.write_all(&hello).expect("hello");
+    }
+    let t = Instant::now();
+    let text = scrape(&s.net, METRICS);
+    let scraped = t.elapsed();
+    assert!(text.contains("gateway_proxy_connections_total"), "{text}");
+    // The backlog is worked off when every hello has the first bytes of its answer.
+    for mut c in flood {
+        c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut first = [0u8; 1];
+        c.read_exact(&mut first).expect("the proxy's answer");
+    }
+    let backlog = t.elapsed();
+    assert!(
+        scraped * 4 < backlog,
+        "the scrape took {scraped:?}, the backlog {backlog:?}"
+    );
 }
 
 #[test]

@@ -122,7 +122,8 @@ pub struct Config {
     /// Where the daemon serves Prometheus metrics (`GET /metrics`); absent: not served.
     #[serde(default)]
     pub metrics: Option<std::net::SocketAddr>,
-    /// Worker threads of the daemon's runtime; 0 (the default) is one per CPU.
+    /// Worker threads of the proxies' runtime; 0 (the default) is one per CPU. The daemon's own
+    /// work (controller, metrics, signals) runs on one more thread, apart from them.
     #[serde(default)]
     pub workers: usize,
     /// The adaptive controller: which classes it moves, and how.

@@ -591,10 +591,10 @@ fn sigterm_drains_in_flight_connections_and_stops_accepting() {
 
 /// With the proxy's one worker facing a backlog of full handshakes (RSA-4096, several
 /// milliseconds of signature each), a resumed session and the daemon's own work are served at
-/// once, long before that backlog is worked off: the signatures run on the blocking pool, one
-/// per CPU, time-sliced with the worker, and the daemon's work on a thread of its own. On one
-/// worker doing it all, each waited behind the backlog (a scrape over 10 s in the tls-overload
-/// benchmark, and the controller's intervals with it).
+/// once, long before that backlog is worked off: the signatures run on the blocking pool at the
+/// lowest priority, and the daemon's work on a thread of its own. On one worker doing it all,
+/// each waited behind the backlog (a scrape over 10 s in the tls-overload benchmark, and the
+/// controller's intervals with it).
 #[test]
 fn a_backlog_of_full_handshakes_delays_neither_resumed_sessions_nor_the_daemons_own_work() {
     if !have_root("a_backlog_of_full_handshakes") {

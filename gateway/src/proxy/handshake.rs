@@ -4,13 +4,11 @@
 //! the NIC verified it too) is answered on the worker: a resumption is cheap. Any other hello's
 //! first flight carries a full handshake's signature, milliseconds of CPU with RSA, computed in
 //! one go that nothing on the worker could interrupt. It is computed on the runtime's blocking
-//! pool instead, one per CPU at a time, where the kernel's scheduler time-slices it with the
-//! worker: every resumed session's steps (its hello, its request, its backend's answer) run
-//! within a slice instead of after whole signatures. The pool keeps the system's priority: at
-//! nice 19 the signatures starved behind any other busy process on the host (a test in
-//! parallel, a backend on the same machine) until their handshake timeout.
+//! pool instead, at the lowest CPU priority, so that the worker, and with it every resumed
+//! session's steps (its hello, its request, its backend's answer), never waits behind one.
 
 use std::{
+    cell::Cell,
     io,
     sync::{Arc, LazyLock},
     time::Duration,
@@ -46,8 +44,8 @@ pub async fn accept(
     if earned {
         return (start.into_stream(config).await, Duration::ZERO);
     }
-    // At most one first flight per CPU at a time: the worker shares a CPU with one signature,
-    // not with a hundred (which would leave it a hundredth of the CPU).
+    // At most one first flight per CPU at a time: low-priority threads are light one by one but
+    // not by the hundred (150 at nice 19 outweigh one worker at nice 0 two to one).
     let Ok(_permit) = FIRST_FLIGHTS.acquire().await else {
         return (
             Err(io::Error::other("first flights closed")),
@@ -55,6 +53,7 @@ pub async fn accept(
         );
     };
     let flight = tokio::task::spawn_blocking(move || {
+        lowest_priority();
         let before = thread_cpu_time();
         // Processes the hello: key exchange, certificate, signature, the whole first flight.
         let accept = start.into_stream(config);
@@ -70,3 +69,19 @@ pub async fn accept(
 /// Full handshakes' first flights in progress on the blocking pool: one per CPU.
 static FIRST_FLIGHTS: LazyLock<Semaphore> =
     LazyLock::new(|| Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get())));
+
+/// Puts the calling thread at the lowest CPU priority (nice 19), once. Only full handshakes run
+/// on the proxies' blocking pool, so its threads stay there.
+fn lowest_priority() {
+    thread_local!(static LOWERED: Cell<bool> = const { Cell::new(false) });
+    LOWERED.with(|lowered| {
+        if !lowered.replace(true) {
+            // SAFETY: setpriority on the calling thread's own id (Linux gives threads their
+            // own nice value); no memory is passed.
+            let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as u32, 19) };
+            if rc != 0 {
+                tracing::debug!(error = %io::Error::last_os_error(), "full handshakes keep their priority");
+            }
+        }
+    });
+}

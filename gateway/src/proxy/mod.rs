@@ -5,8 +5,8 @@
 //! 1. Accepted. When every pool member is down or full, the connection is refused at once with a
 //!    reset, before any handshake work.
 //! 2. The TLS handshake, bounded by the handshake timeout and CPU-timed by kind (full, resumed);
-//!    resumed sessions first: a full handshake's first flight is computed off the worker, one
-//!    per CPU at a time ([`handshake`]). A hello that offered an issued key and did not resume (a full handshake, a failure, a
+//!    resumed sessions first: a full handshake's first flight is computed off the worker at the
+//!    lowest priority ([`handshake`]). A hello that offered an issued key and did not resume (a full handshake, a failure, a
 //!    timeout) withdraws that key from the datapath ([`tap`]): a replayed or stale key keeps
 //!    no resumed places.
 //! 3. The backend connection: a place with the next member by weight is reserved only now, so a

@@ -589,14 +589,12 @@ fn sigterm_drains_in_flight_connections_and_stops_accepting() {
     });
 }
 
-/// With the proxy's one worker facing a backlog of full handshakes (RSA-4096, several
-/// milliseconds of signature each), a resumed session and the daemon's own work are served at
-/// once, long before that backlog is worked off: the signatures run on the blocking pool at the
-/// lowest priority, and the daemon's work on a thread of its own. On one worker doing it all,
-/// each waited behind the backlog (a scrape over 10 s in the tls-overload benchmark, and the
-/// controller's intervals with it).
+/// The daemon's own work runs apart from the proxies' workers: with its one worker buried
+/// under full handshakes (RSA-4096, several milliseconds each), a scrape is answered at once,
+/// long before that backlog is worked off. On one shared runtime it waited behind the backlog
+/// (over 10 s in the tls-overload benchmark), and so would the controller's intervals.
 #[test]
-fn a_backlog_of_full_handshakes_delays_neither_resumed_sessions_nor_the_daemons_own_work() {
+fn a_backlog_of_full_handshakes_does_not_delay_the_daemons_own_work() {
     if !have_root("a_backlog_of_full_handshakes") {
         return;
     }
@@ -631,25 +629,20 @@ fn a_backlog_of_full_handshakes_delays_neither_resumed_sessions_nor_the_daemons_
     for c in &mut flood {
         c.write_all(&hello).expect("hello");
     }
-    let t0 = Instant::now();
+    let t = Instant::now();
     let text = scrape(&s.net, METRICS);
-    let scraped = t0.elapsed();
+    let scraped = t.elapsed();
     assert!(text.contains("gateway_proxy_connections_total"), "{text}");
-    let t1 = Instant::now();
-    let (kind, body) = s.fetch(&config).expect("a resumed fetch");
-    let resumed = t1.elapsed();
-    assert_eq!(kind, HandshakeKind::Resumed);
-    assert!(body.ends_with("b\n"), "{body}");
     // The backlog is worked off when every hello has the first bytes of its answer.
     for mut c in flood {
         c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         let mut first = [0u8; 1];
         c.read_exact(&mut first).expect("the proxy's answer");
     }
-    let backlog = t0.elapsed();
+    let backlog = t.elapsed();
     assert!(
-        scraped * 4 < backlog && resumed * 4 < backlog,
-        "the scrape took {scraped:?}, the resumed fetch {resumed:?}, the backlog {backlog:?}"
+        scraped * 4 < backlog,
+        "the scrape took {scraped:?}, the backlog {backlog:?}"
     );
 }
 

@@ -111,6 +111,15 @@ impl IssuedKeys {
         }
     }
 
+    /// Whether `key` is published on any interface: an offer of it is one the datapath
+    /// verifies (with no interface attached, none is).
+    pub fn is_published(&self, key: &[u8; KEY_LEN]) -> bool {
+        let key = IssuedKey { key: *key };
+        self.ifaces
+            .iter()
+            .any(|a| a.maps().is_issued(&key).unwrap_or(false))
+    }
+
     /// Withdraws the key `key` (an offer of it did not resume); whether any interface had it.
     pub fn withdraw_key(&self, key: &[u8; KEY_LEN]) -> bool {
         self.remove(&IssuedKey { key: *key })

@@ -289,6 +289,18 @@ impl Maps {
         }
     }
 
+    /// Whether an issued session key is published.
+    pub fn is_issued(&self, key: &IssuedKey) -> Result<bool, MapsError> {
+        match self.tls_issued.get(key, 0) {
+            Ok(_) => Ok(true),
+            Err(MapError::KeyNotFound) => Ok(false),
+            Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(false)
+            }
+            Err(e) => Err(op(names::TLS_ISSUED)(e)),
+        }
+    }
+
     /// Every published key, sorted.
     pub fn issued(&self) -> Result<Vec<(IssuedKey, IssuedValue)>, MapsError> {
         let mut out = self

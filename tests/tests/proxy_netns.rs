@@ -589,12 +589,14 @@ fn sigterm_drains_in_flight_connections_and_stops_accepting() {
     });
 }
 
-/// The daemon's own work runs apart from the proxies' workers: with its one worker buried
-/// under full handshakes (RSA-4096, several milliseconds each), a scrape is answered at once,
-/// long before that backlog is worked off. On one shared runtime it waited behind the backlog
-/// (over 10 s in the tls-overload benchmark), and so would the controller's intervals.
+/// With the proxy's one worker facing a backlog of full handshakes (RSA-4096, several
+/// milliseconds of signature each), a resumed session and the daemon's own work are served at
+/// once, long before that backlog is worked off: the signatures run on threads of their own at
+/// a lower priority, and the daemon's work on a thread of its own. On one worker doing it all,
+/// each waited behind the backlog (a resumed fetch 1.0 s here; a scrape over 10 s in the
+/// tls-overload benchmark, and the controller's intervals with it).
 #[test]
-fn a_backlog_of_full_handshakes_does_not_delay_the_daemons_own_work() {
+fn a_backlog_of_full_handshakes_delays_neither_resumed_sessions_nor_the_daemons_own_work() {
     if !have_root("a_backlog_of_full_handshakes") {
         return;
     }
@@ -629,21 +631,75 @@ fn a_backlog_of_full_handshakes_does_not_delay_the_daemons_own_work() {
     for c in &mut flood {
         c.write_all(&hello).expect("hello");
     }
-    let t = Instant::now();
+    let t0 = Instant::now();
     let text = scrape(&s.net, METRICS);
-    let scraped = t.elapsed();
+    let scraped = t0.elapsed();
     assert!(text.contains("gateway_proxy_connections_total"), "{text}");
+    let t1 = Instant::now();
+    let (kind, body) = s.fetch(&config).expect("a resumed fetch");
+    let resumed = t1.elapsed();
+    assert_eq!(kind, HandshakeKind::Resumed);
+    assert!(body.ends_with("b\n"), "{body}");
     // The backlog is worked off when every hello has the first bytes of its answer.
-    for mut c in flood {
+    for (i, mut c) in flood.into_iter().enumerate() {
         c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         let mut first = [0u8; 1];
-        c.read_exact(&mut first).expect("the proxy's answer");
+        c.read_exact(&mut first)
+            .unwrap_or_else(|e| panic!("hello {i}: no answer after {:?}: {e}", t0.elapsed()));
     }
-    let backlog = t.elapsed();
+    let backlog = t0.elapsed();
     assert!(
-        scraped * 4 < backlog,
-        "the scrape took {scraped:?}, the backlog {backlog:?}"
+        scraped * 4 < backlog && resumed * 4 < backlog,
+        "the scrape took {scraped:?}, the resumed fetch {resumed:?}, the backlog {backlog:?}"
     );
+}
+
+/// Clients that stop after the proxy's first flight (they never send their own) hold back no
+/// other client's full handshake: first flights are computed a few at a time, one per CPU, and
+/// a flight thread is free again as soon as its flight is computed, not when its handshake
+/// ends. While a place was held until the handshake's end (a first version, caught by a CI
+/// run), as many stalled clients as the daemon has CPUs stopped every new session until the
+/// handshake timeout.
+#[test]
+fn clients_that_stall_after_the_first_flight_hold_back_no_other_handshake() {
+    if !have_root("clients_that_stall_after_the_first_flight") {
+        return;
+    }
+    let mut s = Setup::new();
+    let _backend = s.with_backend(Mode::Answer, "", "");
+    let fresh = rustls_config(&s.cert);
+    let hello = capture_hello(|addr| {
+        let _ = rustls_fetch(&fresh, &addr);
+    });
+    // More stalled clients than the daemon has CPUs, one after the other.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let addr = s.addr();
+    let t = Instant::now();
+    let stalled: Vec<TcpStream> = s.net.in_peer(|| {
+        (0..4 * cpus + 4)
+            .map(|i| {
+                let mut c = TcpStream::connect(&addr).expect("connect");
+                c.write_all(&hello).expect("hello");
+                // Its first flight comes long before the handshake timeout (10 s).
+                c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut first = [0u8; 1];
+                c.read_exact(&mut first).unwrap_or_else(|e| {
+                    panic!(
+                        "stalled client {i}: no first flight after {:?}: {e}",
+                        t.elapsed()
+                    )
+                });
+                c
+            })
+            .collect()
+    });
+    // A real client completes a full handshake while every stalled one still holds its own.
+    let config = rustls_config(&s.cert);
+    assert_eq!(
+        s.fetch(&config).expect("a full fetch").0,
+        HandshakeKind::Full
+    );
+    drop(stalled);
 }
 
 #[test]

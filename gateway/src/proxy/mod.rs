@@ -5,9 +5,10 @@
 //! 1. Accepted. When every pool member is down or full, the connection is refused at once with a
 //!    reset, before any handshake work.
 //! 2. The TLS handshake, bounded by the handshake timeout and CPU-timed by kind (full, resumed).
-//!    A hello that offered an issued key and did not resume (a full handshake, a failure, a
-//!    timeout) withdraws that key from the datapath ([`tap`]): a replayed or stale key keeps
-//!    no resumed places.
+//!    Resumed sessions first: a full handshake's first flight is computed off the worker, at a
+//!    lower priority ([`handshake`]). A hello that offered an issued key and did not resume (a
+//!    full handshake, a failure, a timeout) withdraws that key from the datapath ([`tap`]): a
+//!    replayed or stale key keeps no resumed places.
 //! 3. The backend connection: a place with the next member by weight is reserved only now, so a
 //!    slow or stalled handshake (slowloris) holds no backend capacity. After a wait in the
 //!    member's backlog if it had no free slot, a bounded connect; a member that refuses or times
@@ -19,6 +20,7 @@
 pub mod config;
 pub mod cputime;
 pub mod gate;
+pub mod handshake;
 pub mod header;
 pub mod pool;
 pub mod relay;
@@ -184,25 +186,26 @@ impl Proxy {
             return Outcome::RefusedFull;
         }
         let (sock, hello) = tap::Tap::new(sock);
-        let acceptor = self
+        let config = self
             .acceptor
             .read()
             .unwrap_or_else(|p| p.into_inner())
+            .config()
             .clone();
-        let handshake = CpuTimed::new(acceptor.accept(sock));
+        let handshake = CpuTimed::new(handshake::accept(sock, &hello, config, &self.issued));
         let done = tokio::time::timeout(self.cfg.timeouts.handshake.0, handshake).await;
         let (outcome, kind) = match done {
             Err(_) => (Err(Outcome::HandshakeTimeout), None),
-            Ok((Err(e), _)) => {
+            Ok(((Err(e), _), _)) => {
                 debug!(listener = %self.label, %peer, error = %e, "handshake failed");
                 (Err(Outcome::HandshakeError), None)
             }
-            Ok((Ok(tls), cpu)) => {
+            Ok(((Ok(tls), offloaded), polled)) => {
                 let kind = match tls.get_ref().1.handshake_kind() {
                     Some(rustls::HandshakeKind::Resumed) => HandshakeKind::Resumed,
                     _ => HandshakeKind::Full,
                 };
-                self.own.handshake(kind, cpu);
+                self.own.handshake(kind, polled + offloaded);
                 (Ok(tls), Some(kind))
             }
         };

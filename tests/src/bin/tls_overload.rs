@@ -497,9 +497,9 @@ fn main() {
     ));
     report.say(format!(
         "Clients that fetch back to back keep {:.0}%: their rate is their latency's inverse, and \
-         a resumed handshake waits behind the full handshakes the controller admits (the proxy's \
-         one thread busy up to the CPU target) and on the flood's share of core 1, which it shares \
-         with the clients on this 2-core machine (see the p99 column).",
+         a resumed fetch shares the proxy's core with the full handshakes the controller admits \
+         (their signatures off the proxy's worker) and core 1 with the flood, on \
+         this 2-core machine (see the p99 column).",
         at_5x(CONTROLLER, BACK_TO_BACK)
     ));
     report.chart(

@@ -118,6 +118,15 @@ impl Setup {
         scrape(&self.net, METRICS)
     }
 
+    /// First flights computed so far `on` the worker or a flight thread.
+    fn flights(&self, on: &str) -> f64 {
+        value(
+            &self.metrics(),
+            "gateway_proxy_first_flights_total",
+            &[("on", on)],
+        )
+    }
+
     /// Waits until no connection is open in the proxy; returns that scrape.
     fn idle(&self) -> String {
         self.wait_open(0.0)
@@ -214,12 +223,15 @@ fn real_clients_resume_through_the_proxy_and_the_datapath_verifies_it() {
         assert!(out.contains("New,"), "{args:?}: {out}");
         assert!(out.contains("nginx-backend"), "{args:?}: {out}");
         let before = s.class("tls-resumed", "packets");
+        let on_worker = s.flights("worker");
         let mut again = args.to_vec();
         again.extend_from_slice(&["-sess_in", sess, "-ign_eof"]);
         let out = s.s_client(&again);
         assert!(out.contains("Reused,"), "{args:?}: {out}");
         assert!(out.contains("nginx-backend"), "{args:?}: {out}");
         assert_eq!(s.class("tls-resumed", "packets"), before + 1, "{args:?}");
+        // The verified offer earned the worker's fast path.
+        assert_eq!(s.flights("worker"), on_worker + 1.0, "{args:?}");
     }
 
     // rustls (post-quantum key exchange), full then resumed.
@@ -246,8 +258,11 @@ fn real_clients_resume_through_the_proxy_and_the_datapath_verifies_it() {
         s.class("tls-new", "packets"),
         s.net.stats()["tls"]["unverified_offers"].as_u64().unwrap(),
     );
+    let on_worker = s.flights("worker");
     assert_eq!(s.fetch(&forged).unwrap().0, HandshakeKind::Full);
     assert_eq!(s.class("tls-new", "packets"), new + 1);
+    // It earned nothing in the proxy either: its flight went to a flight thread.
+    assert_eq!(s.flights("worker"), on_worker);
     assert_eq!(
         s.net.stats()["tls"]["unverified_offers"].as_u64().unwrap(),
         unverified + 1
@@ -652,6 +667,12 @@ fn a_backlog_of_full_handshakes_delays_neither_resumed_sessions_nor_the_daemons_
         scraped * 4 < backlog && resumed * 4 < backlog,
         "the scrape took {scraped:?}, the resumed fetch {resumed:?}, the backlog {backlog:?}"
     );
+    // The resumed hello earned the worker (its key is published); every new one, the first
+    // fetch's included, went to the flight threads.
+    let text = scrape(&s.net, METRICS);
+    let flights = |on| value(&text, "gateway_proxy_first_flights_total", &[("on", on)]);
+    assert_eq!(flights("worker"), 1.0, "{text}");
+    assert_eq!(flights("flight_thread"), (HELLOS + 1) as f64, "{text}");
 }
 
 /// Clients that stop after the proxy's first flight (they never send their own) hold back no

@@ -20,18 +20,21 @@ use tokio_rustls::{LazyConfigAcceptor, server::TlsStream};
 
 use super::{
     cputime::thread_cpu_time,
+    stats::{FlightOn, ListenerStats},
     tap::{Recorded, Tap},
 };
 use crate::issued::IssuedKeys;
 
 /// Completes the handshake of `stream`, whose first bytes `recorded` holds, with `config`: the
 /// stream, and the CPU time its first flight took on a flight thread (zero when it was
-/// answered on the worker, whose polls the caller times).
+/// answered on the worker, whose polls the caller times). Counts where the flight went into
+/// `stats`.
 pub async fn accept(
     stream: Tap<TcpStream>,
     recorded: &Recorded,
     config: Arc<ServerConfig>,
     issued: &IssuedKeys,
+    stats: &ListenerStats,
 ) -> (io::Result<TlsStream<Tap<TcpStream>>>, Duration) {
     // Reads the ClientHello (no crypto yet).
     let start = match LazyConfigAcceptor::new(Acceptor::default(), stream).await {
@@ -42,8 +45,10 @@ pub async fn accept(
         .offer_key()
         .is_some_and(|key| issued.is_published(&key));
     if earned {
+        stats.first_flight(FlightOn::Worker);
         return (start.into_stream(config).await, Duration::ZERO);
     }
+    stats.first_flight(FlightOn::Thread);
     // Queued when every flight thread is busy: the worker shares a CPU with one signature at
     // a time per CPU, not with a hundred. A thread is taken for the computation only, never
     // for the wait for the client's answer: a client that never sends its second flight holds

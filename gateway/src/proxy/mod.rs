@@ -192,7 +192,13 @@ impl Proxy {
             .unwrap_or_else(|p| p.into_inner())
             .config()
             .clone();
-        let handshake = CpuTimed::new(handshake::accept(sock, &hello, config, &self.issued));
+        let handshake = CpuTimed::new(handshake::accept(
+            sock,
+            &hello,
+            config,
+            &self.issued,
+            &self.own,
+        ));
         let done = tokio::time::timeout(self.cfg.timeouts.handshake.0, handshake).await;
         let (outcome, kind) = match done {
             Err(_) => (Err(Outcome::HandshakeTimeout), None),

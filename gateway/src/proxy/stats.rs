@@ -28,6 +28,25 @@ impl HandshakeKind {
     }
 }
 
+/// Where a hello's first flight was computed ([`super::handshake`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlightOn {
+    /// On the worker: the hello offered a key the gateway publishes.
+    Worker = 0,
+    /// On a flight thread, at the lower priority: every other hello.
+    Thread = 1,
+}
+
+impl FlightOn {
+    /// The label value.
+    pub const fn name(self) -> &'static str {
+        match self {
+            FlightOn::Worker => "worker",
+            FlightOn::Thread => "flight_thread",
+        }
+    }
+}
+
 /// Why a connection ended before it was proxied, or how it was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -90,6 +109,15 @@ pub struct HandshakeLabels {
     pub kind: &'static str,
 }
 
+/// Labels of first-flight series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FlightLabels {
+    /// The listen address.
+    pub listener: String,
+    /// A [`FlightOn`] name.
+    pub on: &'static str,
+}
+
 /// Labels of outcome series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -115,6 +143,8 @@ pub struct ProxyStats {
     pub handshakes: Family<HandshakeLabels, Counter>,
     /// CPU seconds those handshakes took, by kind.
     pub handshake_cpu: Family<HandshakeLabels, Counter<f64, AtomicU64>>,
+    /// First flights computed, by where.
+    pub first_flights: Family<FlightLabels, Counter>,
     /// Connections by outcome.
     pub outcomes: Family<OutcomeLabels, Counter>,
     /// Connections open now (from accept to close).
@@ -144,6 +174,11 @@ impl ProxyStats {
             "handshake_cpu_seconds",
             "CPU time the finished TLS handshakes took, by kind",
             self.handshake_cpu.clone(),
+        );
+        r.register(
+            "first_flights",
+            "TLS first flights computed, by where: on the worker (the hello offered a key the gateway publishes) or on a lower-priority flight thread",
+            self.first_flights.clone(),
         );
         r.register(
             "connections",
@@ -204,6 +239,14 @@ impl ProxyStats {
                 })
                 .clone()
         };
+        let flight = |on: FlightOn| {
+            self.first_flights
+                .get_or_create(&FlightLabels {
+                    listener: listener.clone(),
+                    on: on.name(),
+                })
+                .clone()
+        };
         let labels = ListenerLabels {
             listener: listener.clone(),
         };
@@ -214,6 +257,7 @@ impl ProxyStats {
                 handshake(HandshakeKind::Full),
                 handshake(HandshakeKind::Resumed),
             ],
+            first_flights: [flight(FlightOn::Worker), flight(FlightOn::Thread)],
             outcomes: Outcome::ALL.map(outcome),
         }
     }
@@ -225,6 +269,7 @@ pub struct ListenerStats {
     pub open: Gauge,
     withdrawn: Counter,
     handshakes: [(Counter, Counter<f64, AtomicU64>); 2],
+    first_flights: [Counter; 2],
     outcomes: [Counter; Outcome::ALL.len()],
 }
 
@@ -242,6 +287,11 @@ impl ListenerStats {
         let (n, secs) = &self.handshakes[kind as usize];
         let n = n.get();
         (n > 0).then(|| Duration::from_secs_f64(secs.get() / n as f64))
+    }
+
+    /// Counts a first flight computed `on` the worker or a flight thread.
+    pub fn first_flight(&self, on: FlightOn) {
+        self.first_flights[on as usize].inc();
     }
 
     /// Counts an issued key withdrawn because its offer did not resume.
@@ -267,6 +317,7 @@ mod tests {
         l.handshake(HandshakeKind::Full, Duration::from_millis(2));
         l.handshake(HandshakeKind::Full, Duration::from_millis(4));
         l.outcome(Outcome::IdleTimeout);
+        l.first_flight(FlightOn::Thread);
         assert_eq!(
             l.mean_handshake_cpu(HandshakeKind::Full),
             Some(Duration::from_millis(3))
@@ -281,6 +332,12 @@ mod tests {
         ));
         assert!(text.contains(
             "gateway_proxy_connections_total{listener=\"127.0.0.1:8443\",outcome=\"idle_timeout\"} 1"
+        ));
+        assert!(text.contains(
+            "gateway_proxy_first_flights_total{listener=\"127.0.0.1:8443\",on=\"flight_thread\"} 1"
+        ));
+        assert!(text.contains(
+            "gateway_proxy_first_flights_total{listener=\"127.0.0.1:8443\",on=\"worker\"} 0"
         ));
     }
 }

@@ -52,7 +52,7 @@ pub fn run_uac(net: &TestNet, dir: &Path, rate: u64, seconds: u64) -> UacRun {
 /// ends (never faster than `rate` calls/s), `calls` calls in all, bounded by `seconds` (and
 /// five more). Against a server slower than `rate` this keeps it busy without a queue longer
 /// than `in_flight` calls: its throughput is its capacity.
-pub fn run_uac_closed(
+fn run_uac_closed(
     net: &TestNet,
     dir: &Path,
     in_flight: u64,

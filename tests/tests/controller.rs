@@ -79,6 +79,39 @@ fn overload(net: &TestNet, dir: &Path, rate: u64) -> (UacRun, u64, Value) {
 /// The controller with no limit set: mode sip, target 100 ms, an upper bound of 10000.
 const CONTROLLED: &str = "services:\n  - {kind: sip, port: 5060}\ncontroller:\n  classes:\n    sip-original: {mode: sip, target: 100ms, max: 10000}\n";
 
+/// Three times `capacity` against a daemon started with [`CONTROLLED`]: goodput at least
+/// `share` of `capacity`, the limit cut by the controller itself (retransmissions strictly
+/// below originals), and relaxed again once the load is gone.
+fn holds_three_times_capacity_and_relaxes_after(
+    net: &TestNet,
+    dir: &Path,
+    capacity: f64,
+    share: f64,
+) {
+    let (uac, limit, held) = overload(net, dir, (3.0 * capacity) as u64);
+    let goodput = uac.goodput(WARM, SECONDS as usize);
+    assert!(
+        goodput >= share * capacity,
+        "goodput {goodput:.0}/s of {capacity:.0}: {uac:?} {held}"
+    );
+    // It cut the limit itself, and says why.
+    assert!(limit < 1000, "{held}");
+    assert_eq!(held["owner"], "controller");
+    // Retransmissions strictly below originals (the controller writes both in one step).
+    let now = policy(net, "sip-original")["backlog_limit"]
+        .as_u64()
+        .unwrap();
+    let retrans = policy(net, "sip-retransmission");
+    assert!(
+        retrans["backlog_limit"].as_u64().unwrap() < now.max(1),
+        "retransmissions strictly below originals: {retrans}"
+    );
+    // With the load gone, it relaxes.
+    wait_policy(net, "sip-original", "relaxed", |r| {
+        r["backlog_limit"].as_u64().unwrap() >= 4 * limit.max(1) && r["reason"] == "headroom"
+    });
+}
+
 #[test]
 fn with_no_limit_set_the_controller_keeps_a_server_at_capacity_and_yields_to_an_operator() {
     if !have_root("with_no_limit_set_the_controller_keeps_a_server_at_capacity") {
@@ -97,29 +130,7 @@ fn with_no_limit_set_the_controller_keeps_a_server_at_capacity_and_yields_to_an_
     assert_eq!(start["backlog_limit"], 10000, "{start}");
     assert_eq!(start["bound_max"], 10000, "{start}");
 
-    // Three times the server's capacity.
-    let (uac, limit, held) = overload(&net, &dir, (3.0 * capacity) as u64);
-    let goodput = uac.goodput(WARM, SECONDS as usize);
-    assert!(
-        goodput >= 0.85 * capacity,
-        "goodput {goodput:.0}/s of {capacity:.0}: {uac:?} {held}"
-    );
-    // It cut the limit itself, and says why.
-    assert!(limit < 1000, "{held}");
-    assert_eq!(held["owner"], "controller");
-    // Retransmissions strictly below originals (the controller writes both in one step).
-    let now = policy(&net, "sip-original")["backlog_limit"]
-        .as_u64()
-        .unwrap();
-    let retrans = policy(&net, "sip-retransmission");
-    assert!(
-        retrans["backlog_limit"].as_u64().unwrap() < now.max(1),
-        "retransmissions strictly below originals: {retrans}"
-    );
-    // With the load gone, it relaxes.
-    wait_policy(&net, "sip-original", "relaxed", |r| {
-        r["backlog_limit"].as_u64().unwrap() >= 4 * limit.max(1) && r["reason"] == "headroom"
-    });
+    holds_three_times_capacity_and_relaxes_after(&net, &dir, capacity, 0.85);
 
     // An operator's value is never silently undone: without --pin, refused; pinned, kept.
     let refused = net.gateway(&["policy", "set", "sip-original", "--backlog", "7"]);
@@ -176,17 +187,7 @@ fn with_no_limit_set_the_controller_keeps_a_real_kamailio_at_capacity_and_relaxe
     wait_policy(&net, "sip-original", "taken over", |r| {
         r["owner"] == "controller"
     });
-    let (uac, limit, held) = overload(&net, &dir, (3.0 * capacity) as u64);
-    let goodput = uac.goodput(WARM, SECONDS as usize);
-    assert!(
-        goodput >= 0.9 * capacity,
-        "goodput {goodput:.0}/s of {capacity:.0} measured: {uac:?} {held}"
-    );
-    assert!(limit < 1000, "{held}");
-    assert_eq!(held["owner"], "controller");
-    wait_policy(&net, "sip-original", "relaxed", |r| {
-        r["backlog_limit"].as_u64().unwrap() >= 4 * limit.max(1) && r["reason"] == "headroom"
-    });
+    holds_three_times_capacity_and_relaxes_after(&net, &dir, capacity, 0.9);
     let (status, log) = daemon.terminate(Duration::from_secs(10));
     assert!(status.success(), "{log:?}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -321,8 +321,8 @@ impl HandshakeBudgetLaw {
         }
         self.allowance = self.floor.get().map(|f| f + costs.full.mul_f64(self.wait));
         // Cut for a wait that lasts: two intervals over in a row, and new handshakes there to
-        // have caused it.
-        let cut = over.filter(|_| self.was_over && !not_theirs && !probed);
+        // have caused it (an interval that ends a probe returns below, before any cut).
+        let cut = over.filter(|_| self.was_over && !not_theirs);
         self.was_over = over.is_some() && !not_theirs;
         if let Some(rate) = self.probing.take() {
             return self.set(rate, Reason::Probe);

@@ -88,6 +88,53 @@ impl Report {
 
 impl Drop for Report {
     fn drop(&mut self) {
+        let _ = writeln!(self.markdown, "\n{}", provenance());
         let _ = std::fs::write(self.dir.join("summary.md"), &self.markdown);
     }
+}
+
+/// The line naming what a summary measured: the commit, whether the sources differed from it,
+/// and the date, so that a document gathered from runs of different commits says which is which.
+fn provenance() -> String {
+    let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(repo)
+            .args(args)
+            .output()
+            .ok()
+    };
+    let commit = git(&["rev-parse", "--short", "HEAD"])
+        .filter(|o| o.status.success())
+        .map_or_else(
+            || "unknown".into(),
+            |o| String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+        );
+    // Sources only: the documents a benchmark rewrites do not count.
+    let dirty = git(&[
+        "diff",
+        "--quiet",
+        "HEAD",
+        "--",
+        "gateway",
+        "gateway-common",
+        "gateway-ebpf",
+        "tests",
+        "xtask",
+    ])
+    .is_some_and(|o| o.status.code() == Some(1));
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    format!(
+        "Measured at commit {commit}{}, {date}.",
+        if dirty {
+            " with uncommitted changes"
+        } else {
+            ""
+        }
+    )
 }

@@ -422,13 +422,12 @@ fn write_benchmarks_doc() -> Result<()> {
          (one of: {}), each measured against a baseline or peer in the same run. Every benchmark \
          also leaves its CSV and PNG charts under `target/bench/NAME/`; the charts are copied to \
          `docs/bench/`.\n\n\
-         Machine: {} ({} CPUs), kernel {}, commit {}, {}.\n",
+         Machine: {} ({} CPUs), kernel {}. Each section ends with the commit and the date it \
+         was measured at: `cargo xtask bench NAME` re-runs one section and keeps the others.\n",
         BENCHES.map(|b| format!("`{}`", b.0)).join(", "),
         shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"),
         shell("nproc"),
         shell("uname -r"),
-        shell("git rev-parse --short HEAD"),
-        shell("date -u +%Y-%m-%d"),
     );
     // The sip_overload summaries are named by server.
     let dirs = [

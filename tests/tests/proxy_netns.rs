@@ -118,6 +118,14 @@ impl Setup {
         scrape(&self.net, METRICS)
     }
 
+    /// The ClientHello of a new client (rustls, no session yet), as recorded on the wire.
+    fn fresh_hello(&self) -> Vec<u8> {
+        let fresh = rustls_config(&self.cert);
+        capture_hello(|addr| {
+            let _ = rustls_fetch(&fresh, &addr);
+        })
+    }
+
     /// First flights computed so far `on` the worker or a flight thread.
     fn flights(&self, on: &str) -> f64 {
         value(
@@ -630,10 +638,7 @@ fn a_backlog_of_full_handshakes_delays_neither_resumed_sessions_nor_the_daemons_
     assert_eq!(s.fetch(&config).unwrap().0, HandshakeKind::Full);
     // New hellos (from a client with no session) that never finish: each costs the proxy a
     // full handshake's signature.
-    let fresh = rustls_config(&s.cert);
-    let hello = capture_hello(|addr| {
-        let _ = rustls_fetch(&fresh, &addr);
-    });
+    let hello = s.fresh_hello();
     const HELLOS: usize = 150;
     let addr = s.addr();
     // Connected first (the proxy's listener defers accept until a hello arrives), then every
@@ -688,10 +693,7 @@ fn clients_that_stall_after_the_first_flight_hold_back_no_other_handshake() {
     }
     let mut s = Setup::new();
     let _backend = s.with_backend(Mode::Answer, "", "");
-    let fresh = rustls_config(&s.cert);
-    let hello = capture_hello(|addr| {
-        let _ = rustls_fetch(&fresh, &addr);
-    });
+    let hello = s.fresh_hello();
     // More stalled clients than the daemon has CPUs, one after the other.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let addr = s.addr();

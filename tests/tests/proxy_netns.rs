@@ -725,6 +725,62 @@ fn clients_that_stall_after_the_first_flight_hold_back_no_other_handshake() {
     drop(stalled);
 }
 
+/// A flood of new hellos beyond what the flight threads can compute within the handshake
+/// timeout ends on its own: a flight whose connection timed out while it waited is dropped
+/// uncomputed, its socket with it, and a new client is served as soon as the flood is gone.
+/// Were every queued flight computed, the dead connections would cost a signature each (7 ms
+/// with RSA-4096) and hold their sockets until then.
+#[test]
+fn flights_whose_connection_timed_out_are_dropped_uncomputed() {
+    if !have_root("flights_whose_connection_timed_out") {
+        return;
+    }
+    let mut s = Setup {
+        net: TestNet::new(),
+        cert: Cert::rsa(4096),
+        daemon: None,
+    };
+    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+    s.start(
+        &format!("{{address: {}}}", backend.addr),
+        "    timeouts: {handshake: 200ms}\n",
+        "workers: 1\n",
+    );
+    let hello = s.fresh_hello();
+    // Per CPU, 300 signatures of several milliseconds each: far more than the threads compute
+    // in 200 ms (kept under the test's own limit of open files).
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let hellos = (300 * cpus).min(900);
+    let addr = s.addr();
+    let flood: Vec<TcpStream> = s.net.in_peer(|| {
+        (0..hellos)
+            .map(|_| TcpStream::connect(&addr).expect("connect"))
+            .collect()
+    });
+    for mut c in &flood {
+        c.write_all(&hello).expect("hello");
+    }
+    // Every connection ends: answered in time and then timed out, or dropped uncomputed.
+    for mut c in flood {
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest);
+    }
+    let text = s.metrics();
+    let abandoned = value(&text, "gateway_proxy_first_flights_abandoned_total", &[]);
+    println!("{abandoned} of {hellos} flights dropped uncomputed");
+    assert!(
+        abandoned >= (hellos / 4) as f64,
+        "{abandoned} of {hellos} flights dropped uncomputed: {text}"
+    );
+    // The queue is gone with them: a new client's full handshake is computed at once.
+    let config = rustls_config(&s.cert);
+    assert_eq!(
+        s.fetch(&config).expect("a new client").0,
+        HandshakeKind::Full
+    );
+}
+
 #[test]
 fn nodes_sharing_a_ticket_key_file_resume_each_others_sessions() {
     if !have_root("nodes_sharing_a_ticket_key_file") {

@@ -10,7 +10,10 @@
 
 use std::{
     io,
-    sync::{Arc, LazyLock},
+    sync::{
+        Arc, LazyLock,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -52,16 +55,37 @@ pub async fn accept(
     // Queued when every flight thread is busy: the worker shares a CPU with one signature at
     // a time per CPU, not with a hundred. A thread is taken for the computation only, never
     // for the wait for the client's answer: a client that never sends its second flight holds
-    // back nobody else's first.
+    // back nobody else's first. A flight whose connection ended while it waited (the handshake
+    // timeout) is dropped uncomputed, its socket with it: under a flood beyond what the
+    // threads compute, the queue ends on its own instead of spending signatures on the dead.
+    let abandoned = Abandoned::default();
+    let (gone, expired) = (abandoned.0.clone(), stats.flights_abandoned());
     let flight = FIRST_FLIGHTS.spawn_blocking(move || {
+        if gone.load(Ordering::Relaxed) {
+            expired.inc();
+            return None;
+        }
         let before = thread_cpu_time();
         // Processes the hello: key exchange, certificate, signature, the whole first flight.
         let accept = start.into_stream(config);
-        (accept, thread_cpu_time().saturating_sub(before))
+        Some((accept, thread_cpu_time().saturating_sub(before)))
     });
-    match flight.await {
-        Ok((accept, cpu)) => (accept.await, cpu),
+    let done = flight.await;
+    drop(abandoned);
+    match done {
+        Ok(Some((accept, cpu))) => (accept.await, cpu),
+        Ok(None) => (Err(io::ErrorKind::TimedOut.into()), Duration::ZERO),
         Err(e) => (Err(io::Error::other(e)), Duration::ZERO),
+    }
+}
+
+/// Set when the handshake waiting for its flight is dropped (timed out, or the daemon stops).
+#[derive(Default)]
+struct Abandoned(Arc<AtomicBool>);
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 

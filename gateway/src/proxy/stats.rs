@@ -145,6 +145,8 @@ pub struct ProxyStats {
     pub handshake_cpu: Family<HandshakeLabels, Counter<f64, AtomicU64>>,
     /// First flights computed, by where.
     pub first_flights: Family<FlightLabels, Counter>,
+    /// First flights dropped uncomputed: their connection ended while they waited.
+    pub flights_abandoned: Family<ListenerLabels, Counter>,
     /// Connections by outcome.
     pub outcomes: Family<OutcomeLabels, Counter>,
     /// Connections open now (from accept to close).
@@ -179,6 +181,11 @@ impl ProxyStats {
             "first_flights",
             "TLS first flights computed, by where: on the worker (the hello offered a key the gateway publishes) or on a lower-priority flight thread",
             self.first_flights.clone(),
+        );
+        r.register(
+            "first_flights_abandoned",
+            "TLS first flights dropped uncomputed: their connection ended (the handshake timeout) while they waited for a flight thread",
+            self.flights_abandoned.clone(),
         );
         r.register(
             "connections",
@@ -253,6 +260,7 @@ impl ProxyStats {
         ListenerStats {
             open: self.open.get_or_create(&labels).clone(),
             withdrawn: self.offers_withdrawn.get_or_create(&labels).clone(),
+            abandoned: self.flights_abandoned.get_or_create(&labels).clone(),
             handshakes: [
                 handshake(HandshakeKind::Full),
                 handshake(HandshakeKind::Resumed),
@@ -268,6 +276,7 @@ pub struct ListenerStats {
     /// Connections open now.
     pub open: Gauge,
     withdrawn: Counter,
+    abandoned: Counter,
     handshakes: [(Counter, Counter<f64, AtomicU64>); 2],
     first_flights: [Counter; 2],
     outcomes: [Counter; Outcome::ALL.len()],
@@ -292,6 +301,11 @@ impl ListenerStats {
     /// Counts a first flight computed `on` the worker or a flight thread.
     pub fn first_flight(&self, on: FlightOn) {
         self.first_flights[on as usize].inc();
+    }
+
+    /// The counter of first flights dropped uncomputed, for the flight thread that drops one.
+    pub fn flights_abandoned(&self) -> Counter {
+        self.abandoned.clone()
     }
 
     /// Counts an issued key withdrawn because its offer did not resume.

@@ -118,6 +118,39 @@ impl Setup {
         scrape(&self.net, METRICS)
     }
 
+    /// A daemon with one worker and an RSA-4096 certificate (a full handshake's signature is
+    /// several milliseconds) proxying to one answering backend; `proxy_extra` adds fields to
+    /// the proxy's entry.
+    fn rsa_one_worker(proxy_extra: &str) -> (Self, Backend) {
+        let mut s = Setup {
+            net: TestNet::new(),
+            cert: Cert::rsa(4096),
+            daemon: None,
+        };
+        let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+        s.start(
+            &format!("{{address: {}}}", backend.addr),
+            proxy_extra,
+            "workers: 1\n",
+        );
+        (s, backend)
+    }
+
+    /// `n` connections, all connected first (the proxy's listener defers accept until a hello
+    /// arrives), then `hello` sent on each at once: a backlog built in a few milliseconds.
+    fn flood(&self, n: usize, hello: &[u8]) -> Vec<TcpStream> {
+        let addr = self.addr();
+        let mut flood: Vec<TcpStream> = self.net.in_peer(|| {
+            (0..n)
+                .map(|_| TcpStream::connect(&addr).expect("connect"))
+                .collect()
+        });
+        for c in &mut flood {
+            c.write_all(hello).expect("hello");
+        }
+        flood
+    }
+
     /// The ClientHello of a new client (rustls, no session yet), as recorded on the wire.
     fn fresh_hello(&self) -> Vec<u8> {
         let fresh = rustls_config(&self.cert);
@@ -623,34 +656,14 @@ fn a_backlog_of_full_handshakes_delays_neither_resumed_sessions_nor_the_daemons_
     if !have_root("a_backlog_of_full_handshakes") {
         return;
     }
-    let mut s = Setup {
-        net: TestNet::new(),
-        cert: Cert::rsa(4096),
-        daemon: None,
-    };
-    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
-    s.start(
-        &format!("{{address: {}}}", backend.addr),
-        "",
-        "workers: 1\n",
-    );
+    let (s, _backend) = Setup::rsa_one_worker("");
     let config = rustls_config(&s.cert);
     assert_eq!(s.fetch(&config).unwrap().0, HandshakeKind::Full);
     // New hellos (from a client with no session) that never finish: each costs the proxy a
     // full handshake's signature.
     let hello = s.fresh_hello();
     const HELLOS: usize = 150;
-    let addr = s.addr();
-    // Connected first (the proxy's listener defers accept until a hello arrives), then every
-    // hello at once: the backlog builds in a few milliseconds.
-    let mut flood: Vec<TcpStream> = s.net.in_peer(|| {
-        (0..HELLOS)
-            .map(|_| TcpStream::connect(&addr).expect("connect"))
-            .collect()
-    });
-    for c in &mut flood {
-        c.write_all(&hello).expect("hello");
-    }
+    let flood = s.flood(HELLOS, &hello);
     let t0 = Instant::now();
     let text = scrape(&s.net, METRICS);
     let scraped = t0.elapsed();
@@ -735,31 +748,13 @@ fn flights_whose_connection_timed_out_are_dropped_uncomputed() {
     if !have_root("flights_whose_connection_timed_out") {
         return;
     }
-    let mut s = Setup {
-        net: TestNet::new(),
-        cert: Cert::rsa(4096),
-        daemon: None,
-    };
-    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
-    s.start(
-        &format!("{{address: {}}}", backend.addr),
-        "    timeouts: {handshake: 200ms}\n",
-        "workers: 1\n",
-    );
+    let (s, _backend) = Setup::rsa_one_worker("    timeouts: {handshake: 200ms}\n");
     let hello = s.fresh_hello();
     // Per CPU, 300 signatures of several milliseconds each: far more than the threads compute
     // in 200 ms (kept under the test's own limit of open files).
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let hellos = (300 * cpus).min(900);
-    let addr = s.addr();
-    let flood: Vec<TcpStream> = s.net.in_peer(|| {
-        (0..hellos)
-            .map(|_| TcpStream::connect(&addr).expect("connect"))
-            .collect()
-    });
-    for mut c in &flood {
-        c.write_all(&hello).expect("hello");
-    }
+    let flood = s.flood(hellos, &hello);
     // Every connection ends: answered in time and then timed out, or dropped uncomputed.
     for mut c in flood {
         c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();

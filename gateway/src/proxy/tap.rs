@@ -9,7 +9,7 @@
 use std::{
     io,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, OnceLock},
     task::{Context, Poll},
 };
 
@@ -23,21 +23,33 @@ const MAX_RECORDED: usize = MAX_HELLO as usize + 512;
 /// What a [`Tap`] recorded; shared with the proxy, which reads it whether or not the handshake
 /// future still exists (a timed-out handshake is dropped with its stream).
 #[derive(Debug, Default)]
-pub struct Recorded(Mutex<Vec<u8>>);
+pub struct Recorded {
+    bytes: Mutex<Vec<u8>>,
+    /// The offer, once the recorded hello was whole (or malformed): more bytes after it change
+    /// nothing, so the handshake's check and the proxy's withdraw parse it once.
+    offer: OnceLock<Option<[u8; KEY_LEN]>>,
+}
 
 impl Recorded {
     /// The key of the issued value the recorded hello offered (`offer_digest` of its whole
     /// session id, ticket or PSK identity), if it is a complete, well-formed hello with an offer.
     pub fn offer_key(&self) -> Option<[u8; KEY_LEN]> {
-        let bytes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(offer) = self.offer.get() {
+            return *offer;
+        }
+        let bytes = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
         let state = parse_hello(&bytes);
-        (state.verdict() == Verdict::Offer)
+        let offer = (state.verdict() == Verdict::Offer)
             .then(|| state.offer_key())
-            .flatten()
+            .flatten();
+        if state.verdict() != Verdict::Pending {
+            let _ = self.offer.set(offer);
+        }
+        offer
     }
 
     fn push(&self, data: &[u8]) -> bool {
-        let mut bytes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut bytes = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
         let room = MAX_RECORDED.saturating_sub(bytes.len());
         bytes.extend_from_slice(&data[..data.len().min(room)]);
         bytes.len() < MAX_RECORDED
@@ -124,7 +136,7 @@ mod tests {
         tap.read_to_end(&mut out).await.unwrap();
         assert_eq!(out, stream);
         assert_eq!(recorded.offer_key(), Some(offer_digest(&id)));
-        assert_eq!(recorded.0.lock().unwrap().len(), MAX_RECORDED);
+        assert_eq!(recorded.bytes.lock().unwrap().len(), MAX_RECORDED);
         // A hello cut short, or none at all, offers nothing.
         stream.truncate(hello.len() - 1);
         let (mut tap, recorded) = Tap::new(&stream[..]);

@@ -522,6 +522,10 @@ crate::counters! {
         pub unparseable: u64,
         /// Packets dropped by the fragment or unparseable policy.
         pub policy_dropped: u64,
+        /// Packets refused whatever the policy says, since they may reach a protected service
+        /// and cannot be judged: IPv6 header chains past the parser's bounds, first fragments
+        /// that end before their ports.
+        pub unjudgeable: u64,
         /// Frames carrying at least one VLAN tag.
         pub vlan: u64,
         /// IPv6 packets.
@@ -541,6 +545,14 @@ crate::counters! {
         pub sip_replies_withheld: u64,
         /// ACKs for the NIC's own 503s, absorbed (the server never sent what they acknowledge).
         pub sip_acks_absorbed: u64,
+        /// Requests of a dialog that had spent its exemption (past its ceiling of exempt
+        /// requests, or idle too long): judged as originals.
+        pub sip_dialog_spent: u64,
+        /// Dialogs ended by the server's answer to their BYE.
+        pub sip_dialogs_ended: u64,
+        /// Copies of a SIP request whose original was refused (never admitted): judged as
+        /// originals again, not as retransmissions.
+        pub sip_copies_of_refused: u64,
     }
 }
 
@@ -688,6 +700,11 @@ crate::counters! {
         /// Rejections the `TLS_REJECTS` ring buffer had no room for (the daemon did not hear of
         /// them; the connections were refused all the same).
         pub reject_events_lost: u64,
+        /// SYNs carrying data (TCP Fast Open): their hello judged like a first segment's.
+        pub syn_payloads: u64,
+        /// IP-fragmented segments of connections not yet decided: judged as malformed hellos
+        /// (tls-new), since what they carry comes with fragments that carry no ports.
+        pub fragmented_hellos: u64,
     }
 }
 
@@ -741,13 +758,32 @@ pub const TXN_ADMITTED: u32 = 1 << 0;
 /// Entries of the SIP dialog table (LRU: losing a dialog only makes its requests originals).
 pub const MAX_SIP_DIALOGS: u32 = 65536;
 
-/// A dialog the server established: its requests (in-dialog, ACK, BYE) are exempt.
+/// A dialog the server established: its requests (in-dialog, ACK, BYE) are exempt, up to
+/// [`MAX_DIALOG_REQUESTS`] of them, until the server answers its BYE or it has been idle for
+/// [`DIALOG_IDLE_NS`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SipDialog {
     /// When the server's 2xx left, `CLOCK_MONOTONIC` ns.
     pub established_ns: u64,
+    /// When it was last used (established, or an exempt request of it seen), `CLOCK_MONOTONIC`
+    /// ns.
+    pub last_ns: u64,
+    /// Exempt requests of it seen so far (retransmissions included).
+    pub requests: u32,
+    /// Padding, zero.
+    pub pad: u32,
 }
+
+/// Exempt requests one dialog buys (its ACK, re-INVITEs, UPDATEs, INFOs, its BYE, and their
+/// retransmissions): past this, its requests are judged as originals. A call makes a handful;
+/// an IVR's DTMF by INFO some dozens.
+pub const MAX_DIALOG_REQUESTS: u32 = 256;
+
+/// A dialog none of whose requests was seen for this long is forgotten (its requests are then
+/// judged as originals): one hour, longer than the session-refresh interval of RFC 4028's
+/// timers (at most half of Session-Expires, whose default is 30 minutes).
+pub const DIALOG_IDLE_NS: u64 = 3600 * 1_000_000_000;
 
 /// Buckets of a [`LatencyHistogram`].
 pub const LATENCY_BUCKETS: usize = 32;
@@ -887,8 +923,8 @@ mod tests {
         assert_eq!(size_of::<ServiceKey>(), 2 + 1 + 1);
         assert_eq!(size_of::<ServiceValue>(), 4 + 4);
         assert_eq!(size_of::<DatapathConfig>(), 8 + 4 * 6);
-        assert_eq!(size_of::<DatapathCounters>(), 14 * 8);
-        assert_eq!(size_of::<SipDialog>(), 8);
+        assert_eq!(size_of::<DatapathCounters>(), 18 * 8);
+        assert_eq!(size_of::<SipDialog>(), 8 + 8 + 4 + 4);
         assert_eq!(size_of::<FlowKey>(), 16 + 16 + 2 + 2 + 4);
         assert_eq!(
             size_of::<crate::tls::HelloState>(),
@@ -900,7 +936,7 @@ mod tests {
         );
         assert_eq!(size_of::<IssuedKey>(), 16);
         assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8 + 8 + 8);
-        assert_eq!(size_of::<TlsCounters>(), 8 * 12);
+        assert_eq!(size_of::<TlsCounters>(), 8 * 14);
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);
         assert_eq!(size_of::<LatencyHistogram>(), LATENCY_BUCKETS * 8);

@@ -2,9 +2,15 @@
 //!
 //! The parser never reads beyond [`crate::bytes::MAX_READ_OFFSET`], follows at most
 //! [`MAX_VLAN_TAGS`] VLAN tags and [`MAX_IPV6_EXT_HEADERS`] IPv6 extension headers, and refuses to
-//! look for a transport header past [`MAX_L4_OFFSET`]. Anything it cannot follow within those
-//! bounds is reported as [`Kind::Unparseable`], never guessed at: the caller decides by policy
-//! what to do with it, and it is never counted as a protected class.
+//! look for a transport header past [`MAX_L4_OFFSET`]. Those bounds hold every chain RFC 8200
+//! allows (each header once, destination options twice) with room to spare, and any header
+//! chain of a 1500-byte frame. Anything it cannot follow within them is reported as
+//! [`Kind::Unparseable`], never guessed at: the caller refuses it where it may reach a
+//! protected service (fail closed), and it is never counted as an admitted class.
+//!
+//! A first fragment whose transport header is cut short (a "tiny fragment", RFC 1858) but
+//! whose ports are present is still a [`Kind::Transport`], with [`Packet::l4_partial`] set: the
+//! caller judges it by its ports as the least privileged class of their service.
 //!
 //! The result is a plain struct, zero-initialized and then filled in, not an enum with payloads:
 //! an enum's unused payload bytes are undefined, and LLVM filled them with whatever register was
@@ -18,9 +24,10 @@ pub const ETH_HLEN: usize = 14;
 /// VLAN tags (802.1Q or 802.1ad) followed before giving up.
 pub const MAX_VLAN_TAGS: usize = 2;
 /// IPv6 extension headers followed before giving up.
-pub const MAX_IPV6_EXT_HEADERS: usize = 6;
-/// The transport header must start at or before this offset.
-pub const MAX_L4_OFFSET: usize = 512;
+pub const MAX_IPV6_EXT_HEADERS: usize = 8;
+/// The transport header must start at or before this offset: past any header chain a
+/// 1500-byte frame can hold.
+pub const MAX_L4_OFFSET: usize = 1536;
 
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
@@ -121,6 +128,9 @@ pub struct Packet {
     /// The first fragment of a fragmented datagram: its transport header and the start of its
     /// payload are here, the rest comes in fragments that carry no ports.
     pub fragmented: bool,
+    /// For `Transport` in a first fragment: the transport header is cut short after its ports
+    /// (its other fields are zero, and it has no payload here).
+    pub l4_partial: bool,
     /// The transport header, for `Transport` (zero otherwise).
     pub transport: Transport,
 }
@@ -362,7 +372,7 @@ fn parse_transport<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
     if proto == PROTO_UDP {
         let mut h = [0u8; 8];
         if !b.read(off, &mut h) {
-            return pkt.stop(Kind::Truncated, off);
+            return partial(b, off, pkt);
         }
         let udp_len = u16::from_be_bytes([h[4], h[5]]) as usize;
         if udp_len < 8 {
@@ -383,7 +393,7 @@ fn parse_transport<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
     }
     let mut h = [0u8; 14];
     if !b.read(off, &mut h) {
-        return pkt.stop(Kind::Truncated, off);
+        return partial(b, off, pkt);
     }
     let hlen = ((h[12] >> 4) as usize) * 4;
     if hlen < 20 {
@@ -391,7 +401,7 @@ fn parse_transport<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
     }
     // The whole header, options included, must be present.
     if !present(b, off + hlen - 2) {
-        return pkt.stop(Kind::Truncated, off);
+        return partial(b, off, pkt);
     }
     pkt.kind = Kind::Transport;
     pkt.transport = Transport {
@@ -403,5 +413,29 @@ fn parse_transport<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
         tcp_flags: h[13],
         seq: u32::from_be_bytes([h[4], h[5], h[6], h[7]]),
         ack: u32::from_be_bytes([h[8], h[9], h[10], h[11]]),
+    };
+}
+
+/// A transport header cut short at `off`. In a first fragment whose ports are present: a
+/// `Transport` with only its ports, [`Packet::l4_partial`] set and no payload (the kernel
+/// reassembles the rest from fragments that carry no ports, so the caller must judge it by its
+/// ports). Anywhere else: `Truncated` (the kernel drops such a packet itself).
+#[inline(always)]
+fn partial<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
+    let mut ports = [0u8; 4];
+    if !pkt.fragmented || !b.read(off, &mut ports) {
+        return pkt.stop(Kind::Truncated, off);
+    }
+    pkt.kind = Kind::Transport;
+    pkt.l4_partial = true;
+    pkt.transport = Transport {
+        proto: pkt.proto,
+        src_port: u16::from_be_bytes([ports[0], ports[1]]),
+        dst_port: u16::from_be_bytes([ports[2], ports[3]]),
+        l4_offset: off as u16,
+        payload_offset: pkt.ip_end,
+        tcp_flags: 0,
+        seq: 0,
+        ack: 0,
     };
 }

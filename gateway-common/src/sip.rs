@@ -211,6 +211,15 @@ impl SipInfo {
             && self.cseq_method_hash == INVITE_HASH
     }
 
+    /// Whether this is a server's final response to a BYE: the dialog it belongs to has ended
+    /// (RFC 3261 §15.1.2: a BYE's final response, whatever its status, ends the dialog).
+    pub const fn ends_dialog(&self) -> bool {
+        matches!(self.kind(), Kind::Response)
+            && self.status >= 200
+            && self.have & HAVE_CSEQ != 0
+            && self.cseq_method_hash == BYE_HASH
+    }
+
     /// The key of the unit of work an admitted request is, the one its response completes: the
     /// transaction key when there is one, else a key over the Call-ID, the CSeq number and the
     /// CSeq method, which a response carries unchanged (RFC 3261 §8.2.6.2) even when the top Via
@@ -271,6 +280,8 @@ const fn fnv(bytes: &[u8]) -> u64 {
 
 /// The hash of the CSeq method `INVITE`.
 const INVITE_HASH: u64 = fnv(b"INVITE");
+/// The hash of the CSeq method `BYE`.
+const BYE_HASH: u64 = fnv(b"BYE");
 
 const fn mix(h: u64, v: u64) -> u64 {
     let mut h = h;

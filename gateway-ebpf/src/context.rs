@@ -212,21 +212,32 @@ impl CopyOut for TcContext {
     }
 }
 
-/// Whether the kernel has a connection (not just a listener) for a 4-tuple: a socket lookup, as
+/// What a socket lookup must find ([`ConnectionLookup::has`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Wanted {
+    /// A connection the client really made (not just a listener): established, or a request
+    /// socket awaiting the handshake's last ACK.
+    Connection,
+    /// A listener that takes a new connection on the tuple's port.
+    Listener,
+}
+
+/// Whether the kernel has a connection (or a listener) for a 4-tuple: a socket lookup, as
 /// xdp_synproxy does, so that segments of connections that do not exist create no state.
 pub trait ConnectionLookup {
     /// Looks `tuple` (`size` bytes, the packet's own direction) up in the device's namespace.
-    fn has_connection(&self, tuple: *mut u8, size: u32) -> bool;
+    fn has(&self, tuple: *mut u8, size: u32, wanted: Wanted) -> bool;
 }
 
 /// `struct sock` states that are a connection the client really made: established, and a
 /// request socket awaiting the handshake's last ACK (SYN_RECV, NEW_SYN_RECV).
 const TCP_ESTABLISHED: u32 = 1;
 const TCP_SYN_RECV: u32 = 3;
+const TCP_LISTEN: u32 = 10;
 const TCP_NEW_SYN_RECV: u32 = 12;
 
 #[inline(always)]
-fn lookup<C: EbpfContext>(ctx: &C, tuple: *mut u8, size: u32) -> bool {
+fn lookup<C: EbpfContext>(ctx: &C, tuple: *mut u8, size: u32, wanted: Wanted) -> bool {
     // SAFETY: `tuple` points to 40 bytes of map memory; the result is released below.
     let sk = unsafe {
         bpf_skc_lookup_tcp(
@@ -243,20 +254,23 @@ fn lookup<C: EbpfContext>(ctx: &C, tuple: *mut u8, size: u32) -> bool {
     // SAFETY: a live socket reference, released right after the read.
     let state = unsafe { (*sk).state };
     unsafe { bpf_sk_release(sk.cast()) };
-    matches!(state, TCP_ESTABLISHED | TCP_SYN_RECV | TCP_NEW_SYN_RECV)
+    match wanted {
+        Wanted::Connection => matches!(state, TCP_ESTABLISHED | TCP_SYN_RECV | TCP_NEW_SYN_RECV),
+        Wanted::Listener => state == TCP_LISTEN,
+    }
 }
 
 impl ConnectionLookup for XdpContext {
     #[inline(always)]
-    fn has_connection(&self, tuple: *mut u8, size: u32) -> bool {
-        lookup(self, tuple, size)
+    fn has(&self, tuple: *mut u8, size: u32, wanted: Wanted) -> bool {
+        lookup(self, tuple, size, wanted)
     }
 }
 
 impl ConnectionLookup for TcContext {
     #[inline(always)]
-    fn has_connection(&self, tuple: *mut u8, size: u32) -> bool {
-        lookup(self, tuple, size)
+    fn has(&self, tuple: *mut u8, size: u32, wanted: Wanted) -> bool {
+        lookup(self, tuple, size, wanted)
     }
 }
 

@@ -10,8 +10,11 @@ use gateway_common::{
         CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, DatapathCounters, IPPROTO_TCP, IPPROTO_UDP,
         ServiceKind, TlsCounters, port_kind, service_port_index,
     },
-    packet::{Kind, parse},
+    packet::{Kind, Packet, parse},
 };
+
+/// IPv6's next header for ESP.
+const IPPROTO_ESP: u8 = 50;
 
 use crate::{
     context::{Action, ConnectionLookup, CopyOut, JumpToSip, Rewrite},
@@ -93,6 +96,16 @@ pub fn process<
             (Class::Other, Action::Pass)
         }
         Kind::OtherL4 => (Class::Other, Action::Pass),
+        Kind::Truncated if pkt.fragmented => {
+            // A first fragment that ends before its ports: where the datagram goes cannot be
+            // told, and the kernel would reassemble it. Refused (fail closed).
+            count(|c| {
+                c.truncated += 1;
+                c.unjudgeable += 1;
+            });
+            (Class::Other, Action::Drop)
+        }
+        // Anything else cut short is dropped by the kernel itself.
         Kind::Truncated => {
             count(|c| c.truncated += 1);
             (Class::Other, Action::Pass)
@@ -112,7 +125,12 @@ pub fn process<
                 "headers beyond the parser's bounds at offset {}", pkt.offset
             );
             count(|c| c.unparseable += 1);
-            (Class::Other, policy(CONFIG_DROP_UNPARSEABLE))
+            if may_reach_a_service(&pkt) {
+                count(|c| c.unjudgeable += 1);
+                (Class::Other, Action::Drop)
+            } else {
+                (Class::Other, policy(CONFIG_DROP_UNPARSEABLE))
+            }
         }
     };
     count_class(class, verdict, len);
@@ -128,7 +146,8 @@ pub fn process_sip<C: CopyOut + JumpToSip, B: PacketBytes>(ctx: &C, b: &B, len: 
     let (class, verdict) = if pkt.kind == Kind::Transport {
         sip_packet(ctx, b, &pkt)
     } else {
-        (Class::SipOriginal, Action::Pass)
+        // Not reached: only a parsed datagram jumps here. Least privileged all the same.
+        (Class::SipOriginal, Action::Drop)
     };
     count_class(class, verdict, len);
     if verdict == Action::Reject {
@@ -139,6 +158,16 @@ pub fn process_sip<C: CopyOut + JumpToSip, B: PacketBytes>(ctx: &C, b: &B, len: 
         return Action::Drop;
     }
     verdict
+}
+
+/// Whether a packet the parser could not follow may still reach a protected service: an IPv6
+/// header chain longer than the parser follows, which the kernel walks to its end (ESP, whose
+/// payload only an IPsec SA the operator made can open, and VLAN stacks deeper than the parser
+/// follows, which no host delivers without devices made for them, are left to the
+/// `unparseable` policy).
+#[inline(always)]
+fn may_reach_a_service(pkt: &Packet) -> bool {
+    pkt.ip_version == 6 && pkt.proto != IPPROTO_ESP
 }
 
 /// The kind of service protected on (`proto`, `port`), if any: one inlined array lookup.

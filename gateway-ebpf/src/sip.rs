@@ -6,12 +6,15 @@
 //! Responses are `sip-exempt`. ACK, CANCEL, BYE and in-dialog requests are exempt only when they
 //! belong to what the server made: a dialog it established (learnt from its 2xx responses to
 //! INVITEs, [`sip_response`]), or, for ACK and CANCEL, an INVITE transaction seen; otherwise they
-//! are judged as originals (a method name or a To tag costs an attacker nothing). An exempt
+//! are judged as originals (a method name or a To tag costs an attacker nothing). A dialog buys
+//! at most `MAX_DIALOG_REQUESTS` exempt requests, ends with the server's final answer to its
+//! BYE, and is forgotten after `DIALOG_IDLE_NS` without a request. An exempt
 //! request seen before is a retransmission, and exempt traffic has its own ceiling (the
 //! `sip-exempt` policy). The request-line marker only demotes. Any other request is keyed by its unit
 //! key (`SipInfo::unit_key`): one whose unit is pending (admitted, unanswered: `SIP_PENDING`, which
-//! nothing evicts) or seen before (`SIP_TXNS`, an LRU) is a `sip-retransmission`; a new one is
-//! stored and is `sip-original`. Anything the parser cannot follow is an original, never exempt;
+//! nothing evicts) or whose original was admitted (`SIP_TXNS`, an LRU) is a `sip-retransmission`;
+//! a copy of a refused original is judged as an original again; a new one is stored and is
+//! `sip-original`. Anything the parser cannot follow is an original, never exempt;
 //! a request with no key at all is refused, since no response could ever complete it.
 //!
 //! An admitted original is a pending unit until the server's first response to it leaves the
@@ -22,11 +25,14 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::helpers::generated::bpf_loop;
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::generated::bpf_loop};
 use gateway_common::{
     Class,
     bytes::PacketBytes,
-    maps::{DatapathCounters, REJECT_BACKLOG, SipDialog, SipTxn, TXN_ADMITTED},
+    maps::{
+        DIALOG_IDLE_NS, DatapathCounters, MAX_DIALOG_REQUESTS, REJECT_BACKLOG, SipDialog, SipTxn,
+        TXN_ADMITTED,
+    },
     packet::Packet,
     sip::{
         HAVE_CALL_ID, HAVE_TO_TAG, Kind, MAX_SCAN, MAX_STEPS, Method, SipInfo, SipState,
@@ -194,7 +200,14 @@ fn parse_payload<C: CopyOut>(ctx: &C, pkt: &Packet) -> Option<SipInfo> {
 #[inline(always)]
 pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> (Class, Action) {
     let Some(info) = parse_payload(ctx, pkt) else {
-        return (Class::SipOriginal, Action::Pass);
+        // No payload to judge (an empty datagram, or a first fragment that ends inside or
+        // right after the UDP header, its message in fragments that carry no ports): an
+        // original no response could be matched to, refused.
+        if pkt.fragmented {
+            count(|c| c.unjudgeable += 1);
+        }
+        count_refusal(Class::SipOriginal, REJECT_BACKLOG, false);
+        return (Class::SipOriginal, Action::Drop);
     };
     if acks_our_503(&info) {
         count(|c| c.sip_acks_absorbed += 1);
@@ -212,9 +225,19 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
             return (class, Action::Drop);
         };
         if let Some(t) = SIP_TXNS.get_ptr_mut(&key) {
-            // SAFETY: a plain counter; races only undercount it.
-            unsafe { (*t).requests = (*t).requests.wrapping_add(1) };
-            class = Class::SipRetransmission;
+            // SAFETY: a plain counter and the flags of a live entry; races only undercount it.
+            let admitted = unsafe {
+                (*t).requests = (*t).requests.wrapping_add(1);
+                (*t).flags & TXN_ADMITTED != 0
+            };
+            // A retransmission is a copy of admitted work. A copy of a refused original asks
+            // for work the server never took on: judged as an original again, under the
+            // originals' limits, so sending every request twice buys nothing.
+            if admitted || SIP_PENDING.get_ptr(&key).is_some() {
+                class = Class::SipRetransmission;
+            } else {
+                count(|c| c.sip_copies_of_refused += 1);
+            }
         } else {
             // Unseen, or evicted from the LRU while its unit is still pending (which nothing
             // evicts): then it is a retransmission all the same.
@@ -267,9 +290,7 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
 /// and then a retransmission when the same request was seen before; otherwise an original.
 #[inline(always)]
 fn earned_exemption(info: &SipInfo) -> Class {
-    let in_dialog = info
-        .dialog_key()
-        .is_some_and(|k| SIP_DIALOGS.get_ptr(&k).is_some());
+    let in_dialog = info.dialog_key().is_some_and(|k| spend_dialog(&k));
     // An INVITE transaction the server took on (admitted): pending, or flagged so in SIP_TXNS.
     // One that was refused, or merely seen, buys its ACK and CANCEL nothing.
     let of_invite = matches!(info.method(), Method::Ack | Method::Cancel)
@@ -301,6 +322,29 @@ fn earned_exemption(info: &SipInfo) -> Class {
     Class::SipExempt
 }
 
+/// Whether the dialog `key` is one the server established and still has an exempt request to
+/// give: known, used within `DIALOG_IDLE_NS`, and under `MAX_DIALOG_REQUESTS`. Spends one.
+#[inline(always)]
+fn spend_dialog(key: &u64) -> bool {
+    let Some(d) = SIP_DIALOGS.get_ptr_mut(key) else {
+        return false;
+    };
+    let now = now_ns();
+    // SAFETY: fields of a live entry; a race between CPUs at worst lets one request more
+    // through than the ceiling.
+    let (last, requests) = unsafe { ((*d).last_ns, (*d).requests) };
+    if requests >= MAX_DIALOG_REQUESTS || now.saturating_sub(last) > DIALOG_IDLE_NS {
+        count(|c| c.sip_dialog_spent += 1);
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe {
+        (*d).requests = requests + 1;
+        (*d).last_ns = now;
+    }
+    true
+}
+
 #[inline(always)]
 fn count(f: impl FnOnce(&mut DatapathCounters)) {
     if let Some(c) = DP_COUNTERS.get_ptr_mut(0) {
@@ -324,10 +368,33 @@ pub fn sip_response<C: CopyOut>(ctx: &C, pkt: &Packet) {
     if info.establishes_dialog()
         && let Some(dialog) = info.dialog_key()
     {
+        let now = now_ns();
         let d = SipDialog {
-            established_ns: now_ns(),
+            established_ns: now,
+            last_ns: now,
+            requests: 0,
+            pad: 0,
         };
-        let _ = SIP_DIALOGS.insert(&dialog, &d, 0);
+        match SIP_DIALOGS.get_ptr_mut(&dialog) {
+            // A retransmitted 2xx (its ACK lost) or a re-INVITE's leaves the dialog's count;
+            // one to a dialog forgotten for idleness starts it afresh.
+            // SAFETY: fields of a live entry.
+            Some(e) => unsafe {
+                if now.saturating_sub((*e).last_ns) > DIALOG_IDLE_NS {
+                    *e = d;
+                }
+            },
+            None => {
+                let _ = SIP_DIALOGS.insert(&dialog, &d, u64::from(BPF_NOEXIST));
+            }
+        }
+    }
+    // The server's final answer to a BYE: the dialog is over, and buys nothing more.
+    if info.ends_dialog()
+        && let Some(dialog) = info.dialog_key()
+        && SIP_DIALOGS.remove(&dialog).is_ok()
+    {
+        count(|c| c.sip_dialogs_ended += 1);
     }
     let Some(key) = info.unit_key() else {
         return;

@@ -46,9 +46,9 @@ use gateway_common::{
 };
 
 use crate::{
-    admission::{answer, refusal},
+    admission::{answer, count_refusal, refusal},
     bytes::{ScratchBytes, opaque},
-    context::{Action, ConnectionLookup, CopyOut, Rewrite},
+    context::{Action, ConnectionLookup, CopyOut, Rewrite, Wanted},
     maps::{DP_CONFIG, TLS_COUNTERS, TLS_FLOWS, TLS_PENDING, TLS_REJECTS, TLS_SCRATCH},
     pending,
     reply::finisher_attached,
@@ -81,16 +81,31 @@ pub struct Scratch {
     tuple: [u8; 40],
 }
 
-/// Whether the kernel has the connection of `s.key` (a segment's, client to server). Skipped
-/// when the datapath config says so (test fixtures only).
+/// Whether the datapath config says to trust that segments have connections (test fixtures
+/// only: synthetic frames have no socket behind them).
 #[inline(always)]
-fn kernel_has_connection<C: ConnectionLookup>(ctx: &C, s: &mut Scratch, v4: bool) -> bool {
-    if DP_CONFIG
+fn trusting() -> bool {
+    DP_CONFIG
         .get(0)
         .is_some_and(|c| c.flags & CONFIG_TRUST_UNCONNECTED != 0)
-    {
-        return true;
-    }
+}
+
+/// Whether the kernel has what `wanted` asks for on the 4-tuple of `s.key` (a segment's, client
+/// to server). Always, when [`trusting`].
+#[inline(always)]
+fn kernel_has<C: ConnectionLookup>(ctx: &C, s: &mut Scratch, v4: bool, wanted: Wanted) -> bool {
+    trusting() || lookup(ctx, s, v4, wanted)
+}
+
+/// Whether the kernel still holds a live connection (not one in TIME_WAIT or closed) on the
+/// 4-tuple of `s.key`. Never, when [`trusting`] (a fixture's reused port is a new connection).
+#[inline(always)]
+fn kernel_has_live_connection<C: ConnectionLookup>(ctx: &C, s: &mut Scratch, v4: bool) -> bool {
+    !trusting() && lookup(ctx, s, v4, Wanted::Connection)
+}
+
+#[inline(always)]
+fn lookup<C: ConnectionLookup>(ctx: &C, s: &mut Scratch, v4: bool, wanted: Wanted) -> bool {
     let k = &s.key;
     let t = &mut s.tuple;
     let size = if v4 {
@@ -106,7 +121,7 @@ fn kernel_has_connection<C: ConnectionLookup>(ctx: &C, s: &mut Scratch, v4: bool
         t[34..36].copy_from_slice(&k.dport.to_be_bytes());
         36
     };
-    ctx.has_connection(t.as_mut_ptr(), size)
+    ctx.has(t.as_mut_ptr(), size, wanted)
 }
 
 /// One parser step, as a `bpf_loop` callback: returns 1 to stop.
@@ -239,17 +254,30 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     if !flow_key(b, pkt, &mut s.key, false) {
         return (Class::TlsFlow, Action::Pass);
     }
+    let v4 = pkt.ip_version == 4;
     // SAFETY: the flow entry is only touched by packets of its own connection.
-    let flow = TLS_FLOWS.get_ptr_mut(&s.key).map(|f| unsafe { &mut *f });
-    if t.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
-        // A new connection on a 4-tuple the table remembers (the client reused its port): the
-        // old entry goes, so the new hello is judged afresh rather than passed (or dropped) on
-        // the old one's verdict. The old connection's unit, if the server never answered it,
-        // ends by its own timeout (or when the new one is admitted, as expired).
+    let mut flow = TLS_FLOWS.get_ptr_mut(&s.key).map(|f| unsafe { &mut *f });
+    let syn = t.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN && !pkt.fragmented;
+    if syn {
         if flow.is_some() {
+            // While the kernel holds a live connection on this 4-tuple, a SYN changes nothing
+            // there (it gets a challenge ACK, RFC 5961), and nothing here either: a spoofed SYN
+            // must not end an admitted connection's entry. Otherwise the client reused its
+            // port for a new connection: the old entry goes, so the new hello is judged afresh.
+            // The old connection's unit, if the server never answered it, ends by its own
+            // timeout (or when the new one is admitted, as expired).
+            if kernel_has_live_connection(ctx, s, v4) {
+                return (Class::TlsFlow, Action::Pass);
+            }
             let _ = TLS_FLOWS.remove(&s.key);
+            flow = None;
         }
-        return (Class::TlsFlow, Action::Pass);
+        if payload_len == 0 {
+            return (Class::TlsFlow, Action::Pass);
+        }
+        // Data in the SYN (TCP Fast Open): the hello is judged here like any connection's
+        // first segment; a listener must be there to take it.
+        count(|c| c.syn_payloads += 1);
     }
     if let Some(f) = flow {
         match f.state {
@@ -265,6 +293,14 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
             _ => {}
         }
         // Pending: a later segment of the hello.
+        if pkt.fragmented {
+            // An IP-fragmented segment: the kernel reassembles it from fragments that carry no
+            // ports, so the hello cannot be followed to its end. Decided now as malformed:
+            // tls-new, never resumed, whatever this fragment holds (even nothing).
+            count(|c| c.fragmented_hellos += 1);
+            f.hello.verdict = Verdict::Malformed as u8;
+            return decide::<C>(&s.key, f, false);
+        }
         if payload_len == 0 {
             return (Class::TlsFlow, Action::Pass);
         }
@@ -285,33 +321,42 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
         {
             // Out of order or unreadable: decided as a new session.
             f.hello.verdict = Verdict::New as u8;
-            return decide(&s.key, f, C::SENDS_COPIES);
+            return decide::<C>(&s.key, f, true);
         }
         f.hello = s.state;
         f.next_seq = t.seq.wrapping_add(payload_len);
         if f.hello.verdict() == Verdict::Pending {
-            if !pkt.fragmented {
-                return (Class::TlsFlow, Action::Pass);
-            }
-            // The rest of this segment comes in fragments nobody judges: decided now.
-            f.hello.verdict = Verdict::Malformed as u8;
+            return (Class::TlsFlow, Action::Pass);
         }
-        return decide(&s.key, f, C::SENDS_COPIES);
+        return decide::<C>(&s.key, f, true);
     }
-    // A connection we do not know. Without payload (the TCP handshake, bare ACKs) it passes.
-    if payload_len == 0 {
+    // A connection we do not know. Without payload (the TCP handshake, bare ACKs) it passes;
+    // a fragment never does (what it carries comes with fragments nobody judges).
+    if payload_len == 0 && !pkt.fragmented {
         return (Class::TlsFlow, Action::Pass);
     }
-    // State only for connections the kernel really has: a spoofed segment costs one lookup, and
-    // neither a flow entry nor a unit of the backlog (the kernel would discard it anyway).
-    if !kernel_has_connection(ctx, s, pkt.ip_version == 4) {
+    // State only for connections the kernel really has (or, for a SYN's data, a listener that
+    // takes it): a spoofed segment costs one lookup, and neither a flow entry nor a unit of the
+    // backlog (the kernel would discard it anyway).
+    let wanted = if syn {
+        Wanted::Listener
+    } else {
+        Wanted::Connection
+    };
+    if !kernel_has(ctx, s, v4, wanted) {
         count(|c| c.no_connection += 1);
         return (Class::TlsFlow, Action::Drop);
     }
+    // A SYN's data starts one past its sequence number.
+    let data_seq = if syn { t.seq.wrapping_add(1) } else { t.seq };
     s.state = HelloState::new();
     let first = first_records(b, t.payload_offset as usize, payload_len);
-    let skip = first.skip;
-    match first.what {
+    if pkt.fragmented {
+        count(|c| c.fragmented_hellos += 1);
+    }
+    let skip = if pkt.fragmented { 0 } else { first.skip };
+    let what = if pkt.fragmented { 0xff } else { first.what };
+    match what {
         // The hello, after any ChangeCipherSpec or alert records in front of it: parsed.
         FIRST_HELLO => {
             let at = u32::from(t.payload_offset) + skip;
@@ -327,16 +372,10 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
         // admission.
         _ => s.state.verdict = Verdict::Malformed as u8,
     }
-    if pkt.fragmented && s.state.verdict() == Verdict::Pending {
-        // An IP-fragmented segment: its later fragments carry no ports, so the hello cannot be
-        // followed to its end. It is decided on what this first fragment holds: malformed,
-        // tls-new, never resumed.
-        s.state.verdict = Verdict::Malformed as u8;
-    }
     s.flow = TlsFlow {
         hello: s.state,
-        hello_seq: t.seq.wrapping_add(skip),
-        next_seq: t.seq.wrapping_add(payload_len),
+        hello_seq: data_seq.wrapping_add(skip),
+        next_seq: data_seq.wrapping_add(payload_len),
         state: FLOW_PENDING,
         class: Class::TlsNew as u8,
         pad: 0,
@@ -347,17 +386,18 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
         count(|c| c.multi_segment += 1);
         (Class::TlsFlow, Action::Pass)
     } else {
-        decide(&s.key, &mut s.flow, C::SENDS_COPIES)
+        // A fragment is refused without a reset (its sequence numbers would come from a
+        // segment only partly seen), and so is a SYN (the kernel holds nothing to reset).
+        decide::<C>(&s.key, &mut s.flow, !pkt.fragmented && !syn)
     };
     let _ = TLS_FLOWS.insert(&s.key, &s.flow, 0);
     result
 }
 
 /// Decides the complete hello in `f`: its class, then admission against the class's limits.
-/// `resets_server`: the hook's reply resets the server's socket too (`Rewrite::SENDS_COPIES`;
-/// on XDP, so does the finishing program when attached).
+/// `answerable`: a refusal may be answered with resets from the NIC (not for a fragment).
 #[inline(always)]
-fn decide(key: &FlowKey, f: &mut TlsFlow, resets_server: bool) -> (Class, Action) {
+fn decide<C: Rewrite>(key: &FlowKey, f: &mut TlsFlow, answerable: bool) -> (Class, Action) {
     count(|c| c.hellos += 1);
     let mut offer = [0u8; KEY_LEN];
     let class = match f.hello.verdict() {
@@ -402,18 +442,25 @@ fn decide(key: &FlowKey, f: &mut TlsFlow, resets_server: bool) -> (Class, Action
                 resume::give_back(&offer);
             }
             f.state = FLOW_REJECTED;
-            (class, reject(key, class, reason, resets_server))
+            (class, reject::<C>(key, class, reason, answerable))
         }
     }
 }
 
-/// Counts a rejection by reason and decides its answer (`crate::admission::refusal`). Unless
-/// that answer resets the server's socket in the kernel (`resets_server`), tells the daemon,
-/// which destroys the socket (and with it resets the client, if the NIC did not).
+/// Counts a rejection by reason and decides its answer (`crate::admission::refusal`; a drop
+/// when not `answerable`). Unless that answer resets the server's socket in the kernel (the
+/// hook's reply does, `Rewrite::SENDS_COPIES`; on XDP the finishing program, when attached),
+/// tells the daemon, which destroys the socket (and with it resets the client, if the NIC did
+/// not).
 #[inline(always)]
-fn reject(key: &FlowKey, class: Class, reason: u8, resets_server: bool) -> Action {
-    let action = refusal(class, reason);
-    if action == Action::Reject && (resets_server || finisher_attached()) {
+fn reject<C: Rewrite>(key: &FlowKey, class: Class, reason: u8, answerable: bool) -> Action {
+    let action = if answerable {
+        refusal(class, reason)
+    } else {
+        count_refusal(class, reason, false);
+        Action::Drop
+    };
+    if action == Action::Reject && (C::SENDS_COPIES || finisher_attached()) {
         return action;
     }
     // A full ring buffer loses the event (counted), not the rejection: the connection is still

@@ -6,6 +6,7 @@
 pub mod backend;
 pub mod daemon;
 pub mod frames;
+pub mod inject;
 pub mod kamailio;
 pub mod metrics;
 pub mod netns;

@@ -238,11 +238,19 @@ impl Default for TestProgram {
     }
 }
 
-/// Whether the program must refuse `frame` with no limits set: a SIP original (to udp/5060) that
-/// has no unit key, which no response could ever complete (see `SipInfo::unit_key`).
+/// Whether the program must drop `frame` with no limits set: a SIP original (to udp/5060) that
+/// has no unit key, which no response could ever complete (see `SipInfo::unit_key`), or no
+/// payload the program can read; or a frame that may reach a protected service and cannot be
+/// judged (a first fragment that ends before its ports, an IPv6 header chain past the parser's
+/// bounds).
 pub fn expected_refused(frame: &[u8]) -> bool {
     let pkt = parse(&SliceBytes(frame));
     let t = pkt.transport;
+    match pkt.kind {
+        Kind::Truncated => return pkt.fragmented,
+        Kind::Unparseable => return pkt.ip_version == 6 && pkt.proto != 50,
+        _ => {}
+    }
     if pkt.kind != Kind::Transport || (t.proto, t.dst_port) != (IPPROTO_UDP, 5060) {
         return false;
     }
@@ -253,7 +261,7 @@ pub fn expected_refused(frame: &[u8]) -> bool {
             let info = parse_sip(&SliceBytes(bytes), copied);
             info.class() == Class::SipOriginal && info.unit_key().is_none()
         }
-        _ => false,
+        _ => true,
     }
 }
 
@@ -275,6 +283,9 @@ pub fn expected_class(frame: &[u8], issued: &[[u8; KEY_LEN]]) -> Class {
     let start = t.payload_offset as usize;
     let payload_len = pkt.payload_len() as usize;
     match (kind, t.proto) {
+        // A first fragment of a connection not yet decided, whatever it carries (its ports
+        // alone included): a malformed hello.
+        (ServiceKind::Tls, IPPROTO_TCP) if pkt.fragmented => return Class::TlsNew,
         (ServiceKind::Tls, IPPROTO_TCP) => {}
         (ServiceKind::Sip, IPPROTO_UDP) => {
             // A fresh transaction: the message's own class. The program copies the first
@@ -289,6 +300,7 @@ pub fn expected_class(frame: &[u8], issued: &[[u8; KEY_LEN]]) -> Class {
     }
     // A new TLS connection: the hello (after any ChangeCipherSpec or alert records) opens a
     // flow; application data, or only such records, pass; anything else is a malformed hello.
+    // A SYN's data (TCP Fast Open) is judged the same way.
     if payload_len == 0 {
         return Class::TlsFlow;
     }

@@ -208,6 +208,116 @@ Content-Length: 0\r\n\r\n"
     )
 }
 
+/// Sends `msg` from `client` and waits for one datagram back (the socket's read timeout).
+fn exchange(client: &UdpSocket, msg: &str) -> Option<String> {
+    let mut buf = [0u8; 2048];
+    client.send_to(msg.as_bytes(), (GW_V4, 5060)).expect("send");
+    client
+        .recv_from(&mut buf)
+        .ok()
+        .map(|(n, _)| String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// Whether `answer` is the server's 200 OK (not a refusal, not silence).
+fn is_ok(answer: Option<String>) -> bool {
+    answer.is_some_and(|a| a.starts_with("SIP/2.0 200 OK"))
+}
+
+#[test]
+fn copies_of_refused_invites_are_judged_as_originals_not_retransmissions() {
+    if !have_root("copies_of_refused_invites_are_judged_as_originals") {
+        return;
+    }
+    let (net, _server, client) = sip_behind_the_gateway();
+    client
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    net.gateway_ok(&["policy", "set", "sip-original", "--rate", "0"]);
+    // Every INVITE sent twice, back to back: the copy asks for work the server never took on.
+    for n in 0..50 {
+        let invite = dialog_request("INVITE", &format!("twice-{n}"), 1, "");
+        for _ in 0..2 {
+            client
+                .send_to(invite.as_bytes(), (GW_V4, 5060))
+                .expect("send");
+        }
+    }
+    let mut buf = [0u8; 2048];
+    assert!(
+        client.recv_from(&mut buf).is_err(),
+        "the server answered a copy of a refused INVITE"
+    );
+    let stats = net.stats();
+    assert_eq!(class_counter(&stats, "sip-original", "dropped_rate"), 100);
+    assert_eq!(class_counter(&stats, "sip-retransmission", "packets"), 0);
+    assert_eq!(stats["datapath"]["sip_copies_of_refused"], 50, "{stats}");
+    // Open again: a copy of a refused INVITE is an original the server now takes on, and a copy
+    // of admitted work is a retransmission.
+    net.gateway_ok(&["policy", "clear", "sip-original"]);
+    let again = dialog_request("INVITE", "twice-0", 1, "");
+    assert!(is_ok(exchange(&client, &again)));
+    assert!(is_ok(exchange(&client, &again)));
+    let stats = net.stats();
+    assert_eq!(class_counter(&stats, "sip-original", "admitted"), 1);
+    assert_eq!(class_counter(&stats, "sip-retransmission", "admitted"), 1);
+}
+
+#[test]
+fn a_dialog_buys_a_bounded_number_of_exempt_requests_and_ends_with_its_bye() {
+    if !have_root("a_dialog_buys_a_bounded_number_of_exempt_requests") {
+        return;
+    }
+    let ceiling = gateway_common::maps::MAX_DIALOG_REQUESTS as usize;
+    let (net, _server, client) = sip_behind_the_gateway();
+    client
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let send = |msg: String| exchange(&client, &msg);
+    // One real call, then originals closed: its re-INVITEs are exempt up to the ceiling.
+    assert!(is_ok(send(dialog_request("INVITE", "long", 1, ""))));
+    net.gateway_ok(&["policy", "set", "sip-original", "--rate", "0"]);
+    let answered = (0..ceiling + 20)
+        .filter(|&n| {
+            is_ok(send(dialog_request(
+                "INVITE",
+                "long",
+                2 + n as u32,
+                "server1",
+            )))
+        })
+        .count();
+    assert_eq!(
+        answered, ceiling,
+        "re-INVITEs answered with originals closed"
+    );
+    // Past the ceiling the dialog's BYE is an original too.
+    assert!(!is_ok(send(dialog_request("BYE", "long", 9999, "server1"))));
+    let stats = net.stats();
+    assert_eq!(stats["datapath"]["sip_dialog_spent"], 21, "{stats}");
+    assert_eq!(
+        class_counter(&stats, "sip-exempt", "admitted"),
+        ceiling as u64
+    );
+    // Another call ends with its BYE's answer: nothing of it is exempt afterwards.
+    net.gateway_ok(&["policy", "clear", "sip-original"]);
+    assert!(is_ok(send(dialog_request("INVITE", "short", 1, ""))));
+    net.gateway_ok(&["policy", "set", "sip-original", "--rate", "0"]);
+    assert!(is_ok(send(dialog_request("INVITE", "short", 2, "server1"))));
+    assert!(is_ok(send(dialog_request("BYE", "short", 3, "server1"))));
+    assert_eq!(net.stats()["datapath"]["sip_dialogs_ended"], 1);
+    for cseq in 4..14 {
+        assert!(
+            !is_ok(send(dialog_request("INVITE", "short", cseq, "server1"))),
+            "a request of an ended dialog was answered"
+        );
+    }
+    let stats = net.stats();
+    assert_eq!(
+        class_counter(&stats, "sip-original", "dropped_rate"),
+        21 + 10
+    );
+}
+
 #[test]
 fn a_real_kamailio_dialog_passes_with_originals_closed_and_forgeries_do_not() {
     if !have_root("a_real_kamailio_dialog_passes_with_originals_closed") {

@@ -9,6 +9,10 @@
 //! pass at all, whatever its method, tags or marker; only responses are exempt. And nothing that
 //! arrives counts a completion.
 //!
+//! Each packet takes one of several shapes in turn (whole, IP-fragmented, a tiny first
+//! fragment, IPv6 behind long header chains, a hello in a SYN), and every SIP datagram is sent
+//! twice.
+//!
 //! (The campaign found one: a request of any method with `CSeq: 1 INVITE`, refused, was still
 //! recorded as a transaction, and an ACK or CANCEL of it then passed as exempt. An INVITE
 //! transaction now earns its ACK and CANCEL only once admitted.)
@@ -22,9 +26,9 @@ use gateway_common::{
     tls::offer_digest,
 };
 use gateway_tests::{
-    frames::Frame,
+    frames::{Frame, ext},
     have_root,
-    testrun::{Hook, TestProgram, expected_class},
+    testrun::{Hook, TestProgram, expected_class, expected_refused},
     tls::{capture_hello, s_client},
 };
 
@@ -53,6 +57,24 @@ fn mutate(rng: &mut Rng, payload: &[u8]) -> Vec<u8> {
         p[at] = rng.next() as u8;
     }
     p
+}
+
+/// The shapes the campaign's packets take in turn: whole (twice as often as any other), a
+/// first fragment, a tiny first fragment (8 bytes of the transport header), IPv6 behind seven
+/// destination-options headers (which the parser follows), and behind nine (which it does not).
+fn shaped(frame: Frame, turn: usize) -> Vec<u8> {
+    match turn % 6 {
+        0 | 1 => frame.build(),
+        2 => frame.ipv4_frag(0x2000).build(),
+        3 => {
+            let mut f = frame.ipv4_frag(0x2000).build();
+            f.truncate(14 + 20 + 8);
+            f[14 + 2..14 + 4].copy_from_slice(&28u16.to_be_bytes());
+            f
+        }
+        4 => frame.ipv6(&[(ext::DEST_OPTS, 8); 7]).build(),
+        _ => frame.ipv6(&[(ext::DEST_OPTS, 8); 9]).build(),
+    }
 }
 
 fn policy(prog: &mut TestProgram, class: Class, p: gateway_common::policy::Policy) {
@@ -161,34 +183,44 @@ fn a_million_mutated_packets_buy_no_privilege() {
             }
             let seed = &tls_seeds[n % tls_seeds.len()];
             let payload = mutate(&mut rng, seed);
-            let frame = Frame::tcp(443, &payload)
-                .from_port(1024 + (n % BATCH) as u16)
-                .build();
+            let mut frame = Frame::tcp(443, &payload).from_port(1024 + (n % BATCH) as u16);
+            // Every seventh hello rides in a SYN (TCP Fast Open).
+            if n % 7 == 3 {
+                frame = frame.flags(0x02);
+            }
+            let frame = shaped(frame, n / tls_seeds.len());
             let action = prog.run(Hook::Xdp, &frame, 1).0;
             let model = expected_class(&frame, &issued);
             if action == XDP_PASS {
                 assert!(
                     matches!(model, Class::TlsResumed | Class::TlsFlow | Class::Other),
-                    "packet {i}: passed, but the model says {model:?}: {payload:02x?}"
+                    "packet {i}: passed, but the model says {model:?}: {frame:02x?}"
                 );
+                assert!(!expected_refused(&frame), "packet {i}: {frame:02x?}");
                 resumed += u64::from(model == Class::TlsResumed);
             } else {
-                assert_eq!(model, Class::TlsNew, "packet {i}: {payload:02x?}");
+                assert!(
+                    model == Class::TlsNew || expected_refused(&frame),
+                    "packet {i}: refused, but the model says {model:?}: {frame:02x?}"
+                );
                 tls_refused += 1;
             }
         } else {
             let seed = SIP_SEEDS[n % SIP_SEEDS.len()].as_bytes();
             let payload = mutate(&mut rng, seed);
             let info = parse_sip(&SliceBytes(&payload), payload.len());
-            let frame = Frame::udp(5060, &payload).build();
-            let action = prog.run(Hook::Xdp, &frame, 1).0;
-            if action == XDP_PASS {
-                assert_eq!(
-                    info.kind(),
-                    Kind::Response,
-                    "packet {i}: a request passed: {info:?}"
-                );
-                responses += 1;
+            let frame = shaped(Frame::udp(5060, &payload), n / SIP_SEEDS.len());
+            // Every datagram is sent twice: a copy of a refused request buys nothing either.
+            for copy in 0..2 {
+                let action = prog.run(Hook::Xdp, &frame, 1).0;
+                if action == XDP_PASS {
+                    assert_eq!(
+                        info.kind(),
+                        Kind::Response,
+                        "packet {i} (copy {copy}): a request passed: {info:?}"
+                    );
+                    responses += 1;
+                }
             }
         }
     }

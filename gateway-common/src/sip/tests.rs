@@ -240,6 +240,12 @@ fn dialogs_and_invite_transactions_are_keyed_as_the_server_made_them() {
     // Provisional and non-INVITE 2xx responses make no dialog.
     assert!(!parse(b"SIP/2.0 180 Ringing\r\nCSeq: 1 INVITE\r\n\r\n").establishes_dialog());
     assert!(!parse(b"SIP/2.0 200 OK\r\nCSeq: 2 BYE\r\n\r\n").establishes_dialog());
+    // A BYE's final response ends the dialog, whatever its status; nothing else does.
+    assert!(parse(b"SIP/2.0 200 OK\r\nCSeq: 2 BYE\r\n\r\n").ends_dialog());
+    assert!(parse(b"SIP/2.0 481 Gone\r\nCSeq: 2 BYE\r\n\r\n").ends_dialog());
+    assert!(!parse(b"SIP/2.0 100 Trying\r\nCSeq: 2 BYE\r\n\r\n").ends_dialog());
+    assert!(!ok.ends_dialog());
+    assert!(!parse(bye.as_bytes()).ends_dialog());
     // CANCEL and ACK to a non-2xx reuse the INVITE's branch, Call-ID and CSeq number.
     let inv = parse(SIPP_INVITE).transaction_key();
     let cancel = invite.replacen("INVITE sip", "CANCEL sip", 1).replacen(

@@ -445,6 +445,15 @@ pub const CONFIG_DROP_UNPARSEABLE: u64 = 1 << 1;
 /// (BPF_PROG_TEST_RUN); the loader and the config never set it.
 pub const CONFIG_TRUST_UNCONNECTED: u64 = 1 << 2;
 
+/// [`DatapathConfig::finisher`]: the finishing program is attached.
+pub const FINISHER_ATTACHED: u32 = 1 << 0;
+/// [`DatapathConfig::finisher`]: the XDP reply program hands its SIP 503s to the finishing
+/// program, which sends them out of the device (`bpf_redirect` to its egress), rather than
+/// sending them itself with XDP_TX. For devices whose XDP_TX may not deliver: a veth delivers
+/// what XDP_TX sends only to a peer that runs NAPI (an XDP program of its own), which a
+/// container host's side of a pod does not.
+pub const FINISHER_SENDS_REPLIES: u32 = 1 << 1;
+
 /// How the program is attached, as recorded by the loader in [`DatapathConfig::attach_mode`].
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -498,10 +507,12 @@ pub struct DatapathConfig {
     pub reloads: u32,
     /// Reloads the daemon refused (the config was bad; nothing changed).
     pub reloads_refused: u32,
-    /// 1 when the loader attached the finishing program (`programs::TC_FINISH`) at this XDP
-    /// attachment's TC ingress: the XDP reply program then hands a refused TCP segment to the
-    /// stack as the server's reset, and the finishing program sends the client's. 0: the XDP
-    /// program resets the client alone (XDP_TX).
+    /// `FINISHER_*` bits. [`FINISHER_ATTACHED`] when the loader attached the finishing program
+    /// (`programs::TC_FINISH`) at this XDP attachment's TC ingress: the XDP reply program then
+    /// hands a refused TCP segment to the stack as the server's reset, and the finishing
+    /// program sends the client's; without it, the XDP program resets the client alone
+    /// (XDP_TX). [`FINISHER_SENDS_REPLIES`] too where XDP_TX may not deliver (native XDP on a
+    /// veth): SIP 503s are handed to the finishing program, which sends them out.
     pub finisher: u32,
 }
 

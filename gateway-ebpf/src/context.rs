@@ -76,13 +76,16 @@ pub trait Rewrite {
     fn send_copy(&self) -> bool;
 
     /// Marks the frame for the finishing program at TC ingress (XDP only): metadata holding
-    /// [`HANDED_OVER`] and `value`. Whether it could.
-    fn hand_over(&self, value: u32) -> bool;
+    /// `tag` ([`HANDED_OVER`] or [`SEND_OUT`]) and `value`. Whether it could.
+    fn hand_over(&self, tag: u32, value: u32) -> bool;
 }
 
 /// The metadata tag of a frame the XDP reply program hands to the finishing program
 /// (`b"GWRS"`): the server's reset, whose client still needs its own.
 pub const HANDED_OVER: u32 = u32::from_be_bytes(*b"GWRS");
+/// The metadata tag of a reply the XDP reply program hands to the finishing program to send out
+/// of the device (`b"GWTX"`), where XDP_TX may not deliver.
+pub const SEND_OUT: u32 = u32::from_be_bytes(*b"GWTX");
 
 impl Rewrite for XdpContext {
     const SENDS_COPIES: bool = false;
@@ -111,7 +114,7 @@ impl Rewrite for XdpContext {
     }
 
     #[inline(always)]
-    fn hand_over(&self, value: u32) -> bool {
+    fn hand_over(&self, tag: u32, value: u32) -> bool {
         // SAFETY: growing the metadata area by 8 bytes in front of the frame.
         if unsafe { bpf_xdp_adjust_meta(self.ctx, -8) } != 0 {
             return false;
@@ -122,7 +125,7 @@ impl Rewrite for XdpContext {
         }
         // SAFETY: the 8 metadata bytes just checked.
         unsafe {
-            *(meta as *mut [u8; 4]) = HANDED_OVER.to_ne_bytes();
+            *(meta as *mut [u8; 4]) = tag.to_ne_bytes();
             *((meta + 4) as *mut [u8; 4]) = value.to_ne_bytes();
         }
         true
@@ -167,15 +170,15 @@ impl Rewrite for TcContext {
     }
 
     #[inline(always)]
-    fn hand_over(&self, _value: u32) -> bool {
+    fn hand_over(&self, _tag: u32, _value: u32) -> bool {
         false
     }
 }
 
-/// The value the XDP reply program handed over with a frame ([`Rewrite::hand_over`]), if it
-/// did: read by the finishing program at TC ingress.
+/// The tag and value the XDP reply program handed over with a frame ([`Rewrite::hand_over`]),
+/// if it did: read by the finishing program at TC ingress.
 #[inline(always)]
-pub fn handed_over(ctx: &TcContext) -> Option<u32> {
+pub fn handed_over(ctx: &TcContext) -> Option<(u32, u32)> {
     // SAFETY: reads of the skb's metadata bounds, then of the 8 bytes checked against them.
     unsafe {
         let skb = ctx.skb.skb;
@@ -186,7 +189,7 @@ pub fn handed_over(ctx: &TcContext) -> Option<u32> {
         }
         let tag = u32::from_ne_bytes(*(meta as *const [u8; 4]));
         let value = u32::from_ne_bytes(*((meta + 4) as *const [u8; 4]));
-        (tag == HANDED_OVER).then_some(value)
+        (tag == HANDED_OVER || tag == SEND_OUT).then_some((tag, value))
     }
 }
 

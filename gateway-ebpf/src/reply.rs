@@ -16,12 +16,12 @@
 //!   (`crate::admission::answer`: a reply rate per class), decided before the jump here.
 
 use gateway_common::{
-    maps::{IPPROTO_TCP, IPPROTO_UDP},
+    maps::{FINISHER_ATTACHED, FINISHER_SENDS_REPLIES, IPPROTO_TCP, IPPROTO_UDP},
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
 };
 
 use crate::{
-    context::{Action, Rewrite},
+    context::{Action, HANDED_OVER, Rewrite, SEND_OUT},
     maps::DP_CONFIG,
     sip::compose_reply,
 };
@@ -241,7 +241,7 @@ pub fn reset<R: Rewrite>(ctx: &R, pkt: &Packet, frame_len: usize) -> Option<Acti
     if !ctx.truncate(new_len) {
         return None;
     }
-    if !R::SENDS_COPIES && finisher_attached() && ctx.hand_over(client_ack) {
+    if !R::SENDS_COPIES && finisher_attached() && ctx.hand_over(HANDED_OVER, client_ack) {
         let (tcp, pseudo) = h.rewrite(ctx, 20, IPPROTO_TCP, false)?;
         // SAFETY: rewrite checked 20 transport bytes.
         unsafe { write_reset(tcp, pseudo, seq, ack, false) };
@@ -265,7 +265,18 @@ pub fn reset<R: Rewrite>(ctx: &R, pkt: &Packet, frame_len: usize) -> Option<Acti
 /// Whether the finishing program is attached at this XDP attachment's TC ingress.
 #[inline(always)]
 pub fn finisher_attached() -> bool {
-    DP_CONFIG.get(0).is_some_and(|c| c.finisher != 0)
+    DP_CONFIG
+        .get(0)
+        .is_some_and(|c| c.finisher & FINISHER_ATTACHED != 0)
+}
+
+/// Whether the XDP reply program hands its replies to the finishing program to send
+/// (`FINISHER_SENDS_REPLIES`: a device whose XDP_TX may not deliver).
+#[inline(always)]
+fn finisher_sends_replies() -> bool {
+    DP_CONFIG
+        .get(0)
+        .is_some_and(|c| c.finisher & FINISHER_SENDS_REPLIES != 0)
 }
 
 /// The finishing program's body (TC ingress of an XDP attachment): a frame the XDP reply program
@@ -322,6 +333,11 @@ pub fn sip_503<R: Rewrite>(ctx: &R, pkt: &Packet, frame_len: usize) -> Option<Ac
         let c = fold(pseudo + sum16(udp, 8) + sum);
         // A computed zero is sent as all ones (zero means "no checksum", which IPv6 forbids).
         put16(udp.add(6), if c == 0 { 0xffff } else { c });
+    }
+    // Where XDP_TX may not deliver, the finishing program sends it (the frame goes up as far
+    // as TC ingress, and out from there).
+    if !R::SENDS_COPIES && finisher_sends_replies() {
+        return ctx.hand_over(SEND_OUT, 0).then_some(Action::Pass);
     }
     Some(Action::Tx)
 }

@@ -9,7 +9,7 @@ use gateway_common::{
 
 use crate::{
     bytes::SkbBytes,
-    context::handed_over,
+    context::{Action, SEND_OUT, handed_over},
     datapath::count_withheld_reset,
     datapath::{process, process_reply, process_sip, service_kind},
     reply::finish,
@@ -42,12 +42,17 @@ pub fn gateway_tc_reply(ctx: TcContext) -> i32 {
 
 /// The finishing program at the TC ingress of an XDP attachment: a frame the XDP reply program
 /// handed over (the server's reset of a refused connection) gets the client's reset sent as a
-/// copy, and goes on to the stack. Every other frame passes untouched, after one metadata check.
+/// copy, and goes on to the stack; a reply handed over to be sent (a 503, where XDP_TX may not
+/// deliver) goes out of the device. Every other frame passes untouched, after one metadata
+/// check.
 #[classifier]
 pub fn gateway_tc_finish(ctx: TcContext) -> i32 {
-    let Some(client_ack) = handed_over(&ctx) else {
+    let Some((tag, client_ack)) = handed_over(&ctx) else {
         return TC_ACT_OK;
     };
+    if tag == SEND_OUT {
+        return Action::Tx.tc(&ctx);
+    }
     let pkt = parse(&SkbBytes::new(&ctx));
     if pkt.kind != Kind::Transport || !finish(&ctx, &pkt, client_ack) {
         count_withheld_reset();

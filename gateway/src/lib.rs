@@ -10,6 +10,7 @@ pub mod config;
 pub mod controller;
 pub mod daemon;
 pub mod datapath_metrics;
+pub mod ethtool;
 pub mod issued;
 pub mod loader;
 pub mod maps;

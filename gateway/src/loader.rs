@@ -18,7 +18,9 @@ use aya::{
         xdp::XdpLink,
     },
 };
-use gateway_common::maps::{AttachMode, DatapathConfig, names, programs};
+use gateway_common::maps::{
+    AttachMode, DatapathConfig, FINISHER_ATTACHED, FINISHER_SENDS_REPLIES, names, programs,
+};
 use serde::Serialize;
 use thiserror::Error;
 
@@ -26,6 +28,7 @@ use crate::{
     EBPF_OBJECT,
     caps::{self, CapsError, Need},
     config::ModeRequest,
+    ethtool,
     maps::{Maps, MapsError},
     pins::{self, PinDir, PinsError},
 };
@@ -315,8 +318,14 @@ fn attach_egress(ebpf: &mut Ebpf, pd: &PinDir, iface: &str) -> Result<(), Loader
 
 /// Attaches an XDP attachment's finishing program at tcx ingress (pinned in `pd`, or replaced
 /// through its pinned link), then tells the datapath it may hand refused connections over to it
-/// (`DatapathConfig::finisher`).
-fn attach_finisher(ebpf: &mut Ebpf, pd: &PinDir, iface: &str) -> Result<(), LoaderError> {
+/// (`DatapathConfig::finisher`), and, in native mode on a device whose XDP_TX may not deliver (a
+/// veth), its replies too.
+fn attach_finisher(
+    ebpf: &mut Ebpf,
+    pd: &PinDir,
+    iface: &str,
+    mode: AttachMode,
+) -> Result<(), LoaderError> {
     attach_tcx(
         ebpf,
         programs::TC_FINISH,
@@ -324,9 +333,13 @@ fn attach_finisher(ebpf: &mut Ebpf, pd: &PinDir, iface: &str) -> Result<(), Load
         &pd.finish_link(),
         iface,
     )?;
+    let mut finisher = FINISHER_ATTACHED;
+    if mode == AttachMode::Native && ethtool::xdp_tx_may_vanish(iface) {
+        finisher |= FINISHER_SENDS_REPLIES;
+    }
     let mut maps = Maps::open(pd)?;
     let cfg = maps.config()?;
-    maps.set_config(DatapathConfig { finisher: 1, ..cfg })?;
+    maps.set_config(DatapathConfig { finisher, ..cfg })?;
     Ok(())
 }
 
@@ -425,7 +438,7 @@ fn fresh(pd: &PinDir, ifindex: u32, opts: &AttachOptions) -> Result<Attachment, 
     attach_egress(&mut ebpf, pd, iface)?;
     record_mode(pd, mode, ifindex)?;
     if mode != AttachMode::Tc {
-        attach_finisher(&mut ebpf, pd, iface)?;
+        attach_finisher(&mut ebpf, pd, iface, mode)?;
     }
     Ok(Attachment {
         iface: iface.clone(),
@@ -471,7 +484,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<Attachment, LoaderError>
     }
     attach_egress(&mut ebpf, pd, &opts.iface)?;
     if recorded != AttachMode::Tc {
-        attach_finisher(&mut ebpf, pd, &opts.iface)?;
+        attach_finisher(&mut ebpf, pd, &opts.iface, recorded)?;
     }
     let info = FdLink::from(PinnedLink::from_pin(pd.link())?).info()?;
     Ok(Attachment {

@@ -128,10 +128,19 @@ pub fn bare_xdp(ns: &str, ifname: &str) -> aya::Ebpf {
 }
 
 impl TestNet {
-    /// Creates the namespaces, the veth pair and the bpffs.
+    /// Creates the namespaces, the veth pair and the bpffs, with the bare program on the
+    /// peer's veth (see [`bare_xdp`]).
     pub fn new() -> Self {
+        let mut net = Self::without_peer_program();
+        net._peer_xdp = Some(bare_xdp(&net.peer_ns, &net.peer_if));
+        net
+    }
+
+    /// Creates the namespaces, the veth pair and the bpffs, and nothing on the peer's veth: as
+    /// a container host's side of a pod is, a veth whose XDP_TX delivers nothing.
+    pub fn without_peer_program() -> Self {
         let id = unique();
-        let mut net = TestNet {
+        let net = TestNet {
             gw_ns: format!("gwt{id}g"),
             peer_ns: format!("gwt{id}p"),
             gw_if: format!("gv{id}a"),
@@ -183,7 +192,6 @@ impl TestNet {
             must("ip", &["-n", ns, "link", "set", ifname, "up"]);
             must("ip", &["-n", ns, "link", "set", "lo", "up"]);
         }
-        net._peer_xdp = Some(bare_xdp(&net.peer_ns, &net.peer_if));
         net
     }
 

@@ -632,3 +632,57 @@ fn a_spoofed_syn_changes_nothing_for_an_admitted_connection() {
         "{stats}"
     );
 }
+
+#[test]
+fn a_refused_caller_on_a_veth_without_a_peer_program_gets_its_503_at_once() {
+    if !have_root("a_refused_caller_on_a_veth_without_a_peer_program") {
+        return;
+    }
+    // Nothing on the peer's veth: a 503 sent with XDP_TX would vanish there.
+    let net = TestNet::without_peer_program();
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    net.gateway_ok(&["service", "add", "sip", "5060"]);
+    net.gateway_ok(&[
+        "policy",
+        "set",
+        "sip-original",
+        "--rate",
+        "0",
+        "--refuse",
+        "reject",
+    ]);
+    let client = net.in_peer(|| UdpSocket::bind((PEER_V4, 5061)).expect("bind"));
+    client
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    let mut waits: Vec<Duration> = (0..20)
+        .map(|n| {
+            let start = Instant::now();
+            // With a body, as real INVITEs have: a 503 is never longer than its request.
+            let body = "v=0\r\n".repeat(40);
+            let request = invite(100 + n).replace(
+                "Content-Length: 0\r\n\r\n",
+                &format!("Content-Length: {}\r\n\r\n{body}", body.len()),
+            );
+            client
+                .send_to(request.as_bytes(), (GW_V4, 5060))
+                .expect("send");
+            let mut buf = [0u8; 2048];
+            let (len, _) = client.recv_from(&mut buf).unwrap_or_else(|e| {
+                panic!("INVITE {n}: no 503 within a second: {e}: {}", net.stats())
+            });
+            assert!(
+                buf[..len].starts_with(b"SIP/2.0 503"),
+                "{}",
+                String::from_utf8_lossy(&buf[..len])
+            );
+            start.elapsed()
+        })
+        .collect();
+    waits.sort();
+    // The median, so one scheduling hiccup of a busy machine does not decide it.
+    assert!(waits[10] < Duration::from_millis(10), "{waits:?}");
+    let stats = net.stats();
+    assert_eq!(stats["datapath"]["sip_replies_sent"], 20, "{stats}");
+    assert_eq!(class_counter(&stats, "sip-original", "rejected"), 20);
+}

@@ -9,7 +9,8 @@ use aya_ebpf::{
     helpers::generated::{
         bpf_clone_redirect, bpf_csum_level, bpf_redirect, bpf_sk_release, bpf_skb_change_tail,
         bpf_skb_load_bytes, bpf_skb_pull_data, bpf_skb_store_bytes, bpf_skc_lookup_tcp,
-        bpf_xdp_adjust_meta, bpf_xdp_adjust_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
+        bpf_tcp_check_syncookie, bpf_xdp_adjust_meta, bpf_xdp_adjust_tail, bpf_xdp_load_bytes,
+        bpf_xdp_store_bytes,
     },
     programs::{TcContext, XdpContext},
 };
@@ -225,11 +226,32 @@ pub enum Wanted {
     Listener,
 }
 
+/// Copies of a segment's IP and TCP headers, for the kernel's SYN-cookie check
+/// (`bpf_tcp_check_syncookie`).
+#[derive(Clone, Copy)]
+pub struct CookieAck {
+    /// The IP header (20 bytes for IPv4, 40 for IPv6).
+    pub iph: *mut u8,
+    /// Its length.
+    pub iph_len: u32,
+    /// The TCP header's first 20 bytes.
+    pub th: *mut u8,
+}
+
 /// Whether the kernel has a connection (or a listener) for a 4-tuple: a socket lookup, as
 /// xdp_synproxy does, so that segments of connections that do not exist create no state.
 pub trait ConnectionLookup {
     /// Looks `tuple` (`size` bytes, the packet's own direction) up in the device's namespace.
-    fn has(&self, tuple: *mut u8, size: u32, wanted: Wanted) -> bool;
+    /// For [`Wanted::Connection`], where only a listener is found, `cookie` (asked for then
+    /// only) gives the segment's headers: an acknowledgement carrying a SYN cookie the listener
+    /// accepts counts as a connection, since the kernel makes it from that very segment.
+    fn has(
+        &self,
+        tuple: *mut u8,
+        size: u32,
+        wanted: Wanted,
+        cookie: impl FnOnce() -> Option<CookieAck>,
+    ) -> bool;
 }
 
 /// `struct sock` states that are a connection the client really made: established, and a
@@ -240,7 +262,13 @@ const TCP_LISTEN: u32 = 10;
 const TCP_NEW_SYN_RECV: u32 = 12;
 
 #[inline(always)]
-fn lookup<C: EbpfContext>(ctx: &C, tuple: *mut u8, size: u32, wanted: Wanted) -> bool {
+fn lookup<C: EbpfContext>(
+    ctx: &C,
+    tuple: *mut u8,
+    size: u32,
+    wanted: Wanted,
+    cookie: impl FnOnce() -> Option<CookieAck>,
+) -> bool {
     // SAFETY: `tuple` points to 40 bytes of map memory; the result is released below.
     let sk = unsafe {
         bpf_skc_lookup_tcp(
@@ -254,26 +282,55 @@ fn lookup<C: EbpfContext>(ctx: &C, tuple: *mut u8, size: u32, wanted: Wanted) ->
     if sk.is_null() {
         return false;
     }
-    // SAFETY: a live socket reference, released right after the read.
+    // SAFETY: a live socket reference, released right after its use.
     let state = unsafe { (*sk).state };
-    unsafe { bpf_sk_release(sk.cast()) };
-    match wanted {
-        Wanted::Connection => matches!(state, TCP_ESTABLISHED | TCP_SYN_RECV | TCP_NEW_SYN_RECV),
+    let found = match wanted {
+        Wanted::Connection => {
+            matches!(state, TCP_ESTABLISHED | TCP_SYN_RECV | TCP_NEW_SYN_RECV)
+                || (state == TCP_LISTEN
+                    && cookie().is_some_and(|c| {
+                        // SAFETY: the listener found above; header copies of the sizes given.
+                        unsafe {
+                            bpf_tcp_check_syncookie(
+                                sk.cast(),
+                                c.iph.cast(),
+                                c.iph_len,
+                                c.th.cast(),
+                                20,
+                            ) == 0
+                        }
+                    }))
+        }
         Wanted::Listener => state == TCP_LISTEN,
-    }
+    };
+    // SAFETY: the reference taken above, released once.
+    unsafe { bpf_sk_release(sk.cast()) };
+    found
 }
 
 impl ConnectionLookup for XdpContext {
     #[inline(always)]
-    fn has(&self, tuple: *mut u8, size: u32, wanted: Wanted) -> bool {
-        lookup(self, tuple, size, wanted)
+    fn has(
+        &self,
+        tuple: *mut u8,
+        size: u32,
+        wanted: Wanted,
+        cookie: impl FnOnce() -> Option<CookieAck>,
+    ) -> bool {
+        lookup(self, tuple, size, wanted, cookie)
     }
 }
 
 impl ConnectionLookup for TcContext {
     #[inline(always)]
-    fn has(&self, tuple: *mut u8, size: u32, wanted: Wanted) -> bool {
-        lookup(self, tuple, size, wanted)
+    fn has(
+        &self,
+        tuple: *mut u8,
+        size: u32,
+        wanted: Wanted,
+        cookie: impl FnOnce() -> Option<CookieAck>,
+    ) -> bool {
+        lookup(self, tuple, size, wanted, cookie)
     }
 }
 

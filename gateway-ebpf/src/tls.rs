@@ -20,8 +20,15 @@
 //!   ([`tls_answer`]). Nothing the client sends completes it; unanswered, it expires.
 //! - Later packets of a decided connection cost one flow-table lookup: `tls-flow` when admitted,
 //!   dropped when rejected.
-//! - A SYN on a 4-tuple the table knows (the client reused its port) ends the old entry, so the
-//!   new connection is judged afresh.
+//! - A SYN on a 4-tuple the table knows ends the old entry, so the new connection is judged
+//!   afresh, once the kernel holds no live connection there (the client reused its port); while
+//!   it does, a SYN (spoofed, or a retransmission) changes nothing. Data in a SYN (TCP Fast
+//!   Open) is judged as a first segment, once a listener is found for it.
+//! - State is made only for connections the kernel has (a socket lookup): established, a
+//!   request socket, or one it makes from the very segment judged (an acknowledgement with a
+//!   valid SYN cookie, checked with the kernel's own `bpf_tcp_check_syncookie`).
+//! - An IP-fragmented segment of a connection not yet decided is a malformed hello (tls-new),
+//!   whatever its first fragment holds: the rest comes in fragments that carry no ports.
 //! - On a connection the table does not know, ChangeCipherSpec and alert records before the
 //!   hello are skipped (`gateway_common::tls::first_records`), so they cannot hide it. A first
 //!   segment that is not TLS (SSLv2, HTTP, garbage) is a malformed hello and judged as
@@ -48,7 +55,7 @@ use gateway_common::{
 use crate::{
     admission::{answer, count_refusal, refusal},
     bytes::{ScratchBytes, opaque},
-    context::{Action, ConnectionLookup, CopyOut, Rewrite, Wanted},
+    context::{Action, ConnectionLookup, CookieAck, CopyOut, Rewrite, Wanted},
     maps::{DP_CONFIG, TLS_COUNTERS, TLS_FLOWS, TLS_PENDING, TLS_REJECTS, TLS_SCRATCH},
     pending,
     reply::finisher_attached,
@@ -79,6 +86,10 @@ pub struct Scratch {
     flow: TlsFlow,
     /// The socket lookup's tuple (`bpf_sock_tuple`: IPv4 in its first 12 bytes, IPv6 in 36).
     tuple: [u8; 40],
+    /// A copy of the segment's IP header, for the SYN-cookie check (IPv4 in its first 20 bytes).
+    iph: [u8; 40],
+    /// A copy of the segment's TCP header's first 20 bytes, likewise.
+    th: [u8; 20],
 }
 
 /// Whether the datapath config says to trust that segments have connections (test fixtures
@@ -90,22 +101,41 @@ fn trusting() -> bool {
         .is_some_and(|c| c.flags & CONFIG_TRUST_UNCONNECTED != 0)
 }
 
-/// Whether the kernel has what `wanted` asks for on the 4-tuple of `s.key` (a segment's, client
-/// to server). Always, when [`trusting`].
+/// Whether the kernel has what `wanted` asks for on the 4-tuple of `s.key` (the segment
+/// `pkt`'s, client to server): for a connection, one it holds or one it makes from this very
+/// segment (an acknowledgement carrying a valid SYN cookie, when the listener sends cookies).
+/// Always, when [`trusting`].
 #[inline(always)]
-fn kernel_has<C: ConnectionLookup>(ctx: &C, s: &mut Scratch, v4: bool, wanted: Wanted) -> bool {
-    trusting() || lookup(ctx, s, v4, wanted)
+fn kernel_has<C: ConnectionLookup, B: PacketBytes>(
+    ctx: &C,
+    b: &B,
+    pkt: &Packet,
+    s: &mut Scratch,
+    wanted: Wanted,
+) -> bool {
+    trusting() || lookup(ctx, Some((b, pkt)), s, pkt.ip_version == 4, wanted)
 }
 
 /// Whether the kernel still holds a live connection (not one in TIME_WAIT or closed) on the
 /// 4-tuple of `s.key`. Never, when [`trusting`] (a fixture's reused port is a new connection).
 #[inline(always)]
-fn kernel_has_live_connection<C: ConnectionLookup>(ctx: &C, s: &mut Scratch, v4: bool) -> bool {
-    !trusting() && lookup(ctx, s, v4, Wanted::Connection)
+fn kernel_has_live_connection<C: ConnectionLookup, B: PacketBytes>(
+    ctx: &C,
+    s: &mut Scratch,
+    v4: bool,
+) -> bool {
+    !trusting() && lookup::<C, B>(ctx, None, s, v4, Wanted::Connection)
 }
 
+/// The socket lookup; with `segment`, the headers it copies for the SYN-cookie check.
 #[inline(always)]
-fn lookup<C: ConnectionLookup>(ctx: &C, s: &mut Scratch, v4: bool, wanted: Wanted) -> bool {
+fn lookup<C: ConnectionLookup, B: PacketBytes>(
+    ctx: &C,
+    segment: Option<(&B, &Packet)>,
+    s: &mut Scratch,
+    v4: bool,
+    wanted: Wanted,
+) -> bool {
     let k = &s.key;
     let t = &mut s.tuple;
     let size = if v4 {
@@ -121,7 +151,31 @@ fn lookup<C: ConnectionLookup>(ctx: &C, s: &mut Scratch, v4: bool, wanted: Wante
         t[34..36].copy_from_slice(&k.dport.to_be_bytes());
         36
     };
-    ctx.has(t.as_mut_ptr(), size, wanted)
+    let tuple = t.as_mut_ptr();
+    let (iph, th) = (&mut s.iph, &mut s.th);
+    ctx.has(tuple, size, wanted, || {
+        let (b, pkt) = segment?;
+        let l3 = pkt.l3_offset as usize;
+        let l4 = pkt.transport.l4_offset as usize;
+        let iph_len = if v4 {
+            let mut h = [0u8; 20];
+            if !b.read(l3, &mut h) {
+                return None;
+            }
+            iph[..20].copy_from_slice(&h);
+            20
+        } else {
+            b.read(l3, iph).then_some(40)?
+        };
+        if !b.read(l4, th) {
+            return None;
+        }
+        Some(CookieAck {
+            iph: iph.as_mut_ptr(),
+            iph_len,
+            th: th.as_mut_ptr(),
+        })
+    })
 }
 
 /// One parser step, as a `bpf_loop` callback: returns 1 to stop.
@@ -266,7 +320,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
             // port for a new connection: the old entry goes, so the new hello is judged afresh.
             // The old connection's unit, if the server never answered it, ends by its own
             // timeout (or when the new one is admitted, as expired).
-            if kernel_has_live_connection(ctx, s, v4) {
+            if kernel_has_live_connection::<C, B>(ctx, s, v4) {
                 return (Class::TlsFlow, Action::Pass);
             }
             let _ = TLS_FLOWS.remove(&s.key);
@@ -343,7 +397,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     } else {
         Wanted::Connection
     };
-    if !kernel_has(ctx, s, v4, wanted) {
+    if !kernel_has(ctx, b, pkt, s, wanted) {
         count(|c| c.no_connection += 1);
         return (Class::TlsFlow, Action::Drop);
     }

@@ -72,6 +72,157 @@ pub fn tcp_next_seqs(stream: &TcpStream) -> (u32, u32) {
     (snd, rcv)
 }
 
+/// A TCP handshake made by hand from the peer's namespace, with no socket of the peer's kernel
+/// behind it: a SYN from `from` (sequence number `isn`, no options) sent from a raw socket, and
+/// the server's SYN-ACK read off `ifname` (an AF_PACKET socket opened first). Returns the next
+/// sequence numbers of each side (`isn + 1`, the server's ISN + 1): with SYN cookies on, the
+/// server holds nothing until an acknowledgement carrying its cookie arrives. The peer's kernel
+/// answers the SYN-ACK with a reset, which a server holding nothing ignores.
+pub fn handshake_by_hand(
+    ifname: &str,
+    from: std::net::SocketAddrV4,
+    to: std::net::SocketAddrV4,
+    isn: u32,
+) -> (u32, u32) {
+    let name = std::ffi::CString::new(ifname).unwrap();
+    // SAFETY: socket syscalls on a descriptor this function owns and closes; reads into a
+    // local buffer of the size passed.
+    unsafe {
+        let fd = libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW,
+            i32::from((libc::ETH_P_ALL as u16).to_be()),
+        );
+        assert!(fd >= 0, "AF_PACKET: {}", std::io::Error::last_os_error());
+        let mut sll: libc::sockaddr_ll = std::mem::zeroed();
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+        sll.sll_ifindex = libc::if_nametoindex(name.as_ptr()) as i32;
+        let r = libc::bind(
+            fd,
+            (&raw const sll).cast(),
+            size_of::<libc::sockaddr_ll>() as u32,
+        );
+        assert_eq!(r, 0, "bind AF_PACKET: {}", std::io::Error::last_os_error());
+        let tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 100_000,
+        };
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const tv).cast(),
+            size_of::<libc::timeval>() as u32,
+        );
+        let syn = tcp_segment(
+            IpAddr::V4(*from.ip()),
+            IpAddr::V4(*to.ip()),
+            from.port(),
+            to.port(),
+            isn,
+            0,
+            SYN,
+            &[],
+        );
+        send_ip(
+            IpAddr::V4(*to.ip()),
+            &[ipv4_packet(*from.ip(), *to.ip(), TCP, &syn)],
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        let mut buf = [0u8; 2048];
+        let found = loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no SYN-ACK for {from} -> {to}"
+            );
+            let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
+            if n < 14 + 20 + 20 {
+                continue;
+            }
+            let f = &buf[..n as usize];
+            let (ip, l4) = (&f[14..], &f[14 + 20..]);
+            if f[12..14] != [0x08, 0x00] || ip[9] != TCP || ip[0] != 0x45 {
+                continue;
+            }
+            let (sport, dport) = (
+                u16::from_be_bytes([l4[0], l4[1]]),
+                u16::from_be_bytes([l4[2], l4[3]]),
+            );
+            if sport == to.port() && dport == from.port() && l4[13] & 0x12 == 0x12 {
+                break u32::from_be_bytes([l4[4], l4[5], l4[6], l4[7]]);
+            }
+        };
+        libc::close(fd);
+        (isn.wrapping_add(1), found.wrapping_add(1))
+    }
+}
+
+/// A client socket of the peer's kernel put straight into the established state of a
+/// connection whose handshake was made by hand ([`handshake_by_hand`]), with no packet sent:
+/// `TCP_REPAIR`, as checkpoint/restore uses it. What is written to it next goes out as the
+/// acknowledgement of the server's SYN-ACK, data riding on it.
+pub fn established_by_repair(
+    from: std::net::SocketAddrV4,
+    to: std::net::SocketAddrV4,
+    snd_nxt: u32,
+    rcv_nxt: u32,
+) -> TcpStream {
+    use std::os::fd::FromRawFd as _;
+    const TCP_REPAIR: i32 = 19;
+    const TCP_REPAIR_QUEUE: i32 = 20;
+    const TCP_QUEUE_SEQ: i32 = 21;
+    const TCP_REPAIR_WINDOW: i32 = 29;
+    const TCP_RECV_QUEUE: i32 = 1;
+    const TCP_SEND_QUEUE: i32 = 2;
+    const TCP_REPAIR_OFF_NO_WP: i32 = -1;
+    let sockaddr = |a: std::net::SocketAddrV4| {
+        let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        sa.sin_family = libc::AF_INET as u16;
+        sa.sin_port = a.port().to_be();
+        sa.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
+        sa
+    };
+    // SAFETY: socket syscalls on a new descriptor, owned by the returned stream.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0);
+        let set = |opt: i32, value: *const libc::c_void, len: usize| {
+            let r = libc::setsockopt(fd, libc::SOL_TCP, opt, value, len as u32);
+            assert_eq!(
+                r,
+                0,
+                "setsockopt {opt}: {}",
+                std::io::Error::last_os_error()
+            );
+        };
+        let int = |opt: i32, v: i32| set(opt, (&raw const v).cast(), 4);
+        int(TCP_REPAIR, 1);
+        int(TCP_REPAIR_QUEUE, TCP_SEND_QUEUE);
+        int(TCP_QUEUE_SEQ, snd_nxt as i32);
+        int(TCP_REPAIR_QUEUE, TCP_RECV_QUEUE);
+        int(TCP_QUEUE_SEQ, rcv_nxt as i32);
+        let (local, remote) = (sockaddr(from), sockaddr(to));
+        let r = libc::bind(
+            fd,
+            (&raw const local).cast(),
+            size_of::<libc::sockaddr_in>() as u32,
+        );
+        assert_eq!(r, 0, "bind: {}", std::io::Error::last_os_error());
+        let r = libc::connect(
+            fd,
+            (&raw const remote).cast(),
+            size_of::<libc::sockaddr_in>() as u32,
+        );
+        assert_eq!(r, 0, "repair connect: {}", std::io::Error::last_os_error());
+        // struct tcp_repair_window: snd_wl1, snd_wnd, max_window, rcv_wnd, rcv_wup.
+        let window: [u32; 5] = [rcv_nxt, 65535, 65535, 65535, rcv_nxt];
+        set(TCP_REPAIR_WINDOW, window.as_ptr().cast(), 20);
+        int(TCP_REPAIR, TCP_REPAIR_OFF_NO_WP);
+        TcpStream::from_raw_fd(fd)
+    }
+}
+
 /// One's-complement sum of `bytes` (an odd tail padded with a zero), folded to 16 bits.
 fn fold(mut sum: u32, bytes: &[u8]) -> u16 {
     for pair in bytes.chunks(2) {

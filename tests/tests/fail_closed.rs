@@ -20,8 +20,8 @@ use gateway_common::testing::HelloBuilder;
 use gateway_tests::{
     have_root,
     inject::{
-        PSH_ACK, SYN, TCP, UDP, ipv4_fragments, ipv4_packet, ipv6_with_dest_opts, send_ip,
-        tcp_next_seqs, tcp_segment, udp_datagram,
+        PSH_ACK, SYN, TCP, UDP, established_by_repair, handshake_by_hand, ipv4_fragments,
+        ipv4_packet, ipv6_with_dest_opts, send_ip, tcp_next_seqs, tcp_segment, udp_datagram,
     },
     netns::{GW_V4, GW_V6, PEER_V4, PEER_V6, TestNet, class_counter},
     sipserver::SlowSipServer,
@@ -685,4 +685,50 @@ fn a_refused_caller_on_a_veth_without_a_peer_program_gets_its_503_at_once() {
     let stats = net.stats();
     assert_eq!(stats["datapath"]["sip_replies_sent"], 20, "{stats}");
     assert_eq!(class_counter(&stats, "sip-original", "rejected"), 20);
+}
+
+#[test]
+fn with_syn_cookies_a_client_whose_ack_rides_on_its_hello_is_judged_and_served() {
+    if !have_root("with_syn_cookies_a_client_whose_ack_rides_on_its_hello") {
+        return;
+    }
+    let (net, server) = tls_behind_the_gateway();
+    // Cookies for every SYN, as a SYN flood switches them on: the server holds nothing until
+    // the acknowledgement that carries its cookie.
+    let out = net.exec(&net.gw_ns, "sysctl", &["-qw", "net.ipv4.tcp_syncookies=2"]);
+    assert!(out.status.success(), "{out:?}");
+    let to = std::net::SocketAddrV4::new(v4(GW_V4), 443);
+    let served = |port: u16, n: u8| {
+        let from = std::net::SocketAddrV4::new(v4(PEER_V4), port);
+        let peer_if = net.peer_if.clone();
+        let h = hello(n);
+        net.in_peer(|| {
+            let (snd, rcv) = handshake_by_hand(&peer_if, from, to, 0x1000_0000 + u32::from(port));
+            // Its pure ACK lost: the hello is the first thing the server gets after its SYN-ACK.
+            let mut s = established_by_repair(from, to, snd, rcv);
+            s.write_all(&h).unwrap();
+            s
+        });
+        server.got(&h, Duration::from_millis(1500))
+    };
+    for n in 0..3u8 {
+        assert!(served(41000 + u16::from(n), 80 + n), "client {n}");
+    }
+    let stats = net.stats();
+    assert_eq!(class_counter(&stats, "tls-new", "admitted"), 3, "{stats}");
+    assert_eq!(stats["tls"]["no_connection"], 0, "{stats}");
+    // Judged, not waved through: with tls-new closed the same clients are refused.
+    close_tls_new(&net);
+    for n in 0..3u8 {
+        assert!(
+            !served(42000 + u16::from(n), 90 + n),
+            "client {n} with tls-new closed"
+        );
+    }
+    let stats = net.stats();
+    assert_eq!(
+        class_counter(&stats, "tls-new", "dropped_backlog"),
+        3,
+        "{stats}"
+    );
 }

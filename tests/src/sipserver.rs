@@ -15,6 +15,18 @@ pub struct SlowSipServer {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// How the server spends a request's service time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Service {
+    /// Busy on the CPU for it: the server competes for the CPU like a real one.
+    Spinning,
+    /// Asleep until the request's completion on the FIFO's own schedule (the previous
+    /// completion, or the arrival if later, plus the service time), at nice -10: a server of
+    /// exactly known capacity whatever else runs on the machine. A late wake-up delays that one
+    /// reply; it moves no later completion, so scheduling delays never add up along the queue.
+    Paced,
+}
+
 impl SlowSipServer {
     /// Serves on `socket` (bound by the caller, in its namespace) with a receive buffer of
     /// `rcvbuf` bytes: an INVITE costs `invite_cost` of CPU, anything else `other_cost`.
@@ -23,6 +35,28 @@ impl SlowSipServer {
         rcvbuf: usize,
         invite_cost: Duration,
         other_cost: Duration,
+    ) -> Self {
+        Self::serve(socket, rcvbuf, invite_cost, other_cost, Service::Spinning)
+    }
+
+    /// As [`SlowSipServer::start`], but each request's service time is paced on the FIFO's
+    /// schedule rather than spent on the CPU (see `Service::Paced`): for measurements of a
+    /// server's capacity that must hold on a busy machine.
+    pub fn start_paced(
+        socket: UdpSocket,
+        rcvbuf: usize,
+        invite_cost: Duration,
+        other_cost: Duration,
+    ) -> Self {
+        Self::serve(socket, rcvbuf, invite_cost, other_cost, Service::Paced)
+    }
+
+    fn serve(
+        socket: UdpSocket,
+        rcvbuf: usize,
+        invite_cost: Duration,
+        other_cost: Duration,
+        service: Service,
     ) -> Self {
         let size = rcvbuf as libc::c_int;
         // SAFETY: setsockopt on an owned socket with an int option (FORCE: root may exceed
@@ -46,6 +80,16 @@ impl SlowSipServer {
         let stop_worker = stop.clone();
         let thread = std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
+            let mut free_at = Instant::now();
+            if service == Service::Paced {
+                // Ahead of other load on the machine too (nice -10): a paced server's replies
+                // leave on its schedule. Best effort.
+                // SAFETY: a plain syscall on the calling thread.
+                unsafe {
+                    let tid = libc::gettid();
+                    libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -10);
+                }
+            }
             while !stop_worker.load(std::sync::atomic::Ordering::Relaxed) {
                 let Ok((n, peer)) = worker.recv_from(&mut buf) else {
                     continue;
@@ -57,8 +101,16 @@ impl SlowSipServer {
                     other_cost
                 };
                 let start = Instant::now();
-                while start.elapsed() < cost {
-                    std::hint::spin_loop();
+                match service {
+                    Service::Spinning => {
+                        while start.elapsed() < cost {
+                            std::hint::spin_loop();
+                        }
+                    }
+                    Service::Paced => {
+                        free_at = free_at.max(start) + cost;
+                        std::thread::sleep(free_at.saturating_duration_since(Instant::now()));
+                    }
                 }
                 let reply = if req.starts_with("INVITE ") {
                     Some(respond(&req, "200 OK", true))

@@ -120,6 +120,9 @@ pub mod programs {
 
     /// A bare `XDP_PASS` program, the baseline of the per-packet cost benchmark.
     pub const XDP_BARE_PASS: &str = "gateway_bare_pass";
+    /// The sweep program: ends expired units now. Attached nowhere; the daemon runs it by
+    /// `BPF_PROG_TEST_RUN`.
+    pub const SWEEP: &str = "gateway_sweep";
 }
 
 /// Maximum number of protected services (entries of the services map).

@@ -152,7 +152,7 @@ pub fn sweep_if_due(class: Class) {
     let Some(st) = CLASS_STATE.get_ptr_mut(class.id()) else {
         return;
     };
-    let mut now = now_ns();
+    let now = now_ns();
     // SAFETY: a plain schedule; a racing CPU at worst sweeps once more.
     unsafe {
         if core::ptr::read_volatile(&raw const (*st).sweep_ns) > now {
@@ -160,6 +160,18 @@ pub fn sweep_if_due(class: Class) {
         }
         core::ptr::write_volatile(&raw mut (*st).sweep_ns, now + SWEEP_INTERVAL_NS);
     }
+    sweep(class, now);
+}
+
+/// Releases the expired units of `class`'s table now, whatever its schedule (the daemon's
+/// sweep program, after it marked the units whose connection is gone).
+#[inline(always)]
+pub fn sweep_now(class: Class) {
+    sweep(class, now_ns());
+}
+
+#[inline(always)]
+fn sweep(class: Class, mut now: u64) {
     let (map, callback) = match class {
         Class::TlsNew | Class::TlsResumed => (
             (&raw const TLS_PENDING).cast_mut().cast::<c_void>(),

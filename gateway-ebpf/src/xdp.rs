@@ -2,9 +2,12 @@
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 
+use gateway_common::Class;
+
 use crate::{
     bytes::XdpBytes,
     datapath::{process, process_reply, process_sip},
+    pending::sweep_now,
 };
 
 /// The ingress classifier at the NIC.
@@ -32,5 +35,16 @@ pub fn gateway_xdp_reply(ctx: XdpContext) -> u32 {
 /// A program that passes everything and does nothing else: the benchmark's baseline.
 #[xdp]
 pub fn gateway_bare_pass(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}
+
+/// Ends the expired units of the TLS and SIP tables now (the sweep the datapath otherwise runs
+/// at admissions, at most every `SWEEP_INTERVAL_NS`). Attached nowhere: the daemon runs it by
+/// `BPF_PROG_TEST_RUN` after marking the units whose connection is gone, so they end (and are
+/// counted, by the datapath alone) without waiting for the next arrival.
+#[xdp]
+pub fn gateway_sweep(_ctx: XdpContext) -> u32 {
+    sweep_now(Class::TlsNew);
+    sweep_now(Class::SipOriginal);
     xdp_action::XDP_PASS
 }

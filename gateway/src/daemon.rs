@@ -220,6 +220,12 @@ async fn serve(
     let mut reject_tasks = Vec::new();
     for a in &attached {
         reject_tasks.push(tokio::spawn(destroy_rejected(a.clone())));
+        // Loaded (and verified) here, before the daemon says it is ready: not on the control
+        // thread while it serves.
+        match loader::Sweeper::load(a.pins()) {
+            Ok(sweeper) => reject_tasks.push(tokio::spawn(reap_gone_units(a.clone(), sweeper))),
+            Err(e) => warn!(iface = %a.iface(), error = %e, "cannot load the sweep program"),
+        }
     }
     let stop = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -522,6 +528,66 @@ async fn destroy_rejected(attached: Arc<Attached>) {
             }
         }
         guard.clear_ready();
+    }
+}
+
+/// How often the daemon looks for admitted TLS connections whose socket the kernel dropped.
+const REAP_INTERVAL: Duration = Duration::from_millis(200);
+/// A unit younger than this is left alone: its connection may still be on its way to a socket.
+const REAP_MIN_AGE_NS: u64 = 300_000_000;
+/// Socket lookups in one pass at most (each is one netlink round trip on the control thread).
+const REAP_MAX_LOOKUPS: usize = 1024;
+
+/// Ends, by way of the datapath, the admitted TLS connections whose socket is gone: a unit the
+/// server can never answer (the kernel dropped the connection on a listen overflow or a
+/// request socket's timeout, or a reset closed it before the server read it) would otherwise
+/// hold its class's place until its timeout, refusing live clients in front of an idle server.
+/// Each pass looks up the sockets of units older than `REAP_MIN_AGE_NS`, marks those the kernel
+/// no longer has (`Maps::mark_tls_unit_gone`) and runs the datapath's sweep program, which ends
+/// them as expired (the datapath alone counts ends, so the backlog stays exact).
+async fn reap_gone_units(attached: Arc<Attached>, sweeper: loader::Sweeper) {
+    let iface = attached.iface().to_string();
+    let mut diag = match SockDiag::new() {
+        Ok(d) => d,
+        Err(e) => return warn!(%iface, error = %e, "cannot look for connections that are gone"),
+    };
+    let mut tick = tokio::time::interval(REAP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = crate::maps::monotonic_ns();
+        let units = match attached.maps().tls_pending() {
+            Ok(u) => u,
+            Err(e) => {
+                warn!(%iface, error = %e, "cannot read the pending connections");
+                continue;
+            }
+        };
+        let mut gone = 0;
+        for (key, unit) in units
+            .into_iter()
+            .filter(|(_, u)| u.deadline_ns != 0 && u.admitted_ns + REAP_MIN_AGE_NS < now)
+            .take(REAP_MAX_LOOKUPS)
+        {
+            let (server, client) = flow_addrs(&key);
+            match diag.tcp_exists(server, client) {
+                Ok(true) => {}
+                Ok(false) => match attached.maps().mark_tls_unit_gone(&key, unit) {
+                    Ok(marked) => gone += usize::from(marked),
+                    Err(e) => warn!(%iface, error = %e, "cannot end a connection that is gone"),
+                },
+                Err(e) => {
+                    warn!(%iface, error = %e, "cannot look a pending connection up");
+                    break;
+                }
+            }
+        }
+        if gone > 0 {
+            match sweeper.sweep() {
+                Ok(()) => debug!(%iface, gone, "admitted connections whose socket is gone, ended"),
+                Err(e) => warn!(%iface, error = %e, "cannot sweep"),
+            }
+        }
     }
 }
 

@@ -12,7 +12,8 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader,
     pin::PinError,
     programs::{
-        LinkOrder, ProgramError, SchedClassifier, TcAttachType, Xdp, XdpMode,
+        LinkOrder, ProgramError, SchedClassifier, TcAttachType, TestRun, TestRunOptions, Xdp,
+        XdpMode,
         links::{FdLink, LinkError, PinnedLink},
         tc::{SchedClassifierLink, TcAttachOptions},
         xdp::XdpLink,
@@ -224,6 +225,46 @@ pub fn load_pinned(pd: &PinDir, log_level: u8) -> Result<Ebpf, LoaderError> {
     }
     loader.override_global("AYA_LOG_LEVEL", &log_level, false);
     Ok(loader.load(EBPF_OBJECT)?)
+}
+
+/// An attachment's sweep program (`programs::SWEEP`), loaded against its pinned maps and
+/// attached nowhere: [`Sweeper::sweep`] runs it once, ending the units whose deadline passed
+/// now rather than at the datapath's next admission.
+pub struct Sweeper {
+    ebpf: Ebpf,
+}
+
+impl Sweeper {
+    /// Loads the sweep program against the maps pinned in `pd`.
+    pub fn load(pd: &PinDir) -> Result<Self, LoaderError> {
+        let mut ebpf = load_pinned(pd, 0)?;
+        let prog: &mut Xdp = ebpf
+            .program_mut(programs::SWEEP)
+            .expect("object has the sweep program")
+            .try_into()
+            .map_err(program_err("sweep program"))?;
+        prog.load()
+            .map_err(program_err("loading the sweep program"))?;
+        Ok(Sweeper { ebpf })
+    }
+
+    /// Runs the sweep once (`BPF_PROG_TEST_RUN` on a dummy frame).
+    pub fn sweep(&self) -> Result<(), LoaderError> {
+        let prog: &Xdp = self
+            .ebpf
+            .program(programs::SWEEP)
+            .expect("loaded in Sweeper::load")
+            .try_into()
+            .map_err(program_err("sweep program"))?;
+        let frame = [0u8; 64];
+        prog.test_run(TestRunOptions {
+            data_in: Some(&frame),
+            repeat: 1,
+            ..Default::default()
+        })
+        .map_err(program_err("running the sweep program"))?;
+        Ok(())
+    }
 }
 
 fn xdp(ebpf: &mut Ebpf) -> Result<&mut Xdp, LoaderError> {

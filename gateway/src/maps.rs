@@ -326,6 +326,33 @@ impl Maps {
         Ok(())
     }
 
+    /// Every admitted TLS connection the server has not answered yet.
+    pub fn tls_pending(&self) -> Result<Vec<(FlowKey, Pending)>, MapsError> {
+        self.tls_pending
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(op(names::TLS_PENDING))
+    }
+
+    /// Marks the pending unit `key` (as read: `unit`) as one whose connection is gone: its
+    /// deadline set to 0, so the datapath's next sweep of its class ends it as expired and
+    /// counts it there (the datapath alone counts ends, so the backlog stays exact). `false`
+    /// when the unit had ended in the meantime.
+    pub fn mark_tls_unit_gone(&mut self, key: &FlowKey, unit: Pending) -> Result<bool, MapsError> {
+        const BPF_EXIST: u64 = 2;
+        let gone = Pending {
+            deadline_ns: 0,
+            ..unit
+        };
+        match self.tls_pending.insert(key, gone, BPF_EXIST) {
+            Ok(()) => Ok(true),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(false)
+            }
+            Err(e) => Err(op(names::TLS_PENDING)(e)),
+        }
+    }
+
     /// Every tracked TLS connection.
     pub fn tls_flows(&self) -> Result<Vec<(FlowKey, TlsFlow)>, MapsError> {
         self.tls_flows

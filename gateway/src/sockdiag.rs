@@ -1,4 +1,5 @@
-//! Destroys TCP sockets through sock_diag's `SOCK_DESTROY` (the mechanism behind `ss -K`).
+//! Destroys TCP sockets through sock_diag's `SOCK_DESTROY` (the mechanism behind `ss -K`), and
+//! asks whether one still exists.
 //!
 //! When the datapath rejects a TLS connection it drops the ClientHello at the NIC. The server's
 //! socket for that connection already exists (the TCP handshake finished before the hello was
@@ -127,15 +128,51 @@ impl SockDiag {
         }
     }
 
-    /// Looks the connection up, then destroys it by cookie.
-    fn request(
+    /// Whether the kernel still has the TCP connection whose local end is `local` and whose
+    /// peer is `remote` (established, a request socket, or closing), as AF_INET and then as an
+    /// IPv4-mapped AF_INET6 socket; a lookup that falls back to the listener is no connection.
+    pub fn tcp_exists(
+        &mut self,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) -> Result<bool, SockDiagError> {
+        let err = |source| SockDiagError::Destroy {
+            local,
+            remote,
+            source,
+        };
+        let tries: &[(u8, [u8; 16], [u8; 16])] = &match (local.ip(), remote.ip()) {
+            (IpAddr::V4(l), IpAddr::V4(r)) => vec![
+                (libc::AF_INET as u8, v4(l), v4(r)),
+                (
+                    libc::AF_INET6 as u8,
+                    l.to_ipv6_mapped().octets(),
+                    r.to_ipv6_mapped().octets(),
+                ),
+            ],
+            (l, r) => vec![(libc::AF_INET6 as u8, v6(l).octets(), v6(r).octets())],
+        };
+        for (family, src, dst) in tries {
+            match self.lookup(*family, local.port(), src, remote.port(), dst) {
+                Ok(Some(_)) => return Ok(true),
+                Ok(None) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(err(e)),
+            }
+        }
+        Ok(false)
+    }
+
+    /// Looks a connection up: its cookie, or `None` when the lookup fell back to the listener
+    /// (the connection is gone).
+    fn lookup(
         &mut self,
         family: u8,
         sport: u16,
         src: &[u8; 16],
         dport: u16,
         dst: &[u8; 16],
-    ) -> io::Result<()> {
+    ) -> io::Result<Option<[u8; 8]>> {
         let reply = self.exchange(
             SOCK_DIAG_BY_FAMILY,
             family,
@@ -154,11 +191,26 @@ impl SockDiag {
         let state = msg[1];
         let peer_port = u16::from_be_bytes([msg[6], msg[7]]);
         if state == TCP_LISTEN || peer_port != dport {
-            // The lookup fell back to the listener: the connection is gone.
-            return Err(io::Error::from_raw_os_error(libc::ENOENT));
+            return Ok(None);
         }
         let mut cookie = [0u8; 8];
         cookie.copy_from_slice(&msg[4 + 40..4 + 48]);
+        Ok(Some(cookie))
+    }
+
+    /// Looks the connection up, then destroys it by cookie.
+    fn request(
+        &mut self,
+        family: u8,
+        sport: u16,
+        src: &[u8; 16],
+        dport: u16,
+        dst: &[u8; 16],
+    ) -> io::Result<()> {
+        // A lookup that fell back to the listener: the connection is gone.
+        let cookie = self
+            .lookup(family, sport, src, dport, dst)?
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
         self.exchange(SOCK_DESTROY, family, sport, src, dport, dst, cookie)
             .map(drop)
     }

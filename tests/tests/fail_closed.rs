@@ -732,3 +732,82 @@ fn with_syn_cookies_a_client_whose_ack_rides_on_its_hello_is_judged_and_served()
         "{stats}"
     );
 }
+
+#[test]
+fn units_whose_connection_is_gone_leave_the_backlog_within_a_second() {
+    if !have_root("units_whose_connection_is_gone_leave_the_backlog") {
+        return;
+    }
+    // A server that reads hellos and never answers them: every admitted connection stays a
+    // unit of the backlog until it ends.
+    let net = TestNet::new();
+    let listener = net.in_gw(|| TcpListener::bind("[::]:443").expect("bind"));
+    let server = RecordingServer::start(listener);
+    let dir = gateway_tests::fresh_temp_dir("gwt-gone");
+    let _daemon = gateway_tests::daemon::Daemon::start_config(
+        &net,
+        &dir,
+        "services:\n  - kind: tls\n    port: 443\npolicy:\n  tls-new:\n    backlog: 5\n    timeout: 60s\n",
+    );
+    let backlog = || class_counter(&net.stats(), "tls-new", "backlog");
+    // Two clients that stay, three whose connections the kernel then drops (a reset before the
+    // server answered: the socket is gone, as after a listen overflow or a request socket's
+    // timeout), filling the backlog of 5.
+    let mut live = Vec::new();
+    for n in 0..5u8 {
+        let (mut stream, _, _) = connect(&net, false);
+        let h = hello(110 + n);
+        stream.write_all(&h).unwrap();
+        assert!(
+            server.got(&h, Duration::from_secs(2)),
+            "client {n} admitted"
+        );
+        live.push(stream);
+    }
+    assert_eq!(backlog(), 5);
+    for stream in live.drain(2..) {
+        // SO_LINGER 0: close sends a reset.
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: a plain option on a socket this test owns, closed right after.
+        unsafe {
+            libc::setsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&raw const linger).cast(),
+                size_of::<libc::linger>() as u32,
+            );
+        }
+        drop(stream);
+    }
+    // With no other traffic, the backlog comes back to the two live connections within a
+    // second (a 60 s timeout would otherwise hold the three places).
+    let start = Instant::now();
+    while backlog() != 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "backlog {} after {:?}",
+            backlog(),
+            start.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "backlog back to the live connections in {:?}",
+        start.elapsed()
+    );
+    let stats = net.stats();
+    assert_eq!(class_counter(&stats, "tls-new", "expired"), 3, "{stats}");
+    // New clients are served in the places freed; the live ones still hold theirs.
+    for n in 0..3u8 {
+        let (mut stream, _, _) = connect(&net, false);
+        let h = hello(120 + n);
+        stream.write_all(&h).unwrap();
+        assert!(server.got(&h, Duration::from_secs(2)), "new client {n}");
+        live.push(stream);
+    }
+    assert_eq!(backlog(), 5);
+}

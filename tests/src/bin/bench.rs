@@ -294,11 +294,18 @@ fn sip_costs(r: &mut Report, prog: &mut TestProgram) {
 From: sipp <sip:sipp@10.99.0.2:5061>;tag=4101SIPpTag001\r\n\
 To: service <sip:service@10.99.0.1:5060>;tag=srv\r\n\
 Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
-    prog.run(
-        Hook::TcEgress,
-        &Frame::udp(5061, ok).from_port(5060).build(),
-        1,
-    );
+    let established = Frame::udp(5061, ok).from_port(5060).build();
+    // The server's answer to the BYE, which ends the dialog: run before each re-establishment,
+    // so that every measured BYE meets a fresh dialog (one dialog buys 256 exempt requests).
+    let ended = Frame::udp(
+        5061,
+        b"SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-b\r\n\
+From: sipp <sip:sipp@10.99.0.2:5061>;tag=4101SIPpTag001\r\n\
+To: service <sip:service@10.99.0.1:5060>;tag=srv\r\n\
+Call-ID: 1-4101@10.99.0.2\r\nCSeq: 2 BYE\r\n\r\n",
+    )
+    .from_port(5060)
+    .build();
     let bye = Frame::udp(
         5060,
         b"BYE sip:service@10.99.0.1:5060 SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-b\r\n\
@@ -310,6 +317,8 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 2 BYE\r\n\r\n",
     let (mut ours, mut bare) = (Vec::new(), Vec::new());
     for _ in 0..SINGLE {
         prog.forget();
+        prog.run(Hook::TcEgress, &ended, 1);
+        prog.run(Hook::TcEgress, &established, 1);
         ours.push(prog.run(Hook::Xdp, &bye, 1).1);
         bare.push(prog.run(Hook::BarePass, &bye, 1).1);
     }

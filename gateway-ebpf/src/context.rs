@@ -308,20 +308,8 @@ fn lookup<C: EbpfContext>(
     found
 }
 
-impl ConnectionLookup for XdpContext {
-    #[inline(always)]
-    fn has(
-        &self,
-        tuple: *mut u8,
-        size: u32,
-        wanted: Wanted,
-        cookie: impl FnOnce() -> Option<CookieAck>,
-    ) -> bool {
-        lookup(self, tuple, size, wanted, cookie)
-    }
-}
-
-impl ConnectionLookup for TcContext {
+/// The same helpers serve both hooks.
+impl<C: EbpfContext> ConnectionLookup for C {
     #[inline(always)]
     fn has(
         &self,

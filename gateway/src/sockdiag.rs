@@ -92,40 +92,24 @@ impl SockDiag {
         local: SocketAddr,
         remote: SocketAddr,
     ) -> Result<(), SockDiagError> {
-        let err = |source| SockDiagError::Destroy {
+        let mut last = io::Error::from_raw_os_error(libc::ENOENT);
+        for (family, src, dst) in families(local, remote) {
+            match self.request(family, local.port(), &src, remote.port(), &dst) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => last = e,
+                other => {
+                    return other.map_err(|source| SockDiagError::Destroy {
+                        local,
+                        remote,
+                        source,
+                    });
+                }
+            }
+        }
+        Err(SockDiagError::Destroy {
             local,
             remote,
-            source,
-        };
-        match (local.ip(), remote.ip()) {
-            (IpAddr::V4(l), IpAddr::V4(r)) => match self.request(
-                libc::AF_INET as u8,
-                local.port(),
-                &v4(l),
-                remote.port(),
-                &v4(r),
-            ) {
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => self
-                    .request(
-                        libc::AF_INET6 as u8,
-                        local.port(),
-                        &l.to_ipv6_mapped().octets(),
-                        remote.port(),
-                        &r.to_ipv6_mapped().octets(),
-                    )
-                    .map_err(err),
-                other => other.map_err(err),
-            },
-            (l, r) => self
-                .request(
-                    libc::AF_INET6 as u8,
-                    local.port(),
-                    &v6(l).octets(),
-                    remote.port(),
-                    &v6(r).octets(),
-                )
-                .map_err(err),
-        }
+            source: last,
+        })
     }
 
     /// Whether the kernel still has the TCP connection whose local end is `local` and whose
@@ -136,28 +120,18 @@ impl SockDiag {
         local: SocketAddr,
         remote: SocketAddr,
     ) -> Result<bool, SockDiagError> {
-        let err = |source| SockDiagError::Destroy {
-            local,
-            remote,
-            source,
-        };
-        let tries: &[(u8, [u8; 16], [u8; 16])] = &match (local.ip(), remote.ip()) {
-            (IpAddr::V4(l), IpAddr::V4(r)) => vec![
-                (libc::AF_INET as u8, v4(l), v4(r)),
-                (
-                    libc::AF_INET6 as u8,
-                    l.to_ipv6_mapped().octets(),
-                    r.to_ipv6_mapped().octets(),
-                ),
-            ],
-            (l, r) => vec![(libc::AF_INET6 as u8, v6(l).octets(), v6(r).octets())],
-        };
-        for (family, src, dst) in tries {
-            match self.lookup(*family, local.port(), src, remote.port(), dst) {
+        for (family, src, dst) in families(local, remote) {
+            match self.lookup(family, local.port(), &src, remote.port(), &dst) {
                 Ok(Some(_)) => return Ok(true),
                 Ok(None) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(err(e)),
+                Err(source) => {
+                    return Err(SockDiagError::Destroy {
+                        local,
+                        remote,
+                        source,
+                    });
+                }
             }
         }
         Ok(false)
@@ -285,6 +259,23 @@ impl SockDiag {
             }
         }
         Ok(reply)
+    }
+}
+
+/// The families and addresses a connection from `remote` to `local` may be found under, in
+/// order: an IPv4 one as AF_INET, then as an IPv4-mapped AF_INET6 socket (a dual-stack
+/// listener's); any other as AF_INET6.
+fn families(local: SocketAddr, remote: SocketAddr) -> Vec<(u8, [u8; 16], [u8; 16])> {
+    match (local.ip(), remote.ip()) {
+        (IpAddr::V4(l), IpAddr::V4(r)) => vec![
+            (libc::AF_INET as u8, v4(l), v4(r)),
+            (
+                libc::AF_INET6 as u8,
+                l.to_ipv6_mapped().octets(),
+                r.to_ipv6_mapped().octets(),
+            ),
+        ],
+        (l, r) => vec![(libc::AF_INET6 as u8, v6(l).octets(), v6(r).octets())],
     }
 }
 

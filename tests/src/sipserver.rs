@@ -91,6 +91,14 @@ impl SlowSipServer {
                 }
             }
             while !stop_worker.load(std::sync::atomic::Ordering::Relaxed) {
+                // Paced: a request already queued when the server turns to it arrived before
+                // the previous completion, so its service starts there, not when a late
+                // wake-up got to it.
+                let queued = service == Service::Paced && worker.set_nonblocking(true).is_ok() && {
+                    let peeked = worker.peek_from(&mut buf).is_ok();
+                    let _ = worker.set_nonblocking(false);
+                    peeked
+                };
                 let Ok((n, peer)) = worker.recv_from(&mut buf) else {
                     continue;
                 };
@@ -108,7 +116,11 @@ impl SlowSipServer {
                         }
                     }
                     Service::Paced => {
-                        free_at = free_at.max(start) + cost;
+                        free_at = if queued {
+                            free_at + cost
+                        } else {
+                            free_at.max(start) + cost
+                        };
                         std::thread::sleep(free_at.saturating_duration_since(Instant::now()));
                     }
                 }

@@ -659,17 +659,25 @@ pub const DEFAULT_RESUME_LIMIT: u32 = 6;
 pub const MAX_RESUME_LIMIT: u32 = 1024;
 
 /// The places of an issued key that are still held at `now_ns`: `in_use`, unless its last place
-/// was given more than `timeout_ns` ago, in which case every unit that held one has ended (a
-/// unit lives at most its class's timeout), and a count left too high by a lost release heals
-/// to zero.
+/// was given more than `timeout_ns` plus [`RESUME_HEAL_MARGIN_NS`] ago, in which case every unit
+/// that held one has ended and been released (a unit lives at most its class's timeout, and is
+/// released by the first sweep after it, which comes within a sweep interval and runs before
+/// any place is taken), and a count left too high by a lost release heals to zero. Healing any
+/// sooner gave a place back before the sweep had released its unit, and the unit's release
+/// then took the count below what was held.
 #[inline(always)]
 pub const fn resume_holders(in_use: u64, granted_ns: u64, now_ns: u64, timeout_ns: u64) -> u64 {
-    if now_ns.saturating_sub(granted_ns) > timeout_ns {
+    if now_ns.saturating_sub(granted_ns) > timeout_ns.saturating_add(RESUME_HEAL_MARGIN_NS) {
         0
     } else {
         in_use
     }
 }
+
+/// How long past a unit's timeout [`resume_holders`] waits before healing a key's count: a
+/// sweep interval, and a millisecond for the time between a place's grant and its unit's
+/// admission.
+pub const RESUME_HEAL_MARGIN_NS: u64 = SWEEP_INTERVAL_NS + 1_000_000;
 
 /// The limit in force for an issued key whose value says `limit`.
 #[inline(always)]
@@ -917,10 +925,15 @@ mod tests {
     #[test]
     fn a_resume_place_is_held_until_released_or_healed_after_a_timeout() {
         let t = 10;
+        let m = RESUME_HEAL_MARGIN_NS;
         assert_eq!(resume_holders(3, 100, 105, t), 3);
         assert_eq!(resume_holders(3, 100, 110, t), 3);
-        // Nobody was given a place for longer than a unit lives: every holder has ended.
-        assert_eq!(resume_holders(3, 100, 111, t), 0);
+        // Past the timeout but within a sweep interval: the holders may not be released yet.
+        assert_eq!(resume_holders(3, 100, 111, t), 3);
+        assert_eq!(resume_holders(3, 100, 110 + m, t), 3);
+        // Nobody was given a place for longer than a unit lives and a sweep takes: every holder
+        // has ended and been released.
+        assert_eq!(resume_holders(3, 100, 111 + m, t), 0);
         // A clock that reads earlier than the grant (another CPU) keeps the count.
         assert_eq!(resume_holders(3, 100, 90, t), 3);
         assert_eq!(resume_limit(0), u64::from(DEFAULT_RESUME_LIMIT));

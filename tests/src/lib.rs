@@ -17,6 +17,7 @@ pub mod sipp;
 pub mod sipserver;
 pub mod testrun;
 pub mod tls;
+pub mod trickle;
 
 use std::path::PathBuf;
 

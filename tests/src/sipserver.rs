@@ -1,7 +1,9 @@
 //! A SIP server of known capacity for overload experiments: one thread answers datagrams in
 //! arrival order (a plain FIFO socket with a large receive buffer), spending a fixed amount of CPU
 //! on each. Retransmissions it dequeues cost work like originals: the feedback that makes an
-//! overloaded FIFO server collapse (RFC 6357, seed 001).
+//! overloaded FIFO server collapse (RFC 6357, seed 001). A request whose Content-Length runs past
+//! its datagram is discarded unanswered, as RFC 3261 section 18.3 tells a server to (the work an
+//! attacker can make a server drop); and the server can be told to stop answering altogether.
 
 use std::{
     net::UdpSocket,
@@ -12,6 +14,7 @@ use std::{
 /// A running server; stops on drop.
 pub struct SlowSipServer {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    answering: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -78,6 +81,8 @@ impl SlowSipServer {
             .unwrap();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stop_worker = stop.clone();
+        let answering = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let answering_worker = answering.clone();
         let thread = std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
             let mut free_at = Instant::now();
@@ -103,6 +108,9 @@ impl SlowSipServer {
                     continue;
                 };
                 let req = String::from_utf8_lossy(&buf[..n]);
+                if truncated(&req) || !answering_worker.load(std::sync::atomic::Ordering::Relaxed) {
+                    continue;
+                }
                 let cost = if req.starts_with("INVITE ") {
                     invite_cost
                 } else {
@@ -138,9 +146,35 @@ impl SlowSipServer {
         });
         SlowSipServer {
             stop,
+            answering,
             thread: Some(thread),
         }
     }
+}
+
+impl SlowSipServer {
+    /// Whether the server answers what it receives (`false`: it reads and discards everything,
+    /// as a server that hung or lost its upstream would look from outside).
+    pub fn set_answering(&self, answering: bool) {
+        self.answering
+            .store(answering, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Whether a message's Content-Length runs past the end of its datagram (RFC 3261 section
+/// 18.3: over UDP, such a message is discarded).
+fn truncated(msg: &str) -> bool {
+    let Some((head, body)) = msg.split_once("\r\n\r\n") else {
+        return true;
+    };
+    head.split("\r\n")
+        .filter_map(|l| l.split_once(':'))
+        .find(|(name, _)| {
+            let name = name.trim();
+            name.eq_ignore_ascii_case("content-length") || name.eq_ignore_ascii_case("l")
+        })
+        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+        .is_some_and(|len| len > body.len())
 }
 
 /// A response copying the request's Via, From, To (with a tag added when asked), Call-ID and

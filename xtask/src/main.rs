@@ -356,7 +356,7 @@ fn demo() -> Result<()> {
 
 /// The benchmarks: name, program, its arguments. Each writes its summary, CSV and charts under
 /// `target/bench/NAME/`.
-const BENCHES: [(&str, &str, &[&str]); 11] = [
+const BENCHES: [(&str, &str, &[&str]); 12] = [
     ("datapath", "bench", &[]),
     ("tls-proxy", "tls_proxy", &[]),
     ("sip-overload", "sip_overload", &[]),
@@ -373,6 +373,8 @@ const BENCHES: [(&str, &str, &[&str]); 11] = [
     ),
     // Refused callers at 3x: dropped against answered with a 503 from the NIC.
     ("sip-refusals", "sip_overload", &["refuse", "3"]),
+    // Unanswerable INVITEs at 2, 10 and 40/s against the controller (issue 28).
+    ("sip-trickle", "sip_overload", &["trickle", "2", "10", "40"]),
     ("controller", "controller_step", &[]),
     ("tls-overload", "tls_overload", &[]),
     // The same with an RSA-4096 certificate: a flood of 5x the proxy's

@@ -15,6 +15,7 @@ use gateway_tests::{
     report::Report,
     sipp::{IN_FLIGHT, measure_capacity, run_uac},
     sipserver::SlowSipServer,
+    trickle::Trickle,
 };
 
 const INVITE_COST: Duration = Duration::from_millis(5);
@@ -116,6 +117,13 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let kamailio = args.iter().any(|a| a == "kamailio");
     let loads: Vec<f64> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    if args.iter().any(|a| a == "trickle") {
+        return trickle(if loads.is_empty() {
+            vec![2.0, 10.0, 40.0]
+        } else {
+            loads
+        });
+    }
     if args.iter().any(|a| a == "refuse") {
         return refusals(if loads.is_empty() { vec![3.0] } else { loads }, kamailio);
     }
@@ -281,4 +289,95 @@ fn refusals(loads: Vec<f64>, kamailio: bool) {
         ],
         &rows,
     );
+}
+
+/// Legitimate callers' rate in the trickle benchmark (calls/s), well under the FIFO server's
+/// capacity: what they lose is the trickle's doing, not overload's.
+const CALLERS: u64 = 80;
+
+/// Dead work steering the controller (issue 28): callers at [`CALLERS`] calls/s for
+/// [`SECONDS`] behind the controller (mode sip, target 100 ms, default bounds), while an
+/// attacker sends INVITEs the server discards unanswered (Content-Length past the datagram) for
+/// the first half. Each trickle rate of `rates` (INVITEs/s) is one run; a run without one is the
+/// baseline. Reported: the callers' calls answered during the trickle and after it, and the
+/// lowest limit the controller set while it lasted.
+fn trickle(rates: Vec<f64>) {
+    let mut report = Report::new("sip-trickle");
+    report.say(format!(
+        "# SIP: a trickle of unanswerable INVITEs against the controller\n\nServer: one FIFO thread, {INVITE_COST:?} CPU per INVITE. Callers: SIPp at {CALLERS} calls/s for {SECONDS} s. Controller: mode sip, target 100 ms, no limit set. The trickle (INVITEs whose Content-Length runs past the datagram, which the server discards as RFC 3261 18.3 says) is sent for the first {} s; each holds a place for its unit timeout (2 s). Answered: the callers' successful calls per second over seconds 2..{} (during) and {}..{SECONDS} (after), as a share of {CALLERS}/s.\n",
+        SECONDS / 2,
+        SECONDS / 2,
+        SECONDS / 2 + 1,
+    ));
+    report
+        .say("| trickle | answered during | answered after | failed calls | lowest limit during |");
+    report.say("|---|---:|---:|---:|---:|");
+    let mut rows = Vec::new();
+    for per_s in std::iter::once(0.0).chain(rates) {
+        let net = TestNet::new();
+        let dir = scratch(&net);
+        let _server = serve(&net, false, None);
+        let daemon = Daemon::start_config(&net, &dir, CONTROLLED);
+        let running = std::sync::atomic::AtomicBool::new(true);
+        let (uac, lowest) = std::thread::scope(|scope| {
+            let uac = scope.spawn(|| {
+                let uac = run_uac(&net, &dir, CALLERS, SECONDS);
+                running.store(false, std::sync::atomic::Ordering::Relaxed);
+                uac
+            });
+            let trickle = (per_s > 0.0).then(|| Trickle::start(&net, per_s, SECONDS / 2));
+            let started = std::time::Instant::now();
+            let mut lowest = u64::MAX;
+            while running.load(std::sync::atomic::Ordering::Relaxed)
+                && started.elapsed() < Duration::from_secs(SECONDS / 2)
+            {
+                lowest = lowest.min(backlog_limit(&net));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            drop(trickle);
+            (uac.join().unwrap(), lowest)
+        });
+        let _ = daemon.terminate(Duration::from_secs(10));
+        let _ = std::fs::remove_dir_all(&dir);
+        let half = SECONDS as usize / 2;
+        let during = 100.0 * uac.goodput(2, half + 1) / CALLERS as f64;
+        let after = 100.0 * uac.goodput(half + 1, SECONDS as usize + 1) / CALLERS as f64;
+        let failed = uac.total("FailedCall");
+        report.say(format!(
+            "| {} | {during:.0}% | {after:.0}% | {failed} | {lowest} |",
+            if per_s > 0.0 {
+                format!("{per_s:.0}/s")
+            } else {
+                "none".to_string()
+            }
+        ));
+        rows.push(vec![
+            format!("{per_s}"),
+            format!("{during:.1}"),
+            format!("{after:.1}"),
+            failed.to_string(),
+            lowest.to_string(),
+        ]);
+    }
+    report.csv(
+        "trickle.csv",
+        &[
+            "trickle_per_s",
+            "answered_during_pct",
+            "answered_after_pct",
+            "failed_calls",
+            "lowest_limit",
+        ],
+        &rows,
+    );
+}
+
+/// sip-original's backlog limit now (`policy show --json`).
+fn backlog_limit(net: &TestNet) -> u64 {
+    let rows: serde_json::Value =
+        serde_json::from_str(&net.gateway_ok(&["policy", "show", "--json"])).expect("json");
+    rows.as_array()
+        .and_then(|r| r.iter().find(|r| r["class"] == "sip-original"))
+        .and_then(|r| r["backlog_limit"].as_u64())
+        .unwrap_or(0)
 }

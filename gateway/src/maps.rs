@@ -334,6 +334,17 @@ impl Maps {
             .map_err(op(names::TLS_PENDING))
     }
 
+    /// At most `at_most` of the pending SIP requests (every SIP class's), as read now. The table
+    /// changes while it is read, so a unit may be missed or read twice; the cap bounds the work.
+    pub fn sip_pending(&self, at_most: usize) -> Result<Vec<Pending>, MapsError> {
+        self.sip_pending
+            .iter()
+            .take(at_most)
+            .map(|r| r.map(|(_, unit)| unit))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(op(names::SIP_PENDING))
+    }
+
     /// Marks the pending unit `key` (as read: `unit`) as one whose connection is gone: its
     /// deadline set to 0, so the datapath's next sweep of its class ends it as expired and
     /// counts it there (the datapath alone counts ends, so the backlog stays exact). `false`

@@ -17,6 +17,7 @@ use gateway_tests::{
     netns::{GW_V4, TestNet},
     sipp::{UacRun, measure_capacity, run_uac},
     sipserver::SlowSipServer,
+    trickle::Trickle,
 };
 use serde_json::Value;
 
@@ -200,6 +201,76 @@ fn with_no_limit_set_the_controller_keeps_a_real_kamailio_at_capacity_and_relaxe
     // controller kept 90.0% of its capacity measured alone (154/s of 171), right at a 90% line,
     // since SIPp at 3x and the daemon then share the machine with it too; idle it keeps 98-100%.
     holds_three_times_capacity_and_relaxes_after(&net, &dir, capacity, 0.85);
+    let (status, log) = daemon.terminate(Duration::from_secs(10));
+    assert!(status.success(), "{log:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Callers' rate against the trickle: well under the server's capacity (about 185 calls/s).
+const CALLERS: u64 = 80;
+
+/// Issue 28, case 1: INVITEs the server discards unanswered (Content-Length past the datagram,
+/// RFC 3261 18.3) at an eighth of the callers' rate each hold a place for the unit timeout and
+/// end as expiries. They must not drive the controller down: callers keep at least 90% of their
+/// calls and the limit stays above what they and the trickle's places need. A server that stops
+/// answering altogether still has its class cut, and it reopens when the server answers again.
+#[test]
+fn unanswerable_invites_do_not_steer_the_controller_but_a_server_that_stops_is_cut() {
+    if !have_root("unanswerable_invites_do_not_steer_the_controller") {
+        return;
+    }
+    let net = TestNet::new();
+    let dir = fresh_temp_dir("gwt-controller-trickle");
+    let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
+    // Paced: its capacity holds on a busy machine, so what callers lose is the trickle's doing.
+    let server = SlowSipServer::start_paced(socket, 8 << 20, INVITE_COST, OTHER_COST);
+    let daemon = Daemon::start_config(&net, &dir, CONTROLLED);
+    wait_policy(&net, "sip-original", "taken over", |r| {
+        r["owner"] == "controller"
+    });
+
+    let calls = CALLERS * SECONDS;
+    let trickle = Trickle::start(&net, CALLERS as f64 / 8.0, SECONDS + 10);
+    let (uac, lowest, held) = overload(&net, &dir, CALLERS);
+    let sent = trickle.stop();
+    assert!(sent >= SECONDS * CALLERS / 8, "trickle sent {sent}");
+    let answered = uac.total("SuccessfulCall");
+    assert!(
+        answered * 10 >= calls * 9,
+        "{answered} of {calls} calls answered with the trickle: {uac:?} {held}"
+    );
+    // Above the callers' need (their rate times the target, 8) plus the places the trickle
+    // holds (its rate times the 2 s timeout, 20), with room to spare.
+    assert!(lowest >= 100, "lowest limit {lowest}: {held}");
+    // The trickle's INVITEs were admitted and expired: the attack happened.
+    let expired = policy(&net, "sip-original");
+    let stats = net.stats();
+    let expired_units = gateway_tests::netns::class_counter(&stats, "sip-original", "expired");
+    assert!(
+        expired_units >= sent / 2,
+        "{expired_units} expired of {sent}: {expired}"
+    );
+
+    // The server stops answering: every unit expires, and the class is cut.
+    server.set_answering(false);
+    let cut = std::thread::scope(|scope| {
+        let uac = scope.spawn(|| run_uac(&net, &dir, 40, 8));
+        let cut = wait_policy(&net, "sip-original", "cut for a silent server", |r| {
+            r["backlog_limit"].as_u64().unwrap() <= 10
+        });
+        let _ = uac.join();
+        cut
+    });
+    assert_eq!(cut["reason"], "expired", "{cut}");
+    // Answering again, it reopens for the callers that come.
+    server.set_answering(true);
+    std::thread::scope(|scope| {
+        let uac = scope.spawn(|| run_uac(&net, &dir, 40, 8));
+        wait_policy(&net, "sip-original", "reopened", |r| {
+            r["backlog_limit"].as_u64().unwrap() >= 100
+        });
+        let _ = uac.join();
+    });
     let (status, log) = daemon.terminate(Duration::from_secs(10));
     assert!(status.success(), "{log:?}");
     let _ = std::fs::remove_dir_all(&dir);

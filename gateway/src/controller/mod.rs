@@ -26,7 +26,7 @@ use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
         ClassPolicy, ClassState, ClassStats, LatencyHistogram, OWNER_CONTROLLER,
-        POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, POLICY_PINNED,
+        POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, POLICY_PINNED, Pending, timeout_ns,
     },
 };
 use prometheus_client::{
@@ -46,7 +46,7 @@ use crate::{
 use infer::CostInference;
 use law::{
     Decision, DelayRatioLaw, HandshakeBudgetLaw, HandshakeCosts, HandshakeObservation, Observation,
-    Reason, ServiceTimeLaw,
+    Reason, ServiceTimeLaw, skip_age,
 };
 
 /// Where the TLS law gets the costs of a full and a resumed handshake (the daemon's proxies
@@ -449,6 +449,14 @@ fn step(
                 .set(cost.as_micros().min(i64::MAX as u128) as i64);
         }
     }
+    // The SIP units outstanding, read once for every class in mode sip: which of them the
+    // server passed over.
+    let sip_units = if plant.laws.values().any(|l| matches!(l, Law::Sip(_))) {
+        maps.sip_pending(MAX_UNITS_READ)?
+    } else {
+        Vec::new()
+    };
+    let now_ns = monotonic_ns();
     for (class, law) in plant.laws.iter_mut() {
         let policy = maps.policy(*class)?;
         let labels = Labels {
@@ -482,16 +490,21 @@ fn step(
             Law::Sip(l) => {
                 let i = class.id() as usize;
                 let (s, b) = (&now.state[i], &before.state[i]);
+                let answered = delta(*class);
+                let skipped = answered
+                    .quantile_us(1000)
+                    .map(|slowest| skip_age(elapsed, Duration::from_micros(slowest)))
+                    .map(|age| passed_over(&sip_units, *class, now_ns, age));
                 let o = Observation {
                     interval: elapsed,
                     admitted: s.admitted.saturating_sub(b.admitted),
                     completed: s.completed.saturating_sub(b.completed),
                     expired: s.expired.saturating_sub(b.expired),
+                    timeout: Duration::from_nanos(timeout_ns(*class, &policy)),
                     refused: refused(&now.stats[i]).saturating_sub(refused(&before.stats[i])),
                     backlog: s.backlog(),
-                    service_p90: delta(*class)
-                        .quantile_within_us(900)
-                        .map(Duration::from_micros),
+                    skipped,
+                    service_p90: answered.quantile_within_us(900).map(Duration::from_micros),
                 };
                 if let Some(d) = o.delay() {
                     stats
@@ -558,6 +571,21 @@ fn step(
         }
     }
     Ok(())
+}
+
+/// Pending SIP units the controller reads per interface and interval, at most: the backlog
+/// limits it sets stay far under this unless an operator raised a bound past it (then the units
+/// beyond it count as live, which only makes the law cut sooner).
+const MAX_UNITS_READ: usize = 16_384;
+
+/// Of `units`, those of `class` outstanding for longer than `age` at `now_ns`: the units the
+/// server passed over ([`Observation::skipped`]).
+fn passed_over(units: &[Pending], class: Class, now_ns: u64, age: Duration) -> u64 {
+    let age_ns = age.as_nanos().min(u64::MAX as u128) as u64;
+    units
+        .iter()
+        .filter(|u| u.class == class.id() && now_ns.saturating_sub(u.admitted_ns) > age_ns)
+        .count() as u64
 }
 
 /// Arrivals a class refused (by its backlog or its rate), a monotonic count.

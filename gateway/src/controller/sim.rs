@@ -6,28 +6,41 @@
 use std::{collections::VecDeque, time::Duration};
 
 use super::law::{
-    DelayRatioLaw, HandshakeBudgetLaw, HandshakeCosts, HandshakeObservation, Observation,
+    DelayRatioLaw, HandshakeBudgetLaw, HandshakeCosts, HandshakeObservation, Observation, skip_age,
 };
 
 /// A SIP server of fixed capacity behind the gateway's backlog limit: arrivals come evenly at
 /// the offered rate; an arrival is admitted while the backlog (units admitted and not yet
-/// answered) is under the limit, else refused; the server answers in FIFO order at its capacity.
+/// ended) is under the limit, else refused; the server answers in FIFO order at its capacity.
+///
+/// Dead work can come beside it ([`SipSim::offer_dead`]): requests admitted like any other that
+/// the server discards, each holding its place until the unit timeout (2 s) ends it. And the
+/// server can stop answering ([`SipSim::set_answering`]): then its queued units expire too.
 #[derive(Debug)]
 pub struct SipSim {
     capacity: f64,
     offered: f64,
+    dead_offered: f64,
+    answering: bool,
     now_ms: u64,
     arrivals: f64,
+    dead_arrivals: f64,
     credit: f64,
     queue: VecDeque<u64>,
+    /// Admission times of the dead units holding places.
+    dead: VecDeque<u64>,
     interval: Interval,
 }
+
+/// The unit timeout of the simulated class (SIP's default).
+const TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What one interval of a [`SipSim`] showed.
 #[derive(Clone, Debug, Default)]
 struct Interval {
     admitted: u64,
     refused: u64,
+    expired: u64,
     times_ms: Vec<u64>,
 }
 
@@ -48,10 +61,14 @@ impl SipSim {
         SipSim {
             capacity,
             offered: 0.0,
+            dead_offered: 0.0,
+            answering: true,
             now_ms: 0,
             arrivals: 0.0,
+            dead_arrivals: 0.0,
             credit: 0.0,
             queue: VecDeque::new(),
+            dead: VecDeque::new(),
             interval: Interval::default(),
         }
     }
@@ -61,20 +78,62 @@ impl SipSim {
         self.offered = per_s;
     }
 
+    /// Sets the rate of dead work: requests the server discards unanswered, per second.
+    pub fn offer_dead(&mut self, per_s: f64) {
+        self.dead_offered = per_s;
+    }
+
+    /// Whether the server answers (`false`: it stopped; its queued units time out).
+    pub fn set_answering(&mut self, answering: bool) {
+        self.answering = answering;
+    }
+
+    /// Units holding places now.
+    fn backlog(&self) -> u64 {
+        (self.queue.len() + self.dead.len()) as u64
+    }
+
     /// Runs `interval` under the backlog limit `limit`; answers within `good` count as goodput.
     pub fn run(&mut self, interval: Duration, limit: u64, good: Duration) -> Step {
         let ms = interval.as_millis() as u64;
+        let timeout_ms = TIMEOUT.as_millis() as u64;
         for _ in 0..ms {
             self.now_ms += 1;
+            let now = self.now_ms;
+            let ended = |q: &mut VecDeque<u64>| {
+                let before = q.len();
+                while q.front().is_some_and(|at| now - at >= timeout_ms) {
+                    q.pop_front();
+                }
+                (before - q.len()) as u64
+            };
             self.arrivals += self.offered / 1000.0;
-            while self.arrivals >= 1.0 {
-                self.arrivals -= 1.0;
-                if (self.queue.len() as u64) < limit {
-                    self.queue.push_back(self.now_ms);
+            self.dead_arrivals += self.dead_offered / 1000.0;
+            while self.arrivals >= 1.0 || self.dead_arrivals >= 1.0 {
+                let dead = self.arrivals < 1.0;
+                if dead {
+                    self.dead_arrivals -= 1.0;
+                } else {
+                    self.arrivals -= 1.0;
+                }
+                if self.backlog() < limit {
+                    if dead {
+                        &mut self.dead
+                    } else {
+                        &mut self.queue
+                    }
+                    .push_back(now);
                     self.interval.admitted += 1;
                 } else {
                     self.interval.refused += 1;
                 }
+            }
+            // A place frees after the millisecond's arrivals were judged (even arrivals would
+            // otherwise hand a freed place to whatever comes in phase with the timeout).
+            self.interval.expired += ended(&mut self.dead);
+            if !self.answering {
+                self.interval.expired += ended(&mut self.queue);
+                continue;
             }
             self.credit += self.capacity / 1000.0;
             while self.credit >= 1.0 {
@@ -95,14 +154,25 @@ impl SipSim {
         });
         let secs = interval.as_secs_f64();
         let good_ms = good.as_millis() as u64;
+        // What the daemon reads of the pending units: those older than the skip age.
+        let skipped = i.times_ms.last().map(|slowest| {
+            let age = skip_age(interval, Duration::from_millis(*slowest)).as_millis() as u64;
+            self.queue
+                .iter()
+                .chain(self.dead.iter())
+                .filter(|at| self.now_ms - **at > age)
+                .count() as u64
+        });
         Step {
             observation: Observation {
                 interval,
                 admitted: i.admitted,
                 completed: i.times_ms.len() as u64,
-                expired: 0,
+                expired: i.expired,
+                timeout: TIMEOUT,
                 refused: i.refused,
-                backlog: self.queue.len() as u64,
+                backlog: self.backlog(),
+                skipped,
                 service_p90: p90,
             },
             admitted_per_s: i.admitted as f64 / secs,
@@ -320,6 +390,100 @@ mod tests {
         }
         assert!(ours >= 0.95 * CAPACITY, "controlled goodput {ours}");
         assert!(theirs < 0.5 * CAPACITY, "FIFO goodput {theirs}");
+    }
+
+    /// The FIFO server of the namespace tests: 5 ms per INVITE and 0.2 ms per ACK and BYE.
+    const FIFO: f64 = 185.0;
+
+    /// Callers at `callers`/s and dead work at `dead`/s for `intervals`: the callers' mean
+    /// goodput (answers within 500 ms) per second after the first two timeouts, and the lowest
+    /// limit the law set over the same span.
+    fn with_dead_work(callers: f64, dead: f64, intervals: usize) -> (f64, u64) {
+        let mut sim = SipSim::new(FIFO);
+        let mut law = ServiceTimeLaw::new(TARGET, 1, 10_000, 10_000);
+        sim.offer(callers);
+        sim.offer_dead(dead);
+        let steps = run(&mut sim, &mut law, intervals);
+        let warm = 2 * (TIMEOUT.as_millis() / INTERVAL.as_millis()) as usize;
+        let mut lowest = u64::MAX;
+        let mut limits = ServiceTimeLaw::new(TARGET, 1, 10_000, 10_000);
+        for (i, s) in steps.iter().enumerate() {
+            limits.step(&s.observation);
+            if i >= warm {
+                lowest = lowest.min(limits.limit());
+            }
+        }
+        let good =
+            steps[warm..].iter().map(|s| s.good_per_s).sum::<f64>() / (steps.len() - warm) as f64;
+        (good, lowest)
+    }
+
+    #[test]
+    fn a_trickle_of_dead_work_costs_its_places_not_the_callers() {
+        for dead in [2.0, 10.0, 40.0] {
+            let (good, lowest) = with_dead_work(80.0, dead, 300);
+            assert!(
+                good >= 0.98 * 80.0,
+                "dead work {dead}/s: callers' goodput {good:.1}/s"
+            );
+            // Above the places the dead work holds (its rate times the timeout) and what the
+            // callers need.
+            let places = (dead * TIMEOUT.as_secs_f64()) as u64;
+            assert!(
+                lowest > places + 8,
+                "dead work {dead}/s: lowest limit {lowest}"
+            );
+        }
+        // At three times the server's capacity, the law still cuts for the live work.
+        let (good, lowest) = with_dead_work(3.0 * FIFO, 10.0, 300);
+        assert!(
+            good >= 0.9 * FIFO,
+            "overload with dead work: goodput {good:.1}/s"
+        );
+        assert!(
+            lowest < 200,
+            "overload with dead work: lowest limit {lowest}"
+        );
+    }
+
+    #[test]
+    fn a_server_that_stops_answering_has_its_class_cut_and_reopened_when_it_answers() {
+        let mut sim = SipSim::new(FIFO);
+        let mut law = ServiceTimeLaw::new(TARGET, 1, 10_000, 10_000);
+        sim.offer(80.0);
+        sim.offer_dead(10.0);
+        run(&mut sim, &mut law, 50);
+        assert_eq!(law.limit(), 10_000, "callers served and dead work: no cut");
+        sim.set_answering(false);
+        // Its first units expire one timeout after it stopped; from then on every interval
+        // cuts by a quarter.
+        let stopped = run(&mut sim, &mut law, 60);
+        assert!(
+            law.limit() <= 10,
+            "limit {} four seconds after",
+            law.limit()
+        );
+        assert!(
+            stopped
+                .iter()
+                .take(15)
+                .all(|s| s.observation.expired == 0 || s.observation.refused == 0),
+            "no cut before its units expire"
+        );
+        // Answering again, it reopens: the callers are served again within a few seconds.
+        sim.set_answering(true);
+        let back = run(&mut sim, &mut law, 50);
+        let good = back[30..].iter().map(|s| s.good_per_s).sum::<f64>() / 20.0;
+        assert!(
+            good >= 0.95 * 80.0,
+            "reopened: goodput {good:.1}/s, limit {}",
+            law.limit()
+        );
+        assert!(
+            law.limit() > 20,
+            "above the dead work's places: {}",
+            law.limit()
+        );
     }
 
     /// The tls-overload benchmark's rig: one core, a full handshake 222 µs and a resumed one

@@ -649,6 +649,13 @@ pub struct IssuedValue {
     pub in_use: u64,
     /// When the datapath last gave a place, `bpf_ktime_get_ns`.
     pub granted_ns: u64,
+    /// Resumptions the key buys per minute beyond its first `limit` at once (a GCRA on
+    /// [`Self::tat_ns`], see [`resume_interval_ns`]); 0 means [`DEFAULT_RESUME_PER_MINUTE`].
+    pub per_minute: u32,
+    /// Padding, zero.
+    pub pad: u32,
+    /// The key's GCRA theoretical arrival time, `bpf_ktime_get_ns` (the datapath's).
+    pub tat_ns: u64,
 }
 
 /// Resumed connections one issued key may hold at once unless its publisher says otherwise:
@@ -657,6 +664,27 @@ pub struct IssuedValue {
 pub const DEFAULT_RESUME_LIMIT: u32 = 6;
 /// Largest accepted per-key resume limit.
 pub const MAX_RESUME_LIMIT: u32 = 1024;
+
+/// Resumptions per minute one issued key buys unless its publisher says otherwise, beyond the
+/// `limit` it buys at once: one a second. A browser opens its handful of connections to an
+/// origin at once and then keeps them; a ticket replayed a thousand times a second is a farm.
+pub const DEFAULT_RESUME_PER_MINUTE: u32 = 60;
+/// Largest per-key resumption rate the configuration accepts, per minute (a thousand a second).
+/// The datapath takes any value: test fixtures publish `u32::MAX` (an interval of 13 ns) for
+/// keys no rate should bind.
+pub const MAX_RESUME_PER_MINUTE: u32 = 60_000;
+
+/// The GCRA emission interval of a key resumed at most `per_minute` times a minute (0: the
+/// default), in nanoseconds.
+#[inline(always)]
+pub const fn resume_interval_ns(per_minute: u32) -> u64 {
+    let n = if per_minute == 0 {
+        DEFAULT_RESUME_PER_MINUTE
+    } else {
+        per_minute
+    };
+    60_000_000_000 / n as u64
+}
 
 /// The places of an issued key that are still held at `now_ns`: `in_use`, unless its last place
 /// was given more than `timeout_ns` plus [`RESUME_HEAL_MARGIN_NS`] ago, in which case every unit
@@ -727,6 +755,9 @@ crate::counters! {
         /// IP-fragmented segments of connections not yet decided: judged as malformed hellos
         /// (tls-new), since what they carry comes with fragments that carry no ports.
         pub fragmented_hellos: u64,
+        /// Offers of an issued key faster than its resumption rate allows (one client's worth,
+        /// [`IssuedValue::per_minute`]): classed tls-new.
+        pub resumptions_too_fast: u64,
     }
 }
 
@@ -962,7 +993,7 @@ mod tests {
             size_of::<crate::tls::HelloState>() + 4 + 4 + 4 + 4
         );
         assert_eq!(size_of::<IssuedKey>(), 16);
-        assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8 + 8 + 8);
+        assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8 + 8 + 8 + 4 + 4 + 8);
         assert_eq!(size_of::<TlsCounters>(), 8 * 14);
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);

@@ -13,7 +13,7 @@ use gateway_common::{
 use crate::{
     context::Action,
     maps::{CLASS_POLICY, CLASS_STATE, CLASS_STATS, DP_COUNTERS},
-    sync::{compare_and_swap, now_ns},
+    sync::gcra,
 };
 
 /// Whether one arrival may be admitted under the policy of `policy_of`, or why not
@@ -27,7 +27,7 @@ use crate::{
 /// retransmission limit below the originals' (RFC 7415's TAU1 < TAU2), retransmissions are shed
 /// first and originals keep strict priority.
 ///
-/// GCRA (RFC 7415's leaky bucket, [`gcra`]): a connection conforms when the theoretical arrival
+/// GCRA (RFC 7415's leaky bucket, [`crate::sync::gcra`]): a connection conforms when the theoretical arrival
 /// time is at most `burst * T` ahead of now, and then advances it by `T`. A rate of zero admits
 /// nothing.
 #[inline(always)]
@@ -55,38 +55,17 @@ pub fn admission(policy_of: Class, backlog_of: Class) -> Option<u8> {
         // SAFETY: a field of a live map value.
         if !gcra(
             unsafe { &raw mut (*rate_st).gcra_tat_ns },
-            p.rate_per_sec,
-            p.burst,
+            1_000_000_000 / p.rate_per_sec,
+            if p.burst > MAX_BURST {
+                MAX_BURST
+            } else {
+                p.burst
+            },
         ) {
             return Some(REJECT_RATE);
         }
     }
     None
-}
-
-/// One GCRA conformance test on the theoretical arrival time at `tat_ptr`: emission interval
-/// `T = 1 s / rate` (rate > 0), tolerance `burst * T`. Advances the TAT by compare-and-swap,
-/// so CPUs testing at the same instant never both pass on one slot.
-#[inline(always)]
-fn gcra(tat_ptr: *mut u64, rate: u64, burst: u64) -> bool {
-    let interval = 1_000_000_000 / rate;
-    let burst = if burst > MAX_BURST { MAX_BURST } else { burst };
-    let tolerance = burst * interval;
-    let now = now_ns();
-    for _ in 0..GCRA_TRIES {
-        // SAFETY: the TAT is only changed by compare-and-swap, so of two CPUs that read the same
-        // TAT only one advances it; the other tries again from the new value.
-        let seen = unsafe { core::ptr::read_volatile(tat_ptr) };
-        let tat = if seen < now { now } else { seen };
-        if tat - now > tolerance {
-            return false;
-        }
-        if unsafe { compare_and_swap(tat_ptr, seen, tat + interval) } {
-            return true;
-        }
-    }
-    // Lost every race: as many CPUs passed at once, so the limiter is busy anyway.
-    false
 }
 
 /// How a refusal of `class` (for `reason`, a `REJECT_*`) ends: [`Action::Reject`] when the
@@ -116,7 +95,7 @@ pub fn answer(class: Class) -> Action {
     // SAFETY: a field of a live map value.
     if gcra(
         unsafe { &raw mut (*st).reply_tat_ns },
-        reply_rate(p),
+        1_000_000_000 / reply_rate(p),
         REPLY_BURST,
     ) {
         return Action::Reject;
@@ -152,7 +131,3 @@ pub fn count_refusal(class: Class, reason: u8, rejected: bool) {
         }
     }
 }
-
-/// Attempts at advancing a class's GCRA state before an arrival counts as refused (each failed
-/// attempt means another CPU admitted in between).
-const GCRA_TRIES: usize = 4;

@@ -1,5 +1,5 @@
-//! Primitives for state that CPUs share: atomic add, compare-and-swap, and the monotonic clock
-//! deadlines and rate limits are measured on.
+//! Primitives for state that CPUs share: atomic add, compare-and-swap, the monotonic clock
+//! deadlines and rate limits are measured on, and the GCRA rate test every limiter uses.
 
 use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
 
@@ -39,4 +39,32 @@ pub unsafe fn compare_and_swap(dst: *mut u64, old: u64, new: u64) -> bool {
 pub fn now_ns() -> u64 {
     // SAFETY: no arguments.
     unsafe { bpf_ktime_get_ns() }
+}
+
+/// Attempts at advancing a GCRA state before an arrival counts as refused (each failed attempt
+/// means another CPU passed in between).
+const GCRA_TRIES: usize = 4;
+
+/// One GCRA conformance test on the theoretical arrival time at `tat_ptr`: emission interval
+/// `interval_ns` (above 0), tolerance `burst * interval_ns`. Advances the TAT by
+/// compare-and-swap, so CPUs testing at the same instant never both pass on one slot. Used by
+/// the classes' rate limits, their reply limits, and each issued key's resumption rate.
+#[inline(always)]
+pub fn gcra(tat_ptr: *mut u64, interval_ns: u64, burst: u64) -> bool {
+    let tolerance = burst * interval_ns;
+    let now = now_ns();
+    for _ in 0..GCRA_TRIES {
+        // SAFETY: the TAT is only changed by compare-and-swap, so of two CPUs that read the same
+        // TAT only one advances it; the other tries again from the new value.
+        let seen = unsafe { core::ptr::read_volatile(tat_ptr) };
+        let tat = if seen < now { now } else { seen };
+        if tat - now > tolerance {
+            return false;
+        }
+        if unsafe { compare_and_swap(tat_ptr, seen, tat + interval_ns) } {
+            return true;
+        }
+    }
+    // Lost every race: as many CPUs passed at once, so the limiter is busy anyway.
+    false
 }

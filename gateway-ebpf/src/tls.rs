@@ -13,8 +13,9 @@
 //!   `tls-new`.
 //! - A complete hello is decided. An offer whose key is in `TLS_ISSUED` and has a free place
 //!   (`crate::resume`) is `tls-resumed`. An offer of a key whose places are all held is `tls-new`
-//!   and counted as `replays_bounded`; any other offer is `tls-new` and counted as unverified,
-//!   and so are new and malformed hellos.
+//!   and counted as `replays_bounded`; one offered faster than its resumption rate is `tls-new`
+//!   and counted as `resumptions_too_fast`; any other offer is `tls-new` and counted as
+//!   unverified, and so are new and malformed hellos.
 //! - An admitted connection is a pending unit (`crate::pending`) until the server answers: its
 //!   first flight (a handshake or alert record) or its close, seen by the egress program
 //!   ([`tls_answer`]). Nothing the client sends completes it; unanswered, it expires.
@@ -466,6 +467,10 @@ fn decide<C: Rewrite>(key: &FlowKey, f: &mut TlsFlow, answerable: bool) -> (Clas
                     }
                     Place::Full => {
                         count(|c| c.replays_bounded += 1);
+                        Class::TlsNew
+                    }
+                    Place::TooFast => {
+                        count(|c| c.resumptions_too_fast += 1);
                         Class::TlsNew
                     }
                     Place::Unknown => {

@@ -26,7 +26,7 @@ use crate::{
     attached::Attached,
     config::{Config, ConfigSource, OnExit},
     controller::{Controller, ControllerStats, CostSource, law::HandshakeCosts},
-    issued::IssuedKeys,
+    issued::{IssuedKeys, Terms},
     loader::{self, AttachOptions, Attachment, LoaderError},
     maps::{Maps, MapsError},
     pins::PinDir,
@@ -455,8 +455,7 @@ fn start_proxies(
     let stats = Arc::new(ProxyStats::default());
     let mut ready = Vec::new();
     for (index, p) in cfg.proxies.iter().enumerate() {
-        let lifetime = p.tls.session_lifetime.0;
-        let issued = Arc::new(IssuedKeys::new(attached, lifetime, p.tls.resume_limit));
+        let issued = Arc::new(IssuedKeys::new(attached, Terms::of(&p.tls)));
         let tls = crate::tls::server_config(&p.tls, issued.clone()).map_err(|source| {
             DaemonError::Tls {
                 index,

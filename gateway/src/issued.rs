@@ -28,6 +28,19 @@ pub struct Terms {
     pub lifetime: Duration,
     /// How many resumed connections may hold it at once.
     pub resume_limit: u32,
+    /// How many resumptions it buys per minute beyond those (`IssuedValue::per_minute`).
+    pub per_minute: u32,
+}
+
+impl Terms {
+    /// The terms a proxy's TLS configuration sets.
+    pub fn of(tls: &crate::proxy::config::TlsConfig) -> Self {
+        Terms {
+            lifetime: tls.session_lifetime.0,
+            resume_limit: tls.resume_limit,
+            per_minute: tls.resume_per_minute,
+        }
+    }
 }
 
 /// The issued keys a listener published to every attached interface.
@@ -39,16 +52,12 @@ pub struct IssuedKeys {
 }
 
 impl IssuedKeys {
-    /// Keys for the interfaces `ifaces`, each expiring after `lifetime` and holding at most
-    /// `resume_limit` resumed connections at once.
-    pub fn new(ifaces: &[Arc<Attached>], lifetime: Duration, resume_limit: u32) -> Self {
+    /// Keys for the interfaces `ifaces`, published under `terms`.
+    pub fn new(ifaces: &[Arc<Attached>], terms: Terms) -> Self {
         IssuedKeys {
             ifaces: ifaces.to_vec(),
             expiry: Mutex::new(VecDeque::new()),
-            terms: Mutex::new(Terms {
-                lifetime,
-                resume_limit,
-            }),
+            terms: Mutex::new(terms),
         }
     }
 
@@ -64,7 +73,14 @@ impl IssuedKeys {
 
     /// Keys for no datapath at all.
     pub fn none(lifetime: Duration) -> Self {
-        Self::new(&[], lifetime, 1)
+        Self::new(
+            &[],
+            Terms {
+                lifetime,
+                resume_limit: 1,
+                per_minute: 0,
+            },
+        )
     }
 
     fn expiry(&self) -> MutexGuard<'_, VecDeque<(Instant, IssuedKey)>> {
@@ -82,6 +98,7 @@ impl IssuedKeys {
         let value = IssuedValue {
             kind: kind as u32,
             limit: terms.resume_limit,
+            per_minute: terms.per_minute,
             issued_ns: monotonic_ns(),
             ..Default::default()
         };
@@ -187,6 +204,7 @@ mod tests {
         keys.set_terms(Terms {
             lifetime: Duration::from_secs(1),
             resume_limit: 3,
+            per_minute: 0,
         });
         assert_eq!(keys.terms().resume_limit, 3);
         keys.publish(&[2; 32], Offer::Ticket);
@@ -207,6 +225,7 @@ mod tests {
         keys.set_terms(Terms {
             lifetime: Duration::from_secs(1),
             resume_limit: 1,
+            per_minute: 0,
         });
         keys.publish(&[7; 32], Offer::Ticket);
         keys.publish(&[8; 32], Offer::Ticket);

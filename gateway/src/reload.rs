@@ -102,11 +102,8 @@ impl Plan {
         }
         for ((proxy, tls), p) in proxies.iter().zip(self.tls).zip(&self.cfg.proxies) {
             proxy.set_tls(tls);
-            // Session keys issued from now on: the new lifetime and resume limit.
-            proxy.issued().set_terms(crate::issued::Terms {
-                lifetime: p.tls.session_lifetime.0,
-                resume_limit: p.tls.resume_limit,
-            });
+            // Session keys issued from now on: the new lifetime, resume limit and rate.
+            proxy.issued().set_terms(crate::issued::Terms::of(&p.tls));
         }
         Ok(self.cfg)
     }

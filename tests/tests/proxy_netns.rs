@@ -430,6 +430,60 @@ fn with_new_sessions_closed_resumed_clients_keep_working_and_the_backlog_stays_e
     assert_eq!(backend.accepted() as u64, 2 * per_thread + 11);
 }
 
+/// Issue 28, case 2: one ticket of one's own is no resumption farm. With tls-new closed, a
+/// client replays its one TLS 1.3 ticket (openssl reuses the ticket of its session file; rustls
+/// accepts a ticket as often as it is offered) on connection after connection: the NIC admits
+/// the key's six at once and then one a second (the defaults), the rest are tls-new (refused,
+/// counted by their reason). A victim who resumed before keeps resuming through it and after.
+#[test]
+fn one_ticket_buys_one_clients_share_and_a_victim_keeps_resuming() {
+    if !have_root("one_ticket_buys_one_clients_share") {
+        return;
+    }
+    let mut s = Setup::new();
+    let _backend = s.with_backend(Mode::Answer, "", "");
+    let victim = rustls_config(&s.cert);
+    assert_eq!(s.fetch(&victim).unwrap().0, HandshakeKind::Full);
+    let sess = s.cert.file("farm.pem");
+    let sess = sess.to_str().unwrap();
+    let out = s.s_client(&["-tls1_3", "-sess_out", sess, "-ign_eof"]);
+    assert!(out.contains("New,"), "{out}");
+
+    s.net
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+    let started = Instant::now();
+    let attempts = 40;
+    let mut reused = 0;
+    for i in 0..attempts {
+        let out = s.s_client(&["-tls1_3", "-sess_in", sess, "-ign_eof"]);
+        if out.contains("Reused,") {
+            reused += 1;
+        }
+        if i % 10 == 9 {
+            assert_eq!(
+                s.fetch(&victim).unwrap().0,
+                HandshakeKind::Resumed,
+                "the victim during the attack"
+            );
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    // Six at once, then one a second (and one for a second begun).
+    let bound = 6 + elapsed.ceil() as u64 + 1;
+    assert!(
+        (6..=bound).contains(&reused),
+        "{reused} of {attempts} resumed in {elapsed:.1} s (bound {bound})"
+    );
+    let too_fast = s.net.stats()["tls"]["resumptions_too_fast"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        too_fast >= attempts - bound,
+        "{too_fast} counted too fast of {attempts}, {reused} resumed"
+    );
+    assert_eq!(s.fetch(&victim).unwrap().0, HandshakeKind::Resumed, "after");
+}
+
 #[test]
 fn the_pool_moves_off_a_dead_member_and_retries_it_after_its_interval() {
     if !have_root("the_pool_moves_off_a_dead_member") {

@@ -24,6 +24,8 @@ fn publish(prog: &mut TestProgram, hello: &[u8]) {
     let key = parse_hello(hello).offer_key().expect("an offer with a key");
     let value = IssuedValue {
         limit: gateway_common::maps::MAX_RESUME_LIMIT,
+        // No rate binds: these keys stand for many clients.
+        per_minute: u32::MAX,
         ..Default::default()
     };
     prog.maps.add_issued(IssuedKey { key }, value).unwrap();
@@ -701,6 +703,8 @@ fn a_published_key_buys_the_resumed_class_for_its_limit_of_connections_at_a_time
             issued,
             IssuedValue {
                 limit: 2,
+                // Places, not the rate, are under test here.
+                per_minute: u32::MAX,
                 ..Default::default()
             },
         )
@@ -764,6 +768,65 @@ fn a_published_key_buys_the_resumed_class_for_its_limit_of_connections_at_a_time
         .unwrap();
     prog.run(Hook::TcEgress, &server_hello_to(port), 1);
     assert_eq!(in_use(&prog), Some(0));
+}
+
+#[test]
+fn a_published_key_buys_its_limit_at_once_then_only_its_rate_of_resumptions() {
+    if !have_root("a_published_key_buys_its_limit_at_once_then_only_its_rate") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let hello = HelloBuilder {
+        session_id: key(9),
+        ..Default::default()
+    }
+    .build();
+    let issued = IssuedKey {
+        key: parse_hello(&hello).offer_key().unwrap(),
+    };
+    // Three at once, then one a minute: a test that runs for less than a minute sees no more.
+    prog.maps
+        .add_issued(
+            issued,
+            IssuedValue {
+                limit: 3,
+                per_minute: 1,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let from = |port: u16| Frame::tcp(443, &hello).from_port(port).seq(1).build();
+    // One connection after another, each answered by the server before the next (its place
+    // free again): a farm of one ticket. Three are resumed, the rest are new.
+    let classes: Vec<_> = (1..=8u16)
+        .map(|port| {
+            let class = class_of(&prog, Hook::Xdp, &from(port));
+            prog.run(Hook::TcEgress, &server_hello_to(port), 1);
+            class
+        })
+        .collect();
+    assert_eq!(
+        classes
+            .iter()
+            .filter(|c| **c == Some(Class::TlsResumed))
+            .count(),
+        3,
+        "{classes:?}"
+    );
+    assert!(classes[..3].iter().all(|c| *c == Some(Class::TlsResumed)));
+    assert!(classes[3..].iter().all(|c| *c == Some(Class::TlsNew)));
+    let c = prog.counters().tls;
+    assert_eq!(c.resumptions_too_fast, 5, "counted by their reason");
+    assert_eq!(c.replays_bounded, 0, "a place was free each time");
+    // Another client's key is its own share.
+    let other = HelloBuilder {
+        session_id: key(10),
+        ..Default::default()
+    }
+    .build();
+    publish(&mut prog, &other);
+    let f = Frame::tcp(443, &other).from_port(50).seq(1).build();
+    assert_eq!(class_of(&prog, Hook::Xdp, &f), Some(Class::TlsResumed));
 }
 
 /// The hello segment of `frame` from client port `port`: sequence number 1000, PSH|ACK, the

@@ -34,6 +34,10 @@ pub enum IssuedAction {
         #[arg(long, default_value_t = gateway_common::maps::DEFAULT_RESUME_LIMIT,
               value_parser = clap::value_parser!(u32).range(1..=i64::from(gateway_common::maps::MAX_RESUME_LIMIT)))]
         limit: u32,
+        /// Resumptions the key buys per minute beyond `--limit` at once.
+        #[arg(long, default_value_t = gateway_common::maps::DEFAULT_RESUME_PER_MINUTE,
+              value_parser = clap::value_parser!(u32).range(1..=i64::from(gateway_common::maps::MAX_RESUME_PER_MINUTE)))]
+        per_minute: u32,
         /// Which attachment.
         #[command(flatten)]
         target: Target,
@@ -118,6 +122,7 @@ fn issued(root: &Path, action: IssuedAction) -> Result<(), CommandError> {
             key,
             kind,
             limit,
+            per_minute,
             target,
         } => {
             let (pd, mut maps) = open(root, target.iface.as_deref())?;
@@ -126,6 +131,7 @@ fn issued(root: &Path, action: IssuedAction) -> Result<(), CommandError> {
                 IssuedValue {
                     kind: kind as u32,
                     limit,
+                    per_minute,
                     issued_ns: crate::maps::monotonic_ns(),
                     ..Default::default()
                 },
@@ -154,6 +160,7 @@ fn issued(root: &Path, action: IssuedAction) -> Result<(), CommandError> {
                         serde_json::json!({
                             "key": hex(k), "kind": kind(v),
                             "limit": gateway_common::maps::resume_limit(v.limit),
+                            "per_minute": 60_000_000_000 / gateway_common::maps::resume_interval_ns(v.per_minute),
                             "in_use": v.in_use,
                         })
                     })
@@ -162,10 +169,11 @@ fn issued(root: &Path, action: IssuedAction) -> Result<(), CommandError> {
             } else {
                 for (k, v) in rows {
                     println!(
-                        "{} {} limit {} in-use {}",
+                        "{} {} limit {} per-minute {} in-use {}",
                         hex(&k),
                         kind(&v),
                         gateway_common::maps::resume_limit(v.limit),
+                        60_000_000_000 / gateway_common::maps::resume_interval_ns(v.per_minute),
                         v.in_use
                     );
                 }

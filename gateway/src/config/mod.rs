@@ -298,6 +298,15 @@ mod tests {
         );
         assert!(e.contains("tls.resume_limit: 0 is out of range"), "{e}");
         assert!(e.contains("proxies[0]"), "{e}");
+        for rate in ["0", "0.001", "5000"] {
+            let e = err(&format!(
+                "proxies:\n  - listen: 127.0.0.1:8443\n    tls: {{resume_rate: {rate}}}\n    backends: [{{address: 127.0.0.1:1}}]\n"
+            ));
+            assert!(
+                e.contains(&format!("tls.resume_rate: {rate} is out of range")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -132,6 +132,10 @@ pub struct TlsConfig {
     /// Connections one issued session may hold in the tls-resumed class at once (the datapath
     /// counts them; a replayed or shared key gets no more).
     pub resume_limit: u32,
+    /// Resumptions one issued session buys per minute beyond `resume_limit` at once (the
+    /// datapath's per-key GCRA: a farmed ticket gets one client's worth). Configured as
+    /// `resume_rate`, per second.
+    pub resume_per_minute: u32,
 }
 
 #[derive(Deserialize)]
@@ -151,6 +155,8 @@ struct RawTls {
     session_cache: usize,
     #[serde(default = "default_resume_limit")]
     resume_limit: u32,
+    #[serde(default = "default_resume_rate")]
+    resume_rate: f64,
 }
 
 fn default_rotation() -> Span {
@@ -164,6 +170,9 @@ fn default_cache() -> usize {
 }
 fn default_resume_limit() -> u32 {
     gateway_common::maps::DEFAULT_RESUME_LIMIT
+}
+fn default_resume_rate() -> f64 {
+    gateway_common::maps::DEFAULT_RESUME_PER_MINUTE as f64 / 60.0
 }
 
 impl TryFrom<RawTls> for TlsConfig {
@@ -185,6 +194,15 @@ impl TryFrom<RawTls> for TlsConfig {
                 r.resume_limit
             ));
         }
+        let per_minute = r.resume_rate * 60.0;
+        let most = gateway_common::maps::MAX_RESUME_PER_MINUTE;
+        if !(1.0..=most as f64).contains(&per_minute.round()) {
+            return Err(format!(
+                "tls.resume_rate: {} is out of range, need 1/60 (one a minute) to {} per second",
+                r.resume_rate,
+                most / 60
+            ));
+        }
         Ok(TlsConfig {
             cert_key,
             ticket_key_file: r.ticket_key_file,
@@ -192,6 +210,7 @@ impl TryFrom<RawTls> for TlsConfig {
             session_lifetime: r.session_lifetime,
             session_cache: r.session_cache,
             resume_limit: r.resume_limit,
+            resume_per_minute: per_minute.round() as u32,
         })
     }
 }
@@ -205,6 +224,7 @@ impl Default for TlsConfig {
             session_lifetime: default_lifetime(),
             session_cache: default_cache(),
             resume_limit: default_resume_limit(),
+            resume_per_minute: gateway_common::maps::DEFAULT_RESUME_PER_MINUTE,
         }
     }
 }
@@ -212,7 +232,7 @@ impl Default for TlsConfig {
 impl Serialize for TlsConfig {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct as _;
-        let mut st = s.serialize_struct("TlsConfig", 7)?;
+        let mut st = s.serialize_struct("TlsConfig", 8)?;
         st.serialize_field("cert", &self.cert_key.as_ref().map(|c| &c.0))?;
         st.serialize_field("key", &self.cert_key.as_ref().map(|c| &c.1))?;
         st.serialize_field("ticket_key_file", &self.ticket_key_file)?;
@@ -220,6 +240,7 @@ impl Serialize for TlsConfig {
         st.serialize_field("session_lifetime", &self.session_lifetime)?;
         st.serialize_field("session_cache", &self.session_cache)?;
         st.serialize_field("resume_limit", &self.resume_limit)?;
+        st.serialize_field("resume_rate", &(self.resume_per_minute as f64 / 60.0))?;
         st.end()
     }
 }

@@ -572,8 +572,16 @@ crate::counters! {
 
 /// Entries of the TLS flow table (LRU: the least recently used flow is evicted when full).
 pub const MAX_TLS_FLOWS: u32 = 65536;
-/// Entries of the issued-sessions table (LRU).
-pub const MAX_TLS_ISSUED: u32 = 65536;
+/// Entries of the issued-sessions table unless configured (`datapath.issued_keys`): a hash map,
+/// not an LRU, so that load never evicts a key its session still needs; when it is full, a new
+/// key is not published (the daemon counts it). Its elements are allocated as keys are
+/// published (`BPF_F_NO_PREALLOC`), so an empty table costs next to nothing.
+pub const DEFAULT_TLS_ISSUED: u32 = 65536;
+/// Most entries of the issued-sessions table the configuration accepts (about 2 GiB of kernel
+/// memory when full).
+pub const MAX_TLS_ISSUED: u32 = 16 * 1024 * 1024;
+/// `BPF_F_NO_PREALLOC`: a hash map's elements are allocated as they are inserted.
+pub const BPF_F_NO_PREALLOC: usize = 1;
 
 /// A TCP connection as seen from its client: addresses (IPv4 as IPv4-mapped IPv6) and ports.
 #[repr(C)]
@@ -994,7 +1002,7 @@ mod tests {
         );
         assert_eq!(size_of::<IssuedKey>(), 16);
         assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8 + 8 + 8 + 4 + 4 + 8);
-        assert_eq!(size_of::<TlsCounters>(), 8 * 14);
+        assert_eq!(size_of::<TlsCounters>(), 8 * 15);
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);
         assert_eq!(size_of::<LatencyHistogram>(), LATENCY_BUCKETS * 8);

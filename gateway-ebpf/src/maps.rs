@@ -8,10 +8,11 @@ use aya_ebpf::{
 use gateway_common::{
     NUM_CLASSES,
     maps::{
-        ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
-        IssuedValue, LatencyHistogram, MAX_PENDING, MAX_SERVICES, MAX_SIP_DIALOGS, MAX_SIP_TXNS,
-        MAX_TLS_FLOWS, MAX_TLS_ISSUED, Pending, RejectEvent, SERVICE_PORT_ENTRIES, ServiceKey,
-        ServiceValue, SipDialog, SipTxn, TLS_REJECTS_BYTES, TlsCounters, TlsFlow,
+        BPF_F_NO_PREALLOC, ClassPolicy, ClassState, ClassStats, DEFAULT_TLS_ISSUED, DatapathConfig,
+        DatapathCounters, FlowKey, IssuedKey, IssuedValue, LatencyHistogram, MAX_PENDING,
+        MAX_SERVICES, MAX_SIP_DIALOGS, MAX_SIP_TXNS, MAX_TLS_FLOWS, Pending, RejectEvent,
+        SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue, SipDialog, SipTxn, TLS_REJECTS_BYTES,
+        TlsCounters, TlsFlow,
     },
 };
 
@@ -52,10 +53,16 @@ pub static DP_CONFIG: Array<DatapathConfig, 1> = Array::new();
 #[btf_map]
 pub static TLS_FLOWS: LruHashMap<FlowKey, TlsFlow, { MAX_TLS_FLOWS as usize }> = LruHashMap::new();
 
-/// Keys of the sessions the server issued, published by userspace.
+/// Keys of the sessions the server issued, published by userspace. Not an LRU: a key lives for
+/// its session's lifetime whatever the load (userspace sizes the table at load and withdraws
+/// keys as their lifetime ends).
 #[btf_map]
-pub static TLS_ISSUED: LruHashMap<IssuedKey, IssuedValue, { MAX_TLS_ISSUED as usize }> =
-    LruHashMap::new();
+pub static TLS_ISSUED: HashMap<
+    IssuedKey,
+    IssuedValue,
+    { DEFAULT_TLS_ISSUED as usize },
+    BPF_F_NO_PREALLOC,
+> = HashMap::new();
 
 /// TLS counters, per CPU.
 #[btf_map]

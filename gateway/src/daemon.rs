@@ -133,6 +133,7 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
             mode: iface.mode,
             root: cfg.bpffs.clone(),
             ebpf_log_level: cfg.datapath.ebpf_log_level.value(),
+            issued_keys: cfg.datapath.issued_keys,
         };
         let result = loader::attach(&opts).and_then(|a| {
             apply(&mut Maps::open(&PinDir::new(&cfg.bpffs, &a.iface))?, &cfg)?;
@@ -455,7 +456,11 @@ fn start_proxies(
     let stats = Arc::new(ProxyStats::default());
     let mut ready = Vec::new();
     for (index, p) in cfg.proxies.iter().enumerate() {
-        let issued = Arc::new(IssuedKeys::new(attached, Terms::of(&p.tls)));
+        let issued = Arc::new(IssuedKeys::new(
+            attached,
+            Terms::of(&p.tls),
+            cfg.datapath.issued_keys,
+        ));
         let tls = crate::tls::server_config(&p.tls, issued.clone()).map_err(|source| {
             DaemonError::Tls {
                 index,

@@ -8,12 +8,15 @@
 
 use std::{
     collections::VecDeque,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use gateway_common::{
-    maps::{IssuedKey, IssuedValue, MAX_TLS_ISSUED},
+    maps::{IssuedKey, IssuedValue},
     tls::{KEY_LEN, MAX_OFFER, Offer, offer_digest},
 };
 use tracing::warn;
@@ -44,21 +47,38 @@ impl Terms {
 }
 
 /// The issued keys a listener published to every attached interface.
+///
+/// A published key stays until its lifetime ends (or it is withdrawn): load never evicts one.
+/// When the table is full (`capacity` keys of this listener's, or the map itself, shared by
+/// every listener, refused the key on every interface), a new key is not published and is
+/// counted ([`IssuedKeys::take_unpublished`]): its resumptions are then judged as new hellos at
+/// the NIC, as any unverified offer is.
 pub struct IssuedKeys {
     ifaces: Vec<Arc<Attached>>,
-    /// Published keys by expiry, soonest first; at most `MAX_TLS_ISSUED` long, as the map itself.
+    /// Published keys by expiry, soonest first; at most `capacity` long.
     expiry: Mutex<VecDeque<(Instant, IssuedKey)>>,
+    capacity: usize,
     terms: Mutex<Terms>,
+    /// Keys not published since last taken, the table being full.
+    unpublished: AtomicU64,
 }
 
 impl IssuedKeys {
-    /// Keys for the interfaces `ifaces`, published under `terms`.
-    pub fn new(ifaces: &[Arc<Attached>], terms: Terms) -> Self {
+    /// Keys for the interfaces `ifaces`, published under `terms`, at most `capacity` at once
+    /// (the entries of their issued-keys table).
+    pub fn new(ifaces: &[Arc<Attached>], terms: Terms, capacity: u32) -> Self {
         IssuedKeys {
             ifaces: ifaces.to_vec(),
             expiry: Mutex::new(VecDeque::new()),
+            capacity: capacity as usize,
             terms: Mutex::new(terms),
+            unpublished: AtomicU64::new(0),
         }
+    }
+
+    /// Keys not published since the last call (the table was full), and zero from now on.
+    pub fn take_unpublished(&self) -> u64 {
+        self.unpublished.swap(0, Ordering::Relaxed)
     }
 
     /// The terms keys are published under now.
@@ -80,6 +100,7 @@ impl IssuedKeys {
                 resume_limit: 1,
                 per_minute: 0,
             },
+            gateway_common::maps::DEFAULT_TLS_ISSUED,
         )
     }
 
@@ -103,16 +124,25 @@ impl IssuedKeys {
             ..Default::default()
         };
         let mut expiry = self.expiry();
-        if expiry.len() >= MAX_TLS_ISSUED as usize {
-            // Full: the key that would end soonest goes now, so that the map (an LRU of the same
-            // size) need not evict one this queue still tracks.
-            let (_, soonest) = expiry.pop_front().expect("full");
-            self.remove(&soonest);
+        if expiry.len() >= self.capacity {
+            // Full: no key that a session still needs is pushed out for it.
+            self.unpublished.fetch_add(1, Ordering::Relaxed);
+            return;
         }
+        let mut refused = 0;
         for a in &self.ifaces {
             if let Err(e) = a.maps().add_issued(key, value) {
-                warn!(iface = %a.iface(), error = %e, "cannot publish an issued session key");
+                // A full map (shared by every listener) refuses with E2BIG: counted, not logged
+                // per key.
+                if !e.is_full() {
+                    warn!(iface = %a.iface(), error = %e, "cannot publish an issued session key");
+                }
+                refused += 1;
             }
+        }
+        if refused > 0 && refused == self.ifaces.len() {
+            self.unpublished.fetch_add(1, Ordering::Relaxed);
+            return;
         }
         // In expiry order: after a reload shortened the lifetime, a new key may end before
         // older ones.
@@ -217,20 +247,24 @@ mod tests {
     }
 
     #[test]
-    fn a_full_queue_lets_the_soonest_ending_key_go() {
-        let keys = IssuedKeys::none(Duration::from_secs(60));
-        for i in 0..MAX_TLS_ISSUED {
+    fn a_full_table_keeps_every_key_and_counts_the_ones_it_refuses() {
+        let keys = IssuedKeys::new(
+            &[],
+            Terms {
+                lifetime: Duration::from_secs(60),
+                resume_limit: 1,
+                per_minute: 0,
+            },
+            100,
+        );
+        for i in 0..150u32 {
             keys.publish(&i.to_le_bytes().repeat(8), Offer::Ticket);
         }
-        keys.set_terms(Terms {
-            lifetime: Duration::from_secs(1),
-            resume_limit: 1,
-            per_minute: 0,
-        });
-        keys.publish(&[7; 32], Offer::Ticket);
-        keys.publish(&[8; 32], Offer::Ticket);
-        assert_eq!(keys.published(), MAX_TLS_ISSUED as usize);
-        // The second short-lived key pushed out the first one, not a 60 s key.
-        assert_eq!(keys.expire(Instant::now() + Duration::from_secs(2)), 1);
+        assert_eq!(keys.published(), 100);
+        assert_eq!(keys.take_unpublished(), 50);
+        assert_eq!(keys.take_unpublished(), 0);
+        // The first keys are still there: none ends before its lifetime.
+        assert_eq!(keys.expire(Instant::now() + Duration::from_secs(30)), 0);
+        assert_eq!(keys.expire(Instant::now() + Duration::from_secs(61)), 100);
     }
 }

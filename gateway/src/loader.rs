@@ -123,6 +123,8 @@ pub struct AttachOptions {
     pub root: PathBuf,
     /// aya-log level compiled into the loaded program (0 off, 1 error ... 5 trace).
     pub ebpf_log_level: u8,
+    /// Entries of the issued-keys table when it is created (a pinned one keeps its size).
+    pub issued_keys: u32,
 }
 
 /// The result of an attach.
@@ -216,13 +218,15 @@ fn check_pinned_layout(pd: &PinDir) -> Result<(), LoaderError> {
 }
 
 /// Loads the eBPF object with every map pinned in `pd` (opening the pins that exist, creating the
-/// rest). No program is loaded into the kernel or attached yet.
-pub fn load_pinned(pd: &PinDir, log_level: u8) -> Result<Ebpf, LoaderError> {
+/// rest, the issued-keys table with `issued_keys` entries). No program is loaded into the kernel
+/// or attached yet.
+pub fn load_pinned(pd: &PinDir, log_level: u8, issued_keys: u32) -> Result<Ebpf, LoaderError> {
     check_pinned_layout(pd)?;
     let mut loader = EbpfLoader::new();
     for name in names::ALL {
         loader.map_pin_path(name, pd.map(name));
     }
+    loader.map_max_entries(names::TLS_ISSUED, issued_keys);
     loader.override_global("AYA_LOG_LEVEL", &log_level, false);
     Ok(loader.load(EBPF_OBJECT)?)
 }
@@ -237,7 +241,8 @@ pub struct Sweeper {
 impl Sweeper {
     /// Loads the sweep program against the maps pinned in `pd`.
     pub fn load(pd: &PinDir) -> Result<Self, LoaderError> {
-        let mut ebpf = load_pinned(pd, 0)?;
+        // The maps exist (pinned by the attachment): their sizes are theirs.
+        let mut ebpf = load_pinned(pd, 0, gateway_common::maps::DEFAULT_TLS_ISSUED)?;
         let prog: &mut Xdp = ebpf
             .program_mut(programs::SWEEP)
             .expect("object has the sweep program")
@@ -420,7 +425,7 @@ fn attach_tcx(
 }
 
 fn fresh(pd: &PinDir, ifindex: u32, opts: &AttachOptions) -> Result<Attachment, LoaderError> {
-    let mut ebpf = load_pinned(pd, opts.ebpf_log_level)?;
+    let mut ebpf = load_pinned(pd, opts.ebpf_log_level, opts.issued_keys)?;
     wire_tail_calls(&mut ebpf)?;
     let iface = &opts.iface;
     let mut fallback_reason = None;
@@ -504,7 +509,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<Attachment, LoaderError>
         });
     }
     let link: FdLink = PinnedLink::from_pin(pd.link())?.into();
-    let mut ebpf = load_pinned(pd, opts.ebpf_log_level)?;
+    let mut ebpf = load_pinned(pd, opts.ebpf_log_level, opts.issued_keys)?;
     wire_tail_calls(&mut ebpf)?;
     let what = format!("replacing the program on {} through its link", opts.iface);
     match recorded {

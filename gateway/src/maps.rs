@@ -46,6 +46,19 @@ pub enum MapsError {
     ServicesFull(u32),
 }
 
+impl MapsError {
+    /// Whether a map refused an insert because it is full (`E2BIG`).
+    pub fn is_full(&self) -> bool {
+        matches!(
+            self,
+            MapsError::Op {
+                source: MapError::SyscallError(e),
+                ..
+            } if e.io_error.raw_os_error() == Some(libc::E2BIG)
+        )
+    }
+}
+
 /// The error of an operation on the map `map`.
 pub(crate) fn op(map: &'static str) -> impl FnOnce(MapError) -> MapsError {
     move |source| MapsError::Op { map, source }

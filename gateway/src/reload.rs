@@ -49,6 +49,9 @@ pub fn prepare(
     if cfg.workers != current.workers {
         return restart("workers");
     }
+    if cfg.datapath.issued_keys != current.datapath.issued_keys {
+        return restart("datapath.issued_keys (the table's size)");
+    }
     if cfg.proxies.len() != current.proxies.len() {
         return restart("proxies (the number of listeners)");
     }

@@ -83,7 +83,8 @@ impl TestProgram {
         let bpffs = Bpffs::new();
         let pd = PinDir::new(&bpffs.root(), "testrun");
         pd.create().expect("pin dir");
-        let mut ebpf = loader::load_pinned(&pd, 0).expect("load object");
+        let mut ebpf = loader::load_pinned(&pd, 0, gateway_common::maps::DEFAULT_TLS_ISSUED)
+            .expect("load object");
         for name in [programs::XDP, programs::XDP_BARE_PASS] {
             let p: &mut Xdp = ebpf.program_mut(name).unwrap().try_into().unwrap();
             p.load()

@@ -829,6 +829,42 @@ fn a_published_key_buys_its_limit_at_once_then_only_its_rate_of_resumptions() {
     assert_eq!(class_of(&prog, Hook::Xdp, &f), Some(Class::TlsResumed));
 }
 
+/// Issue 28: no key is evicted by load. The issued-keys table is a hash map, not an LRU: after
+/// 100,000 more keys offered to a table of 65,536, the first key published still verifies, and
+/// the table refuses what does not fit (E2BIG, which the daemon counts as unpublished).
+#[test]
+fn a_full_issued_keys_table_refuses_new_keys_and_keeps_the_first() {
+    if !have_root("a_full_issued_keys_table_refuses_new_keys") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let hello = HelloBuilder {
+        session_id: key(11),
+        ..Default::default()
+    }
+    .build();
+    publish(&mut prog, &hello);
+    let (mut added, mut full) = (0u32, 0u32);
+    for i in 0..100_000u32 {
+        let mut k = [0u8; gateway_common::tls::KEY_LEN];
+        k[..4].copy_from_slice(&i.to_le_bytes());
+        k[4] = 0xee;
+        match prog
+            .maps
+            .add_issued(IssuedKey { key: k }, IssuedValue::default())
+        {
+            Ok(()) => added += 1,
+            Err(e) if e.is_full() => full += 1,
+            Err(e) => panic!("key {i}: {e}"),
+        }
+    }
+    let size = gateway_common::maps::DEFAULT_TLS_ISSUED;
+    assert_eq!(added, size - 1, "the table holds its size");
+    assert_eq!(full, 100_000 - (size - 1));
+    let f = Frame::tcp(443, &hello).from_port(7).seq(1).build();
+    assert_eq!(class_of(&prog, Hook::Xdp, &f), Some(Class::TlsResumed));
+}
+
 /// The hello segment of `frame` from client port `port`: sequence number 1000, PSH|ACK, the
 /// client having acknowledged the server's SYN-ACK up to 777; with the offset of its TCP header
 /// (`hello_len` bytes of payload follow it).

@@ -37,6 +37,7 @@ pub fn attach(root: &Path, args: AttachArgs) -> Result<(), CommandError> {
         mode,
         root: root.to_path_buf(),
         ebpf_log_level: EbpfLogLevel::default().value(),
+        issued_keys: gateway_common::maps::DEFAULT_TLS_ISSUED,
     })?;
     if let Some(reason) = &a.fallback_reason {
         eprintln!(

@@ -1,6 +1,8 @@
 //! Datapath-wide settings and what `gateway run` does with the datapath on exit.
 
-use gateway_common::maps::{CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE};
+use gateway_common::maps::{
+    CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, DEFAULT_TLS_ISSUED, MAX_TLS_ISSUED,
+};
 use serde::{Deserialize, Serialize};
 
 /// Pass or drop.
@@ -41,7 +43,7 @@ impl EbpfLogLevel {
 }
 
 /// Datapath-wide settings.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Datapath {
     /// IP fragments.
@@ -53,6 +55,39 @@ pub struct Datapath {
     /// aya-log level.
     #[serde(default)]
     pub ebpf_log_level: EbpfLogLevel,
+    /// Entries of the issued-keys table (`TLS_ISSUED`): the session keys the proxies publish
+    /// live there for their whole lifetime, never evicted; when it is full a new key is not
+    /// published (counted). Size it as handshakes per second x tickets per handshake (1) x
+    /// `session_lifetime` in seconds. Fixed when the datapath is first loaded.
+    #[serde(default = "default_issued_keys", deserialize_with = "issued_keys")]
+    pub issued_keys: u32,
+}
+
+impl Default for Datapath {
+    fn default() -> Self {
+        Datapath {
+            fragments: PassDrop::default(),
+            unparseable: PassDrop::default(),
+            ebpf_log_level: EbpfLogLevel::default(),
+            issued_keys: default_issued_keys(),
+        }
+    }
+}
+
+fn default_issued_keys() -> u32 {
+    DEFAULT_TLS_ISSUED
+}
+
+/// `issued_keys`, within `1..=MAX_TLS_ISSUED`.
+fn issued_keys<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let n = u64::deserialize(d)?;
+    if (1..=u64::from(MAX_TLS_ISSUED)).contains(&n) {
+        Ok(n as u32)
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "issued_keys: {n} is out of range, need 1 to {MAX_TLS_ISSUED}"
+        )))
+    }
 }
 
 impl Datapath {

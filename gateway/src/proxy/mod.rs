@@ -126,8 +126,13 @@ impl Proxy {
         debug!(listener = %self.label, "stopped accepting");
     }
 
-    /// Expires published session keys as their lifetime ends.
+    /// Expires published session keys as their lifetime ends, and counts them.
     pub async fn housekeeping(self: Arc<Self>, stop: CancellationToken) {
+        let labels = crate::proxy::stats::ListenerLabels {
+            listener: self.label.clone(),
+        };
+        let published = self.stats.keys_published.get_or_create(&labels).clone();
+        let unpublished = self.stats.keys_unpublished.get_or_create(&labels).clone();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tokio::select! {
@@ -135,6 +140,15 @@ impl Proxy {
                 _ = tick.tick() => {}
             }
             self.issued.expire(std::time::Instant::now());
+            published.set(self.issued.published() as i64);
+            let refused = self.issued.take_unpublished();
+            if refused > 0 {
+                unpublished.inc_by(refused);
+                warn!(
+                    listener = %self.label, refused,
+                    "the issued-keys table is full: new session keys were not published (raise datapath.issued_keys)"
+                );
+            }
         }
     }
 

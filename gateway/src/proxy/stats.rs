@@ -161,6 +161,10 @@ pub struct ProxyStats {
     pub backend_failures: Family<BackendLabels, Counter>,
     /// Issued keys withdrawn because a hello offered them and did not resume.
     pub offers_withdrawn: Family<ListenerLabels, Counter>,
+    /// Issued keys published in the datapath now.
+    pub keys_published: Family<ListenerLabels, Gauge>,
+    /// Issued keys not published because the issued-keys table was full.
+    pub keys_unpublished: Family<ListenerLabels, Counter>,
 }
 
 impl ProxyStats {
@@ -221,6 +225,17 @@ impl ProxyStats {
             "offers_withdrawn",
             "Issued keys withdrawn from the datapath because a hello offered them and did not resume",
             self.offers_withdrawn.clone(),
+        );
+        r.register(
+            "issued_keys",
+            "Session keys this listener has published in the datapath now (each until its lifetime ends)",
+            self.keys_published.clone(),
+        );
+        r.register(
+            "issued_keys_unpublished",
+            "Session keys not published because the issued-keys table (datapath.issued_keys) was full: \
+             their resumptions are judged as new hellos at the NIC",
+            self.keys_unpublished.clone(),
         );
     }
 

@@ -56,6 +56,10 @@ pub fn server_config(cfg: &TlsConfig, issued: Arc<IssuedKeys>) -> Result<ServerC
         Some(path) => tickets::Secret::from_file(path)?,
         None => tickets::Secret::random()?,
     };
+    // One TLS 1.3 ticket per handshake (rustls sends two by default): a client uses each once
+    // and gets a fresh one with every resumption, so a second buys nothing but another key to
+    // publish (issue 28: keys churned through the table at twice the handshake rate).
+    config.send_tls13_tickets = 1;
     config.ticketer = Arc::new(tickets::RotatingTicketer::new(
         secret,
         cfg.ticket_rotation.0,

@@ -80,11 +80,15 @@ impl TestProgram {
     /// Loads the object and its programs; protects tcp/443 (tls) and udp/5060 (sip). TLS
     /// hellos are judged without the socket lookup (`CONFIG_TRUST_UNCONNECTED`).
     pub fn new() -> Self {
+        Self::with_issued_keys(gateway_common::maps::DEFAULT_TLS_ISSUED)
+    }
+
+    /// As [`TestProgram::new`], with an issued-keys table of `issued_keys` entries.
+    pub fn with_issued_keys(issued_keys: u32) -> Self {
         let bpffs = Bpffs::new();
         let pd = PinDir::new(&bpffs.root(), "testrun");
         pd.create().expect("pin dir");
-        let mut ebpf = loader::load_pinned(&pd, 0, gateway_common::maps::DEFAULT_TLS_ISSUED)
-            .expect("load object");
+        let mut ebpf = loader::load_pinned(&pd, 0, issued_keys).expect("load object");
         for name in [programs::XDP, programs::XDP_BARE_PASS] {
             let p: &mut Xdp = ebpf.program_mut(name).unwrap().try_into().unwrap();
             p.load()
@@ -124,6 +128,18 @@ impl TestProgram {
             maps,
             _bpffs: bpffs,
         }
+    }
+
+    /// The kernel memory the pinned map `name` takes now, in bytes (`bpftool`'s
+    /// `bytes_memlock`, which the kernel computes from what the map allocated).
+    pub fn map_bytes(&self, name: &str) -> u64 {
+        let out = std::process::Command::new("bpftool")
+            .args(["-j", "map", "show", "pinned"])
+            .arg(self.pins.map(name))
+            .output()
+            .expect("bpftool (cargo xtask setup installs it)");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool json");
+        v["bytes_memlock"].as_u64().expect("bytes_memlock")
     }
 
     /// Runs one frame `repeat` times through `hook`; returns the action and the mean duration in

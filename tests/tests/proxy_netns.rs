@@ -484,6 +484,59 @@ fn one_ticket_buys_one_clients_share_and_a_victim_keeps_resuming() {
     assert_eq!(s.fetch(&victim).unwrap().0, HandshakeKind::Resumed, "after");
 }
 
+/// tls-new's `policy show` row.
+fn tls_new_row(s: &Setup) -> serde_json::Value {
+    let rows: serde_json::Value =
+        serde_json::from_str(&s.net.gateway_ok(&["policy", "show", "--json"])).unwrap();
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["class"] == "tls-new")
+        .cloned()
+        .unwrap()
+}
+
+/// Issue 29, case 2: a class an operator closed (rate 0, pinned) and then handed back to the
+/// controller reopens by the controller's own law within a few intervals, although no full
+/// handshake was ever admitted to measure the costs its budget divides by.
+#[test]
+fn a_class_handed_back_to_the_controller_at_zero_reopens() {
+    if !have_root("a_class_handed_back_to_the_controller_at_zero_reopens") {
+        return;
+    }
+    let mut s = Setup::new();
+    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+    s.start(
+        &format!("{{address: {}}}", backend.addr),
+        "",
+        "controller:\n  classes:\n    tls-new: {mode: tls, min: 0, max: 5000}\n",
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while tls_new_row(&s)["owner"] != "controller" {
+        assert!(Instant::now() < deadline, "{}", tls_new_row(&s));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s.net.gateway_ok(&[
+        "policy", "set", "tls-new", "--rate", "0", "--burst", "0", "--pin",
+    ]);
+    assert!(s.fetch(&rustls_config(&s.cert)).is_err(), "closed by hand");
+    s.net.gateway_ok(&["policy", "unpin", "tls-new"]);
+    // Within a few intervals (100 ms each) the controller opens it, and a new client is served.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let row = tls_new_row(&s);
+        if row["owner"] == "controller" && row["rate"].as_u64().unwrap_or(0) >= 10 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still closed: {row}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        s.fetch(&rustls_config(&s.cert)).unwrap().0,
+        HandshakeKind::Full
+    );
+}
+
 #[test]
 fn the_pool_moves_off_a_dead_member_and_retries_it_after_its_interval() {
     if !have_root("the_pool_moves_off_a_dead_member") {

@@ -178,3 +178,93 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Probe(args) => probe::run(args),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::Cli;
+
+    /// Values that break naive parsers: multi-byte characters at odd byte offsets, controls,
+    /// signs, overflows, empty, odd lengths.
+    const NASTY: &[&str] = &[
+        "",
+        "-",
+        "--",
+        "a€€€€€€€€€€€",
+        "€",
+        "0€0€0€0€0€0€0€0€0€0€0€0€0€0€0€0€",
+        "\u{0}",
+        "ff\u{7f}",
+        "0",
+        "-1",
+        "18446744073709551616",
+        "99999999999999999999999999",
+        "1e400",
+        "NaN",
+        "0x10",
+        "ffffffffffffffffffffffffffffffff",
+        "fffffffffffffffffffffffffffffffff",
+        "1ms",
+        "10x",
+        "🦀🦀🦀🦀🦀🦀🦀🦀🦀🦀🦀🦀🦀🦀🦀🦀",
+    ];
+
+    /// Every subcommand's arguments, `{}` standing for a value under test.
+    const SHAPES: &[&[&str]] = &[
+        &["tls", "issued", "add", "{}"],
+        &["tls", "issued", "add", "{}", "--limit", "{}"],
+        &[
+            "tls",
+            "issued",
+            "add",
+            "00112233445566778899aabbccddeeff",
+            "--per-minute",
+            "{}",
+        ],
+        &[
+            "tls",
+            "issued",
+            "add",
+            "00112233445566778899aabbccddeeff",
+            "--kind",
+            "{}",
+        ],
+        &["tls", "issued", "del", "{}"],
+        &["policy", "set", "{}", "--backlog", "{}"],
+        &["policy", "set", "tls-new", "--rate", "{}", "--burst", "{}"],
+        &["policy", "set", "tls-new", "--timeout", "{}"],
+        &["policy", "unpin", "{}"],
+        &["service", "add", "{}", "{}"],
+        &["attach", "--iface", "{}", "--mode", "{}"],
+        &["stats", "--iface", "{}"],
+        &["probe", "{}"],
+        &["config", "check", "{}"],
+        &["--bpffs", "{}", "status"],
+        &["{}"],
+    ];
+
+    /// No argument a person can type makes the CLI panic: every parser answers with an error
+    /// or a value (issue 29: a multi-byte character in a hex key did).
+    #[test]
+    fn no_cli_input_panics() {
+        for shape in SHAPES {
+            for a in NASTY {
+                for b in NASTY {
+                    let mut filled = 0;
+                    let argv: Vec<String> = std::iter::once("gateway".to_string())
+                        .chain(shape.iter().map(|s| {
+                            if *s == "{}" {
+                                filled += 1;
+                                if filled == 1 { a } else { b }.to_string()
+                            } else {
+                                s.to_string()
+                            }
+                        }))
+                        .collect();
+                    let _ = Cli::try_parse_from(&argv);
+                }
+            }
+        }
+    }
+}

@@ -94,10 +94,16 @@ fn parse_key(s: &str) -> Result<gateway_common::maps::IssuedKey, String> {
             s.len()
         ));
     }
-    let value = (0..s.len() / 2)
-        .map(|i| {
-            u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
-                .map_err(|_| format!("not hex at digit {}: {s}", 2 * i))
+    // By bytes: a multi-byte character is simply not hex (slicing the string by byte offsets
+    // would panic inside it).
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let value = s
+        .as_bytes()
+        .chunks(2)
+        .enumerate()
+        .map(|(i, pair)| match (digit(pair[0]), digit(pair[1])) {
+            (Some(hi), Some(lo)) => Ok(hi << 4 | lo),
+            _ => Err(format!("not two hex digits at byte {}", 2 * i)),
         })
         .collect::<Result<Vec<u8>, _>>()?;
     Ok(gateway_common::maps::IssuedKey {

@@ -421,6 +421,14 @@ impl HandshakeBudgetLaw {
         self.set(per_second, reason)
     }
 
+    /// One interval with no handshake cost measured yet: the rate grows by a tenth and one, as
+    /// under the CPU target, so a class handed to the controller closed (0) reopens and admits
+    /// the full handshakes whose costs the budget needs.
+    pub fn grow_unmeasured(&mut self) -> Option<Decision> {
+        let grown = ((self.rate as f64 * 1.1).ceil() as u64).saturating_add(1);
+        self.set(grown, Reason::Headroom)
+    }
+
     /// Sets the rate (within the bounds): the decision if it changed.
     fn set(&mut self, rate: u64, reason: Reason) -> Option<Decision> {
         let wanted = rate.clamp(self.min, self.max);

@@ -520,6 +520,10 @@ fn step(
                 }
                 l.step(&o)
             }
+            // No handshake cost measured yet (no full handshake was admitted: say, a class an
+            // operator handed back closed at 0): nothing to divide a budget by, so it reopens
+            // by growth until the costs are measured.
+            Law::Tls(l) if costs.is_none() => l.grow_unmeasured(),
             Law::Tls(l) => {
                 let Some(costs) = costs else { continue };
                 let i = Class::TlsResumed.id() as usize;

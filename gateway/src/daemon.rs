@@ -62,6 +62,9 @@ pub enum DaemonError {
         /// The error.
         source: crate::tls::TlsError,
     },
+    /// The interface's datapath is held by another process, or its pin directory is unusable.
+    #[error(transparent)]
+    Pins(#[from] crate::pins::PinsError),
     /// A listening address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -77,6 +80,7 @@ impl DaemonError {
     pub fn is_input_error(&self) -> bool {
         match self {
             DaemonError::NoInterfaces | DaemonError::Tls { .. } => true,
+            DaemonError::Pins(e) => !matches!(e, crate::pins::PinsError::Io { .. }),
             DaemonError::Loader(e) => e.is_input_error(),
             _ => false,
         }
@@ -126,6 +130,14 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
         return Err(DaemonError::NoInterfaces);
     }
     raise_fd_limit();
+    // One daemon per datapath: each interface's pin directory is locked for this process's
+    // lifetime before anything is attached, adopted or replaced.
+    let _held = cfg
+        .interfaces
+        .0
+        .iter()
+        .map(|i| hold(&PinDir::new(&cfg.bpffs, &i.name)))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut attachments: Vec<Attachment> = Vec::new();
     for iface in &cfg.interfaces.0 {
         let opts = AttachOptions {
@@ -177,7 +189,10 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
     proxying.shutdown_background();
     match cfg.on_exit {
         OnExit::Detach => {
-            for a in &attachments {
+            // A start that failed never tears down what it did not create: an attachment it
+            // adopted (left by an earlier daemon with `on_exit: keep`) stays.
+            let failed = result.is_err();
+            for a in attachments.iter().filter(|a| !(failed && a.replaced)) {
                 match loader::detach(&cfg.bpffs, &a.iface) {
                     Ok(()) => info!(iface = %a.iface, "detached"),
                     Err(e) => warn!(iface = %a.iface, error = %e, "detach failed"),
@@ -191,6 +206,26 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
         }
     }
     result
+}
+
+/// Holds the datapath of `pd`'s interface for this process ([`PinDir::lock`]), or says who
+/// holds it (`gateway attach` takes it too, for the time of its change).
+pub fn hold(pd: &PinDir) -> Result<crate::pins::DirLock, DaemonError> {
+    if let Some(lock) = pd.lock()? {
+        return Ok(lock);
+    }
+    let pid = Maps::open(pd)
+        .and_then(|m| m.config())
+        .map_or(0, |c| c.daemon_pid);
+    Err(crate::pins::PinsError::Owned {
+        iface: pd.iface.clone(),
+        owner: if pid != 0 {
+            format!("`gateway run` (pid {pid})")
+        } else {
+            "another gateway process (starting, or attaching)".to_string()
+        },
+    }
+    .into())
 }
 
 /// The daemon's own work, on the control runtime; the proxies run on `proxying`.

@@ -161,11 +161,11 @@ pub fn attach(opts: &AttachOptions) -> Result<Attachment, LoaderError> {
     if pd.is_attached() {
         return replace(&pd, opts);
     }
-    let created = pd.create()?;
+    pd.create()?;
+    // Nothing was attached here (no link pinned): whatever a failed attach leaves, and any
+    // leftover pins, go.
     fresh(&pd, ifindex, opts).inspect_err(|_| {
-        if created {
-            let _ = pd.remove();
-        }
+        let _ = pd.remove();
     })
 }
 

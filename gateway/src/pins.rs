@@ -8,6 +8,7 @@
 
 use std::{
     fs, io,
+    os::fd::AsRawFd as _,
     path::{Path, PathBuf},
 };
 
@@ -36,6 +37,15 @@ pub enum PinsError {
     /// No attachment at all under the root, or more than one where one was needed.
     #[error("{0}")]
     Ambiguous(String),
+    /// Another process holds the interface's datapath (a running `gateway run`, or an attach
+    /// in progress).
+    #[error("{owner} serves interface '{iface}': stop it first (one daemon per datapath)")]
+    Owned {
+        /// Interface name.
+        iface: String,
+        /// Who holds it, as far as the datapath says (`gateway run` pid N).
+        owner: String,
+    },
     /// A filesystem operation failed.
     #[error("{path}: {source}")]
     Io {
@@ -69,6 +79,23 @@ pub fn check_bpffs(root: &Path) -> Result<(), PinsError> {
         match p.parent() {
             Some(parent) => p = parent,
             None => return Err(PinsError::NotBpffs(root.to_path_buf())),
+        }
+    }
+}
+
+/// An interface's datapath held by this process ([`PinDir::lock`]); released on drop, when the
+/// directory is also removed if the lock created it and nothing was pinned in it since.
+#[derive(Debug)]
+pub struct DirLock {
+    _dir: fs::File,
+    created: Option<PathBuf>,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.created {
+            // Fails, as it should, unless the directory is empty.
+            let _ = fs::remove_dir(dir);
         }
     }
 }
@@ -124,6 +151,34 @@ impl PinDir {
         }
         fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
         Ok(true)
+    }
+
+    /// Takes the interface's datapath for this process: an exclusive, non-blocking `flock` on
+    /// its pin directory (created if missing), held until the returned guard drops (or the
+    /// process ends, however it ends). `None` when another process holds it.
+    pub fn lock(&self) -> Result<Option<DirLock>, PinsError> {
+        if let Some(root) = self.dir.parent() {
+            check_bpffs(root)?;
+        }
+        let created = self.create()?;
+        let dir = fs::File::open(&self.dir).map_err(io_err(&self.dir))?;
+        // SAFETY: flock on a descriptor this function owns.
+        let r = unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r == 0 {
+            return Ok(Some(DirLock {
+                _dir: dir,
+                created: created.then(|| self.dir.clone()),
+            }));
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            Ok(None)
+        } else {
+            Err(PinsError::Io {
+                path: self.dir.clone(),
+                source: e,
+            })
+        }
     }
 
     /// Removes every pin and the directory itself.

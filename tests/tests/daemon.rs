@@ -124,6 +124,76 @@ fn keep_on_exit_leaves_protection_and_a_restart_adopts_the_same_link() {
     std::fs::remove_file(cfg).unwrap();
 }
 
+/// Issue 29, case 1: one daemon per datapath. A second `gateway run` for an interface a live
+/// daemon serves is refused at once, naming that daemon, whatever its own `on_exit`; it neither
+/// replaces the program nor detaches anything. `gateway attach` is refused too. The first daemon
+/// keeps serving (a reload reaches it) on the same program.
+#[test]
+fn a_second_daemon_is_refused_and_the_first_keeps_its_datapath() {
+    if !have_root("a_second_daemon_is_refused") {
+        return;
+    }
+    let net = TestNet::new();
+    for (first_exit, second_exit) in [("keep", "detach"), ("detach", "keep")] {
+        let cfg = config(&net, first_exit);
+        let first = Daemon::start(&net, &["--config", cfg.to_str().unwrap()], STARTUP);
+        let prog = net.xdp_prog_id();
+        assert!(prog.is_some());
+        let second_cfg = cfg.with_extension("second.yaml");
+        std::fs::write(
+            &second_cfg,
+            std::fs::read_to_string(&cfg).unwrap().replace(
+                &format!("on_exit: {first_exit}"),
+                &format!("on_exit: {second_exit}"),
+            ),
+        )
+        .unwrap();
+        let mut second = net
+            .gateway_command(&["run", "--config", second_cfg.to_str().unwrap()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + STARTUP;
+        let status = loop {
+            if let Some(status) = second.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = second.kill();
+                panic!("a second daemon ran beside the first (on_exit {second_exit})");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let out = second.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!("pid {}", first.pid()))
+                && stderr.contains("one daemon per datapath"),
+            "{stderr}"
+        );
+        let attach = net.gateway(&["attach", "--iface", &net.gw_if]);
+        assert_eq!(attach.status.code(), Some(2), "{attach:?}");
+        assert_eq!(net.xdp_prog_id(), prog, "the same program, not replaced");
+        let reloaded = net.gateway_ok(&["reload"]);
+        assert!(
+            reloaded.contains(&format!("daemon pid {}", first.pid())),
+            "{reloaded}"
+        );
+        let (exit, log) = first.terminate(SHUTDOWN);
+        assert!(exit.success(), "{log:?}");
+        if first_exit == "keep" {
+            assert_eq!(net.xdp_prog_id(), prog, "kept on exit");
+            net.gateway_ok(&["detach", "--iface", &net.gw_if]);
+        } else {
+            assert_eq!(net.xdp_prog_id(), None, "detached by its own daemon");
+        }
+        std::fs::remove_file(second_cfg).unwrap();
+        std::fs::remove_file(cfg).unwrap();
+    }
+}
+
 #[test]
 fn embedded_default_serves_on_a_given_interface() {
     if !have_root("embedded_default_serves") {

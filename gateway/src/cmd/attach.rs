@@ -32,6 +32,8 @@ pub struct DetachArgs {
 /// Attaches (or replaces the program of an existing attachment).
 pub fn attach(root: &Path, args: AttachArgs) -> Result<(), CommandError> {
     let AttachArgs { iface, mode } = args;
+    // Not under a running daemon: it owns the program and the maps it serves from.
+    let _held = crate::daemon::hold(&crate::pins::PinDir::new(root, &iface))?;
     let a = loader::attach(&AttachOptions {
         iface,
         mode,

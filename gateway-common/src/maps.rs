@@ -92,6 +92,9 @@ map_table! {
     /// SIP dialogs the server established (dialog key, see `SipInfo::dialog_key`, to
     /// [`super::SipDialog`]), learnt from its 2xx responses to INVITEs.
     SIP_DIALOGS: u64 => SipDialog,
+    /// Resumed TLS connections the server answered that are still open, each holding a place
+    /// of its issued key until it ends ([`super::FlowKey`] to [`super::TlsHold`]): not LRU.
+    TLS_HOLDS: FlowKey => TlsHold,
 }
 
 /// Program names in the eBPF object.
@@ -664,7 +667,31 @@ pub struct IssuedValue {
     pub pad: u32,
     /// The key's GCRA theoretical arrival time, `bpf_ktime_get_ns` (the datapath's).
     pub tat_ns: u64,
+    /// Resumed connections the server answered that are still open, each holding a place until
+    /// it ends ([`TlsHold`]); with [`Self::in_use`], what [`Self::limit`] bounds.
+    pub open: u64,
 }
+
+/// A resumed connection past its first flight that holds a place of its issued key
+/// ([`IssuedValue::open`]) until it ends: the server's FIN or RST seen leaving, or the daemon
+/// finding its socket gone (it sets [`Self::gone`] and runs the sweep), or [`MAX_HOLD_NS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TlsHold {
+    /// The issued key whose place it holds.
+    pub offer: [u8; crate::tls::KEY_LEN],
+    /// Since when, `bpf_ktime_get_ns`.
+    pub since_ns: u64,
+    /// Set by the daemon when the connection's socket is gone: the next sweep releases it.
+    pub gone: u32,
+    /// Padding, zero.
+    pub pad: u32,
+}
+
+/// The longest a connection holds its key's place (one hour): past it, the place is given
+/// back though the connection lives on, so a lost end (no FIN seen, no daemon) costs a key one
+/// place for an hour at most.
+pub const MAX_HOLD_NS: u64 = 3600 * 1_000_000_000;
 
 /// Resumed connections one issued key may hold at once unless its publisher says otherwise:
 /// browsers open up to six connections to one origin at once, and HTTP/1.1 clients share one
@@ -1001,7 +1028,8 @@ mod tests {
             size_of::<crate::tls::HelloState>() + 4 + 4 + 4 + 4
         );
         assert_eq!(size_of::<IssuedKey>(), 16);
-        assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8 + 8 + 8 + 4 + 4 + 8);
+        assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8 + 8 + 8 + 4 + 4 + 8 + 8);
+        assert_eq!(size_of::<TlsHold>(), 16 + 8 + 4 + 4);
         assert_eq!(size_of::<TlsCounters>(), 8 * 15);
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);

@@ -3,7 +3,7 @@
 use crate::maps::{
     ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
     IssuedValue, LatencyHistogram, Pending, RejectEvent, ServiceKey, ServiceValue, SipDialog,
-    SipTxn, TlsCounters, TlsFlow,
+    SipTxn, TlsCounters, TlsFlow, TlsHold,
 };
 
 // SAFETY: every type is #[repr(C)], Copy, made only of integers, and has no implicit padding
@@ -24,4 +24,5 @@ unsafe impl aya::Pod for RejectEvent {}
 unsafe impl aya::Pod for SipTxn {}
 unsafe impl aya::Pod for LatencyHistogram {}
 unsafe impl aya::Pod for Pending {}
+unsafe impl aya::Pod for TlsHold {}
 unsafe impl aya::Pod for SipDialog {}

@@ -12,7 +12,7 @@ use gateway_common::{
         DatapathCounters, FlowKey, IssuedKey, IssuedValue, LatencyHistogram, MAX_PENDING,
         MAX_SERVICES, MAX_SIP_DIALOGS, MAX_SIP_TXNS, MAX_TLS_FLOWS, Pending, RejectEvent,
         SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue, SipDialog, SipTxn, TLS_REJECTS_BYTES,
-        TlsCounters, TlsFlow,
+        TlsCounters, TlsFlow, TlsHold,
     },
 };
 
@@ -109,3 +109,8 @@ pub static SIP_PENDING: PendingTable<u64> = PendingTable::new();
 #[btf_map]
 pub static SIP_DIALOGS: LruHashMap<u64, SipDialog, { MAX_SIP_DIALOGS as usize }> =
     LruHashMap::new();
+
+/// Resumed TLS connections the server answered that are still open, each holding a place of its
+/// issued key until it ends (`crate::resume`). Not LRU: no traffic can evict a hold.
+#[btf_map]
+pub static TLS_HOLDS: HashMap<FlowKey, TlsHold, { MAX_PENDING as usize }> = HashMap::new();

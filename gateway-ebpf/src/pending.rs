@@ -90,7 +90,8 @@ fn hold<K>(table: &Table<K>, key: &K, class: Class, offer: &[u8; KEY_LEN]) -> bo
 /// The unit `key` was answered by the server: it completes (counted in its class), and its
 /// service time, admission to the server's answer, goes into its class's histogram
 /// (`SERVICE_LATENCY`). Returns it, or `None` when there was no such unit (never admitted, or
-/// already ended).
+/// already ended). What else it held is the caller's to give back or keep (a resumed
+/// connection's place of its issued key).
 #[inline(always)]
 pub fn complete<K>(table: &Table<K>, key: &K) -> Option<Pending> {
     let unit = end(table, key, Field::Completed)?;
@@ -118,7 +119,11 @@ fn end<K>(table: &Table<K>, key: &K, field: Field) -> Option<Pending> {
     let unit = unsafe { *table.get_ptr(key)? };
     table.remove(key).ok()?;
     count(unit.class, field);
-    release(&unit);
+    // A completed unit's caller decides what its place becomes (a resumed connection the
+    // server answered holds it until it ends: `resume::hold_open`).
+    if !matches!(field, Field::Completed) {
+        release(&unit);
+    }
     Some(unit)
 }
 
@@ -172,6 +177,9 @@ pub fn sweep_now(class: Class) {
 
 #[inline(always)]
 fn sweep(class: Class, mut now: u64) {
+    if class == Class::TlsResumed {
+        resume::sweep_holds(now);
+    }
     let (map, callback) = match class {
         Class::TlsNew | Class::TlsResumed => (
             (&raw const TLS_PENDING).cast_mut().cast::<c_void>(),

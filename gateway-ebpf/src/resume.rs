@@ -1,20 +1,32 @@
 //! Places of issued keys: a published key buys the `tls-resumed` class for at most its limit of
 //! connections at a time, and for its resumption rate beyond that (one client's worth:
 //! `gateway_common::maps::IssuedValue`). A resumed connection takes a place when it is admitted
-//! and gives it back when its unit ends (`crate::pending`), so a key read off the wire, replayed
-//! on many connections at once or farmed one connection after another buys little.
+//! and holds it until the connection ends: while its unit is pending (`in_use`, given back if
+//! the unit expires), then, once the server answered, as a hold (`TLS_HOLDS`, counted in
+//! `open`) until the server's FIN or RST leaves, or the daemon finds its socket gone, or an
+//! hour passed. So a key read off the wire, replayed on many connections at once or farmed one
+//! connection after another buys one client's share.
 // Map keys go by reference, as in the TLS module (the BPF stack is 512 bytes).
 #![allow(clippy::needless_borrows_for_generic_args)]
 
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::generated::{bpf_for_each_map_elem, bpf_map_delete_elem},
+};
 use gateway_common::{
     Class,
-    maps::{IssuedKey, resume_holders, resume_interval_ns, resume_limit, timeout_ns},
+    maps::{
+        FlowKey, IssuedKey, MAX_HOLD_NS, TlsHold, resume_holders, resume_interval_ns, resume_limit,
+        timeout_ns,
+    },
     tls::KEY_LEN,
 };
 
 use crate::{
-    maps::{CLASS_POLICY, TLS_ISSUED},
-    sync::{compare_and_swap, gcra, now_ns},
+    maps::{CLASS_POLICY, TLS_HOLDS, TLS_ISSUED},
+    sync::{atomic_add, compare_and_swap, gcra, now_ns},
 };
 
 /// What an offer's key got.
@@ -50,13 +62,15 @@ pub fn take(key: &[u8; KEY_LEN]) -> Place {
     unsafe {
         let limit = resume_limit(core::ptr::read_volatile(&raw const (*v).limit));
         let in_use = &raw mut (*v).in_use;
+        // Connections past their first flight still hold theirs.
+        let open = core::ptr::read_volatile(&raw const (*v).open);
         let interval = resume_interval_ns(core::ptr::read_volatile(&raw const (*v).per_minute));
         let mut rated = false;
         for _ in 0..TRIES {
             let seen = core::ptr::read_volatile(in_use);
             let granted = core::ptr::read_volatile(&raw const (*v).granted_ns);
             let held = resume_holders(seen, granted, now, timeout);
-            if held >= limit {
+            if held.saturating_add(open) >= limit {
                 return Place::Full;
             }
             // With a place free, the rate: `limit` at once, then one per interval. Tested
@@ -83,14 +97,108 @@ pub fn give_back(key: &[u8; KEY_LEN]) {
     let Some(v) = TLS_ISSUED.get_ptr_mut(&IssuedKey { key: *key }) else {
         return;
     };
-    // SAFETY: as in `take`.
-    unsafe {
-        let in_use = &raw mut (*v).in_use;
-        for _ in 0..TRIES {
-            let seen = core::ptr::read_volatile(in_use);
-            if seen == 0 || compare_and_swap(in_use, seen, seen - 1) {
-                return;
-            }
+    // SAFETY: a field of a live map value, only changed by compare-and-swap.
+    unsafe { decrement(&raw mut (*v).in_use) };
+}
+
+/// Takes one off the count at `count`, never below zero.
+///
+/// # Safety
+/// `count` must point to a live, aligned u64 only changed by atomic operations.
+#[inline(always)]
+unsafe fn decrement(count: *mut u64) {
+    for _ in 0..DECREMENT_TRIES {
+        // SAFETY: upheld by the caller.
+        let seen = unsafe { core::ptr::read_volatile(count) };
+        if seen == 0 || unsafe { compare_and_swap(count, seen, seen - 1) } {
+            return;
         }
     }
+}
+
+/// Attempts at giving a place back: a count left one too high holds a place until its key's
+/// lifetime ends, so this tries harder than taking does.
+const DECREMENT_TRIES: usize = 16;
+
+/// The resumed connection `flow` was answered by the server (its unit completed): the place its
+/// unit held of the issued key `offer` becomes a hold until the connection ends. With no room
+/// for the hold (the table is full), the place is simply given back, as before holds.
+#[inline(always)]
+pub fn hold_open(flow: &FlowKey, offer: &[u8; KEY_LEN]) {
+    if let Some(v) = TLS_ISSUED.get_ptr_mut(&IssuedKey { key: *offer }) {
+        // A hold left on this 4-tuple by an earlier connection (the client reused its port)
+        // ends first.
+        close(flow);
+        let hold = TlsHold {
+            offer: *offer,
+            since_ns: now_ns(),
+            gone: 0,
+            pad: 0,
+        };
+        if TLS_HOLDS
+            .insert(flow, &hold, u64::from(BPF_NOEXIST))
+            .is_ok()
+        {
+            // SAFETY: a field of a live map value, only changed by atomic operations. Counted
+            // open before the unit's place goes, so the key is never briefly under-counted.
+            unsafe { atomic_add(&raw mut (*v).open, 1) };
+        }
+    }
+    give_back(offer);
+}
+
+/// The connection `flow` ended (the server's FIN or RST left): its hold, if any, gives its place
+/// back, once (whoever deletes the entry).
+#[inline(always)]
+pub fn close(flow: &FlowKey) {
+    // SAFETY: a copy is taken before the entry goes.
+    let Some(hold) = TLS_HOLDS.get_ptr(flow).map(|h| unsafe { *h }) else {
+        return;
+    };
+    if TLS_HOLDS.remove(flow).is_ok() {
+        release(&hold.offer);
+    }
+}
+
+/// Gives back the place a hold had of `offer`.
+#[inline(always)]
+fn release(offer: &[u8; KEY_LEN]) {
+    if let Some(v) = TLS_ISSUED.get_ptr_mut(&IssuedKey { key: *offer }) {
+        // SAFETY: a field of a live map value, only changed by atomic operations.
+        unsafe { decrement(&raw mut (*v).open) };
+    }
+}
+
+/// Releases the holds the daemon marked gone (their socket is gone) and those older than
+/// [`MAX_HOLD_NS`]: part of the TLS sweep (`crate::pending`).
+#[inline(always)]
+pub fn sweep_holds(mut now: u64) {
+    // SAFETY: `end_hold` has the callback signature the helper expects; `now` outlives the call.
+    unsafe {
+        bpf_for_each_map_elem(
+            (&raw const TLS_HOLDS).cast_mut().cast::<c_void>(),
+            end_hold as *mut c_void,
+            (&raw mut now).cast(),
+            0,
+        );
+    }
+}
+
+/// One entry of [`sweep_holds`] (a `bpf_for_each_map_elem` callback). Returns 0 to go on.
+#[inline(never)]
+extern "C" fn end_hold(
+    map: *mut c_void,
+    key: *mut FlowKey,
+    hold: *mut TlsHold,
+    now: *mut c_void,
+) -> i64 {
+    // SAFETY: the helper passes a live entry and the caller's `now`.
+    let (h, now) = unsafe { (*hold, *now.cast::<u64>()) };
+    if h.gone != 0 || h.since_ns.saturating_add(MAX_HOLD_NS) < now {
+        // SAFETY: deleting the entry being visited is allowed for hash maps; the copy was taken.
+        if unsafe { bpf_map_delete_elem(map, key.cast()) } == 0 {
+            release(&h.offer);
+        }
+    }
+    0
 }

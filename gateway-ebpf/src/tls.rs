@@ -544,17 +544,33 @@ fn reject<C: Rewrite>(key: &FlowKey, class: Class, reason: u8, answerable: bool)
 #[inline(always)]
 pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
     let t = &pkt.transport;
-    if t.tcp_flags & (TCP_FIN | TCP_RST) == 0 {
-        let mut first = [0u8; 1];
-        if pkt.payload_len() == 0
-            || !b.read(t.payload_offset as usize, &mut first)
-            || !(first[0] == 22 || first[0] == 21)
-        {
-            return;
-        }
+    let closing = t.tcp_flags & (TCP_FIN | TCP_RST) != 0;
+    let mut first = [0u8; 1];
+    let record = pkt.payload_len() > 0 && b.read(t.payload_offset as usize, &mut first);
+    // A handshake record (the first flight) or an alert: the server's answer.
+    let answer = record && (first[0] == 22 || first[0] == 21);
+    if !closing && !answer {
+        return;
     }
     let mut key = FlowKey::default();
-    if flow_key(b, pkt, &mut key, true) && pending::complete(&TLS_PENDING, &key).is_some() {
-        count(|c| c.completions += 1);
+    if !flow_key(b, pkt, &mut key, true) {
+        return;
+    }
+    match pending::complete(&TLS_PENDING, &key) {
+        Some(unit) => {
+            count(|c| c.completions += 1);
+            if unit.class == Class::TlsResumed.id() {
+                // Answered with its first flight and not closing: the connection goes on
+                // and holds its key's place until it ends. Otherwise the place goes now.
+                if !closing && first[0] == 22 {
+                    resume::hold_open(&key, &unit.offer);
+                } else {
+                    resume::give_back(&unit.offer);
+                }
+            }
+        }
+        // The server ends a connection: a resumed one gives its key's place back.
+        None if closing => resume::close(&key),
+        None => {}
     }
 }

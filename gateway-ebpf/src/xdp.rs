@@ -38,13 +38,15 @@ pub fn gateway_bare_pass(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
-/// Ends the expired units of the TLS and SIP tables now (the sweep the datapath otherwise runs
-/// at admissions, at most every `SWEEP_INTERVAL_NS`). Attached nowhere: the daemon runs it by
-/// `BPF_PROG_TEST_RUN` after marking the units whose connection is gone, so they end (and are
-/// counted, by the datapath alone) without waiting for the next arrival.
+/// Ends the expired units of the TLS and SIP tables now, and the holds of resumed connections
+/// that are gone (the sweep the datapath otherwise runs at admissions, at most every
+/// `SWEEP_INTERVAL_NS`). Attached nowhere: the daemon runs it by `BPF_PROG_TEST_RUN` after
+/// marking the units and holds whose connection is gone, so they end (and are counted, by the
+/// datapath alone) without waiting for the next arrival.
 #[xdp]
 pub fn gateway_sweep(_ctx: XdpContext) -> u32 {
-    sweep_now(Class::TlsNew);
+    // The resumed class's sweep covers the whole TLS table and the holds.
+    sweep_now(Class::TlsResumed);
     sweep_now(Class::SipOriginal);
     xdp_action::XDP_PASS
 }

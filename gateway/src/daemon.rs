@@ -621,6 +621,36 @@ async fn reap_gone_units(attached: Arc<Attached>, sweeper: loader::Sweeper) {
                 }
             }
         }
+        // Resumed connections past their first flight hold their key's place until they end:
+        // those whose socket is gone (the client's reset, which no FIN from the server follows)
+        // give it back.
+        let holds = match attached.maps().tls_holds() {
+            Ok(h) => h,
+            Err(e) => {
+                warn!(%iface, error = %e, "cannot read the held connections");
+                Vec::new()
+            }
+        };
+        for (key, hold) in holds
+            .into_iter()
+            .filter(|(_, h)| h.gone == 0 && h.since_ns + REAP_MIN_AGE_NS < now)
+            .take(REAP_MAX_LOOKUPS)
+        {
+            let (server, client) = flow_addrs(&key);
+            match diag.tcp_exists(server, client) {
+                Ok(true) => {}
+                Ok(false) => match attached.maps().mark_tls_hold_gone(&key, hold) {
+                    Ok(marked) => gone += usize::from(marked),
+                    Err(e) => {
+                        warn!(%iface, error = %e, "cannot end a held connection that is gone")
+                    }
+                },
+                Err(e) => {
+                    warn!(%iface, error = %e, "cannot look a held connection up");
+                    break;
+                }
+            }
+        }
         if gone > 0 {
             match sweeper.sweep() {
                 Ok(()) => debug!(%iface, gone, "admitted connections whose socket is gone, ended"),

@@ -6,7 +6,7 @@ use gateway_common::{
     maps::{
         ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
         IssuedValue, LatencyHistogram, Pending, ServiceKey, ServiceValue, SipTxn, TlsCounters,
-        TlsFlow, names,
+        TlsFlow, TlsHold, names,
     },
 };
 use thiserror::Error;
@@ -138,6 +138,7 @@ pub struct Maps {
     service_latency: PerCpuArray<MapData, LatencyHistogram>,
     tls_pending: HashMap<MapData, FlowKey, Pending>,
     sip_pending: HashMap<MapData, u64, Pending>,
+    tls_holds: HashMap<MapData, FlowKey, TlsHold>,
 }
 
 /// Opens the map `name` pinned in `pins` as the typed map `T`.
@@ -183,6 +184,7 @@ impl Maps {
             service_latency: open_as(pins, names::SERVICE_LATENCY)?,
             tls_pending: open_as(pins, names::TLS_PENDING)?,
             sip_pending: open_as(pins, names::SIP_PENDING)?,
+            tls_holds: open_as(pins, names::TLS_HOLDS)?,
         })
     }
 
@@ -331,12 +333,45 @@ impl Maps {
     pub fn forget_pending(&mut self) -> Result<(), MapsError> {
         clear(&mut self.tls_pending, names::TLS_PENDING)?;
         clear(&mut self.sip_pending, names::SIP_PENDING)?;
+        clear(&mut self.tls_holds, names::TLS_HOLDS)?;
         for (key, value) in self.issued()? {
-            if value.in_use != 0 {
-                self.add_issued(key, IssuedValue { in_use: 0, ..value })?;
+            if value.in_use != 0 || value.open != 0 {
+                self.add_issued(
+                    key,
+                    IssuedValue {
+                        in_use: 0,
+                        open: 0,
+                        ..value
+                    },
+                )?;
             }
         }
         Ok(())
+    }
+
+    /// Every resumed connection that holds a place of its issued key past its first flight.
+    pub fn tls_holds(&self) -> Result<Vec<(FlowKey, TlsHold)>, MapsError> {
+        self.tls_holds
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(op(names::TLS_HOLDS))
+    }
+
+    /// Marks the hold `key` (as read: `hold`) as one whose connection is gone: the datapath's
+    /// next TLS sweep gives its place back (the datapath alone changes the counts). `false` when
+    /// the hold had ended in the meantime.
+    pub fn mark_tls_hold_gone(&mut self, key: &FlowKey, hold: TlsHold) -> Result<bool, MapsError> {
+        const BPF_EXIST: u64 = 2;
+        match self
+            .tls_holds
+            .insert(key, TlsHold { gone: 1, ..hold }, BPF_EXIST)
+        {
+            Ok(()) => Ok(true),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(false)
+            }
+            Err(e) => Err(op(names::TLS_HOLDS)(e)),
+        }
     }
 
     /// Every admitted TLS connection the server has not answered yet.

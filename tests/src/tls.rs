@@ -157,6 +157,72 @@ pub fn s_client_input(prefix: &[&str], addr: &str, args: &[&str], input: &[u8]) 
     )
 }
 
+/// An `openssl s_client` kept connected: its standard input stays open, so it neither sends
+/// nor closes until dropped (killed, which closes its connection).
+pub struct HeldClient {
+    child: std::process::Child,
+    _stdin: std::process::ChildStdin,
+}
+
+impl HeldClient {
+    /// Connects `openssl s_client -connect addr ARGS` (run under `prefix`) and waits, at most
+    /// `wait`, for its handshake: `Some("Reused")` or `Some("New")` as s_client reports it, or
+    /// `None` when it failed (a refused connection: s_client read nothing from the server),
+    /// ended, or said nothing in time.
+    pub fn connect(
+        prefix: &[&str],
+        addr: &str,
+        args: &[&str],
+        wait: Duration,
+    ) -> (Self, Option<&'static str>) {
+        use std::io::BufRead as _;
+        let mut all: Vec<&str> = prefix.to_vec();
+        all.extend_from_slice(&["openssl", "s_client", "-connect", addr]);
+        all.extend_from_slice(args);
+        let mut child = Command::new(all[0])
+            .args(&all[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("openssl s_client");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                // A refused connection: s_client still prints a summary ("New", with the
+                // cipher of the session it offered), after saying it read nothing.
+                if line.starts_with("New, (NONE)") || line.contains("handshake has read 0 bytes") {
+                    return;
+                }
+                for kind in ["Reused", "New"] {
+                    if line.starts_with(&format!("{kind},")) {
+                        let _ = tx.send(kind);
+                        return;
+                    }
+                }
+            }
+        });
+        let kind = rx.recv_timeout(wait).ok();
+        (
+            HeldClient {
+                child,
+                _stdin: stdin,
+            },
+            kind,
+        )
+    }
+}
+
+impl Drop for HeldClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Accepts one connection on a loopback listener and returns the first TLS record the client
 /// sends, while `client` runs (on another thread) against `addr`.
 pub fn capture_hello(client: impl FnOnce(String) + Send) -> Vec<u8> {

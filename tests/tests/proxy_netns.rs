@@ -15,7 +15,7 @@ use gateway_tests::{
     metrics::{scrape, value, wait_for},
     netns::{GW_V4, TestNet, class_counter},
     tls::{
-        Cert, RustlsServer, capture_hello, rustls_config, rustls_fetch, s_client_input,
+        Cert, HeldClient, RustlsServer, capture_hello, rustls_config, rustls_fetch, s_client_input,
         wait_listening,
     },
 };
@@ -48,8 +48,13 @@ impl Setup {
     /// Starts `gateway run` with one proxy on GW_V4:PORT to `backends` (YAML flow items), with
     /// `proxy_extra` (indented proxy fields) and `top` (top-level YAML).
     fn start(&mut self, backends: &str, proxy_extra: &str, top: &str) {
+        self.start_tls(backends, "", proxy_extra, top);
+    }
+
+    /// [`Setup::start`] with `tls_extra` added to the proxy's `tls` map (", resume_rate: 5").
+    fn start_tls(&mut self, backends: &str, tls_extra: &str, proxy_extra: &str, top: &str) {
         let body = format!(
-            "{top}metrics: 127.0.0.1:{METRICS}\nproxies:\n  - listen: {GW_V4}:{PORT}\n    tls: {{cert: {}, key: {}}}\n    backends: [{backends}]\n{proxy_extra}",
+            "{top}metrics: 127.0.0.1:{METRICS}\nproxies:\n  - listen: {GW_V4}:{PORT}\n    tls: {{cert: {}, key: {}{tls_extra}}}\n    backends: [{backends}]\n{proxy_extra}",
             self.cert.cert().display(),
             self.cert.key().display()
         );
@@ -482,6 +487,93 @@ fn one_ticket_buys_one_clients_share_and_a_victim_keeps_resuming() {
         "{too_fast} counted too fast of {attempts}, {reused} resumed"
     );
     assert_eq!(s.fetch(&victim).unwrap().0, HandshakeKind::Resumed, "after");
+}
+
+/// Issue 28, case 2: a key's places are held until the connection ends, not until the server's
+/// first flight. With tls-new closed and the rate out of the way, ten connections resuming one
+/// ticket at once and staying open get six resumed (the limit); when three of them close, three
+/// more resume.
+#[test]
+fn a_ticket_holds_its_places_while_its_connections_stay_open() {
+    if !have_root("a_ticket_holds_its_places_while_its_connections_stay_open") {
+        return;
+    }
+    let mut s = Setup::new();
+    // It answers a request; the held clients send none, so their connections stay open.
+    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+    s.start_tls(
+        &format!("{{address: {}}}", backend.addr),
+        ", resume_rate: 1000",
+        "",
+        "",
+    );
+    let sess = s.cert.file("held.pem");
+    let sess = sess.to_str().unwrap();
+    let out = s.s_client(&["-tls1_3", "-sess_out", sess, "-ign_eof"]);
+    assert!(out.contains("New,"), "{out}");
+    s.net
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+    let prefix = ["ip", "netns", "exec", &s.net.peer_ns];
+    let addr = s.addr();
+    let connect = || {
+        HeldClient::connect(
+            &prefix,
+            &addr,
+            &["-tls1_3", "-sess_in", sess],
+            Duration::from_secs(5),
+        )
+    };
+    let mut held = Vec::new();
+    let mut resumed = 0;
+    for _ in 0..10 {
+        let (client, kind) = connect();
+        if kind == Some("Reused") {
+            resumed += 1;
+            held.push(client);
+        }
+    }
+    assert_eq!(resumed, 6, "the key's limit of connections open at once");
+    let places = || {
+        let v: serde_json::Value =
+            serde_json::from_str(&s.net.gateway_ok(&["tls", "issued", "list", "--json"])).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k["in_use"].as_u64().unwrap() + k["open"].as_u64().unwrap())
+            .max()
+            .unwrap_or(0)
+    };
+    assert_eq!(places(), 6, "held past their first flight");
+    assert!(s.net.stats()["tls"]["replays_bounded"].as_u64().unwrap() >= 4);
+    // Three close: their server's FIN (or the daemon, finding the sockets gone) gives their
+    // places back.
+    held.truncate(3);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while places() > 3 {
+        assert!(
+            Instant::now() < deadline,
+            "places {} after three closed",
+            places()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut again = Vec::new();
+    for _ in 0..3 {
+        let (client, kind) = connect();
+        assert_eq!(kind, Some("Reused"), "a place came back");
+        again.push(client);
+    }
+    let (_, kind) = connect();
+    assert_eq!(
+        kind,
+        None,
+        "full again: {} {} {}",
+        s.net.gateway_ok(&["tls", "issued", "list", "--json"]),
+        s.net.stats(),
+        s.metrics()
+    );
+    // Closed before the daemon stops, which would otherwise drain them to its deadline.
+    drop((held, again));
 }
 
 /// tls-new's `policy show` row.

@@ -220,6 +220,15 @@ fn an_out_of_order_segment_falls_back_to_new() {
     prog.maps.clear_tls_flows().unwrap();
 }
 
+/// The server's FIN to client `port` (it ends the connection), leaving the host.
+fn server_fin_to(port: u16) -> Vec<u8> {
+    Frame::tcp(port, &[])
+        .from_port(443)
+        .from_server()
+        .flags(0x11)
+        .build()
+}
+
 /// The server's first flight to client `port` (a ServerHello record), leaving the host.
 fn server_hello_to(port: u16) -> Vec<u8> {
     Frame::tcp(port, &[22, 3, 3, 0, 4, 2, 0, 0, 0])
@@ -717,6 +726,14 @@ fn a_published_key_buys_the_resumed_class_for_its_limit_of_connections_at_a_time
             .find(|(k, _)| *k == issued)
             .map(|(_, v)| v.in_use)
     };
+    let open = |prog: &TestProgram| {
+        prog.maps
+            .issued()
+            .unwrap()
+            .into_iter()
+            .find(|(k, _)| *k == issued)
+            .map(|(_, v)| v.open)
+    };
     let from = |port: u16| Frame::tcp(443, &hello).from_port(port).seq(1).build();
     // Four connections replay it at once: two are resumed, the others judged as new.
     let classes: Vec<_> = (1..=4)
@@ -734,12 +751,20 @@ fn a_published_key_buys_the_resumed_class_for_its_limit_of_connections_at_a_time
     assert_eq!(prog.counters().tls.replays_bounded, 2);
     assert_eq!(prog.counters().tls.unverified_offers, 0);
     assert_eq!(in_use(&prog), Some(2));
-    // The server answers connection 1 (its unit completes): its place is free again, once.
+    // The server answers connection 1 (its unit completes): the connection goes on and holds
+    // its place (a hold, `open`), so the key is still full.
     prog.run(Hook::TcEgress, &server_hello_to(1), 1);
     prog.run(Hook::TcEgress, &server_hello_to(1), 1);
     assert_eq!(in_use(&prog), Some(1));
+    assert_eq!(open(&prog), Some(1));
+    assert_eq!(class_of(&prog, Hook::Xdp, &from(5)), Some(Class::TlsNew));
+    // The server ends connection 1: its place is free again, once.
+    prog.run(Hook::TcEgress, &server_fin_to(1), 1);
+    prog.run(Hook::TcEgress, &server_fin_to(1), 1);
+    assert_eq!(open(&prog), Some(0));
+    assert!(prog.maps.tls_holds().unwrap().is_empty());
     assert_eq!(
-        class_of(&prog, Hook::Xdp, &from(5)),
+        class_of(&prog, Hook::Xdp, &from(7)),
         Some(Class::TlsResumed)
     );
     assert_eq!(class_of(&prog, Hook::Xdp, &from(6)), Some(Class::TlsNew));
@@ -796,12 +821,13 @@ fn a_published_key_buys_its_limit_at_once_then_only_its_rate_of_resumptions() {
         )
         .unwrap();
     let from = |port: u16| Frame::tcp(443, &hello).from_port(port).seq(1).build();
-    // One connection after another, each answered by the server before the next (its place
-    // free again): a farm of one ticket. Three are resumed, the rest are new.
+    // One connection after another, each answered and ended by the server before the next (its
+    // place free again): a farm of one ticket. Three are resumed, the rest are new.
     let classes: Vec<_> = (1..=8u16)
         .map(|port| {
             let class = class_of(&prog, Hook::Xdp, &from(port));
             prog.run(Hook::TcEgress, &server_hello_to(port), 1);
+            prog.run(Hook::TcEgress, &server_fin_to(port), 1);
             class
         })
         .collect();
@@ -827,6 +853,56 @@ fn a_published_key_buys_its_limit_at_once_then_only_its_rate_of_resumptions() {
     publish(&mut prog, &other);
     let f = Frame::tcp(443, &other).from_port(50).seq(1).build();
     assert_eq!(class_of(&prog, Hook::Xdp, &f), Some(Class::TlsResumed));
+}
+
+/// A resumed connection whose socket the daemon found gone (its client reset it, so no FIN
+/// from the server follows) gives its key's place back at the next TLS sweep: the daemon marks
+/// the hold, the datapath alone changes the count.
+#[test]
+fn a_hold_marked_gone_gives_its_place_back_at_the_next_sweep() {
+    if !have_root("a_hold_marked_gone_gives_its_place_back") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let hello = HelloBuilder {
+        session_id: key(12),
+        ..Default::default()
+    }
+    .build();
+    let issued = IssuedKey {
+        key: parse_hello(&hello).offer_key().unwrap(),
+    };
+    prog.maps
+        .add_issued(
+            issued,
+            IssuedValue {
+                limit: 1,
+                per_minute: u32::MAX,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let from = |port: u16| Frame::tcp(443, &hello).from_port(port).seq(1).build();
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, &from(1)),
+        Some(Class::TlsResumed)
+    );
+    prog.run(Hook::TcEgress, &server_hello_to(1), 1);
+    let holds = prog.maps.tls_holds().unwrap();
+    assert_eq!(holds.len(), 1);
+    assert_eq!(class_of(&prog, Hook::Xdp, &from(2)), Some(Class::TlsNew));
+    let (flow, hold) = holds[0];
+    assert!(prog.maps.mark_tls_hold_gone(&flow, hold).unwrap());
+    // The sweep runs at an offer at most every SWEEP_INTERVAL_NS (100 ms): offers until then
+    // find the key full; the first after it, resumed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let mut port = 3;
+    while class_of(&prog, Hook::Xdp, &from(port)) != Some(Class::TlsResumed) {
+        assert!(std::time::Instant::now() < deadline, "the hold never ended");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        port += 1;
+    }
+    assert!(prog.maps.tls_holds().unwrap().is_empty());
 }
 
 /// Issue 28: no key is evicted by load. The issued-keys table is a hash map, not an LRU: after

@@ -168,6 +168,7 @@ fn issued(root: &Path, action: IssuedAction) -> Result<(), CommandError> {
                             "limit": gateway_common::maps::resume_limit(v.limit),
                             "per_minute": 60_000_000_000 / gateway_common::maps::resume_interval_ns(v.per_minute),
                             "in_use": v.in_use,
+                            "open": v.open,
                         })
                     })
                     .collect();
@@ -175,12 +176,13 @@ fn issued(root: &Path, action: IssuedAction) -> Result<(), CommandError> {
             } else {
                 for (k, v) in rows {
                     println!(
-                        "{} {} limit {} per-minute {} in-use {}",
+                        "{} {} limit {} per-minute {} in-use {} open {}",
                         hex(&k),
                         kind(&v),
                         gateway_common::maps::resume_limit(v.limit),
                         60_000_000_000 / gateway_common::maps::resume_interval_ns(v.per_minute),
-                        v.in_use
+                        v.in_use,
+                        v.open
                     );
                 }
             }

@@ -372,12 +372,13 @@ fn trickle(rates: Vec<f64>) {
     );
 }
 
-/// sip-original's backlog limit now (`policy show --json`).
+/// sip-original's backlog limit now (`policy show --json`); none set yet (before the controller
+/// took the class over) reads as no limit.
 fn backlog_limit(net: &TestNet) -> u64 {
     let rows: serde_json::Value =
         serde_json::from_str(&net.gateway_ok(&["policy", "show", "--json"])).expect("json");
     rows.as_array()
         .and_then(|r| r.iter().find(|r| r["class"] == "sip-original"))
         .and_then(|r| r["backlog_limit"].as_u64())
-        .unwrap_or(0)
+        .unwrap_or(u64::MAX)
 }

@@ -576,6 +576,54 @@ fn a_ticket_holds_its_places_while_its_connections_stay_open() {
     drop((held, again));
 }
 
+/// Issue 28: no key is evicted by load, with real clients. A table of 64 keys: a victim resumes
+/// once (its key published), then honest clients make 200 handshakes (each issuing a key); the
+/// table fills and refuses the keys that do not fit (counted), and the victim's key, issued at
+/// the start, still verifies at the NIC: its next resumption is tls-resumed.
+#[test]
+fn honest_load_never_evicts_a_key_issued_before_it() {
+    if !have_root("honest_load_never_evicts_a_key_issued_before_it") {
+        return;
+    }
+    let mut s = Setup::new();
+    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+    s.start(
+        &format!("{{address: {}}}", backend.addr),
+        "",
+        "datapath:\n  issued_keys: 64\n",
+    );
+    let victim = rustls_config(&s.cert);
+    assert_eq!(s.fetch(&victim).unwrap().0, HandshakeKind::Full);
+    let addr = s.addr();
+    s.net.in_peer(|| {
+        let shared = rustls_config(&s.cert);
+        for _ in 0..200 {
+            rustls_fetch(&shared, &addr).expect("an honest client");
+        }
+    });
+    // Counted by the listener's housekeeping, once a second.
+    let text = wait_for(
+        &s.net,
+        METRICS,
+        "gateway_proxy_issued_keys_unpublished_total",
+        &[],
+        |v| v >= 100.0,
+        Duration::from_secs(5),
+    );
+    assert_eq!(
+        value(&text, "gateway_proxy_issued_keys", &[]),
+        64.0,
+        "the table full: {text}"
+    );
+    let resumed = s.class("tls-resumed", "packets");
+    assert_eq!(s.fetch(&victim).unwrap().0, HandshakeKind::Resumed);
+    assert_eq!(
+        s.class("tls-resumed", "packets"),
+        resumed + 1,
+        "the victim's key still verifies at the NIC"
+    );
+}
+
 /// tls-new's `policy show` row.
 fn tls_new_row(s: &Setup) -> serde_json::Value {
     let rows: serde_json::Value =

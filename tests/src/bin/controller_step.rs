@@ -124,9 +124,79 @@ fn real() -> (Duration, Vec<(Duration, Duration)>) {
     (settling(&times, &delays), loaded)
 }
 
+/// One interval of the dead-work trace: seconds, the limit the law set, the callers' goodput.
+struct TracePoint {
+    t: f64,
+    limit: u64,
+    good: f64,
+}
+
+/// The simulator under dead work (issue 28): callers at 80 calls/s to a FIFO server of 185/s;
+/// `dead` unanswerable requests a second from 5 s to 20 s; the server stops answering at 22 s
+/// and answers again at 26 s; 35 s in all.
+fn dead_work_trace(dead: f64) -> Vec<TracePoint> {
+    let mut sim = SipSim::new(185.0);
+    let mut law = ServiceTimeLaw::new(TARGET, 1, 10_000, 10_000);
+    sim.offer(80.0);
+    (0..350)
+        .map(|i| {
+            let t = i as f64 / 10.0;
+            sim.offer_dead(if (5.0..20.0).contains(&t) { dead } else { 0.0 });
+            sim.set_answering(!(22.0..26.0).contains(&t));
+            let s = sim.run(INTERVAL, law.limit(), Duration::from_millis(500));
+            law.step(&s.observation);
+            TracePoint {
+                t: t + 0.1,
+                limit: law.limit(),
+                good: s.good_per_s,
+            }
+        })
+        .collect()
+}
+
+/// The dead-work section of the report: per trickle rate, the callers' goodput and the lowest
+/// limit while it lasted, and when the stopped server's class was cut and reopened.
+fn dead_work(report: &mut Report) {
+    report.say(
+        "\n# Dead work on the simulator\n\nCallers at 80 calls/s to a FIFO server of 185/s (5 ms per INVITE), the controller in mode sip (target 100 ms). Unanswerable requests (each holds a place for the 2 s unit timeout, then expires) from 5 s to 20 s; the server stops answering at 22 s and answers again at 26 s.\n",
+    );
+    report.say("| dead work | callers' goodput, 7-20 s | lowest limit, 7-20 s | lowest limit, 22-26 s (server silent) | goodput, 30-35 s |\n|---|---:|---:|---:|---:|");
+    let mut lines = Vec::new();
+    for dead in [2.0, 10.0, 40.0] {
+        let trace = dead_work_trace(dead);
+        let within = |a: f64, b: f64| trace.iter().filter(move |p| p.t > a && p.t <= b);
+        let mean = |a: f64, b: f64| {
+            let v: Vec<f64> = within(a, b).map(|p| p.good).collect();
+            v.iter().sum::<f64>() / v.len().max(1) as f64
+        };
+        let lowest = within(7.0, 20.0).map(|p| p.limit).min().unwrap_or(0);
+        let silent = within(22.0, 26.0).map(|p| p.limit).min().unwrap_or(0);
+        report.say(format!(
+            "| {dead:.0}/s | {:.1}/s | {lowest} | {silent} | {:.1}/s |",
+            mean(7.0, 20.0),
+            mean(30.0, 35.0)
+        ));
+        lines.push(Series {
+            name: format!("goodput, dead work {dead:.0}/s"),
+            points: trace.iter().map(|p| (p.t, p.good)).collect(),
+        });
+    }
+    report.chart(
+        "dead_work.png",
+        "Dead work on the simulator: callers' goodput (dead work 5-20 s, server silent 22-26 s)",
+        ("seconds", "callers' goodput (calls/s)"),
+        &lines,
+    );
+}
+
 fn main() {
     if !have_root("controller_step") {
         std::process::exit(1);
+    }
+    if std::env::args().nth(1).as_deref() == Some("dead-work") {
+        let mut report = Report::new("controller-dead-work");
+        dead_work(&mut report);
+        return;
     }
     let capacity = 1.0 / (INVITE_COST + OTHER_COST * 2).as_secs_f64();
     let (sim, sim_delays) = simulated(capacity);
@@ -181,4 +251,5 @@ fn main() {
             },
         ],
     );
+    dead_work(&mut report);
 }

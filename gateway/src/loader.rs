@@ -162,11 +162,10 @@ pub fn attach(opts: &AttachOptions) -> Result<Attachment, LoaderError> {
         return replace(&pd, opts);
     }
     pd.create()?;
-    // Nothing was attached here (no link pinned): whatever a failed attach leaves, and any
-    // leftover pins, go.
-    fresh(&pd, ifindex, opts).inspect_err(|_| {
-        let _ = pd.remove();
-    })
+    // Nothing was attached here (no link pinned): what a failed attach pinned goes, and what
+    // was there before (a map another version left, say) stays as it was.
+    let before = pd.entries();
+    fresh(&pd, ifindex, opts).inspect_err(|_| pd.remove_new(&before))
 }
 
 /// Removes the attachment of `iface`: unpins the link (which detaches the program) and the maps.

@@ -188,6 +188,24 @@ impl PinDir {
             _ => Ok(()),
         }
     }
+
+    /// The names of the entries in the directory now (none when it does not exist).
+    pub fn entries(&self) -> Vec<std::ffi::OsString> {
+        fs::read_dir(&self.dir)
+            .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Removes the entries that are not in `before` (what a failed attempt pinned), and the
+    /// directory itself if it is then empty: what was there before stays as it was.
+    pub fn remove_new(&self, before: &[std::ffi::OsString]) {
+        for name in self.entries() {
+            if !before.contains(&name) {
+                let _ = fs::remove_file(self.dir.join(&name));
+            }
+        }
+        let _ = fs::remove_dir(&self.dir);
+    }
 }
 
 /// Every interface with a pinned link under `root`, sorted by name.

@@ -37,6 +37,12 @@ fn main() {
         issued_table_memory(&mut report);
         return;
     }
+    // `bench tls`: the TLS hello rows alone (a section of the full run).
+    if std::env::args().nth(1).as_deref() == Some("tls") {
+        let mut report = Report::new("datapath-tls");
+        tls_costs(&mut report, &mut TestProgram::new());
+        return;
+    }
     let mut report = Report::new("datapath");
     let r = &mut report;
     let prog = TestProgram::new();

@@ -136,16 +136,7 @@ pub fn s_client(prefix: &[&str], addr: &str, args: &[&str]) -> String {
 /// server sent, TLS 1.3 session tickets included, by the time it exits.
 pub fn s_client_input(prefix: &[&str], addr: &str, args: &[&str], input: &[u8]) -> String {
     use std::io::Write as _;
-    let mut all: Vec<&str> = prefix.to_vec();
-    all.extend_from_slice(&["openssl", "s_client", "-connect", addr]);
-    all.extend_from_slice(args);
-    let mut child = Command::new(all[0])
-        .args(&all[1..])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("openssl s_client");
+    let mut child = spawn_s_client(prefix, addr, args, Stdio::piped());
     let mut stdin = child.stdin.take().expect("stdin");
     let _ = stdin.write_all(input);
     drop(stdin);
@@ -155,6 +146,26 @@ pub fn s_client_input(prefix: &[&str], addr: &str, args: &[&str], input: &[u8]) 
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
+}
+
+/// Starts `openssl s_client -connect addr ARGS` under `prefix` (`ip netns exec NS`), its
+/// standard input and output piped, its standard error to `stderr`.
+fn spawn_s_client(
+    prefix: &[&str],
+    addr: &str,
+    args: &[&str],
+    stderr: Stdio,
+) -> std::process::Child {
+    let mut all: Vec<&str> = prefix.to_vec();
+    all.extend_from_slice(&["openssl", "s_client", "-connect", addr]);
+    all.extend_from_slice(args);
+    Command::new(all[0])
+        .args(&all[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("openssl s_client")
 }
 
 /// An `openssl s_client` kept connected: its standard input stays open, so it neither sends
@@ -176,16 +187,7 @@ impl HeldClient {
         wait: Duration,
     ) -> (Self, Option<&'static str>) {
         use std::io::BufRead as _;
-        let mut all: Vec<&str> = prefix.to_vec();
-        all.extend_from_slice(&["openssl", "s_client", "-connect", addr]);
-        all.extend_from_slice(args);
-        let mut child = Command::new(all[0])
-            .args(&all[1..])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("openssl s_client");
+        let mut child = spawn_s_client(prefix, addr, args, Stdio::null());
         let stdin = child.stdin.take().expect("stdin");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();

@@ -61,6 +61,20 @@ impl Setup {
         self.daemon = Some(Daemon::start_config(&self.net, &self.cert.file(""), &body));
     }
 
+    /// A daemon proxying to one answering backend, with `tls_extra` in the proxy's `tls` map
+    /// and `top` as top-level YAML.
+    fn answering(tls_extra: &str, top: &str) -> (Self, Backend) {
+        let mut s = Setup::new();
+        let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+        s.start_tls(
+            &format!("{{address: {}}}", backend.addr),
+            tls_extra,
+            "",
+            top,
+        );
+        (s, backend)
+    }
+
     /// Starts one backend in `mode` and the daemon proxying to it; `member` adds fields to the
     /// member's entry (", max_active: 1"), `proxy_extra` to the proxy's.
     fn with_backend(&mut self, mode: Mode, member: &str, proxy_extra: &str) -> Backend {
@@ -498,15 +512,8 @@ fn a_ticket_holds_its_places_while_its_connections_stay_open() {
     if !have_root("a_ticket_holds_its_places_while_its_connections_stay_open") {
         return;
     }
-    let mut s = Setup::new();
-    // It answers a request; the held clients send none, so their connections stay open.
-    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
-    s.start_tls(
-        &format!("{{address: {}}}", backend.addr),
-        ", resume_rate: 1000",
-        "",
-        "",
-    );
+    // The backend answers a request; the held clients send none, so they stay open.
+    let (s, _backend) = Setup::answering(", resume_rate: 1000", "");
     let sess = s.cert.file("held.pem");
     let sess = sess.to_str().unwrap();
     let out = s.s_client(&["-tls1_3", "-sess_out", sess, "-ign_eof"]);
@@ -585,13 +592,7 @@ fn honest_load_never_evicts_a_key_issued_before_it() {
     if !have_root("honest_load_never_evicts_a_key_issued_before_it") {
         return;
     }
-    let mut s = Setup::new();
-    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
-    s.start(
-        &format!("{{address: {}}}", backend.addr),
-        "",
-        "datapath:\n  issued_keys: 64\n",
-    );
+    let (s, _backend) = Setup::answering("", "datapath:\n  issued_keys: 64\n");
     let victim = rustls_config(&s.cert);
     assert_eq!(s.fetch(&victim).unwrap().0, HandshakeKind::Full);
     let addr = s.addr();
@@ -644,10 +645,7 @@ fn a_class_handed_back_to_the_controller_at_zero_reopens() {
     if !have_root("a_class_handed_back_to_the_controller_at_zero_reopens") {
         return;
     }
-    let mut s = Setup::new();
-    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
-    s.start(
-        &format!("{{address: {}}}", backend.addr),
+    let (s, _backend) = Setup::answering(
         "",
         "controller:\n  classes:\n    tls-new: {mode: tls, min: 0, max: 5000}\n",
     );

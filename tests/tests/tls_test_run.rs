@@ -31,6 +31,20 @@ fn publish(prog: &mut TestProgram, hello: &[u8]) {
     prog.maps.add_issued(IssuedKey { key }, value).unwrap();
 }
 
+/// A hello resuming TLS 1.2 session id `key(fill)`, its key published with `value`.
+fn published_session(prog: &mut TestProgram, fill: u8, value: IssuedValue) -> (Vec<u8>, IssuedKey) {
+    let hello = HelloBuilder {
+        session_id: key(fill),
+        ..Default::default()
+    }
+    .build();
+    let issued = IssuedKey {
+        key: parse_hello(&hello).offer_key().unwrap(),
+    };
+    prog.maps.add_issued(issued, value).unwrap();
+    (hello, issued)
+}
+
 /// Runs one frame; returns the class it was counted in.
 fn class_of(prog: &TestProgram, hook: Hook, frame: &[u8]) -> Option<Class> {
     let before = prog.counters();
@@ -801,25 +815,16 @@ fn a_published_key_buys_its_limit_at_once_then_only_its_rate_of_resumptions() {
         return;
     }
     let mut prog = TestProgram::new();
-    let hello = HelloBuilder {
-        session_id: key(9),
-        ..Default::default()
-    }
-    .build();
-    let issued = IssuedKey {
-        key: parse_hello(&hello).offer_key().unwrap(),
-    };
     // Three at once, then one a minute: a test that runs for less than a minute sees no more.
-    prog.maps
-        .add_issued(
-            issued,
-            IssuedValue {
-                limit: 3,
-                per_minute: 1,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let (hello, _) = published_session(
+        &mut prog,
+        9,
+        IssuedValue {
+            limit: 3,
+            per_minute: 1,
+            ..Default::default()
+        },
+    );
     let from = |port: u16| Frame::tcp(443, &hello).from_port(port).seq(1).build();
     // One connection after another, each answered and ended by the server before the next (its
     // place free again): a farm of one ticket. Three are resumed, the rest are new.
@@ -864,24 +869,15 @@ fn a_hold_marked_gone_gives_its_place_back_at_the_next_sweep() {
         return;
     }
     let mut prog = TestProgram::new();
-    let hello = HelloBuilder {
-        session_id: key(12),
-        ..Default::default()
-    }
-    .build();
-    let issued = IssuedKey {
-        key: parse_hello(&hello).offer_key().unwrap(),
-    };
-    prog.maps
-        .add_issued(
-            issued,
-            IssuedValue {
-                limit: 1,
-                per_minute: u32::MAX,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let (hello, _) = published_session(
+        &mut prog,
+        12,
+        IssuedValue {
+            limit: 1,
+            per_minute: u32::MAX,
+            ..Default::default()
+        },
+    );
     let from = |port: u16| Frame::tcp(443, &hello).from_port(port).seq(1).build();
     assert_eq!(
         class_of(&prog, Hook::Xdp, &from(1)),

@@ -332,7 +332,14 @@ async fn serve(
                         let _ = task.await;
                         controlling =
                             start_controller(&new, &attached, &pools, &costs, &controller_stats, &stop);
-                        info!(config = %new, "SIGHUP: reloaded");
+                        let changed = crate::reload::changes(&running, &new);
+                        let changed = if changed.is_empty() {
+                            "nothing".to_string()
+                        } else {
+                            changed.join(", ")
+                        };
+                        info!(%changed, config = %new, "SIGHUP: reloaded");
+                        crate::reload::record_outcome(&format!("applied\nchanged: {changed}\n"));
                         running = new;
                         for a in &attached {
                             mark(a, |c| c.reloads += 1);
@@ -340,6 +347,7 @@ async fn serve(
                     }
                     Err(reason) => {
                         warn!(%reason, "SIGHUP: reload refused; nothing changed");
+                        crate::reload::record_outcome(&format!("refused\n{reason}\n"));
                         for a in &attached {
                             mark(a, |c| c.reloads_refused += 1);
                         }
@@ -351,6 +359,7 @@ async fn serve(
     for a in &attached {
         mark(a, |c| c.daemon_pid = 0);
     }
+    crate::reload::forget_outcome();
     // Drain: stop accepting (the listening sockets are closed once the accept loops return), let
     // in-flight connections finish within the deadline.
     stop.cancel();

@@ -111,3 +111,65 @@ impl Plan {
         Ok(self.cfg)
     }
 }
+
+/// Where a daemon leaves the outcome of its last reload for `gateway reload` to print: one file
+/// per daemon pid under `/run/gateway` (the systemd unit's `RuntimeDirectory=`).
+pub fn outcome_path(pid: u32) -> std::path::PathBuf {
+    std::path::Path::new(RUN_DIR).join(format!("reload-{pid}"))
+}
+
+/// The runtime directory of the daemon's files.
+pub const RUN_DIR: &str = "/run/gateway";
+
+/// Records the outcome of this daemon's last reload (best effort: without it, `gateway reload`
+/// still reports applied or refused, and the log has the reason).
+pub fn record_outcome(text: &str) {
+    let path = outcome_path(std::process::id());
+    let _ = std::fs::create_dir_all(RUN_DIR);
+    let tmp = path.with_extension("tmp");
+    if std::fs::write(&tmp, text).is_ok() {
+        let _ = std::fs::rename(&tmp, &path);
+    }
+}
+
+/// Removes this daemon's outcome file (on exit).
+pub fn forget_outcome() {
+    let _ = std::fs::remove_file(outcome_path(std::process::id()));
+}
+
+/// What a reload changed, as the config's own field paths (`services`, `policy`,
+/// `proxies[0].tls`, ...): the top-level sections whose values differ, and for proxies each
+/// listener's `tls` (the only part of a listener a reload may change).
+pub fn changes(old: &Config, new: &Config) -> Vec<String> {
+    let (a, b) = (
+        serde_json::to_value(old).unwrap_or_default(),
+        serde_json::to_value(new).unwrap_or_default(),
+    );
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return Vec::new();
+    };
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let mut out = Vec::new();
+    for k in keys {
+        if a.get(k) == b.get(k) {
+            continue;
+        }
+        match (
+            k.as_str(),
+            a.get(k).and_then(|v| v.as_array()),
+            b.get(k).and_then(|v| v.as_array()),
+        ) {
+            ("proxies", Some(x), Some(y)) if x.len() == y.len() => {
+                for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                    if p.get("tls") != q.get("tls") {
+                        out.push(format!("proxies[{i}].tls"));
+                    }
+                }
+            }
+            _ => out.push(k.clone()),
+        }
+    }
+    out
+}

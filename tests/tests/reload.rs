@@ -113,6 +113,12 @@ fn a_bad_config_changes_nothing_and_a_good_one_is_applied_whole_with_new_certifi
     ));
     let refused = net.gateway(&["reload"]);
     assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    // The command prints the daemon's reason (issue 29, case 4).
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("refused the config") && said.contains("rate -1 out of range"),
+        "{said}"
+    );
     let line = daemon.wait_for("reload refused", Duration::from_secs(5));
     assert!(line.contains("rate -1 out of range"), "{line}");
     assert_eq!(backlog_limit(&net, "sip-original"), 30);
@@ -149,7 +155,14 @@ fn a_bad_config_changes_nothing_and_a_good_one_is_applied_whole_with_new_certifi
         )
         .replace("tls: {cert: ", "tls: {resume_limit: 3, cert: "),
     );
-    net.gateway_ok(&["reload"]);
+    let reloaded = net.gateway_ok(&["reload"]);
+    // It says what changed, in the config's own words.
+    assert!(
+        ["policy", "services", "proxies[0].tls"]
+            .iter()
+            .all(|w| reloaded.contains(w)),
+        "{reloaded}"
+    );
     assert_eq!(backlog_limit(&net, "sip-original"), 40);
     assert!(net.gateway_ok(&["service", "list"]).contains("9443"));
     assert!(verifies(&net, &new_cert), "new clients get the new chain");

@@ -64,13 +64,21 @@ pub fn run(root: &Path, args: ReloadArgs) -> Result<(), CommandError> {
     let deadline = Instant::now() + ANSWER;
     loop {
         let now = maps.config()?;
+        // What the daemon recorded of it (its reason, or what changed); its log has it too.
+        let outcome = || {
+            std::fs::read_to_string(crate::reload::outcome_path(before.daemon_pid))
+                .ok()
+                .and_then(|t| t.split_once('\n').map(|(_, rest)| rest.trim().to_string()))
+        };
         if now.reloads != before.reloads {
-            println!("reloaded (daemon pid {pid}, {})", pd.iface);
+            let changed = outcome().map(|c| format!(": {c}")).unwrap_or_default();
+            println!("reloaded (daemon pid {pid}, {}){changed}", pd.iface);
             return Ok(());
         }
         if now.reloads_refused != before.reloads_refused {
+            let why = outcome().unwrap_or_else(|| "its log says why".to_string());
             return Err(CommandError::Usage(format!(
-                "the daemon (pid {pid}) refused the config and changed nothing: its log says why"
+                "the daemon (pid {pid}) refused the config and changed nothing: {why}"
             )));
         }
         if Instant::now() > deadline {

@@ -70,7 +70,54 @@ fn bad_configs_are_refused_with_field_and_line() {
     }
     let out = gateway(&["config", "check", "/nonexistent/gateway.yaml"]);
     refused(&out, &["/nonexistent/gateway.yaml"]);
-    let ok = write_config("ok", include_str!("../../deploy/gateway.example.yaml"));
+    // What `run` would refuse after parsing is refused by `check` too (issue 29, case 3): the
+    // example as shipped names certificate files this host lacks.
+    let example = include_str!("../../deploy/gateway.example.yaml");
+    let cert = gateway_tests::tls::Cert::new();
+    let empty = write_config("empty-pem", "");
+    let on_this_host = example
+        .replace("name: eth0", "name: lo")
+        .replace(
+            "/etc/gateway/tls/fullchain.pem",
+            cert.cert().to_str().unwrap(),
+        )
+        .replace("/etc/gateway/tls/key.pem", cert.key().to_str().unwrap())
+        .replace("      ticket_key_file: /etc/gateway/tls/ticket.key", "");
+    for (name, yaml, needles) in [
+        (
+            "example",
+            example.replace("name: eth0", "name: lo"),
+            &["proxies[0].tls", "/etc/gateway/tls/fullchain.pem"][..],
+        ),
+        (
+            "no-such-interface",
+            on_this_host.replace("name: lo", "name: gwt-none0"),
+            &["interfaces[0].name", "gwt-none0"],
+        ),
+        (
+            "missing-cert",
+            on_this_host.replace(cert.cert().to_str().unwrap(), "/nonexistent/cert.pem"),
+            &["proxies[0].tls", "/nonexistent/cert.pem"],
+        ),
+        (
+            "empty-cert",
+            on_this_host.replace(cert.cert().to_str().unwrap(), empty.to_str().unwrap()),
+            &["proxies[0].tls", empty.to_str().unwrap()],
+        ),
+        (
+            "no-interfaces",
+            on_this_host.replace("interfaces:\n  - name: lo\n", "interfaces: []\n#"),
+            &["interfaces: none listed"],
+        ),
+    ] {
+        let path = write_config(name, &yaml);
+        refused(
+            &gateway(&["config", "check", path.to_str().unwrap()]),
+            needles,
+        );
+        std::fs::remove_file(path).unwrap();
+    }
+    let ok = write_config("ok", &on_this_host);
     let out = gateway(&["config", "check", ok.to_str().unwrap()]);
     assert!(
         out.status.success(),
@@ -78,6 +125,7 @@ fn bad_configs_are_refused_with_field_and_line() {
         String::from_utf8_lossy(&out.stderr)
     );
     std::fs::remove_file(ok).unwrap();
+    std::fs::remove_file(empty).unwrap();
 }
 
 #[test]

@@ -1,4 +1,6 @@
-//! `gateway config check|default`: configuration files, checked without touching the system.
+//! `gateway config check|default`: configuration files, checked as `gateway run` would check
+//! them short of attaching: parsed and cross-checked, every interface present on this host,
+//! every listener's certificate, key and ticket key file read and matched.
 
 use std::path::PathBuf;
 
@@ -10,7 +12,8 @@ use crate::config::{Config, DEFAULT_YAML};
 /// `config` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum ConfigAction {
-    /// Validate a configuration file without touching the system.
+    /// Validate a configuration file as `run` would, short of attaching: fields and their
+    /// rules, interfaces present on this host, certificates and keys read and matched.
     Check {
         /// The file.
         file: PathBuf,
@@ -24,9 +27,35 @@ pub fn run(action: ConfigAction) -> Result<(), CommandError> {
     match action {
         ConfigAction::Check { file } => {
             let cfg = Config::load(&file)?;
+            check_system(&cfg)
+                .map_err(|e| CommandError::Usage(format!("{}: {e}", file.display())))?;
             println!("{}: ok ({cfg})", file.display());
         }
         ConfigAction::Default => print!("{DEFAULT_YAML}"),
+    }
+    Ok(())
+}
+
+/// What `run` would find wrong with `cfg` on this host before it attached anything.
+fn check_system(cfg: &Config) -> Result<(), String> {
+    if cfg.interfaces.0.is_empty() {
+        return Err(
+            "interfaces: none listed (`gateway run` needs one here, or --iface on its command line)"
+                .into(),
+        );
+    }
+    for (i, iface) in cfg.interfaces.0.iter().enumerate() {
+        if nix::net::if_::if_nametoindex(iface.name.as_str()).is_err() {
+            return Err(format!(
+                "interfaces[{i}].name: no interface '{}' on this host",
+                iface.name
+            ));
+        }
+    }
+    for (i, p) in cfg.proxies.iter().enumerate() {
+        let keys = std::sync::Arc::new(crate::issued::IssuedKeys::none(p.tls.session_lifetime.0));
+        crate::tls::server_config(&p.tls, keys)
+            .map_err(|e| format!("proxies[{i}].tls ({}): {e}", p.listen))?;
     }
     Ok(())
 }

@@ -36,6 +36,16 @@ impl Daemon {
     /// `gateway run` on the gateway's veth with a config of `body` (services, policy, datapath
     /// settings: YAML at top level) written into `dir`, detaching on exit.
     pub fn start_config(net: &TestNet, dir: &std::path::Path, body: &str) -> Daemon {
+        Self::start_config_nofile(net, dir, body, None)
+    }
+
+    /// [`Daemon::start_config`], its open-files limit (soft and hard) set to `nofile` when given.
+    pub fn start_config_nofile(
+        net: &TestNet,
+        dir: &std::path::Path,
+        body: &str,
+        nofile: Option<u64>,
+    ) -> Daemon {
         let cfg = dir.join("gateway.yaml");
         std::fs::write(
             &cfg,
@@ -45,19 +55,50 @@ impl Daemon {
             ),
         )
         .expect("write config");
-        Self::start(
+        let filter = std::env::var("GW_LOG").unwrap_or_else(|_| "info".into());
+        Self::spawn(
             net,
             &["--config", cfg.to_str().unwrap()],
+            &filter,
             Duration::from_secs(20),
+            nofile,
         )
     }
 
     /// [`Daemon::start`] with `RUST_LOG` set to `filter`.
     pub fn start_logging(net: &TestNet, args: &[&str], filter: &str, timeout: Duration) -> Daemon {
+        Self::spawn(net, args, filter, timeout, None)
+    }
+
+    fn spawn(
+        net: &TestNet,
+        args: &[&str],
+        filter: &str,
+        timeout: Duration,
+        nofile: Option<u64>,
+    ) -> Daemon {
+        use std::os::unix::process::CommandExt as _;
         let mut all = vec!["run"];
         all.extend_from_slice(args);
-        let mut child = net
-            .gateway_command(&all)
+        let mut command = net.gateway_command(&all);
+        if let Some(n) = nofile {
+            // SAFETY: setrlimit only, between fork and exec; the limit passes through `ip
+            // netns exec` to the daemon.
+            unsafe {
+                command.pre_exec(move || {
+                    let limit = libc::rlimit {
+                        rlim_cur: n,
+                        rlim_max: n,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
+        let mut child = command
             .env("RUST_LOG", filter)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

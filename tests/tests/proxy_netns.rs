@@ -29,6 +29,8 @@ struct Setup {
     net: TestNet,
     cert: Cert,
     daemon: Option<Daemon>,
+    /// The daemon's open-files limit, when one is imposed.
+    nofile: Option<u64>,
 }
 
 impl Setup {
@@ -37,6 +39,7 @@ impl Setup {
             net: TestNet::new(),
             cert: Cert::new(),
             daemon: None,
+            nofile: None,
         }
     }
 
@@ -58,7 +61,12 @@ impl Setup {
             self.cert.cert().display(),
             self.cert.key().display()
         );
-        self.daemon = Some(Daemon::start_config(&self.net, &self.cert.file(""), &body));
+        self.daemon = Some(Daemon::start_config_nofile(
+            &self.net,
+            &self.cert.file(""),
+            &body,
+            self.nofile,
+        ));
     }
 
     /// A daemon proxying to one answering backend, with `tls_extra` in the proxy's `tls` map
@@ -145,6 +153,7 @@ impl Setup {
             net: TestNet::new(),
             cert: Cert::rsa(4096),
             daemon: None,
+            nofile: None,
         };
         let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
         s.start(
@@ -704,9 +713,10 @@ fn the_pool_moves_off_a_dead_member_and_retries_it_after_its_interval() {
             .all(|f| f.ip().to_string() == "10.99.0.2")
     );
 
-    // Kill member a: every request is still served, by b.
+    // Kill member a: every request is still served, by b; a is marked down after its third
+    // refusal in a row (`max_fails`, default 3), every other request meeting it first.
     drop(a);
-    for _ in 0..4 {
+    for _ in 0..8 {
         assert!(served(&s).ends_with("b\n"));
     }
     let text = s.metrics();
@@ -728,6 +738,55 @@ fn the_pool_moves_off_a_dead_member_and_retries_it_after_its_interval() {
         assert!(Instant::now() < deadline, "member a never retried");
     }
     s.idle();
+}
+
+/// Issue 30, case 1: the gateway's own descriptor limit is not the backend's failure. A daemon
+/// with 128 open files and 100 clients held by a backend: the proxy runs out of descriptors
+/// connecting to the member, refuses those clients and counts it as its own; the member stays
+/// up, and once the held clients are answered a new client is served at once.
+#[test]
+fn the_gateways_own_descriptor_limit_marks_no_member_down() {
+    if !have_root("the_gateways_own_descriptor_limit_marks_no_member_down") {
+        return;
+    }
+    let mut s = Setup::new();
+    s.nofile = Some(128);
+    let backend = Backend::start(s.backend_listener(), "b", Mode::Hold, false);
+    s.start(&format!("{{address: {}}}", backend.addr), "", "");
+    let config = rustls_config(&s.cert);
+    let addr = s.addr();
+    let (net, cert) = (&s.net, &s.cert);
+    let text = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..100)
+            .map(|_| {
+                let addr = addr.clone();
+                scope.spawn(move || net.in_peer(|| rustls_fetch(&rustls_config(cert), &addr)))
+            })
+            .collect();
+        let text = wait_for(
+            net,
+            METRICS,
+            "gateway_proxy_local_failures_total",
+            &[],
+            |v| v >= 1.0,
+            Duration::from_secs(20),
+        );
+        backend.release();
+        for c in clients {
+            let _ = c.join();
+        }
+        text
+    });
+    assert_eq!(
+        value(&text, "gateway_proxy_backend_up", &[]),
+        1.0,
+        "the member was blamed: {text}"
+    );
+    // Served at once, not after a retry interval.
+    let started = Instant::now();
+    let (_, body) = s.fetch(&config).expect("served after the load");
+    assert!(body.ends_with("b\n"), "{body}");
+    assert!(started.elapsed() < Duration::from_secs(5));
 }
 
 #[test]

@@ -747,6 +747,7 @@ mod tests {
                 backlog: 10_000,
             }],
             Duration::from_secs(1),
+            3,
         ));
         let mut pdd = Pdd::new(
             DelayRatioLaw::new(3.0),

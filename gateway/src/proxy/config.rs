@@ -48,8 +48,12 @@ pub struct ProxyConfig {
     pub proxy_protocol: bool,
     /// Timeouts.
     pub timeouts: Timeouts,
-    /// How long a member that refused or timed out stays marked down.
+    /// How long a member that failed `max_fails` times in a row stays marked down.
     pub retry_interval: Span,
+    /// Failed connects in a row (each within `retry_interval` of the last) that mark a member
+    /// down (nginx's `max_fails`, HAProxy's `fall`). The last member up is never marked down
+    /// for connects that timed out (a busy member, not a dead one).
+    pub max_fails: u32,
     /// The listen queue: connections the kernel holds for the proxy to accept.
     pub listen_backlog: u32,
 }
@@ -67,12 +71,19 @@ struct RawProxy {
     timeouts: Timeouts,
     #[serde(default = "default_retry")]
     retry_interval: Span,
+    #[serde(default = "default_max_fails")]
+    max_fails: u32,
     #[serde(default = "default_listen_backlog")]
     listen_backlog: u32,
 }
 
 fn default_retry() -> Span {
     Span(Duration::from_secs(10))
+}
+
+/// HAProxy's `fall` default: one failure is a blip, three in a row a member in trouble.
+fn default_max_fails() -> u32 {
+    3
 }
 
 /// The default listen queue: nginx's 511 doubled, as a proxy holds a connection only for its
@@ -93,6 +104,12 @@ impl TryFrom<RawProxy> for ProxyConfig {
                 r.listen_backlog
             ));
         }
+        if !(1..=100).contains(&r.max_fails) {
+            return Err(format!(
+                "max_fails: {} is out of range, need 1 to 100",
+                r.max_fails
+            ));
+        }
         if let Some((i, b)) = r
             .backends
             .iter()
@@ -108,6 +125,7 @@ impl TryFrom<RawProxy> for ProxyConfig {
             proxy_protocol: r.proxy_protocol,
             timeouts: r.timeouts,
             retry_interval: r.retry_interval,
+            max_fails: r.max_fails,
             listen_backlog: r.listen_backlog,
         })
     }

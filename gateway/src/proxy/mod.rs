@@ -41,7 +41,7 @@ use crate::issued::IssuedKeys;
 use config::ProxyConfig;
 use cputime::CpuTimed;
 use pool::{Pool, Slot};
-use stats::{BackendLabels, HandshakeKind, ListenerStats, Outcome, ProxyStats};
+use stats::{BackendLabels, HandshakeKind, ListenerLabels, ListenerStats, Outcome, ProxyStats};
 
 /// One listener and everything its connections share.
 pub struct Proxy {
@@ -65,7 +65,7 @@ impl Proxy {
         issued: Arc<IssuedKeys>,
         stats: Arc<ProxyStats>,
     ) -> Self {
-        let pool = Pool::new(&cfg.backends, cfg.retry_interval.0);
+        let pool = Pool::new(&cfg.backends, cfg.retry_interval.0, cfg.max_fails);
         let label = cfg.listen.to_string();
         Proxy {
             own: stats.listener(&label),
@@ -287,22 +287,51 @@ impl Proxy {
             match connect.await {
                 Ok(Ok(s)) => {
                     let _ = s.set_nodelay(true);
+                    self.pool.succeeded(member);
                     return Some((s, slot));
                 }
+                // The gateway's own resources ran out (descriptors, memory, local ports): not
+                // the member's failure. This client is refused; the member stays up.
+                Ok(Err(e)) if is_local_failure(&e) => {
+                    warn!(listener = %self.label, backend = %address, error = %e,
+                        "out of the gateway's own resources connecting to a backend: client refused, member not blamed");
+                    self.stats
+                        .local_failures
+                        .get_or_create(&ListenerLabels {
+                            listener: self.label.clone(),
+                        })
+                        .inc();
+                    return None;
+                }
                 failed => {
+                    let timed_out = failed.is_err();
                     let why = match failed {
                         Ok(Err(e)) => e.to_string(),
                         _ => "connect timed out".into(),
                     };
-                    warn!(listener = %self.label, backend = %address, error = %why,
-                        retry_in = ?self.cfg.retry_interval.0, "backend member marked down");
-                    self.pool.mark_down(member);
                     self.stats
                         .backend_failures
                         .get_or_create(&self.backend_labels(address))
                         .inc();
+                    if self.pool.failed(member, timed_out) {
+                        warn!(listener = %self.label, backend = %address, error = %why,
+                            retry_in = ?self.cfg.retry_interval.0, max_fails = self.cfg.max_fails,
+                            "backend member marked down");
+                    } else {
+                        debug!(listener = %self.label, backend = %address, error = %why,
+                            "backend connect failed; trying the next member");
+                    }
                 }
             }
         }
     }
+}
+
+/// Whether a failed connect is the gateway's own (out of descriptors, memory, buffers or local
+/// ports) rather than the backend's.
+fn is_local_failure(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EADDRNOTAVAIL)
+    )
 }

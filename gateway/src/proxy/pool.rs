@@ -1,8 +1,10 @@
 //! The backend pool (seed 004): each member serves at most `max_active` connections at once (its
 //! worker threads) and lets at most `backlog` more wait for one. A member with neither free is
 //! full, and new connections go to another member or are refused, never queued beyond. A member
-//! that refuses a connection or does not answer in time is marked down for the retry interval,
-//! and the next member is tried. Among members with room, smooth weighted round robin spreads new
+//! that refuses a connection or does not answer in time is tried no more for that connection
+//! (the next member is); after `max_fails` such failures in a row it is marked down for the retry
+//! interval, except that the last member up is never marked down for connects that timed out (it
+//! is busy, not dead: nginx never marks its only upstream down). A success clears the count. Among members with room, smooth weighted round robin spreads new
 //! connections in proportion to the weights. Resumed and new sessions wait in a member's backlog
 //! apart ([`gate`](super::gate)).
 
@@ -24,6 +26,8 @@ pub struct Member {
     weight: i64,
     gate: Arc<Gate>,
     down_until: Mutex<Option<Instant>>,
+    /// Failures in a row, and when the last was.
+    fails: Mutex<(u32, Option<Instant>)>,
 }
 
 impl Member {
@@ -94,13 +98,15 @@ pub struct Pool {
     members: Vec<Member>,
     diff: Arc<Differentiation>,
     retry: Duration,
+    max_fails: u32,
     /// Smooth weighted round robin: each member's current weight.
     current: Mutex<Vec<i64>>,
 }
 
 impl Pool {
-    /// A pool of `backends`, marking failed members down for `retry`.
-    pub fn new(backends: &[BackendConfig], retry: Duration) -> Self {
+    /// A pool of `backends`, marking members that failed `max_fails` times in a row down for
+    /// `retry`.
+    pub fn new(backends: &[BackendConfig], retry: Duration, max_fails: u32) -> Self {
         let diff = Arc::new(Differentiation::new());
         Pool {
             members: backends
@@ -110,10 +116,12 @@ impl Pool {
                     weight: i64::from(b.weight),
                     gate: Gate::new(b.max_active, b.backlog, diff.clone()),
                     down_until: Mutex::new(None),
+                    fails: Mutex::new((0, None)),
                 })
                 .collect(),
             diff,
             retry,
+            max_fails: max_fails.max(1),
             current: Mutex::new(vec![0; backends.len()]),
         }
     }
@@ -174,6 +182,45 @@ impl Pool {
         }
     }
 
+    /// Member `i` failed a connect (`timed_out`: it did not answer in time, rather than
+    /// refusing). Whether it is marked down now: after `max_fails` failures in a row (a failure
+    /// more than a retry interval after the last starts the count again), unless it timed out
+    /// and no other member is up.
+    pub fn failed(&self, i: usize, timed_out: bool) -> bool {
+        let now = Instant::now();
+        let count = {
+            let mut f = self.members[i]
+                .fails
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let recent = f.1.is_some_and(|t| now.duration_since(t) <= self.retry);
+            f.0 = if recent { f.0 + 1 } else { 1 };
+            f.1 = Some(now);
+            f.0
+        };
+        if count < self.max_fails {
+            return false;
+        }
+        let others_up = self
+            .members
+            .iter()
+            .enumerate()
+            .any(|(j, m)| j != i && m.is_up(now));
+        if timed_out && !others_up {
+            return false;
+        }
+        self.mark_down(i);
+        true
+    }
+
+    /// Member `i` took a connection: its failures in a row start again from zero.
+    pub fn succeeded(&self, i: usize) {
+        *self.members[i]
+            .fails
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = (0, None);
+    }
+
     /// Marks member `i` down for the retry interval.
     pub fn mark_down(&self, i: usize) {
         let until = Instant::now() + self.retry;
@@ -199,7 +246,7 @@ mod tests {
                 backlog,
             })
             .collect();
-        Pool::new(&backends, Duration::from_millis(50))
+        Pool::new(&backends, Duration::from_millis(50), 3)
     }
 
     #[test]
@@ -258,5 +305,48 @@ mod tests {
             .map(|_| p.reserve(&[], Priority::Low).unwrap().member)
             .collect();
         assert!(picks.contains(&0), "{picks:?}");
+    }
+
+    #[test]
+    fn a_member_is_marked_down_after_max_fails_in_a_row_and_a_success_clears_the_count() {
+        let p = pool(&[(1, 10, 0), (1, 10, 0)]);
+        assert!(!p.failed(0, false));
+        assert!(!p.failed(0, false));
+        p.succeeded(0);
+        assert!(!p.failed(0, false));
+        assert!(!p.failed(0, false));
+        assert!(p.failed(0, false), "the third in a row");
+        assert!(!p.members()[0].is_up(Instant::now()));
+        assert!(p.members()[1].is_up(Instant::now()));
+    }
+
+    #[test]
+    fn the_last_member_up_is_never_marked_down_for_being_busy() {
+        let p = pool(&[(1, 1, 1)]);
+        for _ in 0..10 {
+            assert!(!p.failed(0, true), "timeouts of the only member");
+        }
+        assert!(p.members()[0].is_up(Instant::now()));
+        // Refusing connections is another matter: nothing listens there.
+        assert!(p.failed(0, false));
+        let two = pool(&[(1, 1, 1), (1, 1, 1)]);
+        two.mark_down(1);
+        for _ in 0..5 {
+            assert!(
+                !two.failed(0, true),
+                "the other member is down: 0 is the last up"
+            );
+        }
+    }
+
+    #[test]
+    fn failures_far_apart_do_not_add_up() {
+        let p = pool(&[(1, 10, 0), (1, 10, 0)]);
+        assert!(!p.failed(0, false));
+        assert!(!p.failed(0, false));
+        // More than the retry interval (50 ms here) later: the count starts again.
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(!p.failed(0, false));
+        assert!(p.members()[0].is_up(Instant::now()));
     }
 }

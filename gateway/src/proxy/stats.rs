@@ -161,6 +161,9 @@ pub struct ProxyStats {
     pub backend_failures: Family<BackendLabels, Counter>,
     /// Issued keys withdrawn because a hello offered them and did not resume.
     pub offers_withdrawn: Family<ListenerLabels, Counter>,
+    /// Backend connects that failed for the gateway's own lack of resources (descriptors,
+    /// memory, local ports): the client was refused, no member blamed.
+    pub local_failures: Family<ListenerLabels, Counter>,
     /// Issued keys published in the datapath now.
     pub keys_published: Family<ListenerLabels, Gauge>,
     /// Issued keys not published because the issued-keys table was full.
@@ -225,6 +228,11 @@ impl ProxyStats {
             "offers_withdrawn",
             "Issued keys withdrawn from the datapath because a hello offered them and did not resume",
             self.offers_withdrawn.clone(),
+        );
+        r.register(
+            "local_failures",
+            "Backend connects that failed for the gateway's own lack of resources (descriptors, memory, local ports): the client refused, no member marked down",
+            self.local_failures.clone(),
         );
         r.register(
             "issued_keys",

@@ -56,24 +56,33 @@ fn wait_policy(net: &TestNet, class: &str, what: &str, done: impl Fn(&Value) -> 
 /// (read after it, the limits may already have relaxed): the run, the lowest backlog limit and
 /// its row.
 fn overload(net: &TestNet, dir: &Path, rate: u64) -> (UacRun, u64, Value) {
+    let (uac, samples) = sampled(net, dir, rate);
+    let (_, limit, held) = samples
+        .into_iter()
+        .min_by_key(|(_, l, _)| *l)
+        .expect("sampled during the load");
+    (uac, limit, held)
+}
+
+/// SIPp at `rate` calls/s for [`SECONDS`], and the sip-original row every 100 ms while it
+/// lasts: when (since the start), its backlog limit, the row.
+fn sampled(net: &TestNet, dir: &Path, rate: u64) -> (UacRun, Vec<(Duration, u64, Value)>) {
     let running = std::sync::atomic::AtomicBool::new(true);
+    let start = Instant::now();
     std::thread::scope(|scope| {
         let uac = scope.spawn(|| {
             let uac = run_uac(net, dir, rate, SECONDS);
             running.store(false, std::sync::atomic::Ordering::Relaxed);
             uac
         });
-        let mut lowest: Option<(u64, Value)> = None;
+        let mut samples = Vec::new();
         while running.load(std::sync::atomic::Ordering::Relaxed) {
             let held = policy(net, "sip-original");
             let l = held["backlog_limit"].as_u64().unwrap();
-            if lowest.as_ref().is_none_or(|(low, _)| l < *low) {
-                lowest = Some((l, held));
-            }
+            samples.push((start.elapsed(), l, held));
             std::thread::sleep(Duration::from_millis(100));
         }
-        let (limit, held) = lowest.expect("sampled during the load");
-        (uac.join().unwrap(), limit, held)
+        (uac.join().unwrap(), samples)
     })
 }
 
@@ -231,17 +240,31 @@ fn unanswerable_invites_do_not_steer_the_controller_but_a_server_that_stops_is_c
 
     let calls = CALLERS * SECONDS;
     let trickle = Trickle::start(&net, CALLERS as f64 / 8.0, SECONDS + 10);
-    let (uac, lowest, held) = overload(&net, &dir, CALLERS);
+    let (uac, samples) = sampled(&net, &dir, CALLERS);
     let sent = trickle.stop();
     assert!(sent >= SECONDS * CALLERS / 8, "trickle sent {sent}");
     let answered = uac.total("SuccessfulCall");
     assert!(
         answered * 10 >= calls * 9,
-        "{answered} of {calls} calls answered with the trickle: {uac:?} {held}"
+        "{answered} of {calls} calls answered with the trickle: {uac:?}"
     );
-    // Above the callers' need (their rate times the target, 8) plus the places the trickle
-    // holds (its rate times the 2 s timeout, 20), with room to spare.
-    assert!(lowest >= 100, "lowest limit {lowest}: {held}");
+    // The limit is not steered down: once the trickle's first units have expired (a timeout
+    // in), it stays above the callers' need (their rate times the target, 8) plus the places
+    // the trickle holds (its rate times the 2 s timeout, 20) but for passing dips (a slow
+    // answer on a busy machine cuts it, as it should, and it grows back). The old law held it
+    // at 1 for the whole trickle.
+    let need = 8 + 20;
+    let after: Vec<&(Duration, u64, Value)> = samples
+        .iter()
+        .filter(|(t, _, _)| *t >= Duration::from_secs(2))
+        .collect();
+    let under = after.iter().filter(|(_, l, _)| *l < need).count();
+    assert!(
+        !after.is_empty() && under * 2 < after.len(),
+        "{under} of {} samples under {need}: {:?}",
+        after.len(),
+        after.iter().map(|(_, l, _)| l).collect::<Vec<_>>()
+    );
     // The trickle's INVITEs were admitted and expired: the attack happened.
     let expired = policy(&net, "sip-original");
     let stats = net.stats();

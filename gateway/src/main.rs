@@ -15,10 +15,19 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            // One line: clap's first line carries the argument and the reason.
+            // One line: clap's first line carries the argument and the reason; its tips (a
+            // similar subcommand or argument: "did you mean") follow on it, the usage block
+            // does not.
             let text = e.to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
-            eprintln!("gateway: {}", first.trim_start_matches("error: ").trim());
+            let mut lines = text.lines().map(str::trim);
+            let first = lines.next().unwrap_or("invalid arguments");
+            let tips: Vec<&str> = lines.filter(|l| l.starts_with("tip:")).collect();
+            let tips = if tips.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", tips.join("; "))
+            };
+            eprintln!("gateway: {}{tips}", first.trim_start_matches("error: "));
             return ExitCode::from(2);
         }
     };

@@ -152,6 +152,11 @@ fn bad_arguments_are_refused_before_touching_anything() {
         &gateway(&["attach", "--iface", "x", "--mode", "turbo"]),
         &["turbo"],
     );
+    // clap's suggestions reach the person (issue 29, case 7).
+    refused(
+        &gateway(&["stat"]),
+        &["'stat'", "similar subcommand", "stats"],
+    );
 }
 
 #[test]

@@ -1,5 +1,7 @@
-//! The Prometheus endpoint: `GET /metrics` in the text exposition format, over a minimal HTTP/1.x
-//! responder (one request per connection, bounded in size and time).
+//! The Prometheus endpoint: `GET /metrics` (and `HEAD`, and with a query string, which is
+//! ignored) in the OpenMetrics text format `prometheus-client` encodes, served with that
+//! format's content type, over a minimal HTTP/1.x responder (one request per connection,
+//! bounded in size and time).
 
 use std::{sync::Arc, time::Duration};
 
@@ -58,21 +60,98 @@ async fn answer(
         .await
         .map_err(|_| std::io::Error::other("request timed out"))??;
     let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let (status, body) = if line.starts_with(b"GET /metrics ") || line == b"GET /metrics" {
-        for r in refresh {
-            r();
+    let route = route(line);
+    let (status, body) = match route {
+        Route::Metrics { .. } => {
+            for r in refresh {
+                r();
+            }
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, registry)
+                .map_err(std::io::Error::other)?;
+            ("200 OK", text)
         }
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, registry)
-            .map_err(std::io::Error::other)?;
-        ("200 OK", text)
-    } else {
-        ("404 Not Found", "only GET /metrics is served\n".to_string())
+        Route::WrongMethod => (
+            "405 Method Not Allowed",
+            "only GET and HEAD /metrics are served\n".to_string(),
+        ),
+        Route::NotFound => ("404 Not Found", "only GET /metrics is served\n".to_string()),
     };
-    let response = format!(
-        "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+    let content_type = match route {
+        Route::Metrics { .. } => OPENMETRICS,
+        _ => "text/plain; charset=utf-8",
+    };
+    let allow = if route == Route::WrongMethod {
+        "Allow: GET, HEAD\r\n"
+    } else {
+        ""
+    };
+    let mut response = format!(
+        "HTTP/1.0 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
         body.len()
     );
+    if route != (Route::Metrics { head: true }) {
+        response += &body;
+    }
     sock.write_all(response.as_bytes()).await?;
     sock.shutdown().await
+}
+
+/// The content type of what `prometheus_client`'s text encoder writes (OpenMetrics 1.0: `_total`
+/// counters, `# EOF`).
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// What a request line asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    /// The metrics; `head`: without the body.
+    Metrics { head: bool },
+    /// `/metrics` by another method.
+    WrongMethod,
+    /// Anything else.
+    NotFound,
+}
+
+/// Routes a request line (`METHOD TARGET [VERSION]`): `/metrics`, with any query string.
+fn route(line: &[u8]) -> Route {
+    let mut parts = line.split(|&b| b == b' ');
+    let (Some(method), Some(target)) = (parts.next(), parts.next()) else {
+        return Route::NotFound;
+    };
+    let path = target.split(|&b| b == b'?').next().unwrap_or_default();
+    if path != b"/metrics" {
+        return Route::NotFound;
+    }
+    match method {
+        b"GET" => Route::Metrics { head: false },
+        b"HEAD" => Route::Metrics { head: true },
+        _ => Route::WrongMethod,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_route_as_scrapers_send_them() {
+        assert_eq!(
+            route(b"GET /metrics HTTP/1.1"),
+            Route::Metrics { head: false }
+        );
+        assert_eq!(route(b"GET /metrics"), Route::Metrics { head: false });
+        assert_eq!(
+            route(b"GET /metrics?x=1&name[]=a HTTP/1.1"),
+            Route::Metrics { head: false }
+        );
+        assert_eq!(
+            route(b"HEAD /metrics HTTP/1.1"),
+            Route::Metrics { head: true }
+        );
+        assert_eq!(route(b"POST /metrics HTTP/1.1"), Route::WrongMethod);
+        assert_eq!(route(b"GET /metricsx HTTP/1.1"), Route::NotFound);
+        assert_eq!(route(b"GET / HTTP/1.1"), Route::NotFound);
+        assert_eq!(route(b""), Route::NotFound);
+        assert_eq!(route(b"GET"), Route::NotFound);
+    }
 }

@@ -634,6 +634,40 @@ fn honest_load_never_evicts_a_key_issued_before_it() {
     );
 }
 
+/// Issue 29, case 6 in part: the endpoint answers `HEAD` and query strings as scrapers send them,
+/// with the content type of what it serves (OpenMetrics text).
+#[test]
+fn the_metrics_endpoint_answers_as_scrapers_expect() {
+    if !have_root("the_metrics_endpoint_answers_as_scrapers_expect") {
+        return;
+    }
+    let (s, _backend) = Setup::answering("", "");
+    let url = format!("http://127.0.0.1:{METRICS}/metrics");
+    let curl = |args: &[&str]| {
+        let out = s.net.exec(&s.net.gw_ns, "curl", args);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let head = curl(&["-sS", "-I", &url]);
+    assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+    assert!(
+        head.contains("Content-Type: application/openmetrics-text; version=1.0.0"),
+        "{head}"
+    );
+    let body = curl(&["-sS", &format!("{url}?x=1")]);
+    assert!(body.trim_end().ends_with("# EOF"), "{body}");
+    let post = curl(&[
+        "-sS",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-X",
+        "POST",
+        &url,
+    ]);
+    assert_eq!(post, "405");
+}
+
 /// tls-new's `policy show` row.
 fn tls_new_row(s: &Setup) -> serde_json::Value {
     let rows: serde_json::Value =

@@ -111,6 +111,11 @@ fn parse_key(s: &str) -> Result<gateway_common::maps::IssuedKey, String> {
     })
 }
 
+/// The resumptions per minute a published key buys, as the datapath applies it (0: the default).
+fn per_minute(v: &gateway_common::maps::IssuedValue) -> u64 {
+    60_000_000_000 / gateway_common::maps::resume_interval_ns(v.per_minute)
+}
+
 /// Runs a `tls` subcommand.
 pub fn run(root: &Path, action: TlsAction) -> Result<(), CommandError> {
     match action {
@@ -166,7 +171,7 @@ fn issued(root: &Path, action: IssuedAction) -> Result<(), CommandError> {
                         serde_json::json!({
                             "key": hex(k), "kind": kind(v),
                             "limit": gateway_common::maps::resume_limit(v.limit),
-                            "per_minute": 60_000_000_000 / gateway_common::maps::resume_interval_ns(v.per_minute),
+                            "per_minute": per_minute(v),
                             "in_use": v.in_use,
                             "open": v.open,
                         })
@@ -180,7 +185,7 @@ fn issued(root: &Path, action: IssuedAction) -> Result<(), CommandError> {
                         hex(&k),
                         kind(&v),
                         gateway_common::maps::resume_limit(v.limit),
-                        60_000_000_000 / gateway_common::maps::resume_interval_ns(v.per_minute),
+                        per_minute(&v),
                         v.in_use,
                         v.open
                     );

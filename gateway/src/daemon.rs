@@ -32,6 +32,7 @@ use crate::{
     pins::PinDir,
     proxy::{
         Proxy,
+        descriptors::{DescriptorError, Descriptors},
         stats::{HandshakeKind, ProxyStats},
     },
     sockdiag::{SockDiag, flow_addrs},
@@ -65,6 +66,9 @@ pub enum DaemonError {
     /// The interface's datapath is held by another process, or its pin directory is unusable.
     #[error(transparent)]
     Pins(#[from] crate::pins::PinsError),
+    /// The open-files limit leaves the proxies too little room, or could not be read.
+    #[error(transparent)]
+    Descriptors(#[from] DescriptorError),
     /// A listening address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -79,7 +83,9 @@ impl DaemonError {
     /// Whether the error is the caller's input.
     pub fn is_input_error(&self) -> bool {
         match self {
-            DaemonError::NoInterfaces | DaemonError::Tls { .. } => true,
+            DaemonError::NoInterfaces
+            | DaemonError::Tls { .. }
+            | DaemonError::Descriptors(DescriptorError::TooLow { .. }) => true,
             DaemonError::Pins(e) => !matches!(e, crate::pins::PinsError::Io { .. }),
             DaemonError::Loader(e) => e.is_input_error(),
             _ => false,
@@ -498,6 +504,21 @@ fn start_proxies(
     // The listeners register with that runtime's I/O driver.
     let _entered = runtime.enter();
     let stats = Arc::new(ProxyStats::default());
+    if cfg.proxies.is_empty() {
+        return Ok(Proxies {
+            proxies: Vec::new(),
+            accepting: Vec::new(),
+            stats,
+            drain: Duration::ZERO,
+        });
+    }
+    // Measured once the maps are open and before any listener: what the daemon holds to run.
+    let descriptors = Descriptors::measure()?;
+    stats.connection_limit.set(descriptors.connections() as i64);
+    info!(
+        connections = descriptors.connections(),
+        "the open-files limit allows this many proxied connections at once"
+    );
     let mut ready = Vec::new();
     for (index, p) in cfg.proxies.iter().enumerate() {
         let issued = Arc::new(IssuedKeys::new(
@@ -513,7 +534,13 @@ fn start_proxies(
             }
         })?;
         let listener = bind_proxy(p.listen, p.listen_backlog)?;
-        let proxy = Arc::new(Proxy::new(p.clone(), tls, issued, stats.clone()));
+        let proxy = Arc::new(Proxy::new(
+            p.clone(),
+            tls,
+            issued,
+            stats.clone(),
+            descriptors.clone(),
+        ));
         ready.push((proxy, listener));
     }
     let mut drain = Duration::ZERO;

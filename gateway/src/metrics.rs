@@ -28,14 +28,20 @@ pub async fn serve(
     refresh: Arc<Vec<Refresh>>,
     stop: CancellationToken,
 ) {
-    crate::accept::accept_until(listener, &stop, "metrics", |sock, _| {
-        let (registry, refresh) = (registry.clone(), refresh.clone());
-        tokio::spawn(async move {
-            if let Err(e) = answer(sock, &registry, &refresh).await {
-                debug!(error = %e, "metrics request");
-            }
-        });
-    })
+    crate::accept::accept_until(
+        listener,
+        &stop,
+        "metrics",
+        || async {},
+        |sock, _, ()| {
+            let (registry, refresh) = (registry.clone(), refresh.clone());
+            tokio::spawn(async move {
+                if let Err(e) = answer(sock, &registry, &refresh).await {
+                    debug!(error = %e, "metrics request");
+                }
+            });
+        },
+    )
     .await
 }
 

@@ -775,47 +775,77 @@ fn the_pool_moves_off_a_dead_member_and_retries_it_after_its_interval() {
 }
 
 /// Issue 30, case 1: the gateway's own descriptor limit is not the backend's failure. A daemon
-/// with 128 open files and 100 clients held by a backend: the proxy runs out of descriptors
-/// connecting to the member, refuses those clients and counts it as its own; the member stays
-/// up, and once the held clients are answered a new client is served at once.
+/// with 192 open files and 100 clients held by a backend: the proxy stops accepting at the
+/// connections its limit allows (clients wait in the listen queue), its metrics endpoint keeps
+/// answering, the member stays up, every client is served once the backend answers, and a new
+/// client is served at once.
 #[test]
-fn the_gateways_own_descriptor_limit_marks_no_member_down() {
-    if !have_root("the_gateways_own_descriptor_limit_marks_no_member_down") {
+fn the_gateways_own_descriptor_limit_pauses_accepting_and_marks_no_member_down() {
+    // The daemon holds about 90 descriptors of its own (maps, programs, runtimes): this leaves
+    // room for a few dozen connections.
+    const NOFILE: u64 = 192;
+    const CLIENTS: usize = 100;
+    if !have_root("the_gateways_own_descriptor_limit_pauses_accepting") {
         return;
     }
     let mut s = Setup::new();
-    s.nofile = Some(128);
+    s.nofile = Some(NOFILE);
     let backend = Backend::start(s.backend_listener(), "b", Mode::Hold, false);
     s.start(&format!("{{address: {}}}", backend.addr), "", "");
     let config = rustls_config(&s.cert);
     let addr = s.addr();
     let (net, cert) = (&s.net, &s.cert);
-    let text = std::thread::scope(|scope| {
-        let clients: Vec<_> = (0..100)
+    let (text, served) = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..CLIENTS)
             .map(|_| {
                 let addr = addr.clone();
                 scope.spawn(move || net.in_peer(|| rustls_fetch(&rustls_config(cert), &addr)))
             })
             .collect();
+        // The metrics endpoint answers while every place is held: the daemon kept its reserve.
         let text = wait_for(
             net,
             METRICS,
-            "gateway_proxy_local_failures_total",
+            "gateway_proxy_accept_paused_total",
             &[],
             |v| v >= 1.0,
             Duration::from_secs(20),
         );
+        // Every place is held by a connection the backend holds.
+        let limit = value(&text, "gateway_proxy_connection_limit", &[]);
+        let text = wait_for(
+            net,
+            METRICS,
+            "gateway_proxy_open_connections",
+            &[],
+            |v| v == limit,
+            Duration::from_secs(20),
+        );
         backend.release();
-        for c in clients {
-            let _ = c.join();
-        }
-        text
+        let served = clients
+            .into_iter()
+            .map(|c| c.join())
+            .filter(|c| matches!(c, Ok(Ok((_, body))) if body.ends_with("b\n")))
+            .count();
+        (text, served)
     });
+    let limit = value(&text, "gateway_proxy_connection_limit", &[]);
+    assert!(
+        limit >= 8.0 && limit < CLIENTS as f64,
+        "limit {limit} with {NOFILE} open files: {text}"
+    );
     assert_eq!(
         value(&text, "gateway_proxy_backend_up", &[]),
         1.0,
         "the member was blamed: {text}"
     );
+    assert_eq!(
+        value(&text, "gateway_proxy_local_failures_total", &[]),
+        0.0,
+        "{text}"
+    );
+    // Paused, not failed: every client waited in the listen queue and was served.
+    assert_eq!(served, CLIENTS);
     // Served at once, not after a retry interval.
     let started = Instant::now();
     let (_, body) = s.fetch(&config).expect("served after the load");

@@ -19,6 +19,7 @@
 
 pub mod config;
 pub mod cputime;
+pub mod descriptors;
 pub mod gate;
 pub mod handshake;
 pub mod header;
@@ -40,6 +41,7 @@ use tracing::{debug, warn};
 use crate::issued::IssuedKeys;
 use config::ProxyConfig;
 use cputime::CpuTimed;
+use descriptors::{Descriptors, Place};
 use pool::{Pool, Slot};
 use stats::{BackendLabels, HandshakeKind, ListenerLabels, ListenerStats, Outcome, ProxyStats};
 
@@ -55,15 +57,24 @@ pub struct Proxy {
     stats: Arc<ProxyStats>,
     /// This listener's series of `stats`.
     own: ListenerStats,
+    /// Places for connections within the open-files limit, shared by every listener.
+    descriptors: Descriptors,
+    /// When a pause of accepting was last logged (one line per [`PAUSE_LOG_EVERY`]).
+    pause_logged: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
+/// At most one log line per this while accepting keeps pausing at the open-files limit.
+const PAUSE_LOG_EVERY: Duration = Duration::from_secs(10);
+
 impl Proxy {
-    /// A proxy for `cfg` with the TLS server configuration `tls`.
+    /// A proxy for `cfg` with the TLS server configuration `tls`, its connections taking places
+    /// from `descriptors`.
     pub fn new(
         cfg: ProxyConfig,
         tls: rustls::ServerConfig,
         issued: Arc<IssuedKeys>,
         stats: Arc<ProxyStats>,
+        descriptors: Descriptors,
     ) -> Self {
         let pool = Pool::new(&cfg.backends, cfg.retry_interval.0, cfg.max_fails);
         let label = cfg.listen.to_string();
@@ -75,6 +86,8 @@ impl Proxy {
             cfg,
             issued,
             stats,
+            descriptors,
+            pause_logged: std::sync::Mutex::new(None),
         }
     }
 
@@ -113,15 +126,21 @@ impl Proxy {
         stop: CancellationToken,
         tracker: TaskTracker,
     ) {
-        crate::accept::accept_until(listener, &stop, &self.label, |sock, peer| {
-            // A connection already reset (SO_ERROR) costs no task and no read: the datapath
-            // refused its hello after the hello's first segment had queued it.
-            if matches!(sock.take_error(), Ok(Some(_))) {
-                self.own.outcome(Outcome::ResetAtAccept);
-                return;
-            }
-            tracker.spawn(self.clone().connection(sock, peer));
-        })
+        crate::accept::accept_until(
+            listener,
+            &stop,
+            &self.label,
+            || self.descriptors.take(|| self.paused()),
+            |sock, peer, place| {
+                // A connection already reset (SO_ERROR) costs no task and no read: the datapath
+                // refused its hello after the hello's first segment had queued it.
+                if matches!(sock.take_error(), Ok(Some(_))) {
+                    self.own.outcome(Outcome::ResetAtAccept);
+                    return;
+                }
+                tracker.spawn(self.clone().connection(sock, peer, place));
+            },
+        )
         .await;
         debug!(listener = %self.label, "stopped accepting");
     }
@@ -179,7 +198,24 @@ impl Proxy {
         }
     }
 
-    async fn connection(self: Arc<Self>, sock: TcpStream, peer: SocketAddr) {
+    /// Accepting pauses: every place within the open-files limit is held.
+    fn paused(&self) {
+        self.own.accept_paused.inc();
+        let now = std::time::Instant::now();
+        let mut logged = self.pause_logged.lock().unwrap_or_else(|p| p.into_inner());
+        if logged.is_none_or(|at| now.duration_since(at) >= PAUSE_LOG_EVERY) {
+            *logged = Some(now);
+            warn!(
+                listener = %self.label,
+                connections = self.descriptors.connections(),
+                "accepting paused: every connection the open-files limit allows is open (clients wait in the listen queue; raise LimitNOFILE)"
+            );
+        }
+    }
+
+    /// Serves one connection; its `place` is given back when it ends.
+    async fn connection(self: Arc<Self>, sock: TcpStream, peer: SocketAddr, place: Place) {
+        let _place = place;
         self.own.open.inc();
         let outcome = self.run(sock, peer).await;
         self.own.open.dec();

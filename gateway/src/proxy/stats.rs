@@ -168,6 +168,10 @@ pub struct ProxyStats {
     pub keys_published: Family<ListenerLabels, Gauge>,
     /// Issued keys not published because the issued-keys table was full.
     pub keys_unpublished: Family<ListenerLabels, Counter>,
+    /// Times accepting paused because every connection the open-files limit allows was open.
+    pub accept_paused: Family<ListenerLabels, Counter>,
+    /// Connections the open-files limit allows all listeners together.
+    pub connection_limit: Gauge,
 }
 
 impl ProxyStats {
@@ -245,6 +249,16 @@ impl ProxyStats {
              their resumptions are judged as new hellos at the NIC",
             self.keys_unpublished.clone(),
         );
+        r.register(
+            "accept_paused",
+            "Times a listener paused accepting because every connection the open-files limit allows was open (clients wait in the listen queue)",
+            self.accept_paused.clone(),
+        );
+        r.register(
+            "connection_limit",
+            "Connections the open-files limit allows all listeners together (two descriptors each, after the daemon's own and a reserve)",
+            self.connection_limit.clone(),
+        );
     }
 
     /// The series of the listener `listener`, looked up once: a connection then touches its
@@ -282,6 +296,7 @@ impl ProxyStats {
         };
         ListenerStats {
             open: self.open.get_or_create(&labels).clone(),
+            accept_paused: self.accept_paused.get_or_create(&labels).clone(),
             withdrawn: self.offers_withdrawn.get_or_create(&labels).clone(),
             abandoned: self.flights_abandoned.get_or_create(&labels).clone(),
             handshakes: [
@@ -298,6 +313,8 @@ impl ProxyStats {
 pub struct ListenerStats {
     /// Connections open now.
     pub open: Gauge,
+    /// Times accepting paused at the open-files limit.
+    pub accept_paused: Counter,
     withdrawn: Counter,
     abandoned: Counter,
     handshakes: [(Counter, Counter<f64, AtomicU64>); 2],

@@ -19,6 +19,11 @@ pub enum Mode {
     Hold,
     /// `HTTP/1.0 200` with a body of this many bytes, then close.
     Bulk(usize),
+    /// Reads to the client's end, then answers with its name and the number of bytes it read.
+    ToEnd,
+    /// Speaks first (its name and a newline), ends its side, then reads to the client's end and
+    /// records how many bytes it read ([`Backend::wait_for_upload`]).
+    SpeakFirst,
 }
 
 #[derive(Default)]
@@ -27,6 +32,8 @@ struct Shared {
     accepted: usize,
     /// Requests read in full (a connection that sends nothing is not counted).
     requests: usize,
+    /// Bytes each [`Mode::SpeakFirst`] connection read to its client's end.
+    uploads: Vec<usize>,
     /// Client addresses of the PROXY v2 headers received.
     proxied_from: Vec<SocketAddr>,
     released: bool,
@@ -87,6 +94,17 @@ impl Backend {
         g.requests >= n
     }
 
+    /// Waits until a [`Mode::SpeakFirst`] connection has read to its client's end; the bytes it
+    /// read, `None` when `timeout` passed first.
+    pub fn wait_for_upload(&self, timeout: Duration) -> Option<usize> {
+        let (lock, cv) = &*self.shared;
+        let g = lock.lock().unwrap();
+        let (g, _) = cv
+            .wait_timeout_while(g, timeout, |s| s.uploads.is_empty())
+            .unwrap();
+        g.uploads.first().copied()
+    }
+
     /// Client addresses the PROXY headers carried.
     pub fn proxied_from(&self) -> Vec<SocketAddr> {
         self.shared.0.lock().unwrap().proxied_from.clone()
@@ -125,6 +143,22 @@ fn serve(
             _ => return Err(std::io::Error::other("no addresses")),
         };
         shared.0.lock().unwrap().proxied_from.push(from);
+    }
+    match mode {
+        Mode::ToEnd => {
+            let read = std::io::copy(&mut sock, &mut std::io::sink())?;
+            sock.write_all(format!("HTTP/1.0 200 OK\r\n\r\n{name} {read}\n").as_bytes())?;
+            return sock.shutdown(Shutdown::Write);
+        }
+        Mode::SpeakFirst => {
+            sock.write_all(format!("{name}\n").as_bytes())?;
+            sock.shutdown(Shutdown::Write)?;
+            let read = std::io::copy(&mut sock, &mut std::io::sink())?;
+            shared.0.lock().unwrap().uploads.push(read as usize);
+            shared.1.notify_all();
+            return Ok(());
+        }
+        _ => {}
     }
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
         let n = sock.read(&mut chunk)?;

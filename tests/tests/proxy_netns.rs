@@ -853,6 +853,79 @@ fn the_gateways_own_descriptor_limit_pauses_accepting_and_marks_no_member_down()
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
+/// A rustls client connected to the proxy from the peer namespace, its handshake done.
+fn tls_stream(s: &Setup) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let name = rustls::pki_types::ServerName::try_from("gateway-test").unwrap();
+    let conn = rustls::ClientConnection::new(rustls_config(&s.cert), name).unwrap();
+    let addr = s.addr();
+    let sock = s.net.in_peer(|| TcpStream::connect(&addr).unwrap());
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    while tls.conn.is_handshaking() {
+        tls.conn.complete_io(&mut tls.sock).unwrap();
+    }
+    tls
+}
+
+/// Issue 30, case 4: a client that ends its request with a TCP FIN and no close_notify (as
+/// `shutdown(SHUT_WR)` does) half-closes toward the backend, and the answer still reaches it.
+#[test]
+fn a_clients_fin_without_close_notify_half_closes_and_the_answer_arrives() {
+    if !have_root("a_clients_fin_without_close_notify_half_closes") {
+        return;
+    }
+    let mut s = Setup::new();
+    let _backend = s.with_backend(Mode::ToEnd, "", "");
+    let mut tls = tls_stream(&s);
+    let request = [b"PUT / HTTP/1.0\r\n\r\n".as_slice(), &[b'u'; 200_000]].concat();
+    tls.write_all(&request).unwrap();
+    tls.flush().unwrap();
+    // The end of the request: a FIN, no close_notify.
+    tls.sock.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut answer = Vec::new();
+    match tls.read_to_end(&mut answer) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
+        Err(e) => panic!("{e} after {} bytes", answer.len()),
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.ends_with(&format!("b {}\n", request.len())),
+        "the backend read all of the request to its end: {answer:?}"
+    );
+}
+
+/// Issue 30, case 4: a backend that speaks first and ends its side (server-speaks-first
+/// protocols) half-closes toward the client, and the client's upload after that still reaches it.
+#[test]
+fn a_backends_end_half_closes_and_the_clients_upload_still_reaches_it() {
+    if !have_root("a_backends_end_half_closes") {
+        return;
+    }
+    let mut s = Setup::new();
+    let backend = s.with_backend(Mode::SpeakFirst, "", "");
+    let mut tls = tls_stream(&s);
+    let mut banner = Vec::new();
+    tls.read_to_end(&mut banner).unwrap();
+    assert_eq!(
+        banner, b"b\n",
+        "the banner, then the backend's end as a close_notify"
+    );
+    const UPLOAD: usize = 1 << 20;
+    tls.write_all(&vec![b'u'; UPLOAD]).unwrap();
+    tls.conn.send_close_notify();
+    tls.flush().unwrap();
+    tls.sock.shutdown(std::net::Shutdown::Write).unwrap();
+    assert_eq!(
+        backend.wait_for_upload(Duration::from_secs(20)),
+        Some(UPLOAD),
+        "every byte of the upload reached the backend"
+    );
+    let text = s.idle();
+    assert_eq!(outcome(&text, "proxied"), 1.0, "{text}");
+}
+
 #[test]
 fn a_full_pool_refuses_at_once_and_a_silent_backend_is_timed_out() {
     if !have_root("a_full_pool_refuses_at_once") {

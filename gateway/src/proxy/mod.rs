@@ -14,8 +14,8 @@
 //!    member's backlog if it had no free slot, a bounded connect; a member that refuses or times
 //!    out is marked down and the next is tried. With `proxy_protocol`, a PROXY v2 header goes
 //!    first.
-//! 4. Bytes relayed both ways until the backend closes, either side fails, or neither sends for
-//!    the idle timeout.
+//! 4. Bytes relayed both ways until both sides have ended (each side's end half-closes the
+//!    other), either side fails, or neither sends for the idle timeout.
 
 pub mod config;
 pub mod cputime;

@@ -79,7 +79,15 @@ impl Direction {
                 return Poll::Ready(Ok(()));
             }
             let mut buf = ReadBuf::new(scratch);
-            ready!(r.as_mut().poll_read(cx, &mut buf))?;
+            match ready!(r.as_mut().poll_read(cx, &mut buf)) {
+                Ok(()) => {}
+                // A TLS peer's TCP end with no close_notify.
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    self.eof = true;
+                    continue;
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            }
             let n = buf.filled().len();
             if n == 0 {
                 self.eof = true;
@@ -104,9 +112,14 @@ impl Direction {
     }
 }
 
-/// Relays bytes both ways until the backend's end has been passed on to the client, either side
-/// fails, or nothing moves for `idle`; returns whether it ended for idleness. The client's end is
-/// passed on to the backend, whose answer is still relayed.
+/// Relays bytes both ways until both ends have been passed on (each side's close half-closes
+/// the other: the answer still flows after the client's end, and the client's bytes after the
+/// backend's), either side fails, or nothing moves for `idle`. Returns whether it ended for
+/// idleness before the backend's end: a relay that waited out `idle` on a client after the
+/// backend had ended is over, not idle.
+///
+/// A reader's end without a TLS close_notify (a TCP FIN, as `shutdown(SHUT_WR)` sends) is an
+/// end like any other, as nginx and HAProxy treat it: the backend is told by a FIN either way.
 pub async fn relay<C, B>(client: &mut C, backend: &mut B, idle: Duration) -> io::Result<bool>
 where
     C: AsyncRead + AsyncWrite + Unpin,
@@ -119,35 +132,32 @@ where
         let mut moved = false;
         let result = SCRATCH_BUF.with(|s| {
             let mut scratch = s.borrow_mut();
-            if let Poll::Ready(Err(e)) = up.poll(
+            let up = up.poll(
                 cx,
                 Pin::new(&mut *client),
                 Pin::new(&mut *backend),
                 &mut scratch,
                 &mut moved,
-            ) {
-                return Poll::Ready(Err(e));
-            }
-            match down.poll(
+            )?;
+            let down = down.poll(
                 cx,
                 Pin::new(&mut *backend),
                 Pin::new(&mut *client),
                 &mut scratch,
                 &mut moved,
-            ) {
-                Poll::Ready(Ok(())) => Poll::Ready(Ok(false)),
-                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-                Poll::Pending => Poll::Pending,
-            }
+            )?;
+            Ok::<_, io::Error>(up.is_ready() && down.is_ready())
         });
-        if result.is_ready() {
-            return result;
+        match result {
+            Err(e) => return Poll::Ready(Err(e)),
+            Ok(true) => return Poll::Ready(Ok(false)),
+            Ok(false) => {}
         }
         if moved {
             timer.as_mut().reset(Instant::now() + idle);
         }
         match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Ok(true)),
+            Poll::Ready(()) => Poll::Ready(Ok(!down.done)),
             Poll::Pending => Poll::Pending,
         }
     })
@@ -218,5 +228,109 @@ mod tests {
         }
         assert!(relay.await.unwrap().unwrap(), "ended for idleness");
         assert!(started.elapsed() >= Duration::from_millis(800));
+    }
+
+    /// A stream whose end reads as `UnexpectedEof`, as a TLS stream's does when the peer sent a
+    /// TCP FIN with no close_notify.
+    struct NoCloseNotify(tokio::io::DuplexStream);
+
+    impl AsyncRead for NoCloseNotify {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let before = buf.filled().len();
+            ready!(Pin::new(&mut self.0).poll_read(cx, buf))?;
+            if buf.filled().len() == before && buf.remaining() > 0 {
+                return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into()));
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncWrite for NoCloseNotify {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Pin::new(&mut self.0).poll_write(cx, buf)
+        }
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.0).poll_flush(cx)
+        }
+        fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.0).poll_shutdown(cx)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_end_without_close_notify_half_closes_and_the_answer_still_flows() {
+        let (mut client, client_side) = duplex(1024);
+        let (mut backend_side, mut backend) = duplex(1024);
+        let relay = tokio::spawn(async move {
+            let mut client_side = NoCloseNotify(client_side);
+            relay(&mut client_side, &mut backend_side, Duration::from_secs(10)).await
+        });
+        client.write_all(b"request").await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        backend.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"request");
+        let answer = data(100_000, 3);
+        let a = answer.clone();
+        tokio::spawn(async move {
+            backend.write_all(&a).await.unwrap();
+            backend.shutdown().await.unwrap();
+        });
+        let mut back = Vec::new();
+        client.read_to_end(&mut back).await.unwrap();
+        assert_eq!(back, answer);
+        assert!(!relay.await.unwrap().unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_backend_end_half_closes_and_the_clients_upload_still_reaches_it() {
+        let (mut client, mut client_side) = duplex(1024);
+        let (mut backend_side, mut backend) = duplex(1024);
+        let relay = tokio::spawn(async move {
+            relay(&mut client_side, &mut backend_side, Duration::from_secs(10)).await
+        });
+        // The backend speaks first and ends its side.
+        backend.write_all(b"banner\n").await.unwrap();
+        backend.shutdown().await.unwrap();
+        let mut banner = Vec::new();
+        client.read_to_end(&mut banner).await.unwrap();
+        assert_eq!(banner, b"banner\n");
+        // The client's upload after that end is relayed whole.
+        let upload = data(1 << 20, 4);
+        let u = upload.clone();
+        let writer = tokio::spawn(async move {
+            client.write_all(&u).await.unwrap();
+            client.shutdown().await.unwrap();
+        });
+        let mut got = Vec::new();
+        backend.read_to_end(&mut got).await.unwrap();
+        writer.await.unwrap();
+        assert_eq!(got.len(), upload.len());
+        assert!(got == upload);
+        assert!(!relay.await.unwrap().unwrap());
+    }
+
+    #[tokio::test]
+    async fn waiting_out_a_client_after_the_backends_end_is_not_idleness() {
+        let (_client, mut client_side) = duplex(1024);
+        let (mut backend_side, mut backend) = duplex(1024);
+        let relay = tokio::spawn(async move {
+            relay(
+                &mut client_side,
+                &mut backend_side,
+                Duration::from_millis(100),
+            )
+            .await
+        });
+        backend.shutdown().await.unwrap();
+        assert!(!relay.await.unwrap().unwrap());
     }
 }

@@ -374,12 +374,16 @@ async fn serve(
         let _ = accept.await;
     }
     tracker.close();
+    // The longest drain deadline of the listeners, as last reloaded.
+    let drain = running
+        .proxies
+        .iter()
+        .map(|p| p.timeouts.drain.0)
+        .max()
+        .unwrap_or_default();
     if !tracker.is_empty() {
-        info!(connections = tracker.len(), deadline = ?proxies.drain, "draining");
-        if tokio::time::timeout(proxies.drain, tracker.wait())
-            .await
-            .is_err()
-        {
+        info!(connections = tracker.len(), deadline = ?drain, "draining");
+        if tokio::time::timeout(drain, tracker.wait()).await.is_err() {
             warn!(
                 connections = tracker.len(),
                 "drain deadline passed; closing the remaining connections"
@@ -439,8 +443,6 @@ struct Proxies {
     /// The accept loops.
     accepting: Vec<tokio::task::JoinHandle<()>>,
     stats: Arc<ProxyStats>,
-    /// The longest drain deadline among them.
-    drain: Duration,
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, DaemonError> {
@@ -509,7 +511,6 @@ fn start_proxies(
             proxies: Vec::new(),
             accepting: Vec::new(),
             stats,
-            drain: Duration::ZERO,
         });
     }
     // Measured once the maps are open and before any listener: what the daemon holds to run.
@@ -543,12 +544,10 @@ fn start_proxies(
         ));
         ready.push((proxy, listener));
     }
-    let mut drain = Duration::ZERO;
     let mut proxies = Vec::new();
     let mut accepting = Vec::new();
     for (proxy, listener) in ready {
         let p = &cfg.proxies[proxies.len()];
-        drain = drain.max(p.timeouts.drain.0);
         info!(
             listen = %proxy.listen(), backends = p.backends.len(),
             proxy_protocol = p.proxy_protocol, "TLS proxy listening"
@@ -561,7 +560,6 @@ fn start_proxies(
         proxies,
         accepting,
         stats,
-        drain,
     })
 }
 

@@ -1,7 +1,9 @@
 //! Reloading the daemon's config (SIGHUP, `gateway reload`), all or nothing: the new config is
 //! read and checked, and everything it needs is built (its TLS configurations), before anything
-//! changes. What cannot change while running (interfaces, bpffs, listeners and their pools,
-//! the metrics address, workers) makes the reload refuse, saying what to restart for.
+//! changes. What cannot change while running (interfaces, bpffs, the number of listeners and
+//! their addresses and listen queues, the metrics address, workers) makes the reload refuse,
+//! saying what to restart for. A listener's backends, weights, limits, timeouts and TLS change
+//! without dropping a connection.
 
 use std::sync::Arc;
 
@@ -55,18 +57,13 @@ pub fn prepare(
     if cfg.proxies.len() != current.proxies.len() {
         return restart("proxies (the number of listeners)");
     }
-    // A listener keeps its socket, pool and timeouts; only its certificates and tickets settings
-    // are read again.
-    let without_tls = |p: &crate::proxy::config::ProxyConfig| {
-        let mut v = serde_json::to_value(p).unwrap_or_default();
-        if let Some(o) = v.as_object_mut() {
-            o.remove("tls");
-        }
-        v
-    };
+    // A listener keeps its socket: its address and listen queue stay.
     for (i, (new, old)) in cfg.proxies.iter().zip(&current.proxies).enumerate() {
-        if without_tls(new) != without_tls(old) {
-            return restart(&format!("proxies[{i}] (anything but its tls section)"));
+        if new.listen != old.listen {
+            return restart(&format!("proxies[{i}].listen"));
+        }
+        if new.listen_backlog != old.listen_backlog {
+            return restart(&format!("proxies[{i}].listen_backlog"));
         }
     }
     let tls = cfg
@@ -89,9 +86,10 @@ impl Plan {
     }
 
     /// Applies the plan: services, policies and datapath settings to every interface, the new
-    /// certificates and session terms (lifetime, resume limit) to every listener (for new
-    /// connections and the session keys issued from now on). Returns the new config. (The
-    /// daemon restarts its controller with the new settings.)
+    /// certificates, session terms (lifetime, resume limit), backends and timeouts to every
+    /// listener (for new connections and the session keys issued from now on; open connections
+    /// carry on, and members removed drain). Returns the new config. (The daemon restarts its
+    /// controller with the new settings.)
     ///
     /// # Errors
     /// A map write failed on some interface (named); what was written stays.
@@ -105,6 +103,7 @@ impl Plan {
         }
         for ((proxy, tls), p) in proxies.iter().zip(self.tls).zip(&self.cfg.proxies) {
             proxy.set_tls(tls);
+            proxy.reconfigure(p.clone());
             // Session keys issued from now on: the new lifetime, resume limit and rate.
             proxy.issued().set_terms(crate::issued::Terms::of(&p.tls));
         }
@@ -138,8 +137,8 @@ pub fn forget_outcome() {
 }
 
 /// What a reload changed, as the config's own field paths (`services`, `policy`,
-/// `proxies[0].tls`, ...): the top-level sections whose values differ, and for proxies each
-/// listener's `tls` (the only part of a listener a reload may change).
+/// `proxies[0].tls`, `proxies[0].backends`, ...): the top-level sections whose values differ,
+/// and for proxies each listener's fields that differ.
 pub fn changes(old: &Config, new: &Config) -> Vec<String> {
     let (a, b) = (
         serde_json::to_value(old).unwrap_or_default(),
@@ -163,8 +162,14 @@ pub fn changes(old: &Config, new: &Config) -> Vec<String> {
         ) {
             ("proxies", Some(x), Some(y)) if x.len() == y.len() => {
                 for (i, (p, q)) in x.iter().zip(y).enumerate() {
-                    if p.get("tls") != q.get("tls") {
-                        out.push(format!("proxies[{i}].tls"));
+                    let (Some(p), Some(q)) = (p.as_object(), q.as_object()) else {
+                        continue;
+                    };
+                    let mut fields: Vec<&String> = p.keys().chain(q.keys()).collect();
+                    fields.sort();
+                    fields.dedup();
+                    for f in fields.into_iter().filter(|f| p.get(*f) != q.get(*f)) {
+                        out.push(format!("proxies[{i}].{f}"));
                     }
                 }
             }

@@ -39,13 +39,9 @@ impl Daemon {
         Self::start_config_nofile(net, dir, body, None)
     }
 
-    /// [`Daemon::start_config`], its open-files limit (soft and hard) set to `nofile` when given.
-    pub fn start_config_nofile(
-        net: &TestNet,
-        dir: &std::path::Path,
-        body: &str,
-        nofile: Option<u64>,
-    ) -> Daemon {
+    /// Writes the config [`Daemon::start_config`] runs with (`body` on the gateway's veth,
+    /// detaching on exit) into `dir`; its path. Written again, it is what a reload reads.
+    pub fn write_config(net: &TestNet, dir: &std::path::Path, body: &str) -> std::path::PathBuf {
         let cfg = dir.join("gateway.yaml");
         std::fs::write(
             &cfg,
@@ -55,6 +51,17 @@ impl Daemon {
             ),
         )
         .expect("write config");
+        cfg
+    }
+
+    /// [`Daemon::start_config`], its open-files limit (soft and hard) set to `nofile` when given.
+    pub fn start_config_nofile(
+        net: &TestNet,
+        dir: &std::path::Path,
+        body: &str,
+        nofile: Option<u64>,
+    ) -> Daemon {
+        let cfg = Self::write_config(net, dir, body);
         let filter = std::env::var("GW_LOG").unwrap_or_else(|_| "info".into());
         Self::spawn(
             net,

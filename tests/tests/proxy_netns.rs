@@ -56,17 +56,30 @@ impl Setup {
 
     /// [`Setup::start`] with `tls_extra` added to the proxy's `tls` map (", resume_rate: 5").
     fn start_tls(&mut self, backends: &str, tls_extra: &str, proxy_extra: &str, top: &str) {
-        let body = format!(
-            "{top}metrics: 127.0.0.1:{METRICS}\nproxies:\n  - listen: {GW_V4}:{PORT}\n    tls: {{cert: {}, key: {}{tls_extra}}}\n    backends: [{backends}]\n{proxy_extra}",
-            self.cert.cert().display(),
-            self.cert.key().display()
-        );
+        let body = self.body(backends, tls_extra, proxy_extra, top);
         self.daemon = Some(Daemon::start_config_nofile(
             &self.net,
             &self.cert.file(""),
             &body,
             self.nofile,
         ));
+    }
+
+    /// The config body of one listener on `backends` (see [`Setup::start_tls`]).
+    fn body(&self, backends: &str, tls_extra: &str, proxy_extra: &str, top: &str) -> String {
+        format!(
+            "{top}metrics: 127.0.0.1:{METRICS}\nproxies:\n  - listen: {GW_V4}:{PORT}\n    tls: {{cert: {}, key: {}{tls_extra}}}\n    backends: [{backends}]\n{proxy_extra}",
+            self.cert.cert().display(),
+            self.cert.key().display()
+        )
+    }
+
+    /// Rewrites the running daemon's config with `backends` and the rest as [`Setup::start`]
+    /// takes them, and reloads it; what `gateway reload` printed.
+    fn reload(&self, backends: &str, proxy_extra: &str, top: &str) -> String {
+        let body = self.body(backends, "", proxy_extra, top);
+        Daemon::write_config(&self.net, &self.cert.file(""), &body);
+        self.net.gateway_ok(&["reload"])
     }
 
     /// A daemon proxying to one answering backend, with `tls_extra` in the proxy's `tls` map
@@ -924,6 +937,103 @@ fn a_backends_end_half_closes_and_the_clients_upload_still_reaches_it() {
     );
     let text = s.idle();
     assert_eq!(outcome(&text, "proxied"), 1.0, "{text}");
+}
+
+/// Issue 30, case 3: `timeouts.queue` bounds a client's whole wait for a slot, whatever the
+/// number of members, and an `http` listener answers the refusal with a 503 and Retry-After.
+/// Four members each serving one held client with room for one more to wait, a queue deadline
+/// of 1 s: the next client is refused after about 1 s (it waited 4 s before, one deadline per
+/// member).
+#[test]
+fn one_queue_deadline_per_client_across_members_and_a_503_for_http() {
+    if !have_root("one_queue_deadline_per_client") {
+        return;
+    }
+    let mut s = Setup::new();
+    let backends: Vec<_> = (0..4)
+        .map(|i| Backend::start(s.backend_listener(), &format!("m{i}"), Mode::Hold, false))
+        .collect();
+    let members = backends
+        .iter()
+        .map(|b| format!("{{address: {}, max_active: 1, backlog: 1}}", b.addr))
+        .collect::<Vec<_>>()
+        .join(", ");
+    s.start(
+        &members,
+        "    protocol: http\n    timeouts: {queue: 1s}\n",
+        "",
+    );
+    let config = rustls_config(&s.cert);
+    std::thread::scope(|scope| {
+        let (net, addr, config) = (&s.net, s.addr(), &config);
+        let held: Vec<_> = (0..4)
+            .map(|_| {
+                let addr = addr.clone();
+                scope.spawn(move || net.in_peer(|| rustls_fetch(config, &addr)))
+            })
+            .collect();
+        s.wait_active(4.0);
+        let started = Instant::now();
+        let refused = s.fetch(config);
+        let waited = started.elapsed();
+        for b in &backends {
+            b.release();
+        }
+        for h in held {
+            let _ = h.join();
+        }
+        let (_, answer) = refused.expect("a TLS answer, not a reset");
+        assert!(
+            answer.starts_with("HTTP/1.1 503 Service Unavailable\r\n")
+                && answer.contains("\r\nRetry-After: 1\r\n"),
+            "{answer:?}"
+        );
+        assert!(
+            waited >= Duration::from_secs(1) && waited < Duration::from_secs(3),
+            "waited {waited:?} with a 1 s queue deadline and 4 members"
+        );
+    });
+    let text = s.idle();
+    assert_eq!(outcome(&text, "queue_timeout"), 1.0, "{text}");
+    assert_eq!(outcome(&text, "proxied"), 4.0, "{text}");
+    assert_eq!(value(&text, "gateway_proxy_backend_up", &[]), 4.0, "{text}");
+}
+
+/// Issue 30, case 5: backends change on reload without dropping a connection. A transfer held by
+/// member a goes on while a reload replaces a by b; new clients go to b at once; a drains and
+/// its answer arrives; its series leave the metrics.
+#[test]
+fn a_reload_changes_the_backends_and_an_open_transfer_goes_on() {
+    if !have_root("a_reload_changes_the_backends") {
+        return;
+    }
+    let mut s = Setup::new();
+    let a = Backend::start(s.backend_listener(), "a", Mode::Hold, false);
+    let b = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+    s.start(&format!("{{address: {}}}", a.addr), "", "");
+    let config = rustls_config(&s.cert);
+    std::thread::scope(|scope| {
+        let (net, addr, config) = (&s.net, s.addr(), &config);
+        let open = scope.spawn(move || net.in_peer(|| rustls_fetch(config, &addr)));
+        assert!(a.wait_for_requests(1, Duration::from_secs(10)));
+        let said = s.reload(&format!("{{address: {}, max_active: 4}}", b.addr), "", "");
+        assert!(said.contains("proxies[0].backends"), "{said}");
+        for _ in 0..3 {
+            let (_, body) = s.fetch(config).expect("served by the new member");
+            assert!(body.ends_with("b\n"), "{body}");
+        }
+        a.release();
+        let (_, body) = open.join().unwrap().expect("the open transfer finished");
+        assert!(body.ends_with("a\n"), "{body}");
+    });
+    assert_eq!(a.requests(), 1, "no new client went to the removed member");
+    let text = s.idle();
+    let up = |addr: std::net::SocketAddr| {
+        text.lines()
+            .any(|l| l.starts_with("gateway_proxy_backend_up{") && l.contains(&addr.to_string()))
+    };
+    assert!(up(b.addr) && !up(a.addr), "{text}");
+    assert_eq!(outcome(&text, "proxied"), 4.0, "{text}");
 }
 
 #[test]

@@ -56,6 +56,20 @@ pub struct ProxyConfig {
     pub max_fails: u32,
     /// The listen queue: connections the kernel holds for the proxy to accept.
     pub listen_backlog: u32,
+    /// What the clients speak inside TLS: with `http`, a client refused after its handshake (no
+    /// member, queue deadline passed) gets an HTTP 503 with Retry-After before the close.
+    pub protocol: AppProtocol,
+}
+
+/// What a listener's clients speak inside TLS.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AppProtocol {
+    /// Any bytes: a refusal after the handshake is a close with close_notify.
+    #[default]
+    Tcp,
+    /// HTTP/1.x: a refusal after the handshake is a `503 Service Unavailable` with Retry-After.
+    Http,
 }
 
 #[derive(Deserialize)]
@@ -75,6 +89,8 @@ struct RawProxy {
     max_fails: u32,
     #[serde(default = "default_listen_backlog")]
     listen_backlog: u32,
+    #[serde(default)]
+    protocol: AppProtocol,
 }
 
 fn default_retry() -> Span {
@@ -127,6 +143,7 @@ impl TryFrom<RawProxy> for ProxyConfig {
             retry_interval: r.retry_interval,
             max_fails: r.max_fails,
             listen_backlog: r.listen_backlog,
+            protocol: r.protocol,
         })
     }
 }
@@ -327,7 +344,8 @@ pub struct Timeouts {
     /// Connecting to a backend member; beyond, it is marked down.
     #[serde(default = "t3")]
     pub connect: Span,
-    /// Waiting in a member's backlog for one of its active slots.
+    /// A client's whole wait for a backend slot, across every member's backlog it waits in
+    /// (HAProxy's `timeout queue`); beyond, it is refused.
     #[serde(default = "t10")]
     pub queue: Span,
     /// On SIGTERM, how long in-flight connections may take to finish.

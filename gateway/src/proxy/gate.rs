@@ -105,7 +105,12 @@ struct Waiter {
 }
 
 struct State {
-    free: u32,
+    /// Slots held now (above `capacity` for a while after a reload shrank it).
+    active: u32,
+    /// Slots at most.
+    capacity: u32,
+    /// Waiters at most.
+    backlog: u32,
     queues: [VecDeque<Waiter>; 2],
     next_id: u64,
     /// The high class's accumulated entitlement (weighted round robin on `share`).
@@ -115,8 +120,6 @@ struct State {
 /// One member's slots and queues.
 pub struct Gate {
     state: Mutex<State>,
-    capacity: u32,
-    backlog: u32,
     diff: Arc<Differentiation>,
 }
 
@@ -147,13 +150,13 @@ impl Gate {
     pub fn new(capacity: u32, backlog: u32, diff: Arc<Differentiation>) -> Arc<Gate> {
         Arc::new(Gate {
             state: Mutex::new(State {
-                free: capacity,
+                active: 0,
+                capacity,
+                backlog,
                 queues: [VecDeque::new(), VecDeque::new()],
                 next_id: 0,
                 credit: 0.0,
             }),
-            capacity,
-            backlog,
             diff,
         })
     }
@@ -165,7 +168,18 @@ impl Gate {
 
     /// Slots in use.
     pub fn active(&self) -> u32 {
-        self.capacity - self.state().free
+        self.state().active
+    }
+
+    /// Sets its slots and backlog (a reload): more slots go to waiters at once; fewer are
+    /// retired as their holders leave. Waiters beyond a smaller backlog keep their places.
+    pub fn resize(&self, capacity: u32, backlog: u32) {
+        let mut s = self.state();
+        s.capacity = capacity;
+        s.backlog = backlog;
+        while s.active < s.capacity && self.hand_over(&mut s) {
+            s.active += 1;
+        }
     }
 
     /// Connections waiting.
@@ -177,17 +191,17 @@ impl Gate {
     /// Whether a slot or a place in the queue is free.
     pub fn has_room(&self) -> bool {
         let s = self.state();
-        s.free > 0 || ((s.queues[0].len() + s.queues[1].len()) as u32) < self.backlog
+        s.active < s.capacity || ((s.queues[0].len() + s.queues[1].len()) as u32) < s.backlog
     }
 
     /// A slot now, else a place in `class`'s queue, else (the backlog full) nothing.
     pub fn enter(self: &Arc<Self>, class: Priority) -> Option<Entry> {
         let mut s = self.state();
-        if s.free > 0 {
-            s.free -= 1;
+        if s.active < s.capacity {
+            s.active += 1;
             return Some(Entry::Slot(SlotGuard { gate: self.clone() }));
         }
-        if (s.queues[0].len() + s.queues[1].len()) as u32 >= self.backlog {
+        if (s.queues[0].len() + s.queues[1].len()) as u32 >= s.backlog {
             return None;
         }
         let (tx, rx) = oneshot::channel();
@@ -224,22 +238,27 @@ impl Gate {
         }
     }
 
-    /// A slot freed: hand it to the next waiter, else keep it free.
+    /// A slot freed: hand it to the next waiter, else keep it free (or retire it, when a reload
+    /// left more held than there are).
     fn release(&self) {
         let mut s = self.state();
+        if s.active > s.capacity || !self.hand_over(&mut s) {
+            s.active -= 1;
+        }
+    }
+
+    /// Hands a held slot to the next live waiter; false when none waits.
+    fn hand_over(&self, s: &mut State) -> bool {
         loop {
             let q = match (s.queues[0].is_empty(), s.queues[1].is_empty()) {
-                (true, true) => {
-                    s.free += 1;
-                    return;
-                }
+                (true, true) => return false,
                 (false, true) => 0,
                 (true, false) => 1,
-                (false, false) => self.turn(&mut s),
+                (false, false) => self.turn(s),
             };
             let w = s.queues[q].pop_front().expect("non-empty");
             if w.tx.send(()).is_ok() {
-                return;
+                return true;
             }
             // Its receiver is gone (the place is being dropped): the next one.
         }
@@ -375,6 +394,28 @@ mod tests {
         drop(b);
         assert_eq!(gate.waiting(), 0);
         assert_eq!(gate.active(), 0, "the slot came back");
+        assert!(matches!(gate.enter(L), Some(Entry::Slot(_))));
+    }
+
+    #[tokio::test]
+    async fn a_resize_hands_new_slots_to_waiters_and_retires_slots_as_they_free() {
+        let gate = Gate::new(1, 2, Arc::new(Differentiation::new()));
+        let Some(Entry::Slot(first)) = gate.enter(L) else {
+            panic!()
+        };
+        let waiting = queued(gate.enter(L));
+        // One more slot: the waiter gets it at once.
+        gate.resize(2, 2);
+        let second = waiting.slot(Duration::ZERO).await.expect("handed over");
+        assert_eq!((gate.active(), gate.waiting()), (2, 0));
+        // Down to one: both holders keep theirs; the first to leave retires its slot.
+        gate.resize(1, 0);
+        assert!(gate.enter(L).is_none(), "no slot, no backlog");
+        drop(first);
+        assert_eq!(gate.active(), 1);
+        assert!(gate.enter(L).is_none(), "still the one slot held");
+        drop(second);
+        assert_eq!(gate.active(), 0);
         assert!(matches!(gate.enter(L), Some(Entry::Slot(_))));
     }
 }

@@ -39,7 +39,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{debug, warn};
 
 use crate::issued::IssuedKeys;
-use config::ProxyConfig;
+use config::{AppProtocol, ProxyConfig};
 use cputime::CpuTimed;
 use descriptors::{Descriptors, Place};
 use pool::{Pool, Slot};
@@ -47,12 +47,18 @@ use stats::{BackendLabels, HandshakeKind, ListenerLabels, ListenerStats, Outcome
 
 /// One listener and everything its connections share.
 pub struct Proxy {
-    cfg: ProxyConfig,
+    listen: SocketAddr,
     label: String,
     /// Swapped whole on a reload (certificate rotation): connections that started keep the
     /// configuration they started with.
     acceptor: std::sync::RwLock<TlsAcceptor>,
-    pool: Pool,
+    /// The settings and pool new connections use; swapped whole on a reload, while each
+    /// connection keeps the one it started with.
+    live: std::sync::RwLock<Arc<Live>>,
+    /// The share of backlog slots between resumed and new sessions, kept across reloads.
+    diff: Arc<gate::Differentiation>,
+    /// Members whose gauges the last scrape showed (those a reload removed are withdrawn).
+    shown: std::sync::Mutex<Vec<SocketAddr>>,
     issued: Arc<IssuedKeys>,
     stats: Arc<ProxyStats>,
     /// This listener's series of `stats`.
@@ -62,6 +68,15 @@ pub struct Proxy {
     /// When a pause of accepting was last logged (one line per [`PAUSE_LOG_EVERY`]).
     pause_logged: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// A listener's reloadable settings and the pool made from them.
+struct Live {
+    cfg: ProxyConfig,
+    pool: Pool,
+}
+
+/// How long a refusal's last words (a 503, close_notify) may take to write.
+const REFUSAL_WRITE: Duration = Duration::from_secs(1);
 
 /// At most one log line per this while accepting keeps pausing at the open-files limit.
 const PAUSE_LOG_EVERY: Duration = Duration::from_secs(10);
@@ -81,9 +96,11 @@ impl Proxy {
         Proxy {
             own: stats.listener(&label),
             label,
+            listen: cfg.listen,
             acceptor: std::sync::RwLock::new(TlsAcceptor::from(Arc::new(tls))),
-            pool,
-            cfg,
+            diff: pool.differentiation().clone(),
+            live: std::sync::RwLock::new(Arc::new(Live { cfg, pool })),
+            shown: std::sync::Mutex::new(Vec::new()),
             issued,
             stats,
             descriptors,
@@ -98,6 +115,22 @@ impl Proxy {
             TlsAcceptor::from(Arc::new(tls));
     }
 
+    /// Serves new connections with `cfg` (a reload): its backends (members kept by address carry
+    /// their connections over; removed ones drain), weights, limits, timeouts and the rest.
+    /// Open connections carry on with the settings they started with. The listen address and
+    /// queue stay as they were (the caller refuses a change to them).
+    pub fn reconfigure(&self, cfg: ProxyConfig) {
+        let mut live = self.live.write().unwrap_or_else(|p| p.into_inner());
+        let pool = live
+            .pool
+            .reconfigured(&cfg.backends, cfg.retry_interval.0, cfg.max_fails);
+        *live = Arc::new(Live { cfg, pool });
+    }
+
+    fn live(&self) -> Arc<Live> {
+        self.live.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// The issued keys this listener publishes.
     pub fn issued(&self) -> &Arc<IssuedKeys> {
         &self.issued
@@ -105,13 +138,13 @@ impl Proxy {
 
     /// The listen address.
     pub fn listen(&self) -> SocketAddr {
-        self.cfg.listen
+        self.listen
     }
 
     /// How its backend pool shares slots between resumed and new sessions (the controller's
     /// `pdd` mode sets it), and their waits.
     pub fn differentiation(&self) -> &Arc<gate::Differentiation> {
-        self.pool.differentiation()
+        &self.diff
     }
 
     /// This listener's figures (handshake counts and CPU cost, outcomes).
@@ -174,7 +207,20 @@ impl Proxy {
     /// Sets the pool gauges from the pool's state (before each scrape).
     pub fn refresh_gauges(&self) {
         let now = std::time::Instant::now();
-        for m in self.pool.members() {
+        let live = self.live();
+        let members = live.pool.members();
+        let mut shown = self.shown.lock().unwrap_or_else(|p| p.into_inner());
+        for gone in shown
+            .iter()
+            .filter(|a| !members.iter().any(|m| m.address == **a))
+        {
+            let l = self.backend_labels(*gone);
+            self.stats.backend_active.remove(&l);
+            self.stats.backend_waiting.remove(&l);
+            self.stats.backend_up.remove(&l);
+        }
+        *shown = members.iter().map(|m| m.address).collect();
+        for m in members {
             let l = self.backend_labels(m.address);
             self.stats
                 .backend_active
@@ -224,9 +270,11 @@ impl Proxy {
     }
 
     async fn run(&self, sock: TcpStream, peer: SocketAddr) -> Outcome {
-        let local = sock.local_addr().unwrap_or(self.cfg.listen);
+        let live = self.live();
+        let (cfg, pool) = (&live.cfg, &live.pool);
+        let local = sock.local_addr().unwrap_or(self.listen);
         let _ = sock.set_nodelay(true);
-        if !self.pool.has_room() {
+        if !pool.has_room() {
             // A reset: the refusal is immediate and unambiguous, and leaves no TIME_WAIT here.
             let reset = libc::linger {
                 l_onoff: 1,
@@ -249,7 +297,7 @@ impl Proxy {
             &self.issued,
             &self.own,
         ));
-        let done = tokio::time::timeout(self.cfg.timeouts.handshake.0, handshake).await;
+        let done = tokio::time::timeout(cfg.timeouts.handshake.0, handshake).await;
         let (outcome, kind) = match done {
             Err(_) => (Err(Outcome::HandshakeTimeout), None),
             Ok(((Err(e), _), _)) => {
@@ -284,11 +332,14 @@ impl Proxy {
             Some(HandshakeKind::Resumed) => gate::Priority::High,
             _ => gate::Priority::Low,
         };
-        let Some((mut backend, _slot)) = self.connect_backend(class).await else {
-            let _ = tls.shutdown().await;
-            return Outcome::BackendUnavailable;
+        let (mut backend, _slot) = match self.connect_backend(&live, class).await {
+            Ok(connected) => connected,
+            Err(refused) => {
+                self.refuse(cfg, &mut tls, refused).await;
+                return refused;
+            }
         };
-        if self.cfg.proxy_protocol {
+        if cfg.proxy_protocol {
             let sent = match header::proxy_v2(peer, local) {
                 Ok(h) => backend.write_all(&h).await,
                 Err(e) => Err(e),
@@ -298,33 +349,74 @@ impl Proxy {
                 return Outcome::BackendUnavailable;
             }
         }
-        match relay::relay(&mut tls, &mut backend, self.cfg.timeouts.idle.0).await {
+        match relay::relay(&mut tls, &mut backend, cfg.timeouts.idle.0).await {
             Ok(true) => Outcome::IdleTimeout,
             // How the relay ended (either side's close or error) is the connection's own business.
             _ => Outcome::Proxied,
         }
     }
 
+    /// Tells a client refused after its handshake: an HTTP 503 with Retry-After on an `http`
+    /// listener, then close_notify either way.
+    async fn refuse<S: tokio::io::AsyncWrite + Unpin>(
+        &self,
+        cfg: &ProxyConfig,
+        tls: &mut S,
+        why: Outcome,
+    ) {
+        if cfg.protocol == AppProtocol::Http {
+            // Busy members free slots soon; down ones come back after the retry interval.
+            let retry = match why {
+                Outcome::QueueTimeout => 1,
+                _ => cfg.retry_interval.0.as_secs().max(1),
+            };
+            let answer = format!(
+                "HTTP/1.1 503 Service Unavailable\r\nRetry-After: {retry}\r\nContent-Type: text/plain\r\nContent-Length: 20\r\nConnection: close\r\n\r\nno backend available"
+            );
+            let _ = tokio::time::timeout(REFUSAL_WRITE, tls.write_all(answer.as_bytes())).await;
+        }
+        let _ = tokio::time::timeout(REFUSAL_WRITE, tls.shutdown()).await;
+    }
+
     /// A connected backend: a place with the next member by weight, then a slot there, then the
-    /// connect; moves to the next member when one stays full past the queue timeout, refuses or
-    /// does not answer. `None` when no member is left to try.
-    async fn connect_backend(&self, class: gate::Priority) -> Option<(TcpStream, Slot)> {
+    /// connect; moves to the next member when one refuses or does not answer, or when its slot
+    /// does not free in time. One queue deadline (`timeouts.queue`) bounds the client's whole
+    /// wait for slots, across every member it waits at. The refusal's reason when no member is
+    /// left to try or the deadline passed.
+    async fn connect_backend(
+        &self,
+        live: &Live,
+        class: gate::Priority,
+    ) -> Result<(TcpStream, Slot), Outcome> {
+        let (cfg, pool) = (&live.cfg, &live.pool);
+        let deadline = tokio::time::Instant::now() + cfg.timeouts.queue.0;
         let mut tried = Vec::new();
+        let mut waited_out = false;
         loop {
-            let r = self.pool.reserve(&tried, class)?;
+            let Some(r) = pool.reserve(&tried, class) else {
+                return Err(if waited_out {
+                    Outcome::QueueTimeout
+                } else {
+                    Outcome::BackendUnavailable
+                });
+            };
             let member = r.member;
             tried.push(member);
-            let Some(slot) = r.slot(self.cfg.timeouts.queue.0).await else {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if r.is_queued() && left.is_zero() {
+                return Err(Outcome::QueueTimeout);
+            }
+            let Some(slot) = r.slot(left).await else {
+                waited_out = true;
                 continue;
             };
-            let address = self.pool.members()[member].address;
-            let connect =
-                tokio::time::timeout(self.cfg.timeouts.connect.0, TcpStream::connect(address));
+            let address = pool.members()[member].address;
+            let connect = tokio::time::timeout(cfg.timeouts.connect.0, TcpStream::connect(address));
             match connect.await {
                 Ok(Ok(s)) => {
                     let _ = s.set_nodelay(true);
-                    self.pool.succeeded(member);
-                    return Some((s, slot));
+                    pool.succeeded(member);
+                    return Ok((s, slot));
                 }
                 // The gateway's own resources ran out (descriptors, memory, local ports): not
                 // the member's failure. This client is refused; the member stays up.
@@ -337,7 +429,7 @@ impl Proxy {
                             listener: self.label.clone(),
                         })
                         .inc();
-                    return None;
+                    return Err(Outcome::LocalFailure);
                 }
                 failed => {
                     let timed_out = failed.is_err();
@@ -349,9 +441,9 @@ impl Proxy {
                         .backend_failures
                         .get_or_create(&self.backend_labels(address))
                         .inc();
-                    if self.pool.failed(member, timed_out) {
+                    if pool.failed(member, timed_out) {
                         warn!(listener = %self.label, backend = %address, error = %why,
-                            retry_in = ?self.cfg.retry_interval.0, max_fails = self.cfg.max_fails,
+                            retry_in = ?cfg.retry_interval.0, max_fails = cfg.max_fails,
                             "backend member marked down");
                     } else {
                         debug!(listener = %self.label, backend = %address, error = %why,

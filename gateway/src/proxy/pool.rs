@@ -19,11 +19,11 @@ use super::{
     gate::{Differentiation, Entry, Gate, Place, Priority, SlotGuard},
 };
 
-/// One member.
+/// One member. A reload that keeps its address keeps the member (its slots, waiters and
+/// failure record).
 pub struct Member {
     /// Its address.
     pub address: SocketAddr,
-    weight: i64,
     gate: Arc<Gate>,
     down_until: Mutex<Option<Instant>>,
     /// Failures in a row, and when the last was.
@@ -95,7 +95,9 @@ impl Reservation {
 
 /// The pool.
 pub struct Pool {
-    members: Vec<Member>,
+    members: Vec<Arc<Member>>,
+    /// Each member's weight, in `members` order.
+    weights: Vec<i64>,
     diff: Arc<Differentiation>,
     retry: Duration,
     max_fails: u32,
@@ -107,18 +109,53 @@ impl Pool {
     /// A pool of `backends`, marking members that failed `max_fails` times in a row down for
     /// `retry`.
     pub fn new(backends: &[BackendConfig], retry: Duration, max_fails: u32) -> Self {
-        let diff = Arc::new(Differentiation::new());
-        Pool {
-            members: backends
-                .iter()
-                .map(|b| Member {
+        Self::build(
+            backends,
+            retry,
+            max_fails,
+            Arc::new(Differentiation::new()),
+            &[],
+        )
+    }
+
+    /// The pool a reload makes of this one: members at an address of `backends` are kept (their
+    /// slots resized, their held connections and waiters carried over, their down mark and
+    /// failures kept), new addresses join, and members left out drain: their connections go on
+    /// to their end, no new one goes there.
+    pub fn reconfigured(
+        &self,
+        backends: &[BackendConfig],
+        retry: Duration,
+        max_fails: u32,
+    ) -> Self {
+        Self::build(backends, retry, max_fails, self.diff.clone(), &self.members)
+    }
+
+    fn build(
+        backends: &[BackendConfig],
+        retry: Duration,
+        max_fails: u32,
+        diff: Arc<Differentiation>,
+        previous: &[Arc<Member>],
+    ) -> Self {
+        let members = backends
+            .iter()
+            .map(|b| match previous.iter().find(|m| m.address == b.address) {
+                Some(m) => {
+                    m.gate.resize(b.max_active, b.backlog);
+                    m.clone()
+                }
+                None => Arc::new(Member {
                     address: b.address,
-                    weight: i64::from(b.weight),
                     gate: Gate::new(b.max_active, b.backlog, diff.clone()),
                     down_until: Mutex::new(None),
                     fails: Mutex::new((0, None)),
-                })
-                .collect(),
+                }),
+            })
+            .collect();
+        Pool {
+            members,
+            weights: backends.iter().map(|b| i64::from(b.weight)).collect(),
             diff,
             retry,
             max_fails: max_fails.max(1),
@@ -127,7 +164,7 @@ impl Pool {
     }
 
     /// The members.
-    pub fn members(&self) -> &[Member] {
+    pub fn members(&self) -> &[Arc<Member>] {
         &self.members
     }
 
@@ -154,9 +191,9 @@ impl Pool {
                 .filter(|i| !skip.contains(i))
                 .filter(|&i| self.members[i].is_up(now) && self.members[i].has_room())
                 .collect();
-            let total: i64 = eligible.iter().map(|&i| self.members[i].weight).sum();
+            let total: i64 = eligible.iter().map(|&i| self.weights[i]).sum();
             for &i in &eligible {
-                current[i] += self.members[i].weight;
+                current[i] += self.weights[i];
             }
             let &pick = eligible
                 .iter()
@@ -348,5 +385,45 @@ mod tests {
         std::thread::sleep(Duration::from_millis(80));
         assert!(!p.failed(0, false));
         assert!(p.members()[0].is_up(Instant::now()));
+    }
+
+    #[test]
+    fn a_reconfigured_pool_keeps_members_by_address_and_lets_removed_ones_drain() {
+        let p = pool(&[(1, 1, 0), (1, 1, 0)]);
+        let backends = |spec: &[(u16, u32)]| -> Vec<BackendConfig> {
+            spec.iter()
+                .map(|&(port, max_active)| BackendConfig {
+                    address: SocketAddr::from(([127, 0, 0, 1], port)),
+                    weight: 1,
+                    max_active,
+                    backlog: 0,
+                })
+                .collect()
+        };
+        let on_first = p.reserve(&[], Priority::Low).unwrap();
+        assert_eq!(on_first.member, 0);
+        p.mark_down(1);
+        // 1000 goes, 1001 stays (still down), 1002 joins.
+        let q = p.reconfigured(
+            &backends(&[(1001, 2), (1002, 1)]),
+            Duration::from_secs(60),
+            3,
+        );
+        assert_eq!(q.members()[0].address.port(), 1001);
+        assert!(
+            !q.members()[0].is_up(Instant::now()),
+            "its down mark is kept"
+        );
+        // New connections go to the new member only; the removed one still holds its connection.
+        let r = q.reserve(&[], Priority::Low).unwrap();
+        assert_eq!(q.members()[r.member].address.port(), 1002);
+        assert!(q.reserve(&[r.member], Priority::Low).is_none());
+        assert_eq!(
+            p.members()[0].active(),
+            1,
+            "the removed member's connection goes on"
+        );
+        drop(on_first);
+        assert_eq!(p.members()[0].active(), 0);
     }
 }

@@ -58,8 +58,14 @@ pub enum Outcome {
     HandshakeTimeout,
     /// The handshake failed (bad or garbage hello, alert, reset).
     HandshakeError,
-    /// No member could take it after the handshake (all refused, timed out or stayed full).
+    /// No member could take it after the handshake (every one down, refused or did not answer).
     BackendUnavailable,
+    /// Its wait for a backend slot passed `timeouts.queue` (one deadline across every member
+    /// it waited at).
+    QueueTimeout,
+    /// The gateway's own resources ran out connecting to a backend (descriptors, memory, local
+    /// ports): refused, no member blamed.
+    LocalFailure,
     /// A proxied connection closed for idleness.
     IdleTimeout,
     /// Reset before the proxy read anything (a hello the datapath refused, whose server's reset
@@ -69,12 +75,14 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in discriminant order.
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 9] = [
         Outcome::Proxied,
         Outcome::RefusedFull,
         Outcome::HandshakeTimeout,
         Outcome::HandshakeError,
         Outcome::BackendUnavailable,
+        Outcome::QueueTimeout,
+        Outcome::LocalFailure,
         Outcome::IdleTimeout,
         Outcome::ResetAtAccept,
     ];
@@ -89,6 +97,8 @@ impl Outcome {
             Outcome::BackendUnavailable => "backend_unavailable",
             Outcome::IdleTimeout => "idle_timeout",
             Outcome::ResetAtAccept => "reset_at_accept",
+            Outcome::QueueTimeout => "queue_timeout",
+            Outcome::LocalFailure => "local_failure",
         }
     }
 }
@@ -393,5 +403,12 @@ mod tests {
         assert!(text.contains(
             "gateway_proxy_first_flights_total{listener=\"127.0.0.1:8443\",on=\"worker\"} 0"
         ));
+    }
+
+    #[test]
+    fn every_outcome_sits_at_its_discriminant() {
+        for (i, o) in Outcome::ALL.iter().enumerate() {
+            assert_eq!(*o as usize, i, "{}", o.name());
+        }
     }
 }

@@ -102,8 +102,8 @@ impl Plan {
             apply(&mut a.maps(), &self.cfg).map_err(|e| format!("{}: {e}", a.iface()))?;
         }
         for ((proxy, tls), p) in proxies.iter().zip(self.tls).zip(&self.cfg.proxies) {
-            proxy.set_tls(tls);
             proxy.reconfigure(p.clone());
+            proxy.set_tls(tls);
             // Session keys issued from now on: the new lifetime, resume limit and rate.
             proxy.issued().set_terms(crate::issued::Terms::of(&p.tls));
         }

@@ -1036,6 +1036,65 @@ fn a_reload_changes_the_backends_and_an_open_transfer_goes_on() {
     assert_eq!(outcome(&text, "proxied"), 4.0, "{text}");
 }
 
+/// Issue 30, case 6: ALPN per listener, matched to what each member speaks. nginx serves HTTP/2
+/// with prior knowledge on one port and HTTP/1.1 on another; the listener offers `h2` and
+/// `http/1.1`: `curl --http2` gets HTTP/2 end to end (always from the h2 member), `curl
+/// --http1.1` gets HTTP/1.1 (always from the other), never h2 to the HTTP/1.1 member.
+#[test]
+fn alpn_gives_h2_clients_an_h2_member_and_http1_clients_an_http1_member() {
+    if !have_root("alpn_gives_h2_clients_an_h2_member") {
+        return;
+    }
+    let mut s = Setup::new();
+    let _nginx = Nginx::start(
+        &["ip", "netns", "exec", &s.net.gw_ns],
+        "server { listen 127.0.0.1:18081 http2; location / { return 200 \"h2-member $server_protocol\\n\"; } }\n\
+         server { listen 127.0.0.1:18082; location / { return 200 \"h1-member $server_protocol\\n\"; } }",
+        1,
+    );
+    for port in [18081, 18082] {
+        wait_listening(|| {
+            s.net
+                .in_gw(|| TcpStream::connect(("127.0.0.1", port)).is_ok())
+        });
+    }
+    s.start(
+        "{address: 127.0.0.1:18081, alpn: [h2]}, {address: 127.0.0.1:18082}",
+        "    alpn: [h2, http/1.1]\n",
+        "",
+    );
+    let curl = |version: &str| {
+        let out = s.net.exec(
+            &s.net.peer_ns,
+            "curl",
+            &[
+                "-sS",
+                version,
+                "--max-time",
+                "10",
+                "-w",
+                "%{http_version}",
+                "--cacert",
+                s.cert.cert().to_str().unwrap(),
+                "--resolve",
+                &format!("gateway-test:{PORT}:{GW_V4}"),
+                &format!("https://gateway-test:{PORT}/"),
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "curl {version}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Three of each: with two members by round robin, a protocol ignored would show.
+    for _ in 0..3 {
+        assert_eq!(curl("--http2"), "h2-member HTTP/2.0\n2");
+        assert_eq!(curl("--http1.1"), "h1-member HTTP/1.1\n1.1");
+    }
+}
+
 #[test]
 fn a_full_pool_refuses_at_once_and_a_silent_backend_is_timed_out() {
     if !have_root("a_full_pool_refuses_at_once") {

@@ -745,6 +745,7 @@ mod tests {
                 weight: 1,
                 max_active: 4,
                 backlog: 10_000,
+                alpn: Vec::new(),
             }],
             Duration::from_secs(1),
             3,

@@ -59,6 +59,10 @@ pub struct ProxyConfig {
     /// What the clients speak inside TLS: with `http`, a client refused after its handshake (no
     /// member, queue deadline passed) gets an HTTP 503 with Retry-After before the close.
     pub protocol: AppProtocol,
+    /// Application protocols offered by ALPN, in the server's order of preference (`h2`,
+    /// `http/1.1`); empty: none negotiated. A connection that negotiated one goes only to the
+    /// members whose `alpn` lists it.
+    pub alpn: Vec<String>,
 }
 
 /// What a listener's clients speak inside TLS.
@@ -91,6 +95,8 @@ struct RawProxy {
     listen_backlog: u32,
     #[serde(default)]
     protocol: AppProtocol,
+    #[serde(default)]
+    alpn: Vec<String>,
 }
 
 fn default_retry() -> Span {
@@ -134,6 +140,20 @@ impl TryFrom<RawProxy> for ProxyConfig {
         {
             return Err(format!("backends[{i}]: duplicate address {}", b.address));
         }
+        check_alpn("alpn", &r.alpn)?;
+        for (i, b) in r.backends.iter().enumerate() {
+            check_alpn(&format!("backends[{i}].alpn"), &b.alpn)?;
+        }
+        if let Some((i, p)) = r
+            .alpn
+            .iter()
+            .enumerate()
+            .find(|(_, p)| !r.backends.iter().any(|b| b.alpn.contains(p)))
+        {
+            return Err(format!(
+                "alpn[{i}]: no backend takes {p:?}: list it in the `alpn` of the members that speak it (in cleartext; h2 with prior knowledge)"
+            ));
+        }
         Ok(ProxyConfig {
             listen: r.listen,
             tls: r.tls,
@@ -144,6 +164,7 @@ impl TryFrom<RawProxy> for ProxyConfig {
             max_fails: r.max_fails,
             listen_backlog: r.listen_backlog,
             protocol: r.protocol,
+            alpn: r.alpn,
         })
     }
 }
@@ -295,6 +316,31 @@ pub struct BackendConfig {
     /// Connections that may wait for one of those; beyond, the member is full.
     #[serde(default = "default_backlog", deserialize_with = "de_backlog")]
     pub backlog: u32,
+    /// The application protocols it takes in cleartext (`h2` with prior knowledge, `http/1.1`),
+    /// for listeners that negotiate ALPN: a connection that negotiated one is sent only to
+    /// members that list it. Default: `[http/1.1]`.
+    #[serde(default = "default_member_alpn")]
+    pub alpn: Vec<String>,
+}
+
+fn default_member_alpn() -> Vec<String> {
+    vec!["http/1.1".to_string()]
+}
+
+/// Checks an ALPN list named `what`: each name 1 to 255 bytes (RFC 7301), none twice.
+fn check_alpn(what: &str, list: &[String]) -> Result<(), String> {
+    for (i, p) in list.iter().enumerate() {
+        if p.is_empty() || p.len() > 255 {
+            return Err(format!(
+                "{what}[{i}]: a protocol name is 1 to 255 bytes, got {}",
+                p.len()
+            ));
+        }
+        if list[..i].contains(p) {
+            return Err(format!("{what}[{i}]: {p:?} is listed twice"));
+        }
+    }
+    Ok(())
 }
 
 fn one() -> u32 {
@@ -431,5 +477,30 @@ mod tests {
             "services: [{kind: sip, port: 8443, proto: tcp}]\nproxies:\n  - listen: 127.0.0.1:8443\n    backends: [{address: 127.0.0.1:1}]\n",
         );
         assert!(e.contains("not tls"), "{e}");
+        // ALPN: h2 offered with no member that takes it; a name twice; an empty name.
+        let e = err(
+            "proxies:\n  - listen: 127.0.0.1:8443\n    alpn: [h2, http/1.1]\n    backends: [{address: 127.0.0.1:1}]\n",
+        );
+        assert!(e.contains("alpn[0]: no backend takes \"h2\""), "{e}");
+        let e = err(
+            "proxies:\n  - listen: 127.0.0.1:8443\n    alpn: [h2, h2]\n    backends: [{address: 127.0.0.1:1, alpn: [h2]}]\n",
+        );
+        assert!(e.contains("alpn[1]: \"h2\" is listed twice"), "{e}");
+        let e = err(
+            "proxies:\n  - listen: 127.0.0.1:8443\n    backends: [{address: 127.0.0.1:1, alpn: [\"\"]}]\n",
+        );
+        assert!(e.contains("backends[0].alpn[0]: a protocol name is 1 to 255 bytes"), "{e}");
+    }
+
+    #[test]
+    fn alpn_defaults_to_none_offered_and_members_taking_http1() {
+        let c = Config::parse(
+            "proxies:\n  - listen: 127.0.0.1:8443\n    alpn: [h2, http/1.1]\n    backends: [{address: 127.0.0.1:1, alpn: [h2, http/1.1]}, {address: 127.0.0.1:2}]\n  - listen: 127.0.0.1:9443\n    backends: [{address: 127.0.0.1:3}]\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.proxies[0].alpn, ["h2", "http/1.1"]);
+        assert_eq!(c.proxies[0].backends[1].alpn, ["http/1.1"]);
+        assert!(c.proxies[1].alpn.is_empty());
     }
 }

@@ -97,7 +97,7 @@ impl Proxy {
             own: stats.listener(&label),
             label,
             listen: cfg.listen,
-            acceptor: std::sync::RwLock::new(TlsAcceptor::from(Arc::new(tls))),
+            acceptor: std::sync::RwLock::new(acceptor(tls, &cfg)),
             diff: pool.differentiation().clone(),
             live: std::sync::RwLock::new(Arc::new(Live { cfg, pool })),
             shown: std::sync::Mutex::new(Vec::new()),
@@ -111,11 +111,12 @@ impl Proxy {
     /// Serves new connections with `tls` (a reload's new certificates); open connections carry
     /// on with the configuration they started with.
     pub fn set_tls(&self, tls: rustls::ServerConfig) {
-        *self.acceptor.write().unwrap_or_else(|p| p.into_inner()) =
-            TlsAcceptor::from(Arc::new(tls));
+        let acceptor = acceptor(tls, &self.live().cfg);
+        *self.acceptor.write().unwrap_or_else(|p| p.into_inner()) = acceptor;
     }
 
-    /// Serves new connections with `cfg` (a reload): its backends (members kept by address carry
+    /// Serves new connections with `cfg` (a reload; [`Proxy::set_tls`] after it, for its ALPN
+    /// list): its backends (members kept by address carry
     /// their connections over; removed ones drain), weights, limits, timeouts and the rest.
     /// Open connections carry on with the settings they started with. The listen address and
     /// queue stay as they were (the caller refuses a change to them).
@@ -332,7 +333,10 @@ impl Proxy {
             Some(HandshakeKind::Resumed) => gate::Priority::High,
             _ => gate::Priority::Low,
         };
-        let (mut backend, _slot) = match self.connect_backend(&live, class).await {
+        // A negotiated protocol goes only to the members that take it.
+        let speaks = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+        let (mut backend, _slot) = match self.connect_backend(&live, class, speaks.as_deref()).await
+        {
             Ok(connected) => connected,
             Err(refused) => {
                 self.refuse(cfg, &mut tls, refused).await;
@@ -378,8 +382,8 @@ impl Proxy {
         let _ = tokio::time::timeout(REFUSAL_WRITE, tls.shutdown()).await;
     }
 
-    /// A connected backend: a place with the next member by weight, then a slot there, then the
-    /// connect; moves to the next member when one refuses or does not answer, or when its slot
+    /// A connected backend: a place with the next member by weight (among those that take the
+    /// negotiated protocol `speaks`), then a slot there, then the connect; moves to the next member when one refuses or does not answer, or when its slot
     /// does not free in time. One queue deadline (`timeouts.queue`) bounds the client's whole
     /// wait for slots, across every member it waits at. The refusal's reason when no member is
     /// left to try or the deadline passed.
@@ -387,10 +391,17 @@ impl Proxy {
         &self,
         live: &Live,
         class: gate::Priority,
+        speaks: Option<&[u8]>,
     ) -> Result<(TcpStream, Slot), Outcome> {
         let (cfg, pool) = (&live.cfg, &live.pool);
         let deadline = tokio::time::Instant::now() + cfg.timeouts.queue.0;
-        let mut tried = Vec::new();
+        // Members that do not take the negotiated protocol count as tried.
+        let mut tried: Vec<usize> = match speaks {
+            Some(p) => (0..cfg.backends.len())
+                .filter(|&i| !cfg.backends[i].alpn.iter().any(|a| a.as_bytes() == p))
+                .collect(),
+            None => Vec::new(),
+        };
         let mut waited_out = false;
         loop {
             let Some(r) = pool.reserve(&tried, class) else {
@@ -453,6 +464,12 @@ impl Proxy {
             }
         }
     }
+}
+
+/// An acceptor of `tls` offering the ALPN protocols of `cfg`.
+fn acceptor(mut tls: rustls::ServerConfig, cfg: &ProxyConfig) -> TlsAcceptor {
+    tls.alpn_protocols = cfg.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+    TlsAcceptor::from(Arc::new(tls))
 }
 
 /// Whether a failed connect is the gateway's own (out of descriptors, memory, buffers or local

@@ -281,6 +281,7 @@ mod tests {
                 weight,
                 max_active,
                 backlog,
+                alpn: Vec::new(),
             })
             .collect();
         Pool::new(&backends, Duration::from_millis(50), 3)
@@ -397,6 +398,7 @@ mod tests {
                     weight: 1,
                     max_active,
                     backlog: 0,
+                    alpn: Vec::new(),
                 })
                 .collect()
         };

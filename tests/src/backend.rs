@@ -52,6 +52,26 @@ impl Backend {
     /// Serves `listener` as `name` in `mode`; with `proxy_header`, each connection must start
     /// with a PROXY v2 header.
     pub fn start(listener: TcpListener, name: &str, mode: Mode, proxy_header: bool) -> Backend {
+        Self::start_paced(listener, name, mode, proxy_header, None)
+    }
+
+    /// [`Backend::start`] for a server slow to accept: its listen queue holds `queue`
+    /// connections and it accepts one per `pace` (a burst overflows the queue, and the kernel
+    /// drops the SYNs beyond it).
+    pub fn start_slow(listener: TcpListener, name: &str, queue: i32, pace: Duration) -> Backend {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: listen(2) again on a listening socket this function owns sets its queue.
+        assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), queue) }, 0);
+        Self::start_paced(listener, name, Mode::Answer, false, Some(pace))
+    }
+
+    fn start_paced(
+        listener: TcpListener,
+        name: &str,
+        mode: Mode,
+        proxy_header: bool,
+        pace: Option<Duration>,
+    ) -> Backend {
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new((Mutex::new(Shared::default()), Condvar::new()));
         let handle = listener.try_clone().unwrap();
@@ -63,6 +83,9 @@ impl Backend {
                 std::thread::spawn(move || {
                     let _ = serve(sock, &name, mode, proxy_header, &s);
                 });
+                if let Some(pace) = pace {
+                    std::thread::sleep(pace);
+                }
             }
         });
         Backend {

@@ -1095,6 +1095,49 @@ fn alpn_gives_h2_clients_an_h2_member_and_http1_clients_an_http1_member() {
     }
 }
 
+/// Issue 30, case 2: a burst against a slow single member is served as it catches up. The
+/// member's listen queue holds one connection and it accepts one per 100 ms; 20 clients at once
+/// overflow it (the kernel drops their SYNs, so connects time out at 500 ms). A connect that
+/// timed out is tried again while the client's queue deadline lasts, the member is never marked
+/// down, and every client is served.
+#[test]
+fn a_burst_against_a_slow_single_member_is_served_as_it_catches_up() {
+    if !have_root("a_burst_against_a_slow_single_member") {
+        return;
+    }
+    const CLIENTS: usize = 20;
+    let mut s = Setup::new();
+    let backend = Backend::start_slow(s.backend_listener(), "b", 1, Duration::from_millis(100));
+    s.start(
+        &format!("{{address: {}}}", backend.addr),
+        "    timeouts: {connect: 500ms, queue: 10s}\n",
+        "",
+    );
+    let config = rustls_config(&s.cert);
+    let served = std::thread::scope(|scope| {
+        let (net, addr, config) = (&s.net, s.addr(), &config);
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|_| {
+                let addr = addr.clone();
+                scope.spawn(move || net.in_peer(|| rustls_fetch(config, &addr)))
+            })
+            .collect();
+        clients
+            .into_iter()
+            .map(|c| c.join())
+            .filter(|c| matches!(c, Ok(Ok((_, body))) if body.ends_with("b\n")))
+            .count()
+    });
+    let text = s.idle();
+    assert!(
+        value(&text, "gateway_proxy_backend_failures_total", &[]) >= 1.0,
+        "the burst never overflowed the member's queue, so this tested nothing: {text}"
+    );
+    assert_eq!(served, CLIENTS, "{text}");
+    assert_eq!(value(&text, "gateway_proxy_backend_up", &[]), 1.0, "{text}");
+    assert_eq!(outcome(&text, "proxied"), CLIENTS as f64, "{text}");
+}
+
 #[test]
 fn a_full_pool_refuses_at_once_and_a_silent_backend_is_timed_out() {
     if !have_root("a_full_pool_refuses_at_once") {

@@ -489,7 +489,10 @@ mod tests {
         let e = err(
             "proxies:\n  - listen: 127.0.0.1:8443\n    backends: [{address: 127.0.0.1:1, alpn: [\"\"]}]\n",
         );
-        assert!(e.contains("backends[0].alpn[0]: a protocol name is 1 to 255 bytes"), "{e}");
+        assert!(
+            e.contains("backends[0].alpn[0]: a protocol name is 1 to 255 bytes"),
+            "{e}"
+        );
     }
 
     #[test]

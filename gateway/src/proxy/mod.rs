@@ -403,9 +403,22 @@ impl Proxy {
             None => Vec::new(),
         };
         let mut waited_out = false;
+        // Members whose connect timed out for this client: busy (their listen queue overflowed,
+        // the SYN dropped), perhaps not dead. Once no other member is left they are tried again
+        // while the queue deadline lasts (HAProxy's retries), so a burst against a slow member
+        // is served as it catches up.
+        let mut timed_out_at: Vec<usize> = Vec::new();
         loop {
-            let Some(r) = pool.reserve(&tried, class) else {
-                return Err(if waited_out {
+            let busy_left = !timed_out_at.is_empty();
+            let Some(r) = pool.reserve(&tried, class).or_else(|| {
+                if !busy_left || tokio::time::Instant::now() >= deadline {
+                    return None;
+                }
+                tried.retain(|i| !timed_out_at.contains(i));
+                timed_out_at.clear();
+                pool.reserve(&tried, class)
+            }) else {
+                return Err(if waited_out || busy_left {
                     Outcome::QueueTimeout
                 } else {
                     Outcome::BackendUnavailable
@@ -444,6 +457,9 @@ impl Proxy {
                 }
                 failed => {
                     let timed_out = failed.is_err();
+                    if timed_out {
+                        timed_out_at.push(member);
+                    }
                     let why = match failed {
                         Ok(Err(e)) => e.to_string(),
                         _ => "connect timed out".into(),

@@ -30,6 +30,8 @@ fn main() -> anyhow::Result<()> {
 
     let forced = env::var("GATEWAY_EBPF_FROM_SOURCE").is_ok_and(|v| v == "1");
     let current = source_hash::source_hash(&root)?;
+    // The build's identity in `gateway_build_info` and `--version`-like output.
+    println!("cargo:rustc-env=GATEWAY_EBPF_SOURCES={current}");
     let committed = source_hash::committed_hash(&root);
     let fresh = committed.as_deref() == Some(current.as_str());
 

@@ -12,7 +12,7 @@ use gateway_common::{
     Class,
     maps::{DatapathConfig, OWNER_CONTROLLER, POLICY_PINNED, ServiceKey},
 };
-use prometheus_client::registry::Registry;
+use prometheus_client::{encoding::EncodeLabelSet, metrics::counter::Counter, registry::Registry};
 use thiserror::Error;
 use tokio::{
     io::unix::AsyncFd,
@@ -29,6 +29,7 @@ use crate::{
     issued::{IssuedKeys, Terms},
     loader::{self, AttachOptions, Attachment, LoaderError},
     maps::{Maps, MapsError},
+    metrics::family::Sorted,
     pins::PinDir,
     proxy::{
         Proxy,
@@ -234,6 +235,13 @@ pub fn hold(pd: &PinDir) -> Result<crate::pins::DirLock, DaemonError> {
     .into())
 }
 
+/// Labels of the reload counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct ReloadLabels {
+    /// `applied` or `refused`.
+    outcome: &'static str,
+}
+
 /// The daemon's own work, on the control runtime; the proxies run on `proxying`.
 async fn serve(
     cfg: &Config,
@@ -292,8 +300,25 @@ async fn serve(
     for a in &attached {
         mark(a, |c| c.daemon_pid = std::process::id());
     }
+    let reloads: Sorted<ReloadLabels, Counter> = Sorted::default();
+    for outcome in ["applied", "refused"] {
+        reloads.get_or_create(&ReloadLabels { outcome });
+    }
     if let Some(addr) = cfg.metrics {
         let mut registry = Registry::default();
+        registry.register(
+            "gateway_build",
+            "The running build: its version and the hash of the eBPF sources its program was built from",
+            prometheus_client::metrics::info::Info::new([
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("ebpf_sources", &env!("GATEWAY_EBPF_SOURCES")[..12]),
+            ]),
+        );
+        registry.register(
+            "gateway_reloads",
+            "Config reloads (SIGHUP, gateway reload) by outcome: applied, or refused with nothing changed",
+            reloads.clone(),
+        );
         proxies.stats.register(&mut registry);
         controller_stats.register(&mut registry);
         registry.register_collector(Box::new(crate::datapath_metrics::DatapathCollector::new(
@@ -350,6 +375,7 @@ async fn serve(
                         for a in &attached {
                             mark(a, |c| c.reloads += 1);
                         }
+                        reloads.get_or_create(&ReloadLabels { outcome: "applied" }).inc();
                     }
                     Err(reason) => {
                         warn!(%reason, "SIGHUP: reload refused; nothing changed");
@@ -357,6 +383,7 @@ async fn serve(
                         for a in &attached {
                             mark(a, |c| c.reloads_refused += 1);
                         }
+                        reloads.get_or_create(&ReloadLabels { outcome: "refused" }).inc();
                     }
                 }
             }

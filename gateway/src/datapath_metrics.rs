@@ -1,41 +1,67 @@
 //! The datapath's counters for Prometheus, read from the pinned maps at each scrape: per class
-//! (packets, bytes, admitted, dropped by reason, rejected, backlog), the TLS counters and the
-//! parser counters, per interface.
+//! (packets, bytes, admitted, completed, expired, dropped by reason, rejected, replies limited,
+//! backlog, and the limits in force with who set them), the TLS counters and the parser
+//! counters, and whether the program is attached, per interface. Series are listed in label
+//! order, the same at every scrape.
 
 use std::{fmt, sync::Arc};
 
-use gateway_common::{Class, counters::Counters};
+use gateway_common::{
+    Class,
+    counters::Counters,
+    maps::{AttachMode, POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, owner_name},
+};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
-    metrics::{MetricType, counter::Counter, family::Family, gauge::Gauge},
+    metrics::{MetricType, counter::Counter, gauge::Gauge},
 };
 use tracing::warn;
 
 use crate::{
     attached::Attached,
     maps::{Maps, MapsError},
+    metrics::family::Sorted,
 };
 
 /// Labels of a per-interface series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 struct IfaceLabels {
     iface: String,
 }
 
 /// Labels of a per-class series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 struct ClassLabels {
     iface: String,
     class: &'static str,
 }
 
 /// Labels of a per-class refusal series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 struct DropLabels {
     iface: String,
     class: &'static str,
     reason: &'static str,
+}
+
+/// Labels of a limit in force.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct LimitLabels {
+    iface: String,
+    class: &'static str,
+    /// `backlog`, `rate` (per second) or `burst`.
+    limit: &'static str,
+    /// Who set it: `config`, `operator` or `controller`.
+    owner: &'static str,
+}
+
+/// Labels of the attachment gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct AttachLabels {
+    iface: String,
+    /// `native`, `generic` or `tc`.
+    mode: &'static str,
 }
 
 /// Reads every attached interface's maps when scraped.
@@ -64,19 +90,23 @@ impl DatapathCollector {
 /// One scrape's values, built into families and encoded.
 #[derive(Default)]
 struct Scrape {
-    packets: Family<ClassLabels, Counter>,
-    bytes: Family<ClassLabels, Counter>,
-    admitted: Family<ClassLabels, Counter>,
-    dropped: Family<DropLabels, Counter>,
-    rejected: Family<ClassLabels, Counter>,
-    expired: Family<ClassLabels, Counter>,
-    backlog: Family<ClassLabels, Gauge>,
-    tls: Vec<(&'static str, &'static str, Family<IfaceLabels, Counter>)>,
-    parser: Vec<(&'static str, &'static str, Family<IfaceLabels, Counter>)>,
+    packets: Sorted<ClassLabels, Counter>,
+    bytes: Sorted<ClassLabels, Counter>,
+    admitted: Sorted<ClassLabels, Counter>,
+    dropped: Sorted<DropLabels, Counter>,
+    rejected: Sorted<ClassLabels, Counter>,
+    replies_limited: Sorted<ClassLabels, Counter>,
+    completed: Sorted<ClassLabels, Counter>,
+    expired: Sorted<ClassLabels, Counter>,
+    backlog: Sorted<ClassLabels, Gauge>,
+    limits: Sorted<LimitLabels, Gauge>,
+    attached: Sorted<AttachLabels, Gauge>,
+    tls: Vec<(&'static str, &'static str, Sorted<IfaceLabels, Counter>)>,
+    parser: Vec<(&'static str, &'static str, Sorted<IfaceLabels, Counter>)>,
 }
 
 fn add(
-    list: &mut Vec<(&'static str, &'static str, Family<IfaceLabels, Counter>)>,
+    list: &mut Vec<(&'static str, &'static str, Sorted<IfaceLabels, Counter>)>,
     name: &'static str,
     help: &'static str,
     iface: &str,
@@ -85,7 +115,7 @@ fn add(
     let pos = match list.iter().position(|(n, _, _)| *n == name) {
         Some(p) => p,
         None => {
-            list.push((name, help, Family::default()));
+            list.push((name, help, Sorted::default()));
             list.len() - 1
         }
     };
@@ -99,7 +129,7 @@ fn add(
 
 /// Adds every field of the counter struct `c` to `list`, one series per field.
 fn add_all<T: Counters>(
-    list: &mut Vec<(&'static str, &'static str, Family<IfaceLabels, Counter>)>,
+    list: &mut Vec<(&'static str, &'static str, Sorted<IfaceLabels, Counter>)>,
     c: &T,
     iface: &str,
 ) {
@@ -109,7 +139,15 @@ fn add_all<T: Counters>(
 }
 
 impl Scrape {
-    fn read(&mut self, iface: &str, maps: &Maps) -> Result<(), MapsError> {
+    fn read(&mut self, attached: &Attached, maps: &Maps) -> Result<(), MapsError> {
+        let iface = attached.iface();
+        let config = maps.config()?;
+        self.attached
+            .get_or_create(&AttachLabels {
+                iface: iface.to_string(),
+                mode: AttachMode::from_id(config.attach_mode).name(),
+            })
+            .set(i64::from(attached.pins().is_attached()));
         let stats = maps.class_stats()?;
         let state = maps.class_state()?;
         for c in Class::ALL {
@@ -123,7 +161,30 @@ impl Scrape {
             self.bytes.get_or_create(&l).inc_by(s.bytes);
             self.admitted.get_or_create(&l).inc_by(s.admitted);
             self.rejected.get_or_create(&l).inc_by(s.rejected);
+            self.replies_limited
+                .get_or_create(&l)
+                .inc_by(s.replies_limited);
+            self.completed.get_or_create(&l).inc_by(state[i].completed);
             self.expired.get_or_create(&l).inc_by(state[i].expired);
+            let policy = maps.policy(c)?;
+            let owner = owner_name(policy.owner);
+            let limit = |limit, v: u64| {
+                self.limits
+                    .get_or_create(&LimitLabels {
+                        iface: iface.to_string(),
+                        class: c.name(),
+                        limit,
+                        owner,
+                    })
+                    .set(v.min(i64::MAX as u64) as i64);
+            };
+            if policy.flags & POLICY_LIMIT_BACKLOG != 0 {
+                limit("backlog", policy.backlog_limit);
+            }
+            if policy.flags & POLICY_LIMIT_RATE != 0 {
+                limit("rate", policy.rate_per_sec);
+                limit("burst", policy.burst);
+            }
             for (reason, v) in [("backlog", s.dropped_backlog), ("rate", s.dropped_rate)] {
                 let d = DropLabels {
                     iface: iface.to_string(),
@@ -152,8 +213,18 @@ impl Scrape {
             ),
             (
                 "gateway_class_rejected",
-                "Clients turned away actively (TLS reset)",
+                "Refusals answered (a TCP reset, a SIP 503), within the class's reply rate",
                 &self.rejected,
+            ),
+            (
+                "gateway_class_replies_limited",
+                "Refusals left unanswered because the class's reply rate was spent",
+                &self.replies_limited,
+            ),
+            (
+                "gateway_class_completed",
+                "Admitted units the server answered (a TLS server flight, a SIP final response)",
+                &self.completed,
             ),
             (
                 "gateway_class_expired",
@@ -176,6 +247,18 @@ impl Scrape {
             None,
             MetricType::Gauge,
         )?)?;
+        self.limits.encode(e.encode_descriptor(
+            "gateway_class_limit",
+            "A limit in force (backlog in units, rate in admissions per second, burst), with who set it; a class with no series for a limit has none",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        self.attached.encode(e.encode_descriptor(
+            "gateway_datapath_attached",
+            "1 while the interface's program is attached (its link pinned), 0 once it is gone",
+            None,
+            MetricType::Gauge,
+        )?)?;
         for (prefix, list) in [
             ("gateway_tls_", &self.tls),
             ("gateway_parser_", &self.parser),
@@ -193,7 +276,7 @@ impl Collector for DatapathCollector {
     fn encode(&self, encoder: DescriptorEncoder) -> fmt::Result {
         let mut scrape = Scrape::default();
         for a in &self.ifaces {
-            if let Err(e) = scrape.read(a.iface(), &a.maps()) {
+            if let Err(e) = scrape.read(a, &a.maps()) {
                 warn!(iface = %a.iface(), error = %e, "metrics: cannot read the datapath maps");
             }
         }

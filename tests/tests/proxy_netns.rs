@@ -660,14 +660,69 @@ fn the_metrics_endpoint_answers_as_scrapers_expect() {
         let out = s.net.exec(&s.net.gw_ns, "curl", args);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let head = curl(&["-sS", "-I", &url]);
+    // Prometheus asks for OpenMetrics and gets it.
+    const PROMETHEUS_ACCEPT: &str = "Accept: application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+    let head = curl(&["-sS", "-I", "-H", PROMETHEUS_ACCEPT, &url]);
     assert!(head.starts_with("HTTP/1.0 200"), "{head}");
     assert!(
         head.contains("Content-Type: application/openmetrics-text; version=1.0.0"),
         "{head}"
     );
-    let body = curl(&["-sS", &format!("{url}?x=1")]);
+    let body = curl(&["-sS", "-H", PROMETHEUS_ACCEPT, &format!("{url}?x=1")]);
     assert!(body.trim_end().ends_with("# EOF"), "{body}");
+    // Others get the 0.0.4 text, which promtool checks clean: HELP on every family, base
+    // units, counters named as their samples.
+    let head = curl(&["-sS", "-I", &url]);
+    assert!(
+        head.contains("Content-Type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    let text = curl(&["-sS", &url]);
+    let mut check = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (cargo xtask setup installs it)");
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let checked = check.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    assert!(
+        checked.status.success() && said.trim().is_empty(),
+        "promtool: {said}"
+    );
+    // The series an operator looks for first, present from the start.
+    for series in [
+        "gateway_build_info{",
+        "gateway_reloads_total{outcome=\"refused\"} 0",
+        "gateway_datapath_attached{",
+        "gateway_class_completed_total{",
+        "gateway_class_replies_limited_total{",
+        "gateway_proxy_connection_limit ",
+    ] {
+        assert!(text.contains(series), "{series} missing:\n{text}");
+    }
+    // The same series in the same order at every scrape.
+    let names = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.rsplit_once(' ').map(|(series, _)| series.to_string()))
+            .collect()
+    };
+    let first = names(&text);
+    for _ in 0..5 {
+        assert_eq!(names(&curl(&["-sS", &url])), first);
+    }
     let post = curl(&[
         "-sS",
         "-o",

@@ -27,6 +27,11 @@ const APT_PACKAGES: &[&str] = &[
     "openssl",
     "curl",
     "tcpdump",
+    // The proxy benchmark's peers and load tool: HAProxy beside nginx, h2load (HTTP/1.1 and h2).
+    "haproxy",
+    "nghttp2-client",
+    // promtool: the metrics test checks a live scrape with `promtool check metrics`.
+    "prometheus",
     // The font the probe's and the benchmarks' PNG charts draw their text with.
     "fonts-dejavu-core",
 ];

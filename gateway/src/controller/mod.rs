@@ -29,11 +29,7 @@ use gateway_common::{
         POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, POLICY_PINNED, Pending, timeout_ns,
     },
 };
-use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{family::Family, gauge::Gauge},
-    registry::Registry,
-};
+use prometheus_client::{encoding::EncodeLabelSet, metrics::gauge::Gauge, registry::Registry};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -41,6 +37,7 @@ use crate::{
     attached::Attached,
     config::{ControllerConfig, Mode},
     maps::{Maps, MapsError, monotonic_ns},
+    metrics::family::Sorted,
     proxy::gate::{Differentiation, Priority, Waits},
 };
 use infer::CostInference;
@@ -163,9 +160,9 @@ impl Pdd {
         for (class, d) in [(Class::TlsResumed, high), (Class::TlsNew, low)] {
             if let Some(d) = d {
                 stats
-                    .delay_us
+                    .delay
                     .get_or_create(&labels(class))
-                    .set(d.as_micros().min(i64::MAX as u128) as i64);
+                    .set(d.as_secs_f64());
             }
         }
         stats
@@ -197,7 +194,7 @@ impl Pdd {
 const PROXIES: &str = "proxies";
 
 /// Labels of the controller's series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 struct Labels {
     iface: String,
     class: &'static str,
@@ -206,12 +203,12 @@ struct Labels {
 /// The controller's inputs and outputs, for Prometheus.
 #[derive(Default, Clone)]
 pub struct ControllerStats {
-    limit: Family<Labels, Gauge>,
-    delay_us: Family<Labels, Gauge>,
-    target_us: Family<Labels, Gauge>,
-    ratio: Family<Labels, Gauge<f64, AtomicU64>>,
-    ratio_target: Family<Labels, Gauge<f64, AtomicU64>>,
-    cost_us: Family<Labels, Gauge>,
+    limit: Sorted<Labels, Gauge>,
+    delay: Sorted<Labels, Gauge<f64, AtomicU64>>,
+    target: Sorted<Labels, Gauge<f64, AtomicU64>>,
+    ratio: Sorted<Labels, Gauge<f64, AtomicU64>>,
+    ratio_target: Sorted<Labels, Gauge<f64, AtomicU64>>,
+    cost: Sorted<Labels, Gauge<f64, AtomicU64>>,
 }
 
 impl ControllerStats {
@@ -225,18 +222,18 @@ impl ControllerStats {
             self.limit.clone(),
         );
         r.register(
-            "delay_microseconds",
+            "delay_seconds",
             "The service time the controller saw in its last interval (its input: sip mode; tls \
              mode: the resumed handshakes' median, class tls-resumed; pdd: the mean wait for a \
              backend slot, per class)",
-            self.delay_us.clone(),
+            self.delay.clone(),
         );
         r.register(
-            "target_microseconds",
+            "target_seconds",
             "The service time the controller holds the class under (its set point: sip mode; tls \
              mode: the resumed handshakes' allowance, their floor plus the allowed wait, class \
              tls-resumed)",
-            self.target_us.clone(),
+            self.target.clone(),
         );
         r.register(
             "delay_ratio",
@@ -249,11 +246,11 @@ impl ControllerStats {
             self.ratio_target.clone(),
         );
         r.register(
-            "handshake_cost_microseconds",
+            "handshake_cost_seconds",
             "The cost of a handshake the tls mode divides its budget by (class tls-new: full, \
              tls-resumed: resumed), measured by the proxies (iface \"proxies\") or inferred from \
              completion times for a server the daemon does not terminate (iface: where)",
-            self.cost_us.clone(),
+            self.cost.clone(),
         );
     }
 }
@@ -443,10 +440,7 @@ fn step(
                 iface: costs_from.clone(),
                 class: class.name(),
             };
-            stats
-                .cost_us
-                .get_or_create(&labels)
-                .set(cost.as_micros().min(i64::MAX as u128) as i64);
+            stats.cost.get_or_create(&labels).set(cost.as_secs_f64());
         }
     }
     // The SIP units outstanding, read once for every class in mode sip: which of them the
@@ -484,6 +478,10 @@ fn step(
                 }
             };
             write(&mut maps, *class, law, from, REASON_START, bounds)?;
+            stats
+                .limit
+                .get_or_create(&labels)
+                .set(from.min(i64::MAX as u64) as i64);
             continue;
         }
         let decision: Option<Decision> = match law {
@@ -507,16 +505,13 @@ fn step(
                     service_p90: answered.quantile_within_us(900).map(Duration::from_micros),
                 };
                 if let Some(d) = o.delay() {
-                    stats
-                        .delay_us
-                        .get_or_create(&labels)
-                        .set(d.as_micros().min(i64::MAX as u128) as i64);
+                    stats.delay.get_or_create(&labels).set(d.as_secs_f64());
                 }
                 if let Mode::Sip { target } = cfg.classes[class].mode {
                     stats
-                        .target_us
+                        .target
                         .get_or_create(&labels)
-                        .set(target.as_micros() as i64);
+                        .set(target.as_secs_f64());
                 }
                 l.step(&o)
             }
@@ -551,16 +546,10 @@ fn step(
                     class: Class::TlsResumed.name(),
                 };
                 if let Some(t) = o.resumed_time {
-                    stats
-                        .delay_us
-                        .get_or_create(&resumed)
-                        .set(t.as_micros().min(i64::MAX as u128) as i64);
+                    stats.delay.get_or_create(&resumed).set(t.as_secs_f64());
                 }
                 if let Some(t) = l.resumed_allowance() {
-                    stats
-                        .target_us
-                        .get_or_create(&resumed)
-                        .set(t.as_micros().min(i64::MAX as u128) as i64);
+                    stats.target.get_or_create(&resumed).set(t.as_secs_f64());
                 }
                 decision
             }

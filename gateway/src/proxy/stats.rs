@@ -5,9 +5,11 @@ use std::{sync::atomic::AtomicU64, time::Duration};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    metrics::{counter::Counter, gauge::Gauge},
     registry::Registry,
 };
+
+use crate::metrics::family::Sorted;
 
 /// A handshake kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,14 +106,14 @@ impl Outcome {
 }
 
 /// Labels of a listener's series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct ListenerLabels {
     /// The listen address.
     pub listener: String,
 }
 
 /// Labels of handshake series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct HandshakeLabels {
     /// The listen address.
     pub listener: String,
@@ -120,7 +122,7 @@ pub struct HandshakeLabels {
 }
 
 /// Labels of first-flight series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct FlightLabels {
     /// The listen address.
     pub listener: String,
@@ -129,7 +131,7 @@ pub struct FlightLabels {
 }
 
 /// Labels of outcome series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct OutcomeLabels {
     /// The listen address.
     pub listener: String,
@@ -138,7 +140,7 @@ pub struct OutcomeLabels {
 }
 
 /// Labels of a backend member's series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct BackendLabels {
     /// The listen address.
     pub listener: String,
@@ -150,36 +152,36 @@ pub struct BackendLabels {
 #[derive(Default)]
 pub struct ProxyStats {
     /// Finished handshakes by kind.
-    pub handshakes: Family<HandshakeLabels, Counter>,
+    pub handshakes: Sorted<HandshakeLabels, Counter>,
     /// CPU seconds those handshakes took, by kind.
-    pub handshake_cpu: Family<HandshakeLabels, Counter<f64, AtomicU64>>,
+    pub handshake_cpu: Sorted<HandshakeLabels, Counter<f64, AtomicU64>>,
     /// First flights computed, by where.
-    pub first_flights: Family<FlightLabels, Counter>,
+    pub first_flights: Sorted<FlightLabels, Counter>,
     /// First flights dropped uncomputed: their connection ended while they waited.
-    pub flights_abandoned: Family<ListenerLabels, Counter>,
+    pub flights_abandoned: Sorted<ListenerLabels, Counter>,
     /// Connections by outcome.
-    pub outcomes: Family<OutcomeLabels, Counter>,
+    pub outcomes: Sorted<OutcomeLabels, Counter>,
     /// Connections open now (from accept to close).
-    pub open: Family<ListenerLabels, Gauge>,
+    pub open: Sorted<ListenerLabels, Gauge>,
     /// Backend connections served now, per member.
-    pub backend_active: Family<BackendLabels, Gauge>,
+    pub backend_active: Sorted<BackendLabels, Gauge>,
     /// Connections waiting in a member's backlog.
-    pub backend_waiting: Family<BackendLabels, Gauge>,
+    pub backend_waiting: Sorted<BackendLabels, Gauge>,
     /// 1 when a member is up, 0 while marked down.
-    pub backend_up: Family<BackendLabels, Gauge>,
+    pub backend_up: Sorted<BackendLabels, Gauge>,
     /// Connects a member refused or did not answer in time.
-    pub backend_failures: Family<BackendLabels, Counter>,
+    pub backend_failures: Sorted<BackendLabels, Counter>,
     /// Issued keys withdrawn because a hello offered them and did not resume.
-    pub offers_withdrawn: Family<ListenerLabels, Counter>,
+    pub offers_withdrawn: Sorted<ListenerLabels, Counter>,
     /// Backend connects that failed for the gateway's own lack of resources (descriptors,
     /// memory, local ports): the client was refused, no member blamed.
-    pub local_failures: Family<ListenerLabels, Counter>,
+    pub local_failures: Sorted<ListenerLabels, Counter>,
     /// Issued keys published in the datapath now.
-    pub keys_published: Family<ListenerLabels, Gauge>,
+    pub keys_published: Sorted<ListenerLabels, Gauge>,
     /// Issued keys not published because the issued-keys table was full.
-    pub keys_unpublished: Family<ListenerLabels, Counter>,
+    pub keys_unpublished: Sorted<ListenerLabels, Counter>,
     /// Times accepting paused because every connection the open-files limit allows was open.
-    pub accept_paused: Family<ListenerLabels, Counter>,
+    pub accept_paused: Sorted<ListenerLabels, Counter>,
     /// Connections the open-files limit allows all listeners together.
     pub connection_limit: Gauge,
 }

@@ -101,12 +101,12 @@ fn real() -> (Duration, Vec<(Duration, Duration)>) {
         let mut samples = Vec::new();
         while !load.is_finished() && start.elapsed() < Duration::from_secs(SECONDS + 10) {
             let text = scrape(&net, METRICS);
-            let us = value(
+            let secs = value(
                 &text,
-                "gateway_controller_delay_microseconds",
+                "gateway_controller_delay_seconds",
                 &[("class", "sip-original")],
             );
-            samples.push((start.elapsed(), Duration::from_micros(us.max(0.0) as u64)));
+            samples.push((start.elapsed(), Duration::from_secs_f64(secs.max(0.0))));
             std::thread::sleep(Duration::from_millis(50));
         }
         let _ = load.join();
@@ -206,7 +206,7 @@ fn main() {
     let (real_max, real_above) = band(&real_delays);
     let mut report = Report::new("controller");
     report.say(format!(
-        "# Controller step response\n\nA 1.4x overload step against a server of {capacity:.0} calls/s the gateway is not told; mode sip, target {TARGET:?}, interval {INTERVAL:?}. Settling time: from the controller's first delay over the target until its delay is back under it (simulator: per 100 ms interval; real datapath: the `gateway_controller_delay_microseconds` gauge sampled every 50 ms). Then: the largest delay and the share of samples over the target for the rest of the run.\n"
+        "# Controller step response\n\nA 1.4x overload step against a server of {capacity:.0} calls/s the gateway is not told; mode sip, target {TARGET:?}, interval {INTERVAL:?}. Settling time: from the controller's first delay over the target until its delay is back under it (simulator: per 100 ms interval; real datapath: the `gateway_controller_delay_seconds` gauge sampled every 50 ms). Then: the largest delay and the share of samples over the target for the rest of the run.\n"
     ));
     report.say(
         "| plant | settling time | target | then: largest delay | then: samples over target |\n|---|---:|---:|---:|---:|",

@@ -1,7 +1,11 @@
 //! The Prometheus endpoint: `GET /metrics` (and `HEAD`, and with a query string, which is
-//! ignored) in the OpenMetrics text format `prometheus-client` encodes, served with that
-//! format's content type, over a minimal HTTP/1.x responder (one request per connection,
-//! bounded in size and time).
+//! ignored) over a minimal HTTP/1.x responder (one request per connection, bounded in size and
+//! time). What it serves follows the request's `Accept`, as Prometheus's own client libraries
+//! do: the OpenMetrics text `prometheus-client` encodes when asked for (Prometheus asks by
+//! default), else the same series in the 0.0.4 text format ([`text`]).
+
+pub mod family;
+pub mod text;
 
 use std::{sync::Arc, time::Duration};
 
@@ -67,15 +71,21 @@ async fn answer(
         .map_err(|_| std::io::Error::other("request timed out"))??;
     let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
     let route = route(line);
+    let openmetrics = text::wants_openmetrics(&head);
     let (status, body) = match route {
         Route::Metrics { .. } => {
             for r in refresh {
                 r();
             }
-            let mut text = String::new();
-            prometheus_client::encoding::text::encode(&mut text, registry)
+            let mut open = String::new();
+            prometheus_client::encoding::text::encode(&mut open, registry)
                 .map_err(std::io::Error::other)?;
-            ("200 OK", text)
+            let body = if openmetrics {
+                open
+            } else {
+                text::from_openmetrics(&open)
+            };
+            ("200 OK", body)
         }
         Route::WrongMethod => (
             "405 Method Not Allowed",
@@ -84,7 +94,8 @@ async fn answer(
         Route::NotFound => ("404 Not Found", "only GET /metrics is served\n".to_string()),
     };
     let content_type = match route {
-        Route::Metrics { .. } => OPENMETRICS,
+        Route::Metrics { .. } if openmetrics => OPENMETRICS,
+        Route::Metrics { .. } => text::CONTENT_TYPE,
         _ => "text/plain; charset=utf-8",
     };
     let allow = if route == Route::WrongMethod {

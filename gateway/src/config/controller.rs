@@ -9,7 +9,7 @@ use gateway_common::{
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de::Error as _};
 
-use super::policy::{unknown_class, unlimitable_class};
+use super::policy::{LimitableClass, unknown_class};
 use crate::proxy::config::Span;
 
 /// How one class is controlled.
@@ -93,14 +93,8 @@ fn checked_classes<'de, D: Deserializer<'de>>(
             mut map: A,
         ) -> Result<Self::Value, A::Error> {
             let mut out = BTreeMap::new();
-            while let Some(name) = map.next_key::<String>()? {
-                let class = match Class::from_name(&name) {
-                    None => return Err(A::Error::custom(unknown_class(&name))),
-                    Some(c) if !c.is_limitable() => {
-                        return Err(A::Error::custom(unlimitable_class(c)));
-                    }
-                    Some(c) => c,
-                };
+            while let Some(LimitableClass(class)) = map.next_key::<LimitableClass>()? {
+                let name = class.name().to_string();
                 let raw: RawClass = map.next_value()?;
                 raw.read(class).map_err(A::Error::custom)?;
                 out.insert(name, raw);

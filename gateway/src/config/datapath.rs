@@ -80,14 +80,13 @@ fn default_issued_keys() -> u32 {
 
 /// `issued_keys`, within `1..=MAX_TLS_ISSUED`.
 fn issued_keys<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
-    let n = u64::deserialize(d)?;
-    if (1..=u64::from(MAX_TLS_ISSUED)).contains(&n) {
-        Ok(n as u32)
-    } else {
-        Err(serde::de::Error::custom(format!(
-            "issued_keys: {n} is out of range, need 1 to {MAX_TLS_ISSUED}"
-        )))
+    let n = super::count::Count {
+        what: "issued_keys",
+        min: 1,
+        max: u64::from(MAX_TLS_ISSUED),
     }
+    .read(d)?;
+    Ok(n as u32)
 }
 
 impl Datapath {

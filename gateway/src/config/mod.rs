@@ -6,6 +6,7 @@
 //! errors; a config with any error is refused whole.
 
 mod controller;
+pub mod count;
 mod datapath;
 mod interfaces;
 mod policy;
@@ -307,6 +308,38 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    /// Issue 29, case 3: errors found in a value point at that value, with its field path, in
+    /// the config's own words.
+    #[test]
+    fn errors_point_at_the_offending_line_with_its_path() {
+        let e = err(
+            "interfaces:\n  - name: lo\npolicy:\n  sip-original:\n    backlog: 30\n  sip-orignal:\n    backlog: 20\n",
+        );
+        assert!(e.contains("policy: unknown class 'sip-orignal'"), "{e}");
+        assert!(e.contains("at line 6 column 3"), "{e}");
+        let e = err("policy:\n  tls-new:\n    rate: 10\n    burst: -5\n");
+        assert!(
+            e.contains("policy.tls-new.burst: burst -5 out of range"),
+            "{e}"
+        );
+        assert!(e.contains("at line 4"), "{e}");
+        let e = err("policy:\n  tls-new:\n    rate: fast\n");
+        assert!(
+            e.contains("expected rate: a whole number from 0 to") && !e.contains("i64"),
+            "{e}"
+        );
+        let e = err("controller:\n  classes:\n    sip-orignal: {mode: sip, target: 100ms}\n");
+        assert!(
+            e.contains("unknown class 'sip-orignal'") && e.contains("line 3 column 5"),
+            "{e}"
+        );
+        let e = err("services:\n  - {kind: sip, port: 5060}\n  - {kind: tls, port: 0}\n");
+        assert!(
+            e.contains("port 0 out of range 1..=65535") && e.contains("line 3"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -9,15 +9,37 @@ use gateway_common::{
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de::Error as _};
 
-/// A bounded count.
-fn bounded<'de, D: Deserializer<'de>>(d: D, what: &str, max: u64) -> Result<Option<u64>, D::Error> {
-    let v = Option::<i64>::deserialize(d)?;
-    match v {
-        None => Ok(None),
-        Some(v) if v >= 0 && (v as u64) <= max => Ok(Some(v as u64)),
-        Some(v) => Err(D::Error::custom(format!(
-            "{what} {v} out of range 0..={max}"
-        ))),
+/// A count from 0 to `max`, or absent.
+fn bounded<'de, D: Deserializer<'de>>(
+    d: D,
+    what: &'static str,
+    max: u64,
+) -> Result<Option<u64>, D::Error> {
+    super::count::Count { what, min: 0, max }.read_optional(d)
+}
+
+/// A class that takes limits, as a map key: read by a visitor so that an unknown or unlimitable
+/// name is reported at its own line and column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LimitableClass(pub Class);
+
+impl<'de> Deserialize<'de> for LimitableClass {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = LimitableClass;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a class name")
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<LimitableClass, E> {
+                match Class::from_name(name) {
+                    None => Err(E::custom(unknown_class(name))),
+                    Some(c) if !c.is_limitable() => Err(E::custom(unlimitable_class(c))),
+                    Some(c) => Ok(LimitableClass(c)),
+                }
+            }
+        }
+        d.deserialize_str(Name)
     }
 }
 
@@ -162,18 +184,10 @@ impl Policies {
 
 impl<'de> Deserialize<'de> for Policies {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let map = BTreeMap::<String, PolicyConfig>::deserialize(d)?;
-        let mut out = BTreeMap::new();
-        for (name, p) in map {
-            match Class::from_name(&name) {
-                None => return Err(D::Error::custom(unknown_class(&name))),
-                Some(c) if !c.is_limitable() => return Err(D::Error::custom(unlimitable_class(c))),
-                Some(c) => {
-                    out.insert(c, p.policy());
-                }
-            }
-        }
-        Ok(Policies(out))
+        let map = BTreeMap::<LimitableClass, PolicyConfig>::deserialize(d)?;
+        Ok(Policies(
+            map.into_iter().map(|(c, p)| (c.0, p.policy())).collect(),
+        ))
     }
 }
 

@@ -1,7 +1,7 @@
 //! Protected services: what each speaks, on which transport and port.
 
 use gateway_common::maps::{IPPROTO_TCP, IPPROTO_UDP, ServiceKey, ServiceKind};
-use serde::{Deserialize, Deserializer, Serialize, de::Error as _};
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// Transport protocol of a service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
@@ -74,11 +74,13 @@ pub struct Port(pub u16);
 
 impl<'de> Deserialize<'de> for Port {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let v = i64::deserialize(d)?;
-        match u16::try_from(v) {
-            Ok(p) if p != 0 => Ok(Port(p)),
-            _ => Err(D::Error::custom(format!("port {v} out of range 1..=65535"))),
+        let v = super::count::Count {
+            what: "port",
+            min: 1,
+            max: 65535,
         }
+        .read(d)?;
+        Ok(Port(v as u16))
     }
 }
 

@@ -355,17 +355,17 @@ fn default_backlog() -> u32 {
 
 fn ranged<'de, D: Deserializer<'de>>(
     d: D,
-    what: &str,
+    what: &'static str,
     min: u32,
     max: u32,
 ) -> Result<u32, D::Error> {
-    let v = i64::deserialize(d)?;
-    match u32::try_from(v) {
-        Ok(v) if (min..=max).contains(&v) => Ok(v),
-        _ => Err(D::Error::custom(format!(
-            "{what} {v} out of range {min}..={max}"
-        ))),
+    let v = crate::config::count::Count {
+        what,
+        min: u64::from(min),
+        max: u64::from(max),
     }
+    .read(d)?;
+    Ok(v as u32)
 }
 fn de_weight<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     ranged(d, "weight", 1, 1000)

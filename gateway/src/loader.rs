@@ -569,11 +569,23 @@ pub struct AttachmentInfo {
     pub program_id: u32,
     /// Kernel id of the tcx egress link.
     pub egress_link_id: Option<u32>,
+    /// Kernel id of the finishing program's tcx ingress link (XDP attachments).
+    pub finish_link_id: Option<u32>,
+    /// The `gateway run` daemon serving the attachment, if one runs.
+    pub daemon_pid: Option<u32>,
     /// Instructions the verifier processed to accept the program (its limit is 1,000,000): the
     /// margin left for the datapath to grow.
     pub verified_insns: Option<u32>,
     /// Pin directory.
     pub pin_dir: String,
+}
+
+/// The kernel id of the link pinned at `path`, if one is.
+fn pinned_link_id(path: &std::path::Path) -> Option<u32> {
+    PinnedLink::from_pin(path)
+        .ok()
+        .and_then(|l| FdLink::from(l).info().ok())
+        .map(|i| i.id())
 }
 
 /// Reads the facts of the attachment pinned in `pd`.
@@ -586,10 +598,9 @@ pub fn info(pd: &PinDir) -> Result<AttachmentInfo, LoaderError> {
         ifindex: cfg.ifindex,
         link_id: info.id(),
         program_id: info.program_id(),
-        egress_link_id: PinnedLink::from_pin(pd.egress_link())
-            .ok()
-            .and_then(|l| FdLink::from(l).info().ok())
-            .map(|i| i.id()),
+        egress_link_id: pinned_link_id(&pd.egress_link()),
+        finish_link_id: pinned_link_id(&pd.finish_link()),
+        daemon_pid: (cfg.daemon_pid != 0).then_some(cfg.daemon_pid),
         verified_insns: aya::programs::loaded_programs()
             .filter_map(Result::ok)
             .find(|p| p.id() == info.program_id())

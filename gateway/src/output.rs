@@ -28,6 +28,52 @@ pub struct StatsView<'a> {
     pub latency: &'a [LatencyHistogram],
     /// The limits in force, by class (so `--watch` shows a controller moving them).
     pub policies: &'a [(Class, ClassPolicy)],
+    /// When the counters were read.
+    pub time: std::time::SystemTime,
+    /// Per-class rates since the previous read (`--watch` after its first print).
+    pub rates: Option<&'a [Rates]>,
+}
+
+/// One class's rates over an interval, per second.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Rates {
+    /// Packets.
+    pub packets: f64,
+    /// Admissions.
+    pub admitted: f64,
+    /// Refusals (by backlog or rate).
+    pub refused: f64,
+}
+
+impl Rates {
+    /// Each class's rates from `before` to `now`, `secs` apart.
+    pub fn between(before: &[ClassStats], now: &[ClassStats], secs: f64) -> Vec<Rates> {
+        let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / secs.max(1e-9);
+        now.iter()
+            .zip(before)
+            .map(|(n, b)| Rates {
+                packets: per(n.packets, b.packets),
+                admitted: per(n.admitted, b.admitted),
+                refused: per(
+                    n.dropped_backlog + n.dropped_rate,
+                    b.dropped_backlog + b.dropped_rate,
+                ),
+            })
+            .collect()
+    }
+}
+
+/// The limits of `m` in the words `policy show` uses.
+fn limits_json(m: &ClassPolicy) -> Value {
+    let p = gateway_common::policy::Policy::from_map(m);
+    json!({"backlog_limit": p.backlog, "rate": p.rate, "burst": p.burst,
+           "owner": owner_name(m.owner), "reason": crate::controller::reason_name(m.reason)})
+}
+
+/// Seconds since the Unix epoch.
+fn unix_seconds(t: std::time::SystemTime) -> f64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 impl StatsView<'_> {
@@ -44,14 +90,28 @@ impl StatsView<'_> {
                 let s = &self.classes[c.id() as usize];
                 let st = &self.state[c.id() as usize];
                 let h = &self.latency[c.id() as usize];
+                let limits = self
+                    .policies
+                    .iter()
+                    .find(|(p, _)| p == c)
+                    .map_or(Value::Null, |(_, m)| limits_json(m));
+                let rates = self.rates.map_or(Value::Null, |r| {
+                    let r = r[c.id() as usize];
+                    json!({"packets": r.packets, "admitted": r.admitted, "refused": r.refused})
+                });
                 json!({
                     "id": c.id(), "name": c.name(), "packets": s.packets, "bytes": s.bytes,
-                    "admitted": s.admitted, "dropped_backlog": s.dropped_backlog,
+                    "admitted": s.admitted, "completed": st.completed,
+                    "dropped_backlog": s.dropped_backlog,
                     "dropped_rate": s.dropped_rate, "rejected": s.rejected,
+                    "replies_limited": s.replies_limited,
                     "backlog": st.backlog(), "expired": st.expired,
+                    "limits": limits,
+                    "per_second": rates,
                     "service_time_samples": h.count(),
                     "service_time_us_p50": h.quantile_us(500),
                     "service_time_us_p90": h.quantile_us(900),
+                    "service_time_us_p99": h.quantile_us(990),
                 })
             })
             .collect();
@@ -60,6 +120,7 @@ impl StatsView<'_> {
         datapath.extend(counter_map(self.counters));
         let sip = &self.latency[Class::SipOriginal.id() as usize];
         json!({
+            "time": unix_seconds(self.time),
             "iface": self.info.iface, "mode": self.info.mode,
             "link_id": self.info.link_id, "program_id": self.info.program_id,
             "classes": classes,
@@ -78,8 +139,9 @@ impl StatsView<'_> {
     /// Table rendering.
     pub fn table(&self) -> String {
         let i = self.info;
+        let at = humantime::format_rfc3339_seconds(self.time);
         let mut out = format!(
-            "{} ({} mode, link {}, program {})\n{:<20}{:>12}{:>14}{:>12}{:>14}{:>12}{:>10}{:>9}{:>9}\n",
+            "{} ({} mode, link {}, program {}) at {at}\n{:<20}{:>12}{:>14}{:>12}{:>14}{:>12}{:>10}{:>9}{:>9}",
             i.iface,
             i.mode,
             i.link_id,
@@ -94,10 +156,14 @@ impl StatsView<'_> {
             "backlog",
             "expired"
         );
+        if self.rates.is_some() {
+            out += &format!("{:>11}{:>12}{:>12}", "packets/s", "admitted/s", "refused/s");
+        }
+        out.push('\n');
         for c in Class::ALL {
             let s = &self.classes[c.id() as usize];
             out += &format!(
-                "{:<20}{:>12}{:>14}{:>12}{:>14}{:>12}{:>10}{:>9}{:>9}\n",
+                "{:<20}{:>12}{:>14}{:>12}{:>14}{:>12}{:>10}{:>9}{:>9}",
                 c.name(),
                 s.packets,
                 s.bytes,
@@ -108,6 +174,11 @@ impl StatsView<'_> {
                 self.state[c.id() as usize].backlog(),
                 self.state[c.id() as usize].expired
             );
+            if let Some(r) = self.rates {
+                let r = r[c.id() as usize];
+                out += &format!("{:>11.1}{:>12.1}{:>12.1}", r.packets, r.admitted, r.refused);
+            }
+            out.push('\n');
         }
         out += &format!(
             "datapath: packets {}{}\n",
@@ -204,8 +275,8 @@ pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> Str
                 json!({"class": c.name(), "backlog_limit": p.backlog, "rate": p.rate,
                        "burst": p.burst, "backlog": s.backlog(),
                        "timeout_ms": gateway_common::maps::timeout_ns(*c, m) / 1_000_000,
-                       "admitted_total": s.admitted, "completed_total": s.completed,
-                       "expired_total": s.expired,
+                       "admitted": s.admitted, "completed": s.completed,
+                       "expired": s.expired,
                        "owner": owner_name(m.owner), "pinned": m.flags & POLICY_PINNED != 0,
                        "reason": crate::controller::reason_name(m.reason),
                        "changed_ms_ago": ago_ms(m),

@@ -324,3 +324,69 @@ fn native_failure_leaves_nothing_and_auto_falls_back_with_a_report() {
     assert_eq!(s["mode"], "generic");
     net.gateway_ok(&["detach", "--iface", "lo"]);
 }
+
+/// Issue 29, case 7: one vocabulary. `stats --json` and `policy show --json` name a class's
+/// counters the same way (`admitted`, `completed`, `expired`), `stats --json` carries the limits
+/// `policy show` shows (with who set them) and the p99, `stats --watch` prints a timestamp and
+/// per-second rates after its first print, and `status` names every link and the daemon.
+#[test]
+fn stats_policy_and_status_speak_one_vocabulary() {
+    if !have_root("stats_policy_and_status_speak_one_vocabulary") {
+        return;
+    }
+    let net = TestNet::new();
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    net.gateway_ok(&["service", "add", "sip", "5060"]);
+    net.gateway_ok(&["policy", "set", "sip-original", "--backlog", "7"]);
+    let stats: serde_json::Value =
+        serde_json::from_str(&net.gateway_ok(&["stats", "--json"])).unwrap();
+    let policy: serde_json::Value =
+        serde_json::from_str(&net.gateway_ok(&["policy", "show", "--json"])).unwrap();
+    let class = stats["classes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "sip-original")
+        .unwrap()
+        .clone();
+    let row = policy
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["class"] == "sip-original")
+        .unwrap()
+        .clone();
+    for word in ["admitted", "completed", "expired", "backlog"] {
+        assert!(class.get(word).is_some(), "stats lacks {word}: {class}");
+        assert!(row.get(word).is_some(), "policy show lacks {word}: {row}");
+    }
+    assert_eq!(class["limits"]["backlog_limit"], 7, "{class}");
+    assert_eq!(class["limits"]["owner"], row["owner"], "{class} {row}");
+    assert!(class.get("service_time_us_p99").is_some(), "{class}");
+    assert!(stats["time"].as_f64().unwrap() > 1.7e9, "{stats}");
+    // Two prints a second apart: the second has rates, the first none.
+    send_udp(&net, GW_V4, 5060, INVITE, 3);
+    let watch = net.gateway_ok(&["stats", "--json", "--watch", "1", "--count", "2"]);
+    let prints: Vec<serde_json::Value> = watch
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(prints.len(), 2, "{watch}");
+    assert!(prints[0]["classes"][4]["per_second"].is_null());
+    assert!(
+        prints[1]["classes"][4]["per_second"]["packets"].is_number(),
+        "{}",
+        prints[1]
+    );
+    let table = net.gateway_ok(&["stats", "--watch", "1", "--count", "2"]);
+    assert_eq!(table.matches("packets/s").count(), 1, "{table}");
+    assert!(table.lines().next().unwrap().contains(" at 20"), "{table}");
+    let status = net.gateway_ok(&["status"]);
+    assert!(
+        status.contains("egress link")
+            && status.contains("finish link")
+            && status.contains("daemon none"),
+        "{status}"
+    );
+    net.gateway_ok(&["detach", "--iface", &net.gw_if]);
+}

@@ -3,6 +3,7 @@
 
 mod attach;
 mod config;
+mod docs;
 mod policy;
 mod probe;
 mod reload;
@@ -95,6 +96,10 @@ pub enum Command {
         #[command(subcommand)]
         action: ConfigAction,
     },
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    Completions(docs::CompletionsArgs),
+    /// Print the manual page (roff, section 8).
+    Man,
 }
 
 /// The interface a map command works on.
@@ -129,6 +134,9 @@ pub enum CommandError {
     /// Bad arguments the parser could not catch.
     #[error("{0}")]
     Usage(String),
+    /// Writing the output failed.
+    #[error("writing the output: {0}")]
+    Output(String),
 }
 
 impl CommandError {
@@ -138,7 +146,7 @@ impl CommandError {
         let input = match self {
             CommandError::Loader(e) => e.is_input_error(),
             CommandError::Pins(e) => !matches!(e, PinsError::Io { .. }),
-            CommandError::Maps(_) => false,
+            CommandError::Maps(_) | CommandError::Output(_) => false,
             CommandError::Daemon(e) => e.is_input_error(),
             CommandError::Caps(_) | CommandError::Config(_) | CommandError::Usage(_) => true,
         };
@@ -176,6 +184,8 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Reload(args) => reload::run(&root(&bpffs), args),
         Command::Config { action } => config::run(action),
         Command::Probe(args) => probe::run(args),
+        Command::Completions(args) => docs::completions(args),
+        Command::Man => docs::man(),
     }
 }
 

@@ -5,7 +5,10 @@ use std::{path::Path, thread, time::Duration};
 use clap::Args;
 
 use super::{CommandError, Target, open};
-use crate::{loader, output::StatsView};
+use crate::{
+    loader,
+    output::{Rates, StatsView},
+};
 
 /// `gateway stats`.
 #[derive(Debug, Args)]
@@ -16,7 +19,7 @@ pub struct StatsArgs {
     /// JSON output.
     #[arg(long)]
     pub json: bool,
-    /// Print again every SECS seconds.
+    /// Print again every SECS seconds, with each class's rates since the previous print.
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub watch: Option<u64>,
     /// With --watch: stop after N prints.
@@ -34,6 +37,7 @@ pub fn run(root: &Path, args: StatsArgs) -> Result<(), CommandError> {
     } = args;
     let (pd, maps) = open(root, target.iface.as_deref())?;
     let mut printed = 0u64;
+    let mut previous: Option<(std::time::Instant, Vec<gateway_common::maps::ClassStats>)> = None;
     loop {
         let info = loader::info(&pd)?;
         let classes = maps.class_stats()?;
@@ -49,7 +53,13 @@ pub fn run(root: &Path, args: StatsArgs) -> Result<(), CommandError> {
             .filter(|c| c.is_limitable())
             .map(|c| Ok((c, maps.policy(c)?)))
             .collect::<Result<Vec<_>, crate::maps::MapsError>>()?;
+        let read_at = std::time::Instant::now();
+        let rates = previous.as_ref().map(|(at, before)| {
+            Rates::between(before, &classes, read_at.duration_since(*at).as_secs_f64())
+        });
         let view = StatsView {
+            time: std::time::SystemTime::now(),
+            rates: rates.as_deref(),
             info: &info,
             classes: &classes,
             state: &state,
@@ -64,6 +74,7 @@ pub fn run(root: &Path, args: StatsArgs) -> Result<(), CommandError> {
             print!("{}", view.table());
         }
         printed += 1;
+        previous = Some((read_at, classes.to_vec()));
         match watch {
             Some(secs) if count.is_none_or(|n| printed < n) => {
                 thread::sleep(Duration::from_secs(secs));

@@ -89,9 +89,9 @@ struct RawProxy {
     timeouts: Timeouts,
     #[serde(default = "default_retry")]
     retry_interval: Span,
-    #[serde(default = "default_max_fails")]
+    #[serde(default = "default_max_fails", deserialize_with = "de_max_fails")]
     max_fails: u32,
-    #[serde(default = "default_listen_backlog")]
+    #[serde(default = "default_listen_backlog", deserialize_with = "de_listen_backlog")]
     listen_backlog: u32,
     #[serde(default)]
     protocol: AppProtocol,
@@ -119,18 +119,6 @@ impl TryFrom<RawProxy> for ProxyConfig {
     fn try_from(r: RawProxy) -> Result<Self, String> {
         if r.backends.is_empty() {
             return Err("backends: at least one backend is needed".into());
-        }
-        if !(1..=65535).contains(&r.listen_backlog) {
-            return Err(format!(
-                "listen_backlog: {} is out of range, need 1 to 65535",
-                r.listen_backlog
-            ));
-        }
-        if !(1..=100).contains(&r.max_fails) {
-            return Err(format!(
-                "max_fails: {} is out of range, need 1 to 100",
-                r.max_fails
-            ));
         }
         if let Some((i, b)) = r
             .backends
@@ -366,6 +354,12 @@ fn ranged<'de, D: Deserializer<'de>>(
     }
     .read(d)?;
     Ok(v as u32)
+}
+fn de_max_fails<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    ranged(d, "max_fails", 1, 100)
+}
+fn de_listen_backlog<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    ranged(d, "listen_backlog", 1, 65535)
 }
 fn de_weight<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     ranged(d, "weight", 1, 1000)

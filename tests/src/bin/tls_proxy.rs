@@ -1,11 +1,15 @@
-//! `cargo xtask bench`, TLS proxy part: the gateway's proxy against nginx terminating the same
-//! certificate and protocol in the same run, both pinned to one core and proxying to the same
-//! backend.
+//! `cargo xtask bench`, TLS proxy part: the gateway's proxy against nginx and HAProxy terminating
+//! the same certificate and protocol in the same run, each pinned to one core and proxying to
+//! the same backend.
 //!
 //! - Handshakes per CPU-second of the server (full and resumed, TLS 1.3 and 1.2): `openssl
 //!   s_time` on the other core drives each server in turn; the server's own CPU time
 //!   (utime + stime of its processes) divides the connections made. This is the rate one core
 //!   sustains, independent of how fast the client is.
+//! - Requests per CPU-second of the server, HTTP/1.1 and HTTP/2: `h2load` on the other core
+//!   over a few keep-alive connections to an nginx origin (the gateway relays h2 end to end to
+//!   the origin's h2 port and HTTP/1.1 to its HTTP/1.1 port; nginx and HAProxy terminate both
+//!   and speak HTTP/1.1 with keep-alive to the origin).
 //! - Proxy throughput: one 256 MiB download with curl through each.
 //! - Memory per idle connection: resident memory before and after 1000 connections that finished
 //!   their handshake and then sit idle.
@@ -23,7 +27,7 @@ use gateway_tests::{
     metrics::{scrape, value},
     netns::{GW_V4, TestNet},
     procfs::{median, tree_cpu_seconds, tree_rss_bytes},
-    tls::{Cert, rustls_config, wait_listening},
+    tls::{Cert, Proc, rustls_config, wait_listening},
 };
 
 const ROUNDS: usize = 3;
@@ -31,6 +35,12 @@ const SECONDS: u32 = 4;
 const BULK: usize = 256 << 20;
 const IDLE: usize = 1000;
 const METRICS: u16 = 9477;
+/// Requests per `h2load` run, over `H2LOAD_CLIENTS` connections.
+const REQUESTS: u32 = 20_000;
+const H2LOAD_CLIENTS: u32 = 8;
+/// The origin's HTTP/1.1 and h2 (prior knowledge) ports, in the gateway namespace.
+const ORIGIN_H1: u16 = 18090;
+const ORIGIN_H2: u16 = 18091;
 
 /// `openssl s_time` from the peer namespace on core 1; the connections it made.
 fn s_time(net: &TestNet, addr: &str, args: &[&str]) -> u64 {
@@ -72,6 +82,107 @@ fn rate(net: &TestNet, pid: u32, addr: &str, args: &[&str]) -> f64 {
     let n = s_time(net, addr, args);
     let spent = tree_cpu_seconds(pid) - before;
     n as f64 / spent.max(0.01)
+}
+
+/// `h2load` from the peer namespace on core 1 (`--h1` when `h1`); the requests that succeeded.
+fn h2load(net: &TestNet, port: u16, h1: bool) -> u64 {
+    let (n, c) = (REQUESTS.to_string(), H2LOAD_CLIENTS.to_string());
+    let url = format!("https://{GW_V4}:{port}/");
+    let mut all = vec![
+        "netns",
+        "exec",
+        &net.peer_ns,
+        "taskset",
+        "-c",
+        "1",
+        "h2load",
+        "-n",
+        &n,
+        "-c",
+        &c,
+    ];
+    if h1 {
+        all.push("--h1");
+    } else {
+        // Ten streams at once per connection, as browsers keep several.
+        all.extend(["-m", "10"]);
+    }
+    all.push(&url);
+    let out = Command::new("ip").args(&all).output().expect("h2load");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let succeeded = text
+        .lines()
+        .find(|l| l.starts_with("requests:"))
+        .and_then(|l| {
+            l.split(',')
+                .find(|f| f.trim().ends_with("succeeded"))
+                .and_then(|f| f.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "h2load output: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    assert!(
+        text.contains(if h1 {
+            "Application protocol: http/1.1"
+        } else {
+            "Application protocol: h2"
+        }),
+        "h2load on {port} did not negotiate what it asked: {text}"
+    );
+    succeeded
+}
+
+/// Requests per CPU-second of `pid` under one h2load run.
+fn request_rate(net: &TestNet, pid: u32, port: u16, h1: bool) -> f64 {
+    let before = tree_cpu_seconds(pid);
+    let n = h2load(net, port, h1);
+    assert!(
+        n >= u64::from(REQUESTS) * 99 / 100,
+        "only {n} of {REQUESTS} requests succeeded on {port}"
+    );
+    let spent = tree_cpu_seconds(pid) - before;
+    n as f64 / spent.max(0.01)
+}
+
+/// HAProxy in the foreground on core 0 (one thread), the same certificate, its config in `dir`.
+fn haproxy(net: &TestNet, dir: &std::path::Path, cert: &Cert, small: std::net::SocketAddr) -> Proc {
+    let bundle = dir.join("haproxy.pem");
+    let pem = [
+        std::fs::read(cert.cert()).unwrap(),
+        std::fs::read(cert.key()).unwrap(),
+    ]
+    .concat();
+    std::fs::write(&bundle, pem).unwrap();
+    let b = bundle.display();
+    let cfg = dir.join("haproxy.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global\n  nbthread 1\n  maxconn 5000\n  tune.ssl.cachesize 20000\n\
+             defaults\n  mode http\n  timeout connect 3s\n  timeout client 60s\n  timeout server 60s\n\
+             frontend handshakes\n  bind {GW_V4}:7443 ssl crt {b}\n  default_backend small\n\
+             frontend requests\n  bind {GW_V4}:7445 ssl crt {b} alpn h2,http/1.1\n  default_backend origin\n\
+             backend small\n  server s {small}\n\
+             backend origin\n  http-reuse always\n  server o 127.0.0.1:{ORIGIN_H1}\n"
+        ),
+    )
+    .unwrap();
+    let child = Command::new("ip")
+        .args([
+            "netns", "exec", &net.gw_ns, "taskset", "-c", "0", "haproxy", "-db", "-f",
+        ])
+        .arg(&cfg)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("haproxy");
+    let p = Proc(child);
+    wait_listening(|| net.in_peer(|| TcpStream::connect((GW_V4, 7445)).is_ok()));
+    p
 }
 
 fn curl_speed(net: &TestNet, cert: &Cert, port: u16) -> f64 {
@@ -166,7 +277,9 @@ fn main() {
              ssl_certificate {c}; ssl_certificate_key {k};\n\
              ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:S:10m; ssl_session_tickets on;\n\
              server {{ listen {GW_V4}:9443 ssl; access_log {} reuse; location / {{ proxy_pass http://{}; }} }}\n\
-             server {{ listen {GW_V4}:9444 ssl; location / {{ proxy_pass http://{}; proxy_buffering off; }} }}",
+             server {{ listen {GW_V4}:9444 ssl; location / {{ proxy_pass http://{}; proxy_buffering off; }} }}\n\
+             upstream origin {{ server 127.0.0.1:{ORIGIN_H1}; keepalive 32; }}\n\
+             server {{ listen {GW_V4}:9445 ssl http2; location / {{ proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection \"\"; }} }}",
             log.display(),
             small.addr,
             bulk.addr
@@ -174,12 +287,29 @@ fn main() {
         1,
     );
     wait_listening(|| net.in_peer(|| TcpStream::connect((GW_V4, 9443)).is_ok()));
+    // The origin of the request rates: nginx on core 1, HTTP/1.1 and h2 (prior knowledge).
+    let _origin = Nginx::start(
+        &["ip", "netns", "exec", &net.gw_ns, "taskset", "-c", "1"],
+        &format!(
+            "  keepalive_requests 1000000;\n\
+             server {{ listen 127.0.0.1:{ORIGIN_H1}; location / {{ return 200 \"ok\\n\"; }} }}\n\
+             server {{ listen 127.0.0.1:{ORIGIN_H2} http2; location / {{ return 200 \"ok\\n\"; }} }}"
+        ),
+        1,
+    );
+    for port in [ORIGIN_H1, ORIGIN_H2] {
+        wait_listening(|| net.in_gw(|| TcpStream::connect(("127.0.0.1", port)).is_ok()));
+    }
+    let haproxy = haproxy(&net, &dir, &cert, small.addr);
+    let haproxy_pid = haproxy.0.id();
 
     // The gateway: one worker thread, on core 0, with the datapath attached.
     let body = format!(
         "workers: 1\nmetrics: 127.0.0.1:{METRICS}\nproxies:\n\
          \x20 - listen: {GW_V4}:8443\n    tls: {{cert: {c}, key: {k}}}\n    backends: [{{address: {}, max_active: 5000}}]\n\
-         \x20 - listen: {GW_V4}:8444\n    tls: {{cert: {c}, key: {k}}}\n    backends: [{{address: {}}}]\n",
+         \x20 - listen: {GW_V4}:8444\n    tls: {{cert: {c}, key: {k}}}\n    backends: [{{address: {}}}]\n\
+         \x20 - listen: {GW_V4}:8445\n    tls: {{cert: {c}, key: {k}}}\n    alpn: [h2, http/1.1]\n\
+         \x20   backends: [{{address: 127.0.0.1:{ORIGIN_H2}, alpn: [h2]}}, {{address: 127.0.0.1:{ORIGIN_H1}}}]\n",
         small.addr, bulk.addr
     );
     let daemon = Daemon::start_config(&net, &dir, &body);
@@ -194,29 +324,35 @@ fn main() {
     if run("handshakes") {
         say!(
             r,
-            "\n# TLS proxy against nginx\n\nBoth terminate TLS with the same P-256 certificate on core 0 \
-         (nginx: 1 worker; gateway: 1 runtime thread, datapath attached) and proxy to the same \
+            "\n# TLS proxy against nginx and HAProxy\n\nAll three terminate TLS with the same P-256 certificate on core 0 \
+         (nginx: 1 worker; HAProxy: 1 thread; gateway: 1 runtime thread, datapath attached) and proxy to the same \
          backend; `openssl s_time -www /` runs on core 1. Handshakes per CPU-second = connections \
          / the server's own CPU time; {ROUNDS} interleaved rounds of {SECONDS} s, medians.\n"
         );
         say!(
             r,
-            "| handshake | gateway /CPU-s | nginx /CPU-s | ratio | target |"
+            "| handshake | gateway /CPU-s | nginx /CPU-s | HAProxy /CPU-s | vs nginx | vs HAProxy |"
         );
-        say!(r, "|---|---:|---:|---:|---:|");
+        say!(r, "|---|---:|---:|---:|---:|---:|");
         for (name, args) in [
             ("TLS 1.3 full", &["-tls1_3", "-new"][..]),
             ("TLS 1.3 resumed", &["-tls1_3", "-reuse"]),
             ("TLS 1.2 full", &["-tls1_2", "-new"]),
             ("TLS 1.2 resumed", &["-tls1_2", "-reuse"]),
         ] {
-            let (mut g, mut n) = (Vec::new(), Vec::new());
+            let (mut g, mut n, mut h) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..ROUNDS {
                 g.push(rate(&net, gw, &format!("{GW_V4}:8443"), args));
                 n.push(rate(&net, nginx_pid, &format!("{GW_V4}:9443"), args));
+                h.push(rate(&net, haproxy_pid, &format!("{GW_V4}:7443"), args));
             }
-            let (g, n) = (median(g), median(n));
-            say!(r, "| {name} | {g:.0} | {n:.0} | {:.2}x | >= 1x |", g / n);
+            let (g, n, h) = (median(g), median(n), median(h));
+            say!(
+                r,
+                "| {name} | {g:.0} | {n:.0} | {h:.0} | {:.2}x | {:.2}x |",
+                g / n,
+                g / h
+            );
         }
         // Evidence that resumption happened on both sides.
         let text = scrape(&net, METRICS);
@@ -247,6 +383,36 @@ fn main() {
             cpu("resumed")
         );
     }
+    if run("requests") {
+        say!(
+            r,
+            "\n# Requests per CPU-second\n\n`h2load -n {REQUESTS} -c {H2LOAD_CLIENTS}` on core 1 (h2: 10 streams \
+         per connection), keep-alive, to an nginx origin answering `ok` on core 1. The gateway relays \
+         each protocol end to end (h2 to the origin's h2 port by ALPN, HTTP/1.1 to its HTTP/1.1 \
+         port); nginx and HAProxy terminate HTTP and speak HTTP/1.1 with keep-alive to the origin. \
+         Requests / the proxy's own CPU time; {ROUNDS} interleaved rounds, medians.\n"
+        );
+        say!(
+            r,
+            "| protocol | gateway /CPU-s | nginx /CPU-s | HAProxy /CPU-s | vs nginx | vs HAProxy |"
+        );
+        say!(r, "|---|---:|---:|---:|---:|---:|");
+        for (name, h1) in [("HTTP/1.1", true), ("HTTP/2", false)] {
+            let (mut g, mut n, mut h) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..ROUNDS {
+                g.push(request_rate(&net, gw, 8445, h1));
+                n.push(request_rate(&net, nginx_pid, 9445, h1));
+                h.push(request_rate(&net, haproxy_pid, 7445, h1));
+            }
+            let (g, n, h) = (median(g), median(n), median(h));
+            say!(
+                r,
+                "| {name} | {g:.0} | {n:.0} | {h:.0} | {:.2}x | {:.2}x |",
+                g / n,
+                g / h
+            );
+        }
+    }
     if run("throughput") {
         say!(
             r,
@@ -271,13 +437,17 @@ fn main() {
             r,
             "\n# Memory per idle connection\n\nResident memory (all processes of the server) before and \
          after {IDLE} connections that finished their handshake and send nothing. The gateway has \
-         already connected each to its backend; nginx connects upstream only on a request.\n"
+         already connected each to its backend; nginx and HAProxy connect upstream only on a request.\n"
         );
         say!(
             r,
             "| server | bytes per idle connection | target |\n|---|---:|---:|"
         );
-        for (name, pid, port) in [("gateway", gw, 8443), ("nginx", nginx_pid, 9443)] {
+        for (name, pid, port) in [
+            ("gateway", gw, 8443),
+            ("nginx", nginx_pid, 9443),
+            ("HAProxy", haproxy_pid, 7443),
+        ] {
             let before = tree_rss_bytes(pid);
             let after = idle_connections(&net, &cert, port, IDLE, || {
                 if name == "gateway" {

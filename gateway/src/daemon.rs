@@ -10,7 +10,7 @@ use std::{collections::BTreeSet, net::SocketAddr, sync::Arc, time::Duration};
 use aya_log::EbpfLogger;
 use gateway_common::{
     Class,
-    maps::{DatapathConfig, OWNER_CONTROLLER, POLICY_PINNED, ServiceKey},
+    maps::{AttachMode, DatapathConfig, OWNER_CONTROLLER, POLICY_PINNED, ServiceKey},
 };
 use prometheus_client::{encoding::EncodeLabelSet, metrics::counter::Counter, registry::Registry};
 use thiserror::Error;
@@ -333,13 +333,22 @@ async fn serve(
                 Box::new(move || p.refresh_gauges()) as crate::metrics::Refresh
             })
             .collect();
+        let endpoint = crate::metrics::Endpoint {
+            registry,
+            refresh,
+            checks: Arc::new(readiness_checks(
+                cfg,
+                &attached,
+                &proxies.proxies,
+                &controller_stats,
+            )),
+        };
         tokio::spawn(crate::metrics::serve(
             listener,
-            Arc::new(registry),
-            Arc::new(refresh),
+            Arc::new(endpoint),
             stop.clone(),
         ));
-        info!(%addr, "metrics at /metrics");
+        info!(%addr, "metrics at /metrics, health at /healthz and /readyz");
     }
     info!(config = %cfg, "gateway ready");
     let mut running = cfg.clone();
@@ -421,6 +430,78 @@ async fn serve(
         t.abort();
     }
     Ok(())
+}
+
+/// What `/readyz` checks: each configured interface's program attached (its link bound to the
+/// interface) in the mode asked for, with maps of this build's layout; every proxy listener
+/// accepting; the controller's last interval recent.
+fn readiness_checks(
+    cfg: &Config,
+    attached: &[Arc<Attached>],
+    proxies: &[Arc<Proxy>],
+    controller: &ControllerStats,
+) -> Vec<crate::health::Check> {
+    let mut checks: Vec<crate::health::Check> = Vec::new();
+    for a in attached {
+        let asked = cfg
+            .interfaces
+            .0
+            .iter()
+            .find(|i| i.name == a.iface())
+            .and_then(|i| i.mode.exact());
+        let a = a.clone();
+        checks.push(Box::new(move || {
+            let iface = a.iface();
+            match crate::health::link_ifindex(&a.pins().link()) {
+                Ok(0) => {
+                    return Err(format!(
+                        "{iface}: the program is detached (its link is bound to no interface)"
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) => return Err(format!("{iface}: no pinned link ({e})")),
+            }
+            let mode = AttachMode::from_id(
+                a.maps()
+                    .config()
+                    .map_err(|e| format!("{iface}: {e}"))?
+                    .attach_mode,
+            );
+            if let Some(want) = asked
+                && want != mode
+            {
+                return Err(format!(
+                    "{iface}: attached in {} mode, {} asked",
+                    mode.name(),
+                    want.name()
+                ));
+            }
+            loader::check_pinned_layout(a.pins()).map_err(|e| format!("{iface}: {e}"))
+        }));
+    }
+    for p in proxies {
+        let p = p.clone();
+        checks.push(Box::new(move || {
+            if p.is_accepting() {
+                Ok(())
+            } else {
+                Err(format!("proxy {}: not accepting", p.listen()))
+            }
+        }));
+    }
+    if !cfg.controller.classes.is_empty() {
+        let (stats, interval) = (controller.clone(), cfg.controller.interval);
+        // A few intervals of slack, and never less than two seconds (a busy control thread).
+        let late = (interval * 5).max(Duration::from_secs(2));
+        checks.push(Box::new(move || match stats.since_last_interval() {
+            Some(ago) if ago <= late => Ok(()),
+            Some(ago) => Err(format!(
+                "controller: its last interval was {ago:?} ago (every {interval:?} expected)"
+            )),
+            None => Err("controller: no interval has run yet".into()),
+        }));
+    }
+    checks
 }
 
 /// Starts the controller of `cfg` as a task that ends with its token (or `stop`).

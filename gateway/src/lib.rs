@@ -11,6 +11,7 @@ pub mod controller;
 pub mod daemon;
 pub mod datapath_metrics;
 pub mod ethtool;
+pub mod health;
 pub mod issued;
 pub mod loader;
 pub mod maps;

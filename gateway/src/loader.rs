@@ -193,7 +193,7 @@ fn expected_layout(name: &str) -> Option<(usize, usize)> {
 /// Refuses pinned maps whose layout is not this build's (left by an older or newer gateway):
 /// aya would adopt them as they are, and the program would then be checked, or worse run,
 /// against values of another shape. Nothing is touched before the check.
-fn check_pinned_layout(pd: &PinDir) -> Result<(), LoaderError> {
+pub fn check_pinned_layout(pd: &PinDir) -> Result<(), LoaderError> {
     for name in names::ALL {
         let path = pd.map(name);
         let (Some((key, value)), true) = (expected_layout(name), path.exists()) else {

@@ -662,19 +662,20 @@ fn the_metrics_endpoint_answers_as_scrapers_expect() {
     };
     // Prometheus asks for OpenMetrics and gets it.
     const PROMETHEUS_ACCEPT: &str = "Accept: application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
-    let head = curl(&["-sS", "-I", "-H", PROMETHEUS_ACCEPT, &url]);
-    assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+    // Header names are case-insensitive (RFC 9110); hyper writes them in lower case.
+    let head = curl(&["-sS", "-I", "-H", PROMETHEUS_ACCEPT, &url]).to_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
     assert!(
-        head.contains("Content-Type: application/openmetrics-text; version=1.0.0"),
+        head.contains("content-type: application/openmetrics-text; version=1.0.0"),
         "{head}"
     );
     let body = curl(&["-sS", "-H", PROMETHEUS_ACCEPT, &format!("{url}?x=1")]);
     assert!(body.trim_end().ends_with("# EOF"), "{body}");
     // Others get the 0.0.4 text, which promtool checks clean: HELP on every family, base
     // units, counters named as their samples.
-    let head = curl(&["-sS", "-I", &url]);
+    let head = curl(&["-sS", "-I", &url]).to_lowercase();
     assert!(
-        head.contains("Content-Type: text/plain; version=0.0.4"),
+        head.contains("content-type: text/plain; version=0.0.4"),
         "{head}"
     );
     let text = curl(&["-sS", &url]);
@@ -734,6 +735,59 @@ fn the_metrics_endpoint_answers_as_scrapers_expect() {
         &url,
     ]);
     assert_eq!(post, "405");
+}
+
+/// Issue 27: liveness and readiness. `/healthz` answers while the daemon serves; `/readyz` is
+/// ready while the program is attached, the listener accepts and the maps are this build's, and
+/// turns 503 with the reason when the program is detached by hand (`bpftool link detach`).
+#[test]
+fn readyz_turns_unready_with_the_reason_when_the_program_is_detached_by_hand() {
+    if !have_root("readyz_turns_unready") {
+        return;
+    }
+    let (s, _backend) = Setup::answering("", "");
+    let get = |path: &str| {
+        let out = s.net.exec(
+            &s.net.gw_ns,
+            "curl",
+            &[
+                "-sS",
+                "-w",
+                "\n%{http_code}",
+                &format!("http://127.0.0.1:{METRICS}{path}"),
+            ],
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap();
+        (code.to_string(), body.to_string())
+    };
+    assert_eq!(get("/healthz"), ("200".into(), "ok\n".into()));
+    assert_eq!(get("/readyz"), ("200".into(), "ready\n".into()));
+    assert_eq!(get("/nothing").0, "404");
+    let status: serde_json::Value =
+        serde_json::from_str(&s.net.gateway_ok(&["status", "--json"])).unwrap();
+    let link = status[0]["link_id"].to_string();
+    let out = std::process::Command::new("bpftool")
+        .args(["link", "detach", "id", &link])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let (code, body) = get("/readyz");
+    assert_eq!(code, "503", "{body}");
+    assert!(
+        body.contains(&format!("{}: the program is detached", s.net.gw_if)),
+        "{body}"
+    );
+    // Still alive: liveness is not readiness.
+    assert_eq!(get("/healthz").0, "200");
+    // `gateway status` makes the same check and fails with the same reason.
+    let out = s.net.gateway(&["status"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not ready")
+            && String::from_utf8_lossy(&out.stderr).contains("the program is detached"),
+        "{out:?}"
+    );
 }
 
 /// tls-new's `policy show` row.

@@ -137,6 +137,9 @@ pub enum CommandError {
     /// Writing the output failed.
     #[error("writing the output: {0}")]
     Output(String),
+    /// An attachment is not ready (what `/readyz` would say).
+    #[error("not ready: {0}")]
+    NotReady(String),
 }
 
 impl CommandError {
@@ -146,7 +149,7 @@ impl CommandError {
         let input = match self {
             CommandError::Loader(e) => e.is_input_error(),
             CommandError::Pins(e) => !matches!(e, PinsError::Io { .. }),
-            CommandError::Maps(_) | CommandError::Output(_) => false,
+            CommandError::Maps(_) | CommandError::Output(_) | CommandError::NotReady(_) => false,
             CommandError::Daemon(e) => e.is_input_error(),
             CommandError::Caps(_) | CommandError::Config(_) | CommandError::Usage(_) => true,
         };

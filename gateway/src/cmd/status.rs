@@ -18,15 +18,37 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
-/// Shows every attachment: interface, mode, link and program ids.
+/// Shows every attachment: interface, mode, link and program ids; fails (exit 1) when an
+/// attachment is not ready (its link detached, its maps of another layout), saying why.
 pub fn run(root: &Path, args: StatusArgs) -> Result<(), CommandError> {
     let json = args.json;
     caps::require(Need::Maps)?;
     pins::check_bpffs(root)?;
-    let infos = pins::attached(root)?
+    let dirs = pins::attached(root)?;
+    let infos = dirs
         .iter()
         .map(loader::info)
         .collect::<Result<Vec<_>, _>>()?;
+    // The checks /readyz makes of an attachment: its link bound to the interface, its maps of
+    // this build's layout.
+    let problems: Vec<String> = dirs
+        .iter()
+        .filter_map(|pd| {
+            match crate::health::link_ifindex(&pd.link()) {
+                Ok(0) => {
+                    return Some(format!(
+                        "{}: the program is detached (its link is bound to no interface)",
+                        pd.iface
+                    ));
+                }
+                Err(e) => return Some(format!("{}: no pinned link ({e})", pd.iface)),
+                Ok(_) => {}
+            }
+            loader::check_pinned_layout(pd)
+                .err()
+                .map(|e| format!("{}: {e}", pd.iface))
+        })
+        .collect();
     if json {
         println!("{}", serde_json::to_string(&infos).expect("serializable"));
     } else if infos.is_empty() {
@@ -50,5 +72,9 @@ pub fn run(root: &Path, args: StatusArgs) -> Result<(), CommandError> {
             );
         }
     }
-    Ok(())
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(CommandError::NotReady(problems.join("; ")))
+    }
 }

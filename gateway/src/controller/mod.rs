@@ -209,6 +209,18 @@ pub struct ControllerStats {
     ratio: Sorted<Labels, Gauge<f64, AtomicU64>>,
     ratio_target: Sorted<Labels, Gauge<f64, AtomicU64>>,
     cost: Sorted<Labels, Gauge<f64, AtomicU64>>,
+    /// When the last interval ran, `CLOCK_MONOTONIC` nanoseconds; 0 before the first.
+    last_interval_ns: Arc<AtomicU64>,
+}
+
+impl ControllerStats {
+    /// How long ago the last interval ran; `None` before the first.
+    pub fn since_last_interval(&self) -> Option<Duration> {
+        let at = self
+            .last_interval_ns
+            .load(std::sync::atomic::Ordering::Relaxed);
+        (at != 0).then(|| Duration::from_nanos(monotonic_ns().saturating_sub(at)))
+    }
 }
 
 impl ControllerStats {
@@ -364,6 +376,9 @@ impl Controller {
             let elapsed = now.duration_since(last).max(Duration::from_millis(1));
             last = now;
             self.tick(elapsed);
+            self.stats
+                .last_interval_ns
+                .store(monotonic_ns(), std::sync::atomic::Ordering::Relaxed);
         }
     }
 

@@ -1,47 +1,72 @@
-//! The Prometheus endpoint: `GET /metrics` (and `HEAD`, and with a query string, which is
-//! ignored) over a minimal HTTP/1.x responder (one request per connection, bounded in size and
-//! time). What it serves follows the request's `Accept`, as Prometheus's own client libraries
+//! The daemon's HTTP endpoint, served with hyper: `/metrics` for Prometheus, `/healthz` and
+//! `/readyz` for supervisors and load balancers ([`crate::health`]). `GET` and `HEAD`, any query
+//! string ignored; one connection's requests are bounded in time.
+//!
+//! What `/metrics` serves follows the request's `Accept`, as Prometheus's own client libraries
 //! do: the OpenMetrics text `prometheus-client` encodes when asked for (Prometheus asks by
 //! default), else the same series in the 0.0.4 text format ([`text`]).
 
 pub mod family;
 pub mod text;
 
-use std::{sync::Arc, time::Duration};
+use std::{convert::Infallible, sync::Arc, time::Duration};
 
-use prometheus_client::registry::Registry;
-use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::{TcpListener, TcpStream},
+use http_body_util::Full;
+use hyper::{
+    Method, Request, Response, StatusCode,
+    body::Bytes,
+    header::{ACCEPT, ALLOW, CONTENT_TYPE, HeaderValue},
+    server::conn::http1,
+    service::service_fn,
 };
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-/// Largest request head read.
-const MAX_REQUEST: usize = 8192;
-/// Time a client has to send its request.
+use crate::health::{Checks, Readiness};
+
+/// Time a client has to send a request's head.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a connection may stay open (a keep-alive scraper reconnects).
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Called before each scrape, to bring gauges up to date.
 pub type Refresh = Box<dyn Fn() + Send + Sync>;
 
-/// Serves `registry` on `listener` until `stop` is cancelled.
-pub async fn serve(
-    listener: TcpListener,
-    registry: Arc<Registry>,
-    refresh: Arc<Vec<Refresh>>,
-    stop: CancellationToken,
-) {
+/// What the endpoint serves from.
+pub struct Endpoint {
+    /// The series.
+    pub registry: Registry,
+    /// Run before each scrape.
+    pub refresh: Vec<Refresh>,
+    /// Readiness checks.
+    pub checks: Checks,
+}
+
+/// Serves `endpoint` on `listener` until `stop` is cancelled.
+pub async fn serve(listener: TcpListener, endpoint: Arc<Endpoint>, stop: CancellationToken) {
     crate::accept::accept_until(
         listener,
         &stop,
         "metrics",
         || async {},
         |sock, _, ()| {
-            let (registry, refresh) = (registry.clone(), refresh.clone());
+            let endpoint = endpoint.clone();
             tokio::spawn(async move {
-                if let Err(e) = answer(sock, &registry, &refresh).await {
-                    debug!(error = %e, "metrics request");
+                let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let endpoint = endpoint.clone();
+                    async move { Ok::<_, Infallible>(endpoint.answer(&req)) }
+                });
+                let conn = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(REQUEST_TIMEOUT)
+                    .serve_connection(TokioIo::new(sock), service);
+                match tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
+                    Ok(Err(e)) => debug!(error = %e, "metrics connection"),
+                    Err(_) => debug!("metrics connection open too long: closed"),
+                    Ok(Ok(())) => {}
                 }
             });
         },
@@ -49,100 +74,108 @@ pub async fn serve(
     .await
 }
 
-async fn answer(
-    mut sock: TcpStream,
-    registry: &Registry,
-    refresh: &[Refresh],
-) -> std::io::Result<()> {
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    let read_head = async {
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
-            let n = sock.read(&mut buf).await?;
-            if n == 0 {
-                break;
+impl Endpoint {
+    fn answer<B>(&self, req: &Request<B>) -> Response<Full<Bytes>> {
+        let path = req.uri().path();
+        let route = route(req.method(), path);
+        let (status, content_type, body) = match route {
+            Route::Metrics => {
+                for r in &self.refresh {
+                    r();
+                }
+                let mut open = String::new();
+                match prometheus_client::encoding::text::encode(&mut open, &self.registry) {
+                    Ok(()) => {
+                        let openmetrics = req
+                            .headers()
+                            .get_all(ACCEPT)
+                            .iter()
+                            .any(|v| text::accepts_openmetrics(v.as_bytes()));
+                        if openmetrics {
+                            (StatusCode::OK, OPENMETRICS, open)
+                        } else {
+                            (
+                                StatusCode::OK,
+                                text::CONTENT_TYPE,
+                                text::from_openmetrics(&open),
+                            )
+                        }
+                    }
+                    Err(e) => (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        PLAIN,
+                        format!("encoding the metrics: {e}\n"),
+                    ),
+                }
             }
-            head.extend_from_slice(&buf[..n]);
-        }
-        Ok::<_, std::io::Error>(())
-    };
-    tokio::time::timeout(REQUEST_TIMEOUT, read_head)
-        .await
-        .map_err(|_| std::io::Error::other("request timed out"))??;
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let route = route(line);
-    let openmetrics = text::wants_openmetrics(&head);
-    let (status, body) = match route {
-        Route::Metrics { .. } => {
-            for r in refresh {
-                r();
+            Route::Healthz => (StatusCode::OK, PLAIN, "ok\n".to_string()),
+            Route::Readyz => {
+                let r = Readiness::of(&self.checks);
+                let status = if r.ready {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                (status, PLAIN, r.body())
             }
-            let mut open = String::new();
-            prometheus_client::encoding::text::encode(&mut open, registry)
-                .map_err(std::io::Error::other)?;
-            let body = if openmetrics {
-                open
-            } else {
-                text::from_openmetrics(&open)
-            };
-            ("200 OK", body)
+            Route::WrongMethod => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                PLAIN,
+                "only GET and HEAD are served\n".to_string(),
+            ),
+            Route::NotFound => (
+                StatusCode::NOT_FOUND,
+                PLAIN,
+                "served: /metrics, /healthz, /readyz\n".to_string(),
+            ),
+        };
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        *response.version_mut() = req.version();
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        if route == Route::WrongMethod {
+            response
+                .headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         }
-        Route::WrongMethod => (
-            "405 Method Not Allowed",
-            "only GET and HEAD /metrics are served\n".to_string(),
-        ),
-        Route::NotFound => ("404 Not Found", "only GET /metrics is served\n".to_string()),
-    };
-    let content_type = match route {
-        Route::Metrics { .. } if openmetrics => OPENMETRICS,
-        Route::Metrics { .. } => text::CONTENT_TYPE,
-        _ => "text/plain; charset=utf-8",
-    };
-    let allow = if route == Route::WrongMethod {
-        "Allow: GET, HEAD\r\n"
-    } else {
-        ""
-    };
-    let mut response = format!(
-        "HTTP/1.0 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
-        body.len()
-    );
-    if route != (Route::Metrics { head: true }) {
-        response += &body;
+        response
     }
-    sock.write_all(response.as_bytes()).await?;
-    sock.shutdown().await
 }
 
 /// The content type of what `prometheus_client`'s text encoder writes (OpenMetrics 1.0: `_total`
 /// counters, `# EOF`).
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const PLAIN: &str = "text/plain; charset=utf-8";
 
-/// What a request line asks for.
+/// What a request asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Route {
-    /// The metrics; `head`: without the body.
-    Metrics { head: bool },
-    /// `/metrics` by another method.
+    /// The metrics.
+    Metrics,
+    /// Liveness.
+    Healthz,
+    /// Readiness.
+    Readyz,
+    /// A known path by another method than GET or HEAD.
     WrongMethod,
     /// Anything else.
     NotFound,
 }
 
-/// Routes a request line (`METHOD TARGET [VERSION]`): `/metrics`, with any query string.
-fn route(line: &[u8]) -> Route {
-    let mut parts = line.split(|&b| b == b' ');
-    let (Some(method), Some(target)) = (parts.next(), parts.next()) else {
-        return Route::NotFound;
+/// Routes a request by method and path (the query string is not part of the path).
+fn route(method: &Method, path: &str) -> Route {
+    let known = match path {
+        "/metrics" => Route::Metrics,
+        "/healthz" => Route::Healthz,
+        "/readyz" => Route::Readyz,
+        _ => return Route::NotFound,
     };
-    let path = target.split(|&b| b == b'?').next().unwrap_or_default();
-    if path != b"/metrics" {
-        return Route::NotFound;
-    }
-    match method {
-        b"GET" => Route::Metrics { head: false },
-        b"HEAD" => Route::Metrics { head: true },
-        _ => Route::WrongMethod,
+    if method == Method::GET || method == Method::HEAD {
+        known
+    } else {
+        Route::WrongMethod
     }
 }
 
@@ -151,24 +184,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn requests_route_as_scrapers_send_them() {
-        assert_eq!(
-            route(b"GET /metrics HTTP/1.1"),
-            Route::Metrics { head: false }
+    fn requests_route_by_method_and_path() {
+        assert_eq!(route(&Method::GET, "/metrics"), Route::Metrics);
+        assert_eq!(route(&Method::HEAD, "/metrics"), Route::Metrics);
+        assert_eq!(route(&Method::GET, "/healthz"), Route::Healthz);
+        assert_eq!(route(&Method::GET, "/readyz"), Route::Readyz);
+        assert_eq!(route(&Method::POST, "/metrics"), Route::WrongMethod);
+        assert_eq!(route(&Method::GET, "/metricsx"), Route::NotFound);
+        assert_eq!(route(&Method::GET, "/"), Route::NotFound);
+    }
+
+    #[test]
+    fn metrics_follow_the_accept_header_and_readyz_says_why() {
+        let mut registry = Registry::default();
+        let c: prometheus_client::metrics::counter::Counter = Default::default();
+        registry.register("x", "X", c);
+        let down: crate::health::Check = Box::new(|| Err("eth0: the program is detached".into()));
+        let e = Endpoint {
+            registry,
+            refresh: Vec::new(),
+            checks: Arc::new(vec![down]),
+        };
+        let get = |path: &str, accept: Option<&str>| {
+            let mut b = Request::builder().uri(path);
+            if let Some(a) = accept {
+                b = b.header(ACCEPT, a);
+            }
+            e.answer(&b.body(()).unwrap())
+        };
+        let open = get(
+            "/metrics?x=1",
+            Some("application/openmetrics-text;version=1.0.0"),
         );
-        assert_eq!(route(b"GET /metrics"), Route::Metrics { head: false });
+        assert_eq!(open.headers()[CONTENT_TYPE], OPENMETRICS);
+        let plain = get("/metrics", None);
+        assert_eq!(plain.headers()[CONTENT_TYPE], text::CONTENT_TYPE);
+        assert_eq!(get("/healthz", None).status(), StatusCode::OK);
         assert_eq!(
-            route(b"GET /metrics?x=1&name[]=a HTTP/1.1"),
-            Route::Metrics { head: false }
+            get("/readyz", None).status(),
+            StatusCode::SERVICE_UNAVAILABLE
         );
-        assert_eq!(
-            route(b"HEAD /metrics HTTP/1.1"),
-            Route::Metrics { head: true }
-        );
-        assert_eq!(route(b"POST /metrics HTTP/1.1"), Route::WrongMethod);
-        assert_eq!(route(b"GET /metricsx HTTP/1.1"), Route::NotFound);
-        assert_eq!(route(b"GET / HTTP/1.1"), Route::NotFound);
-        assert_eq!(route(b""), Route::NotFound);
-        assert_eq!(route(b"GET"), Route::NotFound);
     }
 }

@@ -91,7 +91,10 @@ struct RawProxy {
     retry_interval: Span,
     #[serde(default = "default_max_fails", deserialize_with = "de_max_fails")]
     max_fails: u32,
-    #[serde(default = "default_listen_backlog", deserialize_with = "de_listen_backlog")]
+    #[serde(
+        default = "default_listen_backlog",
+        deserialize_with = "de_listen_backlog"
+    )]
     listen_backlog: u32,
     #[serde(default)]
     protocol: AppProtocol,

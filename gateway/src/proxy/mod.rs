@@ -67,6 +67,8 @@ pub struct Proxy {
     descriptors: Descriptors,
     /// When a pause of accepting was last logged (one line per [`PAUSE_LOG_EVERY`]).
     pause_logged: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Whether its accept loop runs (readiness).
+    accepting: std::sync::atomic::AtomicBool,
 }
 
 /// A listener's reloadable settings and the pool made from them.
@@ -105,6 +107,7 @@ impl Proxy {
             stats,
             descriptors,
             pause_logged: std::sync::Mutex::new(None),
+            accepting: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -137,6 +140,11 @@ impl Proxy {
         &self.issued
     }
 
+    /// Whether it accepts connections now.
+    pub fn is_accepting(&self) -> bool {
+        self.accepting.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The listen address.
     pub fn listen(&self) -> SocketAddr {
         self.listen
@@ -160,6 +168,8 @@ impl Proxy {
         stop: CancellationToken,
         tracker: TaskTracker,
     ) {
+        self.accepting
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         crate::accept::accept_until(
             listener,
             &stop,
@@ -176,6 +186,8 @@ impl Proxy {
             },
         )
         .await;
+        self.accepting
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         debug!(listener = %self.label, "stopped accepting");
     }
 

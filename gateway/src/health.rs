@@ -1,0 +1,136 @@
+//! Liveness and readiness, as supervisors and load balancers ask for them: `/healthz` answers
+//! while the process serves; `/readyz` answers 200 only when every check passes (each configured
+//! interface's program attached in the mode asked for, its maps of this build's layout, every
+//! proxy listener accepting, the controller's last interval recent), else 503 with the reasons.
+
+use std::{
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    path::Path,
+    sync::Arc,
+};
+
+/// One readiness check: `Err` says why not, in an operator's words.
+pub type Check = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// The outcome of every check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readiness {
+    /// Every check passed.
+    pub ready: bool,
+    /// One line per failed check (empty when ready).
+    pub reasons: Vec<String>,
+}
+
+impl Readiness {
+    /// Runs `checks`.
+    pub fn of(checks: &[Check]) -> Self {
+        let reasons: Vec<String> = checks.iter().filter_map(|c| c().err()).collect();
+        Readiness {
+            ready: reasons.is_empty(),
+            reasons,
+        }
+    }
+
+    /// The body `/readyz` answers with.
+    pub fn body(&self) -> String {
+        if self.ready {
+            "ready\n".to_string()
+        } else {
+            let mut out = "not ready:\n".to_string();
+            for r in &self.reasons {
+                out += &format!("- {r}\n");
+            }
+            out
+        }
+    }
+}
+
+/// Shared checks (the daemon adds them as it starts its parts).
+pub type Checks = Arc<Vec<Check>>;
+
+/// The interface index the BPF link pinned at `pin` is attached to; `Ok(0)` when the link was
+/// detached (by `bpftool link detach`, or the interface went away): the kernel keeps a defunct
+/// link with no interface.
+pub fn link_ifindex(pin: &Path) -> std::io::Result<u32> {
+    let fd = obj_get(pin)?;
+    // struct bpf_link_info: type, id, prog_id (u32 each), then the per-type union at offset 16,
+    // whose xdp and tcx members both begin with the u32 ifindex.
+    let mut info = [0u64; 16];
+    let len = obj_info(&fd, &mut info)?;
+    if len < 20 {
+        return Err(std::io::Error::other("short bpf_link_info"));
+    }
+    Ok(info[2] as u32)
+}
+
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+
+/// `BPF_OBJ_GET`: a descriptor of the object pinned at `pin`.
+fn obj_get(pin: &Path) -> std::io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let path = std::ffi::CString::new(pin.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::other("a NUL in the pin path"))?;
+    // union bpf_attr for BPF_OBJ_GET: pathname (u64), bpf_fd (u32), file_flags (u32).
+    let mut attr = [0u64; 16];
+    attr[0] = path.as_ptr() as u64;
+    // SAFETY: bpf(2) reads the attr (a pointer to a NUL-terminated path that outlives the call)
+    // and returns a new descriptor this function owns.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor bpf(2) just returned, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` into `info`; the length the kernel filled.
+fn obj_info(fd: &OwnedFd, info: &mut [u64; 16]) -> std::io::Result<u32> {
+    // union bpf_attr for the info command: bpf_fd (u32), info_len (u32), info (u64).
+    let mut attr = [0u64; 16];
+    attr[0] = u64::from(fd.as_raw_fd() as u32) | ((std::mem::size_of_val(info) as u64) << 32);
+    attr[1] = info.as_mut_ptr() as u64;
+    // SAFETY: bpf(2) writes at most info_len bytes into `info`, which outlives the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((attr[0] >> 32) as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_only_when_every_check_passes_and_the_body_says_why_not() {
+        let ok: Check = Box::new(|| Ok(()));
+        let down: Check = Box::new(|| Err("eth0: the program is detached".into()));
+        let r = Readiness::of(&[ok]);
+        assert!(r.ready);
+        assert_eq!(r.body(), "ready\n");
+        let ok: Check = Box::new(|| Ok(()));
+        let r = Readiness::of(&[ok, down]);
+        assert!(!r.ready);
+        assert_eq!(r.body(), "not ready:\n- eth0: the program is detached\n");
+    }
+
+    #[test]
+    fn a_missing_pin_is_an_error_not_a_detached_link() {
+        assert!(link_ifindex(Path::new("/nonexistent/gateway/link")).is_err());
+    }
+}

@@ -20,7 +20,7 @@ use tokio::{
     signal::unix::{SignalKind, signal},
 };
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::{
     attached::Attached,
@@ -270,6 +270,16 @@ async fn serve(
     let mut reject_tasks = Vec::new();
     for a in &attached {
         reject_tasks.push(tokio::spawn(destroy_rejected(a.clone())));
+        if let Some(i) = cfg.interfaces.0.iter().find(|i| i.name == a.iface()) {
+            let opts = AttachOptions {
+                iface: i.name.clone(),
+                mode: i.mode,
+                root: cfg.bpffs.clone(),
+                ebpf_log_level: cfg.datapath.ebpf_log_level.value(),
+                issued_keys: cfg.datapath.issued_keys,
+            };
+            reject_tasks.push(tokio::spawn(keep_attached(opts, a.pins().clone())));
+        }
         // Loaded (and verified) here, before the daemon says it is ready: not on the control
         // thread while it serves.
         match loader::Sweeper::load(a.pins()) {
@@ -669,6 +679,44 @@ fn start_proxies(
         accepting,
         stats,
     })
+}
+
+/// How often the daemon looks whether its programs are still attached.
+const ATTACHED_CHECK: Duration = Duration::from_secs(1);
+
+/// Puts the datapath back when its link is found detached from under the daemon (`bpftool link
+/// detach`, a tool that cleared the interface): the defunct link's pin goes and the program is
+/// attached again as at start, over the same pinned maps (policies and admitted work kept).
+/// It acts on the second look that finds the link detached, so `/readyz` says so for at least
+/// one check interval first; each time is logged at error level.
+async fn keep_attached(opts: AttachOptions, pins: PinDir) {
+    let mut tick = tokio::time::interval(ATTACHED_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen = false;
+    loop {
+        tick.tick().await;
+        let detached = matches!(crate::health::link_ifindex(&pins.link()), Ok(0));
+        if !detached || !std::mem::replace(&mut seen, true) {
+            seen &= detached;
+            continue;
+        }
+        seen = false;
+        error!(iface = %opts.iface, "the program was detached from under the daemon: attaching it again");
+        let (link, opts_again) = (pins.link(), opts.clone());
+        let again = tokio::task::spawn_blocking(move || {
+            std::fs::remove_file(&link).map_err(|e| e.to_string())?;
+            loader::attach(&opts_again).map_err(|e| e.to_string())
+        })
+        .await;
+        match again {
+            Ok(Ok(a)) => info!(
+                iface = %a.iface, mode = a.mode.name(), link_id = a.link_id, program_id = a.program_id,
+                "attached again"
+            ),
+            Ok(Err(e)) => error!(iface = %opts.iface, error = %e, "cannot attach again; retrying"),
+            Err(e) => error!(iface = %opts.iface, error = %e, "cannot attach again; retrying"),
+        }
+    }
 }
 
 /// Destroys the server-side socket of every connection the datapath rejects (see `sockdiag`):

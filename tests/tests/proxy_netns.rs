@@ -738,56 +738,66 @@ fn the_metrics_endpoint_answers_as_scrapers_expect() {
 }
 
 /// Issue 27: liveness and readiness. `/healthz` answers while the daemon serves; `/readyz` is
-/// ready while the program is attached, the listener accepts and the maps are this build's, and
-/// turns 503 with the reason when the program is detached by hand (`bpftool link detach`).
+/// ready while the program is attached, the listener accepts and the maps are this build's. A
+/// program detached by hand (`bpftool link detach`) turns it 503 with the reason (and `gateway
+/// status` fails saying the same) until the daemon, on its second look, attaches it again over
+/// the same maps: then `/readyz` is ready again and clients are judged at the NIC again.
 #[test]
-fn readyz_turns_unready_with_the_reason_when_the_program_is_detached_by_hand() {
-    if !have_root("readyz_turns_unready") {
+fn readyz_says_why_when_the_program_is_detached_by_hand_and_the_daemon_puts_it_back() {
+    if !have_root("readyz_says_why_when_the_program_is_detached") {
         return;
     }
-    let (s, _backend) = Setup::answering("", "");
-    let get = |path: &str| {
-        let out = s.net.exec(
-            &s.net.gw_ns,
-            "curl",
-            &[
-                "-sS",
-                "-w",
-                "\n%{http_code}",
-                &format!("http://127.0.0.1:{METRICS}{path}"),
-            ],
-        );
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap();
-        (code.to_string(), body.to_string())
+    let (mut s, _backend) = Setup::answering("", "");
+    let gw_ns = s.net.gw_ns.clone();
+    let get = |path: &str| -> (u16, String) {
+        gateway_tests::netns::in_netns(&gw_ns, || {
+            let mut c = TcpStream::connect(("127.0.0.1", METRICS)).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            write!(c, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+            let mut text = String::new();
+            c.read_to_string(&mut text).unwrap();
+            let code = text[9..12].parse().unwrap();
+            let body = text.split_once("\r\n\r\n").unwrap().1.to_string();
+            (code, body)
+        })
     };
-    assert_eq!(get("/healthz"), ("200".into(), "ok\n".into()));
-    assert_eq!(get("/readyz"), ("200".into(), "ready\n".into()));
-    assert_eq!(get("/nothing").0, "404");
-    let status: serde_json::Value =
-        serde_json::from_str(&s.net.gateway_ok(&["status", "--json"])).unwrap();
-    let link = status[0]["link_id"].to_string();
+    assert_eq!(get("/healthz"), (200, "ok\n".into()));
+    assert_eq!(get("/readyz"), (200, "ready\n".into()));
+    assert_eq!(get("/nothing").0, 404);
+    let link = |s: &Setup| {
+        let status: serde_json::Value =
+            serde_json::from_str(&s.net.gateway_ok(&["status", "--json"])).unwrap();
+        status[0]["link_id"].as_u64().unwrap()
+    };
+    let before = link(&s);
     let out = std::process::Command::new("bpftool")
-        .args(["link", "detach", "id", &link])
+        .args(["link", "detach", "id", &before.to_string()])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
+    // Unready, with the reason, until the daemon's second look (at least a second).
     let (code, body) = get("/readyz");
-    assert_eq!(code, "503", "{body}");
+    assert_eq!(code, 503, "{body}");
     assert!(
         body.contains(&format!("{}: the program is detached", s.net.gw_if)),
         "{body}"
     );
-    // Still alive: liveness is not readiness.
-    assert_eq!(get("/healthz").0, "200");
-    // `gateway status` makes the same check and fails with the same reason.
+    assert_eq!(get("/healthz").0, 200, "liveness is not readiness");
     let out = s.net.gateway(&["status"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("not ready")
-            && String::from_utf8_lossy(&out.stderr).contains("the program is detached"),
+        String::from_utf8_lossy(&out.stderr).contains("not ready: "),
         "{out:?}"
     );
+    // Put back by the daemon: ready again, through a new link, and the NIC judges hellos again.
+    s.daemon()
+        .wait_for("attached again", Duration::from_secs(10));
+    assert_eq!(get("/readyz"), (200, "ready\n".into()));
+    assert_ne!(link(&s), before);
+    let hellos = class_counter(&s.net.stats(), "tls-new", "packets");
+    s.fetch(&rustls_config(&s.cert))
+        .expect("served after the program is back");
+    assert!(class_counter(&s.net.stats(), "tls-new", "packets") > hellos);
 }
 
 /// tls-new's `policy show` row.

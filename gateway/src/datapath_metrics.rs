@@ -56,6 +56,15 @@ struct LimitLabels {
     owner: &'static str,
 }
 
+/// Labels of a controller bound.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct BoundLabels {
+    iface: String,
+    class: &'static str,
+    /// `min` or `max`.
+    bound: &'static str,
+}
+
 /// Labels of the attachment gauge.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 struct AttachLabels {
@@ -100,6 +109,7 @@ struct Scrape {
     expired: Sorted<ClassLabels, Counter>,
     backlog: Sorted<ClassLabels, Gauge>,
     limits: Sorted<LimitLabels, Gauge>,
+    bounds: Sorted<BoundLabels, Gauge>,
     attached: Sorted<AttachLabels, Gauge>,
     tls: Vec<(&'static str, &'static str, Sorted<IfaceLabels, Counter>)>,
     parser: Vec<(&'static str, &'static str, Sorted<IfaceLabels, Counter>)>,
@@ -185,6 +195,17 @@ impl Scrape {
                 limit("rate", policy.rate_per_sec);
                 limit("burst", policy.burst);
             }
+            if policy.bound_max != 0 {
+                for (bound, v) in [("min", policy.bound_min), ("max", policy.bound_max)] {
+                    self.bounds
+                        .get_or_create(&BoundLabels {
+                            iface: iface.to_string(),
+                            class: c.name(),
+                            bound,
+                        })
+                        .set(v.min(i64::MAX as u64) as i64);
+                }
+            }
             for (reason, v) in [("backlog", s.dropped_backlog), ("rate", s.dropped_rate)] {
                 let d = DropLabels {
                     iface: iface.to_string(),
@@ -250,6 +271,12 @@ impl Scrape {
         self.limits.encode(e.encode_descriptor(
             "gateway_class_limit",
             "A limit in force (backlog in units, rate in admissions per second, burst), with who set it; a class with no series for a limit has none",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        self.bounds.encode(e.encode_descriptor(
+            "gateway_class_controller_bound",
+            "The bounds within which the controller moves a class's limit (min, max), for classes it holds",
             None,
             MetricType::Gauge,
         )?)?;

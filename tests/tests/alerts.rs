@@ -1,0 +1,185 @@
+//! The alerting rules shipped in `deploy/` (issue 27): `promtool check rules` passes them and
+//! fails a broken copy, and a real Prometheus scraping a real daemon fires the pending-table-full
+//! alert when the table is made full, and no other alert.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{TcpStream, UdpSocket},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use gateway_tests::{
+    daemon::Daemon,
+    have_root,
+    netns::{GW_V4, TestNet, in_netns},
+    tls::Proc,
+};
+
+const RULES: &str = "deploy/gateway.rules.yaml";
+const METRICS: u16 = 9481;
+const PROMETHEUS: u16 = 9482;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// `promtool check rules FILE`: success, and what it said.
+fn check_rules(file: &Path) -> (bool, String) {
+    let out = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(file)
+        .output()
+        .expect("promtool (cargo xtask setup installs it)");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn promtool_passes_the_shipped_rules_and_fails_a_broken_copy() {
+    let rules = workspace().join(RULES);
+    let (ok, said) = check_rules(&rules);
+    assert!(ok, "{said}");
+    let text = std::fs::read_to_string(&rules).unwrap();
+    let broken = std::env::temp_dir().join(format!("gateway-rules-{}.yaml", std::process::id()));
+    std::fs::write(
+        &broken,
+        text.replace(
+            "expr: gateway_datapath_attached == 0",
+            "expr: gateway_datapath_attached ==",
+        ),
+    )
+    .unwrap();
+    let (ok, said) = check_rules(&broken);
+    let _ = std::fs::remove_file(&broken);
+    assert!(!ok, "a broken expression passed: {said}");
+}
+
+/// `GET path` from Prometheus in the gateway namespace; the JSON body.
+fn api(net: &TestNet, path: &str) -> Option<serde_json::Value> {
+    in_netns(&net.gw_ns, || {
+        let mut c = TcpStream::connect(("127.0.0.1", PROMETHEUS)).ok()?;
+        c.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        write!(c, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+        let mut text = String::new();
+        c.read_to_string(&mut text).ok()?;
+        serde_json::from_str(text.split_once("\r\n\r\n")?.1).ok()
+    })
+}
+
+/// The names of the alerts firing now.
+fn firing(net: &TestNet) -> Vec<String> {
+    let Some(v) = api(net, "/api/v1/alerts") else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = v["data"]["alerts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["state"] == "firing")
+        .map(|a| a["labels"]["alertname"].as_str().unwrap_or("").to_string())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Polls `cond` until it holds (at most `timeout`); panics with `what` otherwise.
+fn wait(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_real_prometheus_fires_the_pending_table_full_alert_and_no_other() {
+    if !have_root("a_real_prometheus_fires_the_pending_table_full_alert") {
+        return;
+    }
+    let net = TestNet::new();
+    let dir = gateway_tests::fresh_temp_dir("gwt-alerts");
+    // Unanswered INVITEs stay pending for a minute: the table fills before any expires.
+    let _daemon = Daemon::start_config(
+        &net,
+        &dir,
+        &format!(
+            "metrics: 127.0.0.1:{METRICS}\nservices: [{{kind: sip, port: 5060}}]\npolicy:\n  sip-original: {{timeout: 60s}}\n"
+        ),
+    );
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+             rule_files: [{}]\n\
+             scrape_configs:\n  - job_name: gateway\n    static_configs: [{{targets: ['127.0.0.1:{METRICS}']}}]\n",
+            workspace().join(RULES).display()
+        ),
+    )
+    .unwrap();
+    let _prometheus = Proc(
+        Command::new("ip")
+            .args(["netns", "exec", &net.gw_ns, "prometheus"])
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{PROMETHEUS}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (cargo xtask setup installs it)"),
+    );
+    // Scraping, the rules loaded and evaluated, nothing firing.
+    wait(
+        "Prometheus never scraped the daemon",
+        Duration::from_secs(60),
+        || {
+            api(&net, "/api/v1/targets")
+                .is_some_and(|v| v["data"]["activeTargets"][0]["health"] == "up")
+        },
+    );
+    wait("the rules never evaluated", Duration::from_secs(30), || {
+        api(&net, "/api/v1/rules").is_some_and(|v| {
+            v["data"]["groups"].as_array().is_some_and(|g| {
+                g.iter()
+                    .all(|g| g["lastEvaluation"] != "0001-01-01T00:00:00Z")
+            })
+        })
+    });
+    assert_eq!(firing(&net), Vec::<String>::new());
+    // More distinct INVITEs than the pending table holds.
+    let n = gateway_common::maps::MAX_PENDING as usize + 100;
+    net.in_peer(|| {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        for i in 0..n {
+            let msg = format!(
+                "INVITE sip:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bK-a{i}\r\nCall-ID: a{i}@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n"
+            );
+            s.send_to(msg.as_bytes(), (GW_V4, 5060)).unwrap();
+        }
+    });
+    assert!(
+        net.stats()["datapath"]["pending_full"].as_u64().unwrap() > 0,
+        "the table never filled"
+    );
+    wait(
+        "the pending-table-full alert never fired",
+        Duration::from_secs(60),
+        || firing(&net).iter().any(|a| a == "GatewayPendingTableFull"),
+    );
+    assert_eq!(firing(&net), ["GatewayPendingTableFull"]);
+}

@@ -3,7 +3,7 @@
 
 use std::{
     io::{BufRead, BufReader},
-    process::{Child, ExitStatus, Stdio},
+    process::{Child, Command, ExitStatus, Stdio},
     sync::mpsc::{Receiver, RecvTimeoutError, channel},
     time::{Duration, Instant},
 };
@@ -72,6 +72,34 @@ impl Daemon {
         )
     }
 
+    /// [`Daemon::start_config`] with no capability beyond `caps` (names as systemd writes them,
+    /// `CAP_BPF`): its bounding set is cut to them by `setpriv` inside the namespace, as a
+    /// systemd unit's `CapabilityBoundingSet=` does.
+    pub fn start_config_capped(
+        net: &TestNet,
+        dir: &std::path::Path,
+        body: &str,
+        caps: &[&str],
+    ) -> Daemon {
+        let cfg = Self::write_config(net, dir, body);
+        let set = caps
+            .iter()
+            .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", &net.gw_ns, "setpriv"])
+            .arg(format!("--bounding-set=-all,{set}"))
+            .arg("--")
+            .arg(crate::gateway_bin())
+            .arg("--bpffs")
+            .arg(net.root())
+            .args(["run", "--config"])
+            .arg(&cfg);
+        Self::spawn_command(command, "info", Duration::from_secs(20))
+    }
+
     /// [`Daemon::start`] with `RUST_LOG` set to `filter`.
     pub fn start_logging(net: &TestNet, args: &[&str], filter: &str, timeout: Duration) -> Daemon {
         Self::spawn(net, args, filter, timeout, None)
@@ -105,6 +133,11 @@ impl Daemon {
                 });
             }
         }
+        Self::spawn_command(command, filter, timeout)
+    }
+
+    /// Spawns `command` (a `gateway run`) and waits for it to say it is ready.
+    fn spawn_command(mut command: Command, filter: &str, timeout: Duration) -> Daemon {
         let mut child = command
             .env("RUST_LOG", filter)
             .stdin(Stdio::null())

@@ -1,0 +1,141 @@
+//! The deployment files, verified (issue 27): the systemd unit passes `systemd-analyze verify`
+//! (a broken copy does not), and the daemon run with exactly the unit's capabilities attaches,
+//! proxies on a privileged port and reloads.
+
+use std::{
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use gateway_tests::{
+    backend::{Backend, Mode},
+    daemon::Daemon,
+    have_root,
+    netns::{GW_V4, TestNet},
+    tls::{Cert, rustls_config, rustls_fetch},
+};
+
+fn unit() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/gateway.service");
+    std::fs::read_to_string(path).expect("deploy/gateway.service")
+}
+
+/// `systemd-analyze verify` of `text` (the unit, its binary path pointed at this build): what it
+/// said (nothing when clean) and whether it succeeded.
+fn verify(text: &str) -> (bool, String) {
+    let dir = gateway_tests::fresh_temp_dir("gwt-unit");
+    let path: PathBuf = dir.join("gateway.service");
+    std::fs::write(
+        &path,
+        text.replace(
+            "/usr/local/bin/gateway",
+            &gateway_tests::gateway_bin().display().to_string(),
+        ),
+    )
+    .unwrap();
+    let out = Command::new("systemd-analyze")
+        .args(["verify"])
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn the_unit_passes_systemd_analyze_verify_and_a_broken_copy_does_not() {
+    let (ok, said) = verify(&unit());
+    assert!(ok && said.trim().is_empty(), "{said}");
+    // systemd ignores a bad value with a warning: the check is that nothing is said.
+    let (_, said) = verify(&unit().replace("Type=simple", "Type=simpel"));
+    assert!(said.contains("simpel"), "{said}");
+}
+
+/// The unit's `CapabilityBoundingSet=`.
+fn unit_caps() -> Vec<String> {
+    unit()
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("the unit bounds its capabilities")
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn with_exactly_the_units_capabilities_the_daemon_attaches_proxies_on_443_and_reloads() {
+    if !have_root("with_exactly_the_units_capabilities") {
+        return;
+    }
+    let caps = unit_caps();
+    let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
+    let net = TestNet::new();
+    let cert = Cert::new();
+    let backend = Backend::start(
+        net.in_gw(|| TcpListener::bind("127.0.0.1:0").unwrap()),
+        "b",
+        Mode::Answer,
+        false,
+    );
+    let body = |backlog: u32| {
+        format!(
+            "services: [{{kind: sip, port: 5060}}]\npolicy:\n  sip-original: {{backlog: {backlog}}}\n\
+             proxies:\n  - listen: {GW_V4}:443\n    tls: {{cert: {}, key: {}}}\n    backends: [{{address: {}}}]\n",
+            cert.cert().display(),
+            cert.key().display(),
+            backend.addr
+        )
+    };
+    let dir = cert.file("");
+    let daemon = Daemon::start_config_capped(&net, &dir, &body(30), &caps);
+    // Its effective set is exactly the unit's.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+        .unwrap();
+    let bit = |name: &str| match name {
+        "CAP_NET_BIND_SERVICE" => 10,
+        "CAP_NET_ADMIN" => 12,
+        "CAP_PERFMON" => 38,
+        "CAP_BPF" => 39,
+        other => panic!("a capability this test does not know: {other}"),
+    };
+    let want = caps.iter().fold(0u64, |m, c| m | 1 << bit(c));
+    assert_eq!(eff, want, "CapEff {eff:#x}, the unit's {want:#x}");
+    // It proxies on a privileged port with the datapath attached.
+    let (_, answer) = net
+        .in_peer(|| rustls_fetch(&rustls_config(&cert), &format!("{GW_V4}:443")))
+        .expect("served on 443");
+    assert!(answer.ends_with("b\n"), "{answer}");
+    let stats = net.stats();
+    assert!(
+        gateway_tests::netns::class_counter(&stats, "tls-new", "packets") > 0,
+        "{stats}"
+    );
+    // And reloads.
+    Daemon::write_config(&net, &dir, &body(40));
+    let said = net.gateway_ok(&["reload"]);
+    assert!(said.contains("policy"), "{said}");
+    let policy: serde_json::Value =
+        serde_json::from_str(&net.gateway_ok(&["policy", "show", "--json"])).unwrap();
+    let row = policy
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["class"] == "sip-original")
+        .unwrap()
+        .clone();
+    assert_eq!(row["backlog_limit"], 40, "{row}");
+    let (status, _) = daemon.terminate(Duration::from_secs(30));
+    assert!(status.success());
+}

@@ -36,7 +36,7 @@ const BULK: usize = 256 << 20;
 const IDLE: usize = 1000;
 const METRICS: u16 = 9477;
 /// Requests per `h2load` run, over `H2LOAD_CLIENTS` connections.
-const REQUESTS: u32 = 20_000;
+const REQUESTS: u32 = 100_000;
 const H2LOAD_CLIENTS: u32 = 8;
 /// The origin's HTTP/1.1 and h2 (prior knowledge) ports, in the gateway namespace.
 const ORIGIN_H1: u16 = 18090;
@@ -274,6 +274,7 @@ fn main() {
         &["ip", "netns", "exec", &net.gw_ns, "taskset", "-c", "0"],
         &format!(
             "  log_format reuse \"$ssl_session_reused\";\n\
+             keepalive_requests 1000000;\n\
              ssl_certificate {c}; ssl_certificate_key {k};\n\
              ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:S:10m; ssl_session_tickets on;\n\
              server {{ listen {GW_V4}:9443 ssl; access_log {} reuse; location / {{ proxy_pass http://{}; }} }}\n\

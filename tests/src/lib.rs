@@ -35,6 +35,25 @@ pub fn have_root(test: &str) -> bool {
     false
 }
 
+/// Runs `command` to its end: whether it succeeded, and everything it printed (stdout, then
+/// stderr). Panics, naming the program, when it cannot be started.
+pub fn run_tool(command: &mut std::process::Command) -> (bool, String) {
+    let out = command.output().unwrap_or_else(|e| {
+        panic!(
+            "{:?} ({e}; cargo xtask setup installs it)",
+            command.get_program()
+        )
+    });
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
 /// The `gateway` binary built next to this test binary (`cargo xtask test` builds it).
 pub fn gateway_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("GATEWAY_BIN") {

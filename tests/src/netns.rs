@@ -250,6 +250,18 @@ impl TestNet {
         in_netns(&self.peer_ns, f)
     }
 
+    /// The `policy show --json` row of `class`.
+    pub fn policy(&self, class: &str) -> serde_json::Value {
+        let rows: serde_json::Value =
+            serde_json::from_str(&self.gateway_ok(&["policy", "show", "--json"])).expect("json");
+        rows.as_array()
+            .expect("rows")
+            .iter()
+            .find(|r| r["class"] == class)
+            .cloned()
+            .expect("the class's row")
+    }
+
     /// `gateway stats --json` of the gateway's veth.
     pub fn stats(&self) -> serde_json::Value {
         let out = self.gateway_ok(&["stats", "--iface", &self.gw_if, "--json"]);

@@ -30,19 +30,7 @@ fn workspace() -> PathBuf {
 
 /// `promtool check rules FILE`: success, and what it said.
 fn check_rules(file: &Path) -> (bool, String) {
-    let out = Command::new("promtool")
-        .args(["check", "rules"])
-        .arg(file)
-        .output()
-        .expect("promtool (cargo xtask setup installs it)");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    gateway_tests::run_tool(Command::new("promtool").args(["check", "rules"]).arg(file))
 }
 
 #[test]

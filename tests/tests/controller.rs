@@ -29,14 +29,7 @@ const WARM: usize = 3;
 
 /// The `policy show --json` row of `class`.
 fn policy(net: &TestNet, class: &str) -> Value {
-    let rows: Value =
-        serde_json::from_str(&net.gateway_ok(&["policy", "show", "--json"])).expect("json");
-    rows.as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["class"] == class)
-        .cloned()
-        .expect("the class's row")
+    net.policy(class)
 }
 
 /// Polls `policy show` (bounded) until `done` holds for the class's row; returns that row.

@@ -35,19 +35,7 @@ fn verify(text: &str) -> (bool, String) {
         ),
     )
     .unwrap();
-    let out = Command::new("systemd-analyze")
-        .args(["verify"])
-        .arg(&path)
-        .output()
-        .expect("systemd-analyze");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    gateway_tests::run_tool(Command::new("systemd-analyze").arg("verify").arg(&path))
 }
 
 #[test]
@@ -126,15 +114,7 @@ fn with_exactly_the_units_capabilities_the_daemon_attaches_proxies_on_443_and_re
     Daemon::write_config(&net, &dir, &body(40));
     let said = net.gateway_ok(&["reload"]);
     assert!(said.contains("policy"), "{said}");
-    let policy: serde_json::Value =
-        serde_json::from_str(&net.gateway_ok(&["policy", "show", "--json"])).unwrap();
-    let row = policy
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["class"] == "sip-original")
-        .unwrap()
-        .clone();
+    let row = net.policy("sip-original");
     assert_eq!(row["backlog_limit"], 40, "{row}");
     let (status, _) = daemon.terminate(Duration::from_secs(30));
     assert!(status.success());

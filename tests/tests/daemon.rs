@@ -244,3 +244,40 @@ fn ebpf_log_records_reach_the_daemon_log() {
     assert!(exit.success());
     std::fs::remove_file(cfg).unwrap();
 }
+
+/// Issue 27: logs an operator's shipper can read. With `--log-format json` every line the daemon
+/// writes is one JSON object with a timestamp, a level and the message; the line that says it is
+/// ready carries the config it runs as a field.
+#[test]
+fn with_log_format_json_every_line_is_a_json_object() {
+    if !have_root("with_log_format_json_every_line_is_a_json_object") {
+        return;
+    }
+    let net = TestNet::new();
+    let cfg = config(&net, "detach");
+    let daemon = Daemon::start(
+        &net,
+        &["--log-format", "json", "--config", cfg.to_str().unwrap()],
+        STARTUP,
+    );
+    let (status, log) = daemon.terminate(SHUTDOWN);
+    assert!(status.success(), "{log:?}");
+    assert!(log.len() >= 3, "{log:?}");
+    let lines: Vec<serde_json::Value> = log
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    for l in &lines {
+        assert!(
+            l["timestamp"].is_string()
+                && l["level"].is_string()
+                && l["fields"]["message"].is_string(),
+            "{l}"
+        );
+    }
+    let ready = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "gateway ready")
+        .expect("the ready line");
+    assert!(ready["fields"]["config"].is_string(), "{ready}");
+}

@@ -46,9 +46,22 @@ pub struct Cli {
     /// config's `bpffs` for `run`].
     #[arg(long, global = true, value_name = "DIR")]
     pub bpffs: Option<PathBuf>,
+    /// Log lines as `text` or `json` (one object per line: timestamp, level, target, fields), for
+    /// log shippers.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// Subcommands.

@@ -119,3 +119,105 @@ fn with_exactly_the_units_capabilities_the_daemon_attaches_proxies_on_443_and_re
     let (status, _) = daemon.terminate(Duration::from_secs(30));
     assert!(status.success());
 }
+
+/// Every key of `original` is in `typed` (its round trip through the Kubernetes API types): a key
+/// the types do not know (a typo, a field of another kind) is dropped by the round trip and named
+/// here, with its path.
+fn unknown_keys(
+    original: &serde_json::Value,
+    typed: &serde_json::Value,
+    path: &str,
+    out: &mut Vec<String>,
+) {
+    match (original, typed) {
+        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+            for (k, v) in a {
+                match b.get(k) {
+                    Some(w) => unknown_keys(v, w, &format!("{path}.{k}"), out),
+                    None => out.push(format!("{path}.{k}")),
+                }
+            }
+        }
+        (serde_json::Value::Array(a), serde_json::Value::Array(b)) => {
+            for (i, (v, w)) in a.iter().zip(b).enumerate() {
+                unknown_keys(v, w, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Validates each document of a manifest against the Kubernetes API types (k8s-openapi, the
+/// types generated from the API's OpenAPI schema): every document parses as its kind, with no
+/// field the kind does not have. The problems, by document.
+fn validate(manifest: &str) -> Vec<String> {
+    use serde::Deserialize as _;
+    fn check<T: serde::de::DeserializeOwned + serde::Serialize>(
+        doc: &serde_json::Value,
+        what: &str,
+        problems: &mut Vec<String>,
+    ) {
+        match serde_json::from_value::<T>(doc.clone()) {
+            Err(e) => problems.push(format!("{what}: {e}")),
+            Ok(t) => {
+                let typed = serde_json::to_value(&t).unwrap();
+                let mut unknown = Vec::new();
+                unknown_keys(doc, &typed, what, &mut unknown);
+                problems.extend(unknown.into_iter().map(|k| format!("unknown field {k}")));
+            }
+        }
+    }
+    let mut problems = Vec::new();
+    for (i, de) in serde_norway::Deserializer::from_str(manifest).enumerate() {
+        let doc = match serde_json::Value::deserialize(de) {
+            Ok(d) => d,
+            Err(e) => {
+                problems.push(format!("document {i}: {e}"));
+                continue;
+            }
+        };
+        let kind = doc["kind"].as_str().unwrap_or("").to_string();
+        let what = format!("document {i} ({kind})");
+        match kind.as_str() {
+            "ConfigMap" => {
+                check::<k8s_openapi::api::core::v1::ConfigMap>(&doc, &what, &mut problems)
+            }
+            "DaemonSet" => {
+                check::<k8s_openapi::api::apps::v1::DaemonSet>(&doc, &what, &mut problems)
+            }
+            "Secret" => check::<k8s_openapi::api::core::v1::Secret>(&doc, &what, &mut problems),
+            other => problems.push(format!("{what}: a kind this check does not know: {other}")),
+        }
+    }
+    problems
+}
+
+#[test]
+fn the_daemonset_is_valid_kubernetes_and_its_config_is_valid_gateway() {
+    let manifest = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml"),
+    )
+    .unwrap();
+    let problems = validate(&manifest);
+    assert!(problems.is_empty(), "{problems:#?}");
+    // A typo and a wrong type are caught.
+    let typo = validate(&manifest.replace("readinessProbe:", "readynessProbe:"));
+    assert!(
+        typo.iter().any(|p| p.contains("readynessProbe")),
+        "{typo:?}"
+    );
+    let wrong = validate(&manifest.replace("periodSeconds: 5", "periodSeconds: often"));
+    assert!(wrong.iter().any(|p| p.contains("DaemonSet")), "{wrong:?}");
+    // The probes ask the daemon's endpoints; the config it mounts parses.
+    assert!(manifest.contains("path: /healthz") && manifest.contains("path: /readyz"));
+    let docs: Vec<serde_json::Value> = serde_norway::Deserializer::from_str(&manifest)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    let yaml = docs[0]["data"]["gateway.yaml"].as_str().unwrap();
+    let cfg = gateway::config::Config::parse(yaml, "daemonset.yaml ConfigMap").unwrap();
+    assert_eq!(
+        cfg.on_exit,
+        gateway::config::OnExit::Keep,
+        "the datapath kept across restarts"
+    );
+}

@@ -5,13 +5,10 @@
 //! It also runs the TLS proxy listeners of the config (see `proxy`) and the metrics endpoint, and on
 //! SIGTERM drains: it stops accepting and lets connections finish within the drain deadline.
 
-use std::{collections::BTreeSet, net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use aya_log::EbpfLogger;
-use gateway_common::{
-    Class,
-    maps::{AttachMode, DatapathConfig, OWNER_CONTROLLER, POLICY_PINNED, ServiceKey},
-};
+use gateway_common::maps::{AttachMode, DatapathConfig};
 use prometheus_client::{encoding::EncodeLabelSet, metrics::counter::Counter, registry::Registry};
 use thiserror::Error;
 use tokio::{
@@ -23,6 +20,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{debug, error, info, warn};
 
 use crate::{
+    apply::apply,
     attached::Attached,
     config::{Config, ConfigSource, OnExit},
     controller::{Controller, ControllerStats, CostSource, law::HandshakeCosts},
@@ -92,43 +90,6 @@ impl DaemonError {
             _ => false,
         }
     }
-}
-
-/// Writes the config's services, policies and datapath settings into one attachment's maps.
-/// Services not in the config are removed; classes without a policy become unlimited. A class an
-/// operator pinned keeps the operator's limits, and a class the controller moves (and will go on
-/// moving under this config) keeps the controller's.
-pub fn apply(maps: &mut Maps, cfg: &Config) -> Result<(), MapsError> {
-    let services = cfg.all_services();
-    let wanted: BTreeSet<ServiceKey> = services.iter().map(|(k, _)| *k).collect();
-    for (key, _) in maps.services()? {
-        if !wanted.contains(&key) {
-            maps.remove_service(key)?;
-        }
-    }
-    for (key, value) in services {
-        maps.add_service(key, value)?;
-    }
-    let controlled = |class: Class| {
-        cfg.controller.classes.contains_key(&class)
-            || (class == Class::SipRetransmission
-                && cfg.controller.classes.contains_key(&Class::SipOriginal))
-    };
-    for class in Class::ALL.into_iter().filter(|c| c.is_limitable()) {
-        let current = maps.policy(class)?;
-        if current.flags & POLICY_PINNED != 0
-            || (current.owner == OWNER_CONTROLLER && controlled(class))
-        {
-            continue;
-        }
-        maps.set_policy(class, cfg.policy.of(class).to_map())?;
-    }
-    let dp = maps.config()?;
-    maps.set_config(DatapathConfig {
-        flags: cfg.datapath.flags(),
-        ..dp
-    })?;
-    Ok(())
 }
 
 /// Runs the daemon until SIGTERM or SIGINT; SIGHUP reloads the config from `source`.

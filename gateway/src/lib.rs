@@ -3,6 +3,7 @@
 #![deny(missing_docs)]
 
 pub mod accept;
+pub mod apply;
 pub mod attached;
 pub mod caps;
 pub mod cmd;

@@ -8,9 +8,9 @@
 use std::sync::Arc;
 
 use crate::{
+    apply::apply,
     attached::Attached,
     config::{Config, ConfigSource},
-    daemon::apply,
     proxy::Proxy,
 };
 

@@ -1,0 +1,51 @@
+//! The config written into an attachment's maps: its services, its policies and its datapath
+//! settings. The daemon applies it at start and on every reload.
+
+use std::collections::BTreeSet;
+
+use gateway_common::{
+    Class,
+    maps::{DatapathConfig, OWNER_CONTROLLER, POLICY_PINNED, ServiceKey},
+};
+
+use crate::{
+    config::Config,
+    maps::{Maps, MapsError},
+};
+
+/// Writes the config's services, policies and datapath settings into one attachment's maps.
+/// Services not in the config are removed; classes without a policy become unlimited. A class an
+/// operator pinned keeps the operator's limits, and a class the controller moves (and will go on
+/// moving under this config) keeps the controller's.
+pub fn apply(maps: &mut Maps, cfg: &Config) -> Result<(), MapsError> {
+    let services = cfg.all_services();
+    let wanted: BTreeSet<ServiceKey> = services.iter().map(|(k, _)| *k).collect();
+    for (key, _) in maps.services()? {
+        if !wanted.contains(&key) {
+            maps.remove_service(key)?;
+        }
+    }
+    for (key, value) in services {
+        maps.add_service(key, value)?;
+    }
+    let controlled = |class: Class| {
+        cfg.controller.classes.contains_key(&class)
+            || (class == Class::SipRetransmission
+                && cfg.controller.classes.contains_key(&Class::SipOriginal))
+    };
+    for class in Class::ALL.into_iter().filter(|c| c.is_limitable()) {
+        let current = maps.policy(class)?;
+        if current.flags & POLICY_PINNED != 0
+            || (current.owner == OWNER_CONTROLLER && controlled(class))
+        {
+            continue;
+        }
+        maps.set_policy(class, cfg.policy.of(class).to_map())?;
+    }
+    let dp = maps.config()?;
+    maps.set_config(DatapathConfig {
+        flags: cfg.datapath.flags(),
+        ..dp
+    })?;
+    Ok(())
+}

@@ -134,6 +134,7 @@ fn with_no_limit_set_the_controller_keeps_a_server_at_capacity_and_yields_to_an_
         (0.5 * nominal..1.05 * nominal).contains(&capacity),
         "{capacity:.0} calls/s of a nominal {nominal:.0}"
     );
+    let started = Instant::now();
     let daemon = Daemon::start_config(&net, &dir, CONTROLLED);
     // The controller takes the class over at its upper bound: no limit picked by hand.
     let start = wait_policy(&net, "sip-original", "taken over", |r| {
@@ -168,6 +169,25 @@ fn with_no_limit_set_the_controller_keeps_a_server_at_capacity_and_yields_to_an_
     assert!(back["backlog_limit"].as_u64().unwrap() >= 7, "{back}");
     let (status, log) = daemon.terminate(Duration::from_secs(10));
     assert!(status.success(), "{log:?}");
+    // At the default level the controller says when its reason changes, not every step.
+    let moves: Vec<&String> = log
+        .iter()
+        .filter(|l| l.contains("the limit moves for a new reason"))
+        .collect();
+    let reasons = ["over-target", "headroom"];
+    assert!(
+        reasons
+            .iter()
+            .all(|r| moves.iter().any(|l| l.contains(&format!("reason=\"{r}\"")))),
+        "{moves:#?}"
+    );
+    // Intervals of 100 ms: far fewer lines than steps.
+    let intervals = started.elapsed().as_millis() as usize / 100;
+    assert!(
+        moves.len() * 3 < intervals,
+        "{} lines in {intervals} intervals: {moves:#?}",
+        moves.len()
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -570,7 +570,15 @@ fn step(
             }
         };
         if let Some(d) = decision {
-            debug!(%iface, class = class.name(), limit = d.limit, reason = d.reason.name(), "controller");
+            // Once per change of reason at the default level (not every interval's step).
+            if policy.reason != d.reason as u32 {
+                info!(
+                    %iface, class = class.name(), limit = d.limit, reason = d.reason.name(),
+                    was = reason_name(policy.reason), "controller: the limit moves for a new reason"
+                );
+            } else {
+                debug!(%iface, class = class.name(), limit = d.limit, reason = d.reason.name(), "controller");
+            }
             write(&mut maps, *class, law, d.limit, d.reason as u32, bounds)?;
             stats
                 .limit

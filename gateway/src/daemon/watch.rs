@@ -1,0 +1,213 @@
+//! The daemon's watch over each attachment's datapath, one task per concern: the program kept
+//! attached, the sockets of rejected connections destroyed, admitted units whose connection is
+//! gone ended, and the programs' log records forwarded.
+
+use std::{sync::Arc, time::Duration};
+
+use aya_log::EbpfLogger;
+use tokio::io::unix::AsyncFd;
+use tracing::{debug, error, info, warn};
+
+use crate::{
+    attached::Attached,
+    loader::{self, AttachOptions},
+    pins::PinDir,
+    sockdiag::{SockDiag, flow_addrs},
+};
+
+/// How often the daemon looks whether its programs are still attached.
+const ATTACHED_CHECK: Duration = Duration::from_secs(1);
+
+/// Puts the datapath back when its link is found detached from under the daemon (`bpftool link
+/// detach`, a tool that cleared the interface): the defunct link's pin goes and the program is
+/// attached again as at start, over the same pinned maps (policies and admitted work kept).
+/// It acts on the second look that finds the link detached, so `/readyz` says so for at least
+/// one check interval first; each time is logged at error level.
+pub(super) async fn keep_attached(opts: AttachOptions, pins: PinDir) {
+    let mut tick = tokio::time::interval(ATTACHED_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen = false;
+    loop {
+        tick.tick().await;
+        let detached = matches!(crate::health::link_ifindex(&pins.link()), Ok(0));
+        if !detached || !std::mem::replace(&mut seen, true) {
+            seen &= detached;
+            continue;
+        }
+        seen = false;
+        error!(iface = %opts.iface, "the program was detached from under the daemon: attaching it again");
+        let (link, opts_again) = (pins.link(), opts.clone());
+        let again = tokio::task::spawn_blocking(move || {
+            std::fs::remove_file(&link).map_err(|e| e.to_string())?;
+            loader::attach(&opts_again).map_err(|e| e.to_string())
+        })
+        .await;
+        match again {
+            Ok(Ok(a)) => info!(
+                iface = %a.iface, mode = a.mode.name(), link_id = a.link_id, program_id = a.program_id,
+                "attached again"
+            ),
+            Ok(Err(e)) => error!(iface = %opts.iface, error = %e, "cannot attach again; retrying"),
+            Err(e) => error!(iface = %opts.iface, error = %e, "cannot attach again; retrying"),
+        }
+    }
+}
+
+/// Destroys the server-side socket of every connection the datapath rejects (see `sockdiag`):
+/// the client gets a reset at once and the server does not wait on a hello that will not come.
+pub(super) async fn destroy_rejected(attached: Arc<Attached>) {
+    let iface = attached.iface();
+    let (ring, mut diag) = match (crate::maps::open_rejects(attached.pins()), SockDiag::new()) {
+        (Ok(r), Ok(d)) => (r, d),
+        (Err(e), _) => return warn!(%iface, error = %e, "reject events unavailable"),
+        (_, Err(e)) => return warn!(%iface, error = %e, "cannot destroy rejected sockets"),
+    };
+    // SAFETY: the ring buffer owns its map fd, open and unchanged until the AsyncFd is dropped.
+    let registered =
+        unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) };
+    let mut fd = match registered {
+        Ok(fd) => fd,
+        Err(e) => return warn!(%iface, error = %e, "cannot poll the reject ring buffer"),
+    };
+    loop {
+        let mut guard = match fd.readable_mut().await {
+            Ok(g) => g,
+            Err(e) => return warn!(%iface, error = %e, "reject ring buffer"),
+        };
+        let ring = guard.get_inner_mut();
+        while let Some(event) = ring
+            .next()
+            .and_then(|item| crate::maps::decode_reject(&item))
+        {
+            let (server, client) = flow_addrs(&event.key);
+            match diag.destroy_tcp(server, client) {
+                Ok(()) => {
+                    debug!(%iface, %client, %server, reason = event.reason, "rejected connection reset")
+                }
+                Err(e) if e.is_not_found() => {
+                    debug!(%iface, %client, "rejected connection already gone")
+                }
+                Err(e) => warn!(%iface, error = %e, "cannot reset a rejected connection"),
+            }
+        }
+        guard.clear_ready();
+    }
+}
+
+/// How often the daemon looks for admitted TLS connections whose socket the kernel dropped.
+const REAP_INTERVAL: Duration = Duration::from_millis(200);
+/// A unit younger than this is left alone: its connection may still be on its way to a socket.
+const REAP_MIN_AGE_NS: u64 = 300_000_000;
+/// Socket lookups in one pass at most (each is one netlink round trip on the control thread).
+const REAP_MAX_LOOKUPS: usize = 1024;
+
+/// Ends, by way of the datapath, the admitted TLS connections whose socket is gone: a unit the
+/// server can never answer (the kernel dropped the connection on a listen overflow or a
+/// request socket's timeout, or a reset closed it before the server read it) would otherwise
+/// hold its class's place until its timeout, refusing live clients in front of an idle server.
+/// Each pass looks up the sockets of units older than `REAP_MIN_AGE_NS`, marks those the kernel
+/// no longer has (`Maps::mark_tls_unit_gone`) and runs the datapath's sweep program, which ends
+/// them as expired (the datapath alone counts ends, so the backlog stays exact).
+pub(super) async fn reap_gone_units(attached: Arc<Attached>, sweeper: loader::Sweeper) {
+    let iface = attached.iface().to_string();
+    let mut diag = match SockDiag::new() {
+        Ok(d) => d,
+        Err(e) => return warn!(%iface, error = %e, "cannot look for connections that are gone"),
+    };
+    let mut tick = tokio::time::interval(REAP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = crate::maps::monotonic_ns();
+        let units = match attached.maps().tls_pending() {
+            Ok(u) => u,
+            Err(e) => {
+                warn!(%iface, error = %e, "cannot read the pending connections");
+                continue;
+            }
+        };
+        let mut gone = 0;
+        for (key, unit) in units
+            .into_iter()
+            .filter(|(_, u)| u.deadline_ns != 0 && u.admitted_ns + REAP_MIN_AGE_NS < now)
+            .take(REAP_MAX_LOOKUPS)
+        {
+            let (server, client) = flow_addrs(&key);
+            match diag.tcp_exists(server, client) {
+                Ok(true) => {}
+                Ok(false) => match attached.maps().mark_tls_unit_gone(&key, unit) {
+                    Ok(marked) => gone += usize::from(marked),
+                    Err(e) => warn!(%iface, error = %e, "cannot end a connection that is gone"),
+                },
+                Err(e) => {
+                    warn!(%iface, error = %e, "cannot look a pending connection up");
+                    break;
+                }
+            }
+        }
+        // Resumed connections past their first flight hold their key's place until they end:
+        // those whose socket is gone (the client's reset, which no FIN from the server follows)
+        // give it back.
+        let holds = match attached.maps().tls_holds() {
+            Ok(h) => h,
+            Err(e) => {
+                warn!(%iface, error = %e, "cannot read the held connections");
+                Vec::new()
+            }
+        };
+        for (key, hold) in holds
+            .into_iter()
+            .filter(|(_, h)| h.gone == 0 && h.since_ns + REAP_MIN_AGE_NS < now)
+            .take(REAP_MAX_LOOKUPS)
+        {
+            let (server, client) = flow_addrs(&key);
+            match diag.tcp_exists(server, client) {
+                Ok(true) => {}
+                Ok(false) => match attached.maps().mark_tls_hold_gone(&key, hold) {
+                    Ok(marked) => gone += usize::from(marked),
+                    Err(e) => {
+                        warn!(%iface, error = %e, "cannot end a held connection that is gone")
+                    }
+                },
+                Err(e) => {
+                    warn!(%iface, error = %e, "cannot look a held connection up");
+                    break;
+                }
+            }
+        }
+        if gone > 0 {
+            match sweeper.sweep() {
+                Ok(()) => debug!(%iface, gone, "admitted connections whose socket is gone, ended"),
+                Err(e) => warn!(%iface, error = %e, "cannot sweep"),
+            }
+        }
+    }
+}
+
+/// Reads aya-log records as they arrive and hands them to the `log` facade, which
+/// tracing-subscriber forwards into tracing.
+pub(super) async fn forward_logs<T: log::Log>(iface: String, logger: EbpfLogger<T>) {
+    // SAFETY: the logger owns its ring buffer map fd, which stays open and unchanged until the
+    // AsyncFd (which owns the logger) is dropped.
+    let registered =
+        unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) };
+    let mut fd = match registered {
+        Ok(fd) => fd,
+        Err(e) => {
+            warn!(%iface, error = %e, "cannot poll the eBPF log ring buffer");
+            return;
+        }
+    };
+    loop {
+        match fd.readable_mut().await {
+            Ok(mut guard) => {
+                guard.get_inner_mut().flush();
+                guard.clear_ready();
+            }
+            Err(e) => {
+                warn!(%iface, error = %e, "eBPF log ring buffer");
+                return;
+            }
+        }
+    }
+}

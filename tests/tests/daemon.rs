@@ -240,6 +240,21 @@ fn ebpf_log_records_reach_the_daemon_log() {
     let line = daemon.wait_for("malformed header at offset 14", STARTUP);
     assert!(line.contains("DEBUG"), "{line}");
     assert_eq!(net.stats()["datapath"]["malformed"], 1);
+    // Detached by hand and put back by the daemon: the new program's records arrive too.
+    let status: serde_json::Value =
+        serde_json::from_str(&net.gateway_ok(&["status", "--json"])).unwrap();
+    let link = status[0]["link_id"].to_string();
+    let out = std::process::Command::new("bpftool")
+        .args(["link", "detach", "id", &link])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    daemon.wait_for("attached again", STARTUP);
+    let mut frame = Frame::udp(5060, b"y").build();
+    frame[14] = 0x44;
+    net.in_peer(|| send_raw_frames(&peer_if, &[frame]));
+    daemon.wait_for("malformed header at offset 14", STARTUP);
+    assert_eq!(net.stats()["datapath"]["malformed"], 2);
     let (exit, _) = daemon.terminate(SHUTDOWN);
     assert!(exit.success());
     std::fs::remove_file(cfg).unwrap();

@@ -20,7 +20,8 @@ const ATTACHED_CHECK: Duration = Duration::from_secs(1);
 
 /// Puts the datapath back when its link is found detached from under the daemon (`bpftool link
 /// detach`, a tool that cleared the interface): the defunct link's pin goes and the program is
-/// attached again as at start, over the same pinned maps (policies and admitted work kept).
+/// attached again as at start, over the same pinned maps (policies and admitted work kept), and
+/// its log records forwarded as the first program's were.
 /// It acts on the second look that finds the link detached, so `/readyz` says so for at least
 /// one check interval first; each time is logged at error level.
 pub(super) async fn keep_attached(opts: AttachOptions, pins: PinDir) {
@@ -43,10 +44,19 @@ pub(super) async fn keep_attached(opts: AttachOptions, pins: PinDir) {
         })
         .await;
         match again {
-            Ok(Ok(a)) => info!(
-                iface = %a.iface, mode = a.mode.name(), link_id = a.link_id, program_id = a.program_id,
-                "attached again"
-            ),
+            Ok(Ok(mut a)) => {
+                info!(
+                    iface = %a.iface, mode = a.mode.name(), link_id = a.link_id, program_id = a.program_id,
+                    "attached again"
+                );
+                // The new program logs into a ring of its own.
+                match EbpfLogger::init(&mut a.ebpf) {
+                    Ok(logger) => {
+                        tokio::spawn(forward_logs(a.iface.clone(), logger));
+                    }
+                    Err(e) => warn!(iface = %a.iface, error = %e, "eBPF logs unavailable"),
+                }
+            }
             Ok(Err(e)) => error!(iface = %opts.iface, error = %e, "cannot attach again; retrying"),
             Err(e) => error!(iface = %opts.iface, error = %e, "cannot attach again; retrying"),
         }

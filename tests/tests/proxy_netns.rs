@@ -740,7 +740,7 @@ fn the_metrics_endpoint_answers_as_scrapers_expect() {
 /// Issue 27: liveness and readiness. `/healthz` answers while the daemon serves; `/readyz` is
 /// ready while the program is attached, the listener accepts and the maps are this build's. A
 /// program detached by hand (`bpftool link detach`) turns it 503 with the reason (and `gateway
-/// status` fails saying the same) until the daemon, on its second look, attaches it again over
+/// status` fails saying the same) until the daemon, on its third look in a row, attaches it again over
 /// the same maps: then `/readyz` is ready again and clients are judged at the NIC again.
 #[test]
 fn readyz_says_why_when_the_program_is_detached_by_hand_and_the_daemon_puts_it_back() {
@@ -775,7 +775,7 @@ fn readyz_says_why_when_the_program_is_detached_by_hand_and_the_daemon_puts_it_b
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    // Unready, with the reason, until the daemon's second look (at least a second).
+    // Unready, with the reason, until the daemon's third look in a row (at least two seconds).
     let (code, body) = get("/readyz");
     assert_eq!(code, 503, "{body}");
     assert!(

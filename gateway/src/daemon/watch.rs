@@ -17,25 +17,32 @@ use crate::{
 
 /// How often the daemon looks whether its programs are still attached.
 const ATTACHED_CHECK: Duration = Duration::from_secs(1);
+/// Looks in a row that must find a link detached before the program is put back: `/readyz`
+/// reports the detachment for at least two check intervals first.
+const DETACHED_LOOKS: u32 = 3;
 
 /// Puts the datapath back when its link is found detached from under the daemon (`bpftool link
 /// detach`, a tool that cleared the interface): the defunct link's pin goes and the program is
 /// attached again as at start, over the same pinned maps (policies and admitted work kept), and
 /// its log records forwarded as the first program's were.
-/// It acts on the second look that finds the link detached, so `/readyz` says so for at least
-/// one check interval first; each time is logged at error level.
+/// It acts on the [`DETACHED_LOOKS`]th look in a row that finds the link detached, so `/readyz`
+/// says so for a while first; each time is logged at error level.
 pub(super) async fn keep_attached(opts: AttachOptions, pins: PinDir) {
     let mut tick = tokio::time::interval(ATTACHED_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut seen = false;
+    // Consecutive looks that found the link detached.
+    let mut looks = 0u32;
     loop {
         tick.tick().await;
-        let detached = matches!(crate::health::link_ifindex(&pins.link()), Ok(0));
-        if !detached || !std::mem::replace(&mut seen, true) {
-            seen &= detached;
+        if matches!(crate::health::link_ifindex(&pins.link()), Ok(0)) {
+            looks += 1;
+        } else {
+            looks = 0;
+        }
+        if looks < DETACHED_LOOKS {
             continue;
         }
-        seen = false;
+        looks = 0;
         error!(iface = %opts.iface, "the program was detached from under the daemon: attaching it again");
         let (link, opts_again) = (pins.link(), opts.clone());
         let again = tokio::task::spawn_blocking(move || {

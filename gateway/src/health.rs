@@ -48,6 +48,26 @@ impl Readiness {
 /// Shared checks (the daemon adds them as it starts its parts).
 pub type Checks = Arc<Vec<Check>>;
 
+/// Whether the link pinned in `pd` is bound to its interface; why not, in the words `/readyz`
+/// and `gateway status` both use.
+pub fn link_bound(pd: &crate::pins::PinDir) -> Result<(), String> {
+    match link_ifindex(&pd.link()) {
+        Ok(0) => Err(format!(
+            "{}: the program is detached (its link is bound to no interface)",
+            pd.iface
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("{}: no pinned link ({e})", pd.iface)),
+    }
+}
+
+/// An attachment's own readiness (what `gateway status` checks): its link bound, its maps of
+/// this build's layout.
+pub fn attachment_ready(pd: &crate::pins::PinDir) -> Result<(), String> {
+    link_bound(pd)?;
+    crate::loader::check_pinned_layout(pd).map_err(|e| format!("{}: {e}", pd.iface))
+}
+
 /// The interface index the BPF link pinned at `pin` is attached to; `Ok(0)` when the link was
 /// detached (by `bpftool link detach`, or the interface went away): the kernel keeps a defunct
 /// link with no interface.

@@ -271,21 +271,24 @@ pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> Str
         let v: Vec<Value> = rows
             .iter()
             .map(|(c, m, s)| {
-                let p = gateway_common::policy::Policy::from_map(m);
-                json!({"class": c.name(), "backlog_limit": p.backlog, "rate": p.rate,
-                       "burst": p.burst, "backlog": s.backlog(),
+                // The limits and who set them in the words `stats --json` uses, and the rest.
+                let mut row = limits_json(m);
+                let rest = json!({"class": c.name(), "backlog": s.backlog(),
                        "timeout_ms": gateway_common::maps::timeout_ns(*c, m) / 1_000_000,
                        "admitted": s.admitted, "completed": s.completed,
                        "expired": s.expired,
-                       "owner": owner_name(m.owner), "pinned": m.flags & POLICY_PINNED != 0,
-                       "reason": crate::controller::reason_name(m.reason),
+                       "pinned": m.flags & POLICY_PINNED != 0,
                        "changed_ms_ago": ago_ms(m),
                        "bound_min": (m.bound_max != 0).then_some(m.bound_min),
                        "bound_max": (m.bound_max != 0).then_some(m.bound_max),
                        "refuse": if gateway_common::maps::replies_to_refusals(*c, m) {
                            "reject" } else { "drop" },
                        "reply_rate": gateway_common::maps::reply_rate(m),
-                       "retry_after_s": (m.retry_after_s != 0).then_some(m.retry_after_s)})
+                       "retry_after_s": (m.retry_after_s != 0).then_some(m.retry_after_s)});
+                if let (Some(row), Value::Object(rest)) = (row.as_object_mut(), rest) {
+                    row.extend(rest);
+                }
+                row
             })
             .collect();
         return Value::Array(v).to_string();

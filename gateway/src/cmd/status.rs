@@ -33,21 +33,7 @@ pub fn run(root: &Path, args: StatusArgs) -> Result<(), CommandError> {
     // this build's layout.
     let problems: Vec<String> = dirs
         .iter()
-        .filter_map(|pd| {
-            match crate::health::link_ifindex(&pd.link()) {
-                Ok(0) => {
-                    return Some(format!(
-                        "{}: the program is detached (its link is bound to no interface)",
-                        pd.iface
-                    ));
-                }
-                Err(e) => return Some(format!("{}: no pinned link ({e})", pd.iface)),
-                Ok(_) => {}
-            }
-            loader::check_pinned_layout(pd)
-                .err()
-                .map(|e| format!("{}: {e}", pd.iface))
-        })
+        .filter_map(|pd| crate::health::attachment_ready(pd).err())
         .collect();
     if json {
         println!("{}", serde_json::to_string(&infos).expect("serializable"));

@@ -110,13 +110,7 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
         .collect::<Result<Vec<_>, _>>()?;
     let mut attachments: Vec<Attachment> = Vec::new();
     for iface in &cfg.interfaces.0 {
-        let opts = AttachOptions {
-            iface: iface.name.clone(),
-            mode: iface.mode,
-            root: cfg.bpffs.clone(),
-            ebpf_log_level: cfg.datapath.ebpf_log_level.value(),
-            issued_keys: cfg.datapath.issued_keys,
-        };
+        let opts = attach_options(&cfg, iface);
         let result = loader::attach(&opts).and_then(|a| {
             apply(&mut Maps::open(&PinDir::new(&cfg.bpffs, &a.iface))?, &cfg)?;
             Ok(a)
@@ -234,13 +228,7 @@ async fn serve(
     for a in &attached {
         reject_tasks.push(tokio::spawn(destroy_rejected(a.clone())));
         if let Some(i) = cfg.interfaces.0.iter().find(|i| i.name == a.iface()) {
-            let opts = AttachOptions {
-                iface: i.name.clone(),
-                mode: i.mode,
-                root: cfg.bpffs.clone(),
-                ebpf_log_level: cfg.datapath.ebpf_log_level.value(),
-                issued_keys: cfg.datapath.issued_keys,
-            };
+            let opts = attach_options(cfg, i);
             reject_tasks.push(tokio::spawn(keep_attached(opts, a.pins().clone())));
         }
         // Loaded (and verified) here, before the daemon says it is ready: not on the control
@@ -405,6 +393,17 @@ async fn serve(
     Ok(())
 }
 
+/// How `cfg` attaches `iface`: at start, and again when the program is found detached.
+fn attach_options(cfg: &Config, iface: &crate::config::Interface) -> AttachOptions {
+    AttachOptions {
+        iface: iface.name.clone(),
+        mode: iface.mode,
+        root: cfg.bpffs.clone(),
+        ebpf_log_level: cfg.datapath.ebpf_log_level.value(),
+        issued_keys: cfg.datapath.issued_keys,
+    }
+}
+
 /// What `/readyz` checks: each configured interface's program attached (its link bound to the
 /// interface) in the mode asked for, with maps of this build's layout; every proxy listener
 /// accepting; the controller's last interval recent.
@@ -425,15 +424,7 @@ fn readiness_checks(
         let a = a.clone();
         checks.push(Box::new(move || {
             let iface = a.iface();
-            match crate::health::link_ifindex(&a.pins().link()) {
-                Ok(0) => {
-                    return Err(format!(
-                        "{iface}: the program is detached (its link is bound to no interface)"
-                    ));
-                }
-                Ok(_) => {}
-                Err(e) => return Err(format!("{iface}: no pinned link ({e})")),
-            }
+            crate::health::link_bound(a.pins())?;
             let mode = AttachMode::from_id(
                 a.maps()
                     .config()

@@ -11,22 +11,20 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The 0.0.4 text of the OpenMetrics text `open`.
 pub fn from_openmetrics(open: &str) -> String {
-    // The suffix each family's samples carry, from its `# TYPE` line.
-    let suffix = |name: &str| -> &'static str {
-        for line in open.lines() {
-            if let Some(rest) = line.strip_prefix("# TYPE ")
-                && let Some((n, kind)) = rest.split_once(' ')
-                && n == name
-            {
-                return match kind {
-                    "counter" => "_total",
-                    "info" => "_info",
-                    _ => "",
-                };
-            }
-        }
-        ""
-    };
+    // The suffix each family's samples carry, from its `# TYPE` line (read once).
+    let suffixes: std::collections::HashMap<&str, &'static str> = open
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split_once(' '))
+        .map(|(name, kind)| {
+            let suffix = match kind {
+                "counter" => "_total",
+                "info" => "_info",
+                _ => "",
+            };
+            (name, suffix)
+        })
+        .collect();
+    let suffix = |name: &str| suffixes.get(name).copied().unwrap_or("");
     let mut out = String::with_capacity(open.len());
     for line in open.lines() {
         if line == "# EOF" || line.starts_with("# UNIT ") {

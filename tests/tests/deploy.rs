@@ -220,4 +220,7 @@ fn the_daemonset_is_valid_kubernetes_and_its_config_is_valid_gateway() {
         gateway::config::OnExit::Keep,
         "the datapath kept across restarts"
     );
+    // Adaptive with nothing written (issue 27): both services' classes under the controller.
+    let moved: Vec<&str> = cfg.controller.defaulted.iter().map(|c| c.name()).collect();
+    assert_eq!(moved, ["tls-new", "sip-original"], "{cfg}");
 }

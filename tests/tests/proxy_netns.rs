@@ -427,7 +427,7 @@ fn with_new_sessions_closed_resumed_clients_keep_working_and_the_backlog_stays_e
 
     // tls-new closed at the NIC: a new client is turned away, a returning one resumes.
     s.net
-        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
     let started = Instant::now();
     assert!(s.fetch(&rustls_config(&s.cert)).is_err());
     assert!(started.elapsed() < Duration::from_secs(5));
@@ -491,7 +491,7 @@ fn one_ticket_buys_one_clients_share_and_a_victim_keeps_resuming() {
     assert!(out.contains("New,"), "{out}");
 
     s.net
-        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
     let started = Instant::now();
     let attempts = 40;
     let mut reused = 0;
@@ -541,7 +541,7 @@ fn a_ticket_holds_its_places_while_its_connections_stay_open() {
     let out = s.s_client(&["-tls1_3", "-sess_out", sess, "-ign_eof"]);
     assert!(out.contains("New,"), "{out}");
     s.net
-        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
     let prefix = ["ip", "netns", "exec", &s.net.peer_ns];
     let addr = s.addr();
     let connect = || {
@@ -812,6 +812,58 @@ fn tls_new_row(s: &Setup) -> serde_json::Value {
         .unwrap()
 }
 
+/// Issue 27: with nothing configured but the proxy (no policy, no controller section) the
+/// controller moves tls-new by default. Under waves of new hellos (RSA-4096, one worker: each
+/// costs the proxy milliseconds of signature) it budgets new handshakes by the CPU, far below
+/// what the waves offer, and a resumed client keeps resuming through them.
+#[test]
+fn with_only_a_proxy_configured_the_controller_budgets_new_handshakes_under_a_flood() {
+    if !have_root("with_only_a_proxy_configured_the_controller_budgets_new_handshakes") {
+        return;
+    }
+    let (s, _backend) = Setup::rsa_one_worker("");
+    // Taken over at its upper bound, by default.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let start = loop {
+        let row = tls_new_row(&s);
+        if row["owner"] == "controller" {
+            break row;
+        }
+        assert!(Instant::now() < deadline, "never taken over: {row}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(start["bound_max"].as_u64().unwrap() >= 100_000, "{start}");
+    let config = rustls_config(&s.cert);
+    assert_eq!(s.fetch(&config).unwrap().0, HandshakeKind::Full);
+    assert_eq!(s.fetch(&config).unwrap().0, HandshakeKind::Resumed);
+    // Waves of 40 new hellos (bounded: 60 waves, 30 s) until the controller has cut tls-new
+    // to what one worker's CPU can sign: at about 7 ms a signature, a few hundred a second.
+    let hello = s.fresh_hello();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut cut = None;
+    for _ in 0..60 {
+        let wave = s.flood(40, &hello);
+        let row = tls_new_row(&s);
+        let rate = row["rate"].as_u64().unwrap_or(u64::MAX);
+        if row["owner"] == "controller" && rate < 1_000 {
+            cut = Some(row);
+            drop(wave);
+            break;
+        }
+        assert!(Instant::now() < deadline, "not cut: {row}");
+        std::thread::sleep(Duration::from_millis(100));
+        drop(wave);
+    }
+    let cut = cut.expect("cut within 60 waves");
+    assert!(
+        ["budget", "resumed-wait", "probe"].contains(&cut["reason"].as_str().unwrap()),
+        "{cut}"
+    );
+    // The resumed client still resumes.
+    assert_eq!(s.fetch(&config).unwrap().0, HandshakeKind::Resumed);
+    assert!(class_counter(&s.net.stats(), "tls-resumed", "admitted") >= 2);
+}
+
 /// Issue 29, case 2: a class an operator closed (rate 0, pinned) and then handed back to the
 /// controller reopens by the controller's own law within a few intervals, although no full
 /// handshake was ever admitted to measure the costs its budget divides by.
@@ -923,7 +975,14 @@ fn the_gateways_own_descriptor_limit_pauses_accepting_and_marks_no_member_down()
     let mut s = Setup::new();
     s.nofile = Some(NOFILE);
     let backend = Backend::start(s.backend_listener(), "b", Mode::Hold, false);
-    s.start(&format!("{{address: {}}}", backend.addr), "", "");
+    // A static gateway: the subject is the descriptor budget, and a hundred new hellos at once
+    // on this machine take the daemon's CPUs over the default controller's 80% for an interval
+    // (it refused 2 of 100 by tls-new's budget).
+    s.start(
+        &format!("{{address: {}}}", backend.addr),
+        "",
+        "controller:\n  enabled: false\n",
+    );
     let config = rustls_config(&s.cert);
     let addr = s.addr();
     let (net, cert) = (&s.net, &s.cert);
@@ -1846,7 +1905,7 @@ fn a_replayed_session_id_that_does_not_resume_is_withdrawn_and_buys_nothing_more
         .expect("a session id");
     assert_eq!(id.len(), 32, "{out}");
     s.net
-        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
     // An eavesdropper replays it: the datapath cannot tell, and gives it a resumed place.
     let replay = gateway_common::testing::HelloBuilder {
         session_id: id,
@@ -1902,7 +1961,7 @@ fn refused_clients_are_reset_at_the_nic_and_leave_nothing_in_the_proxy() {
     let mut s = Setup::new();
     let _b = s.with_backend(Mode::Answer, "", "");
     s.net
-        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
     let outcomes = |text: &str| {
         text.lines()
             .filter(|l| l.starts_with("gateway_proxy_connections_total"))

@@ -173,8 +173,14 @@ fn with_retransmissions_closed_they_are_dropped_at_the_nic_and_every_call_still_
         return;
     }
     let s = Sip::new();
-    s.net
-        .gateway_ok(&["policy", "set", "sip-retransmission", "--backlog", "0"]);
+    s.net.gateway_ok(&[
+        "policy",
+        "set",
+        "sip-retransmission",
+        "--backlog",
+        "0",
+        "--pin",
+    ]);
     let uac = s.uac();
     // Originals, ACK, BYE and the responses were never touched: every call succeeded.
     assert_eq!(uac["SuccessfulCall(C)"], CALLS, "{uac:?}");
@@ -193,7 +199,7 @@ fn with_originals_closed_and_answered_every_call_fails_at_once_on_a_503() {
     }
     let s = Sip::new();
     s.net
-        .gateway_ok(&["policy", "set", "sip-original", "--rate", "0"]);
+        .gateway_ok(&["policy", "set", "sip-original", "--rate", "0", "--pin"]);
     s.net.gateway_ok(&[
         "policy",
         "set",

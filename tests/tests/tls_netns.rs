@@ -177,7 +177,7 @@ fn with_tls_new_closed_new_clients_are_reset_at_once_and_resumed_ones_connect() 
     let sess = sess.to_str().unwrap();
     // Close tls-new from the CLI while the daemon runs.
     s.net
-        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
     for _ in 0..3 {
         let start = Instant::now();
         let out = s.client(&["-tls1_3"]);
@@ -259,7 +259,7 @@ fn a_public_session_id_prefix_buys_nothing_while_the_real_session_resumes() {
     s.net
         .gateway_ok(&["tls", "issued", "add", &key, "--kind", "session-id"]);
     s.net
-        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
     // Twenty clients offer the id's first 16 bytes and 16 random ones: tls-new, refused.
     let prefix: Vec<u8> = (0..16)
         .map(|i| u8::from_str_radix(&key[2 * i..2 * i + 2], 16).unwrap())

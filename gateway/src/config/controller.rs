@@ -1,7 +1,15 @@
 //! The `controller` section: which classes the daemon's controller moves, by which law, toward
 //! which target and within which bounds.
+//!
+//! Adaptive by default: every class a configured service has a law for is moved by the
+//! controller with the defaults below ([`ControllerConfig::adopt`]), unless the operator owns it
+//! (limits written under `policy:`, or `mode: static` here) or turns the controller off
+//! (`enabled: false`).
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
 
 use gateway_common::{
     Class,
@@ -56,15 +64,65 @@ pub struct ClassControl {
 pub struct ControllerConfig {
     /// How often it reads the datapath and moves limits.
     pub interval: Duration,
-    /// The classes it moves; classes not listed keep their configured policy.
+    /// Whether the controller runs at all; off, every class keeps its configured policy.
+    pub enabled: bool,
+    /// The classes it moves: those listed, and (after [`ControllerConfig::adopt`]) those it
+    /// moves by default.
     pub classes: BTreeMap<Class, ClassControl>,
+    /// Classes listed as `mode: static`: the operator's, whatever the services.
+    pub fixed: BTreeSet<Class>,
+    /// Which of `classes` are there by default, not listed.
+    pub defaulted: BTreeSet<Class>,
 }
 
 impl Default for ControllerConfig {
     fn default() -> Self {
         ControllerConfig {
             interval: Duration::from_millis(100),
+            enabled: true,
             classes: BTreeMap::new(),
+            fixed: BTreeSet::new(),
+            defaulted: BTreeSet::new(),
+        }
+    }
+}
+
+impl ControllerConfig {
+    /// The control a class gets when nothing is written for it: SIP originals by their service
+    /// time (target 100 ms), new TLS sessions by the CPU left after resumed ones (80% of the
+    /// CPUs, resumed handshakes waiting at most half a full one). `None`: no default law.
+    pub fn default_for(class: Class) -> Option<ClassControl> {
+        let raw = RawClass {
+            mode: match class {
+                Class::SipOriginal => "sip",
+                Class::TlsNew => "tls",
+                _ => return None,
+            }
+            .into(),
+            ..RawClass::default()
+        };
+        raw.read(class).ok()
+    }
+
+    /// Puts each of `wanted` (the classes the configured services have a law for) under control
+    /// with [`ControllerConfig::default_for`], unless the controller is off, the class is listed
+    /// (controlled or static), or `owned` says the operator wrote its limits.
+    pub fn adopt(
+        &mut self,
+        wanted: impl IntoIterator<Item = Class>,
+        owned: impl Fn(Class) -> bool,
+    ) {
+        if !self.enabled {
+            return;
+        }
+        for class in wanted {
+            if self.classes.contains_key(&class) || self.fixed.contains(&class) || owned(class) {
+                continue;
+            }
+            if let Some(c) = Self::default_for(class) {
+                self.classes.insert(class, c);
+                self.defaulted.insert(class);
+            }
         }
     }
 }
@@ -74,8 +132,18 @@ impl Default for ControllerConfig {
 struct RawController {
     #[serde(default = "default_interval")]
     interval: Span,
+    #[serde(default = "enabled", skip_serializing_if = "is_enabled")]
+    enabled: bool,
     #[serde(default, deserialize_with = "checked_classes")]
     classes: BTreeMap<String, RawClass>,
+}
+
+fn enabled() -> bool {
+    true
+}
+
+fn is_enabled(b: &bool) -> bool {
+    *b
 }
 
 /// The classes, each checked as it is read, so that an error carries its line.
@@ -96,7 +164,7 @@ fn checked_classes<'de, D: Deserializer<'de>>(
             while let Some(LimitableClass(class)) = map.next_key::<LimitableClass>()? {
                 let name = class.name().to_string();
                 let raw: RawClass = map.next_value()?;
-                raw.read(class).map_err(A::Error::custom)?;
+                raw.check(class).map_err(A::Error::custom)?;
                 out.insert(name, raw);
             }
             Ok(out)
@@ -109,7 +177,7 @@ fn default_interval() -> Span {
     Span(Duration::from_millis(100))
 }
 
-#[derive(Deserialize, Serialize)]
+#[derive(Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct RawClass {
     mode: String,
@@ -128,6 +196,33 @@ struct RawClass {
 }
 
 impl RawClass {
+    /// `mode: static` with nothing else: the class is the operator's.
+    fn is_static(&self) -> bool {
+        self.mode == "static"
+    }
+
+    /// Checks a class's entry: `Ok(None)` for a static one.
+    fn check(&self, class: Class) -> Result<Option<ClassControl>, String> {
+        if !self.is_static() {
+            return self.read(class).map(Some);
+        }
+        let name = class.name();
+        let extra = [
+            ("target", self.target.is_some()),
+            ("cpu_target", self.cpu_target.is_some()),
+            ("resumed_wait", self.resumed_wait.is_some()),
+            ("ratio", self.ratio.is_some()),
+            ("min", self.min.is_some()),
+            ("max", self.max.is_some()),
+        ];
+        match extra.iter().find(|(_, set)| *set) {
+            Some((field, _)) => Err(format!(
+                "{name}.{field}: a static class has no {field} (its limits are under policy:)"
+            )),
+            None => Ok(None),
+        }
+    }
+
     fn read(&self, class: Class) -> Result<ClassControl, String> {
         let name = class.name();
         let misplaced =
@@ -196,10 +291,9 @@ impl RawClass {
                     max,
                 });
             }
-            "static" => return Err(format!("{name}: static classes are not listed here")),
             other => {
                 return Err(format!(
-                    "{name}.mode: unknown mode '{other}' (valid: sip, tls, pdd)"
+                    "{name}.mode: unknown mode '{other}' (valid: sip, tls, pdd, static)"
                 ));
             }
         };
@@ -217,22 +311,45 @@ impl RawClass {
 impl<'de> Deserialize<'de> for ControllerConfig {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = RawController::deserialize(d)?;
-        let mut classes = BTreeMap::new();
+        let (mut classes, mut fixed) = (BTreeMap::new(), BTreeSet::new());
         for (name, c) in &raw.classes {
             // Checked as read (see `checked_classes`); this cannot fail.
             let class =
                 Class::from_name(name).ok_or_else(|| D::Error::custom(unknown_class(name)))?;
-            classes.insert(class, c.read(class).map_err(D::Error::custom)?);
+            match c.check(class).map_err(D::Error::custom)? {
+                Some(control) => {
+                    if !raw.enabled {
+                        return Err(D::Error::custom(format!(
+                            "controller.classes.{name}: the controller is off (enabled: false); \
+                             list a class here only to control it, or as mode: static"
+                        )));
+                    }
+                    classes.insert(class, control);
+                }
+                None => {
+                    fixed.insert(class);
+                }
+            }
         }
         Ok(ControllerConfig {
             interval: raw.interval.0,
+            enabled: raw.enabled,
             classes,
+            fixed,
+            defaulted: BTreeSet::new(),
         })
     }
 }
 
 impl Serialize for ControllerConfig {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let statics = self.fixed.iter().map(|class| {
+            let raw = RawClass {
+                mode: "static".into(),
+                ..RawClass::default()
+            };
+            (class.name().to_string(), raw)
+        });
         let classes = self
             .classes
             .iter()
@@ -253,9 +370,11 @@ impl Serialize for ControllerConfig {
                 };
                 (class.name().to_string(), raw)
             })
+            .chain(statics)
             .collect();
         RawController {
             interval: Span(self.interval),
+            enabled: self.enabled,
             classes,
         }
         .serialize(s)

@@ -15,8 +15,9 @@ mod unique;
 
 use std::{collections::BTreeSet, fmt, path::PathBuf};
 
-use gateway_common::maps::{
-    IPPROTO_TCP, SERVICE_TERMINATED, ServiceKey, ServiceKind, ServiceValue,
+use gateway_common::{
+    Class,
+    maps::{IPPROTO_TCP, SERVICE_TERMINATED, ServiceKey, ServiceKind, ServiceValue},
 };
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -107,7 +108,8 @@ pub struct Config {
     /// Protected services.
     #[serde(default)]
     pub services: Services,
-    /// Admission limits per class; unlisted classes are unlimited.
+    /// Admission limits per class, the operator's; a class with none written is moved by the
+    /// controller when its service has a law, else unlimited.
     #[serde(default)]
     pub policy: Policies,
     /// Datapath-wide settings.
@@ -143,7 +145,7 @@ impl Config {
             origin: origin.into(),
             source,
         };
-        let config: Config = serde_norway::from_str(yaml).map_err(invalid)?;
+        let mut config: Config = serde_norway::from_str(yaml).map_err(invalid)?;
         serde_norway::from_str::<unique::DuplicateCheck>(yaml).map_err(invalid)?;
         config
             .check_proxies()
@@ -151,7 +153,23 @@ impl Config {
                 origin: origin.into(),
                 reason,
             })?;
+        let (wanted, policy) = (config.served_classes(), config.policy.clone());
+        config.controller.adopt(wanted, |class| policy.owns(class));
         Ok(config)
+    }
+
+    /// The classes the configured services have a law for: sip-original where a SIP service
+    /// is protected, tls-new where a TLS service is (a proxy listener's port included).
+    fn served_classes(&self) -> Vec<Class> {
+        let kinds: BTreeSet<u32> = self.all_services().iter().map(|(_, v)| v.kind).collect();
+        let mut out = Vec::new();
+        if kinds.contains(&(ServiceKind::Sip as u32)) {
+            out.push(Class::SipOriginal);
+        }
+        if kinds.contains(&(ServiceKind::Tls as u32)) {
+            out.push(Class::TlsNew);
+        }
+        out
     }
 
     /// Reads and parses a file.
@@ -238,7 +256,23 @@ impl fmt::Display for Config {
             self.proxies.len(),
             self.policy.len(),
             self.bpffs.display()
-        )
+        )?;
+        let c = &self.controller;
+        if !c.enabled {
+            return f.write_str(", controller off");
+        }
+        let moved: Vec<String> = c
+            .classes
+            .keys()
+            .map(|class| match c.defaulted.contains(class) {
+                true => format!("{} (by default)", class.name()),
+                false => class.name().to_string(),
+            })
+            .collect();
+        match moved.is_empty() {
+            true => f.write_str(", no class under the controller"),
+            false => write!(f, ", controller moves {}", moved.join(", ")),
+        }
     }
 }
 
@@ -428,6 +462,102 @@ mod tests {
             assert!(e.contains(needle), "{yaml}: {e}");
             assert!(e.contains("line"), "{yaml}: {e}");
         }
+    }
+
+    /// Issue 27: adaptive by default. Every class a configured service has a law for is the
+    /// controller's unless the operator wrote its limits, listed it as static, or turned the
+    /// controller off.
+    #[test]
+    fn classes_of_configured_services_are_adaptive_unless_the_operator_owns_them() {
+        let moved = |yaml: &str| -> Vec<(Class, bool)> {
+            let c = Config::parse(yaml, "t.yaml").unwrap();
+            c.controller
+                .classes
+                .keys()
+                .map(|k| (*k, c.controller.defaulted.contains(k)))
+                .collect()
+        };
+        let sip = "services:\n  - {kind: sip, port: 5060}\n";
+        assert_eq!(moved(sip), [(Class::SipOriginal, true)]);
+        let c = Config::parse(sip, "t").unwrap();
+        assert_eq!(
+            c.controller.classes[&Class::SipOriginal],
+            ControllerConfig::default_for(Class::SipOriginal).unwrap()
+        );
+        assert_eq!(
+            c.controller.classes[&Class::SipOriginal].mode,
+            Mode::Sip {
+                target: std::time::Duration::from_millis(100)
+            }
+        );
+        let proxy =
+            "proxies:\n  - listen: 127.0.0.1:8443\n    backends: [{address: 127.0.0.1:1}]\n";
+        assert_eq!(moved(proxy), [(Class::TlsNew, true)]);
+        assert!(matches!(
+            Config::parse(proxy, "t").unwrap().controller.classes[&Class::TlsNew].mode,
+            Mode::Tls { .. }
+        ));
+        let both = Config::embedded_default();
+        assert_eq!(
+            both.controller
+                .defaulted
+                .iter()
+                .copied()
+                .collect::<Vec<_>>(),
+            [Class::TlsNew, Class::SipOriginal]
+        );
+        assert!(both.to_string().contains("controller moves"), "{both}");
+        // Limits written under policy: the operator's (sip-retransmission's are sip-original's
+        // law's too); how refusals are answered is no limit.
+        assert_eq!(
+            moved(&format!("{sip}policy:\n  sip-original: {{backlog: 30}}\n")),
+            []
+        );
+        assert_eq!(
+            moved(&format!(
+                "{sip}policy:\n  sip-retransmission: {{backlog: 3}}\n"
+            )),
+            []
+        );
+        assert_eq!(
+            moved(&format!(
+                "{sip}policy:\n  sip-original: {{refuse: reject}}\n"
+            )),
+            [(Class::SipOriginal, true)]
+        );
+        // Listed: as written, not by default; static: left alone.
+        assert_eq!(
+            moved(&format!(
+                "{sip}controller:\n  classes:\n    sip-original: {{mode: sip, max: 500}}\n"
+            )),
+            [(Class::SipOriginal, false)]
+        );
+        let fixed = format!("{sip}controller:\n  classes:\n    sip-original: {{mode: static}}\n");
+        assert_eq!(moved(&fixed), []);
+        // A static class keeps being static through a round trip of the config.
+        let c = Config::parse(&fixed, "t").unwrap();
+        let again = serde_norway::to_string(&c).unwrap();
+        assert_eq!(moved(&again), [], "{again}");
+        // Off: nothing moves, and listing a controlled class then is a contradiction.
+        let off = format!("{sip}{proxy}controller:\n  enabled: false\n");
+        assert_eq!(moved(&off), []);
+        assert!(
+            Config::parse(&off, "t")
+                .unwrap()
+                .to_string()
+                .contains("controller off")
+        );
+        let e = err(&format!(
+            "{off}  classes:\n    sip-original: {{mode: sip}}\n"
+        ));
+        assert!(e.contains("the controller is off"), "{e}");
+        let e = err(&format!(
+            "{sip}controller:\n  classes:\n    sip-original: {{mode: static, target: 80ms}}\n"
+        ));
+        assert!(e.contains("sip-original.target: a static class"), "{e}");
+        assert!(e.contains("line 5"), "{e}");
+        // No service, nothing to move.
+        assert_eq!(moved("policy: {}\n"), []);
     }
 
     #[test]

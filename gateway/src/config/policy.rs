@@ -156,7 +156,8 @@ pub fn unlimitable_class(class: Class) -> String {
     )
 }
 
-/// Per-class limits; classes not listed are unlimited.
+/// Per-class limits; a class not listed is unlimited, or moved by the controller by default
+/// (see [`super::ControllerConfig::adopt`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Policies(BTreeMap<Class, Policy>);
 
@@ -169,6 +170,17 @@ impl Policies {
     /// The limits of `class` (unlimited when not listed).
     pub fn of(&self, class: Class) -> Policy {
         self.0.get(&class).copied().unwrap_or(Policy::UNLIMITED)
+    }
+
+    /// Whether the operator wrote limits (a backlog or a rate) for `class`, or for the class
+    /// whose limits follow from it (sip-original's law also sets sip-retransmission's): then the
+    /// limits are the operator's, not the controller's by default.
+    pub fn owns(&self, class: Class) -> bool {
+        let limited = |c: Class| {
+            let p = self.of(c);
+            p.backlog.is_some() || p.rate.is_some()
+        };
+        limited(class) || (class == Class::SipOriginal && limited(Class::SipRetransmission))
     }
 
     /// Classes listed.

@@ -360,8 +360,21 @@ impl Controller {
         if self.is_idle() {
             return;
         }
+        let names = |pick: &dyn Fn(&Class) -> bool| {
+            let names: Vec<&str> = self
+                .cfg
+                .classes
+                .keys()
+                .filter(|c| pick(c))
+                .map(|c| c.name())
+                .collect();
+            names.join(",")
+        };
         info!(
-            interval = ?self.cfg.interval, classes = self.cfg.classes.len(), cores = self.cores,
+            interval = ?self.cfg.interval,
+            classes = %names(&|_| true),
+            by_default = %names(&|c| self.cfg.defaulted.contains(c)),
+            cores = self.cores,
             "controller running"
         );
         let mut tick = tokio::time::interval(self.cfg.interval);

@@ -175,7 +175,8 @@ fn main() {
 
 /// The main job, shown: a SIP server of known capacity (one FIFO thread, 5 ms an INVITE: 185
 /// calls/s) offered three times that by SIPp, once alone and once behind `gateway run` with no
-/// limit set by hand (the controller finds them) and refusals answered with a 503 from the NIC.
+/// limit and no controller written (the controller moves sip-original by default and finds the
+/// limits) and refusals answered with a 503 from the NIC.
 /// One screen: what the callers got, what the NIC refused, what the controller chose, and a
 /// chart of calls answered per second.
 fn overload() {
@@ -207,7 +208,8 @@ fn overload() {
     };
     let (alone, _) = run(None);
     let (behind, seen) = run(Some(
-        "services:\n  - {kind: sip, port: 5060}\ncontroller:\n  classes:\n    sip-original: {mode: sip}\npolicy:\n  sip-original: {refuse: reject}\n  sip-retransmission: {refuse: reject}\n",
+        // No limit and no controller section: the controller moves sip-original by default.
+        "services:\n  - {kind: sip, port: 5060}\npolicy:\n  sip-original: {refuse: reject}\n  sip-retransmission: {refuse: reject}\n",
     ));
     let goodput = |u: &gateway_tests::sipp::UacRun| u.goodput(3, SECONDS as usize);
     println!("   {:<34}{:>16}{:>16}", "", "alone", "behind gateway");

@@ -36,6 +36,8 @@ const STATIC: &str = "services:\n  - {kind: sip, port: 5060}\npolicy:\n  sip-ori
 /// No limit set by hand: the controller finds them (its default target, 100 ms).
 const CONTROLLED: &str = "services:\n  - {kind: sip, port: 5060}\ncontroller:\n  classes:\n    sip-original: {mode: sip}\n";
 
+/// Nothing configured but the service (issue 27): the controller moves sip-original by default.
+const SERVICE_ONLY: &str = "services:\n  - {kind: sip, port: 5060}\n";
 /// The controller, with refused requests answered by a 503 from the NIC (issue 13).
 const CONTROLLED_503: &str = "services:\n  - {kind: sip, port: 5060}\ncontroller:\n  classes:\n    sip-original: {mode: sip}\npolicy:\n  sip-original: {refuse: reject}\n  sip-retransmission: {refuse: reject}\n";
 
@@ -139,7 +141,7 @@ fn main() {
     let nominal = capacity();
     let (cap, capacity_retransmissions) = measured_capacity(kamailio, rcvbuf);
     report.say(format!(
-        "# SIP overload: goodput as a share of capacity\n\nServer: {}, {}, {:?} CPU per INVITE and {:?} per ACK/BYE: a nominal capacity of {nominal:.0} calls/s. Its real capacity, measured alone in this run (SIPp in a closed loop of {IN_FLIGHT} calls, each new call as one ends, so that the server is never idle and no request is resent; {capacity_retransmissions} retransmissions), is **{cap:.0} calls/s** ({:.0}% of nominal): the offered loads and the shares below are of that. SIPp with a transaction-matching UAC, T1 500 ms; goodput = successful calls/s averaged over seconds {WARM}..{SECONDS}. Static policy (picked by hand): sip-original backlog 30, sip-retransmission backlog 10. Controller: no limit set, mode sip, target 100 ms.\n",
+        "# SIP overload: goodput as a share of capacity\n\nServer: {}, {}, {:?} CPU per INVITE and {:?} per ACK/BYE: a nominal capacity of {nominal:.0} calls/s. Its real capacity, measured alone in this run (SIPp in a closed loop of {IN_FLIGHT} calls, each new call as one ends, so that the server is never idle and no request is resent; {capacity_retransmissions} retransmissions), is **{cap:.0} calls/s** ({:.0}% of nominal): the offered loads and the shares below are of that. SIPp with a transaction-matching UAC, T1 500 ms; goodput = successful calls/s averaged over seconds {WARM}..{SECONDS}. Static policy (picked by hand): sip-original backlog 30, sip-retransmission backlog 10. Controller: no limit set, mode sip, target 100 ms, written in a controller section. Default: nothing configured but the service (no policy, no controller section; the controller moves sip-original by default).\n",
         if kamailio {
             "a real Kamailio (one worker, stateless, cfgutils usleep: its one worker busy for the same time per call)"
         } else {
@@ -163,38 +165,45 @@ fn main() {
         100.0 * cap / nominal
     ));
     report.say(
-        "| offered load | no gateway | gateway, static policy | gateway, controller | no-gateway retransmissions | static retransmissions | controller retransmissions | controller failed calls |",
+        "| offered load | no gateway | gateway, static policy | gateway, controller | gateway, default | no-gateway retransmissions | static retransmissions | controller retransmissions | controller failed calls |",
     );
-    report.say("|---|---:|---:|---:|---:|---:|---:|---:|");
+    report.say("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let loads = if loads.is_empty() {
         vec![0.5, 1.0, 2.0, 3.0]
     } else {
         loads
     };
     let mut rows = Vec::new();
-    let mut lines: [Series; 3] =
-        ["no gateway", "gateway, static", "gateway, controller"].map(|name| Series {
-            name: name.to_owned(),
-            points: Vec::new(),
-        });
+    let mut lines: [Series; 4] = [
+        "no gateway",
+        "gateway, static",
+        "gateway, controller",
+        "gateway, default",
+    ]
+    .map(|name| Series {
+        name: name.to_owned(),
+        points: Vec::new(),
+    });
     for m in loads {
         let rate = (cap * m).round() as u64;
         let (fifo, ft) = run(rate, None, kamailio, rcvbuf);
         let (gw, gt) = run(rate, Some(STATIC), kamailio, rcvbuf);
         let (ctl, ct) = run(rate, Some(CONTROLLED), kamailio, rcvbuf);
+        let (def, _) = run(rate, Some(SERVICE_ONLY), kamailio, rcvbuf);
         let retrans = |t: &HashMap<String, u64>| t.get("Retransmissions").copied().unwrap_or(0);
         let failed = ct.get("FailedCall").copied().unwrap_or(0);
         report.say(format!(
-            "| {m:.1}x ({:.0} calls/s) | {:.0}% ({fifo:.0}/s) | {:.0}% ({gw:.0}/s) | {:.0}% ({ctl:.0}/s) | {} | {} | {} | {failed} |",
+            "| {m:.1}x ({:.0} calls/s) | {:.0}% ({fifo:.0}/s) | {:.0}% ({gw:.0}/s) | {:.0}% ({ctl:.0}/s) | {:.0}% ({def:.0}/s) | {} | {} | {} | {failed} |",
             cap * m,
             100.0 * fifo / cap,
             100.0 * gw / cap,
             100.0 * ctl / cap,
+            100.0 * def / cap,
             retrans(&ft),
             retrans(&gt),
             retrans(&ct),
         ));
-        for (line, goodput) in lines.iter_mut().zip([fifo, gw, ctl]) {
+        for (line, goodput) in lines.iter_mut().zip([fifo, gw, ctl, def]) {
             line.points.push((m, 100.0 * goodput / cap));
         }
         rows.push(vec![
@@ -202,6 +211,7 @@ fn main() {
             format!("{:.1}", 100.0 * fifo / cap),
             format!("{:.1}", 100.0 * gw / cap),
             format!("{:.1}", 100.0 * ctl / cap),
+            format!("{:.1}", 100.0 * def / cap),
             retrans(&ft).to_string(),
             retrans(&gt).to_string(),
             retrans(&ct).to_string(),
@@ -215,6 +225,7 @@ fn main() {
             "no_gateway_pct",
             "static_pct",
             "controller_pct",
+            "default_pct",
             "no_gateway_retransmissions",
             "static_retransmissions",
             "controller_retransmissions",

@@ -800,6 +800,53 @@ fn readyz_says_why_when_the_program_is_detached_by_hand_and_the_daemon_puts_it_b
     assert!(class_counter(&s.net.stats(), "tls-new", "packets") > hellos);
 }
 
+/// A peer holding connections open to the metrics endpoint (the DaemonSet binds it on the node
+/// for its probes) spends at most `metrics::MAX_CONNECTIONS` of the daemon's descriptors: past
+/// them the endpoint stops accepting, the rest wait in its listen queue, and clients of the proxy
+/// are still served. Once the peer goes, scrapes are answered again.
+#[test]
+fn connections_held_open_to_the_metrics_endpoint_spend_a_bounded_number_of_descriptors() {
+    if !have_root("connections_held_open_to_the_metrics_endpoint") {
+        return;
+    }
+    let (s, _backend) = Setup::answering("", "");
+    let daemon = s.daemon.as_ref().unwrap();
+    assert!(s.metrics().contains("gateway_build_info"));
+    let before = daemon.fd_count();
+    const HELD: usize = 64;
+    let cap = gateway::metrics::MAX_CONNECTIONS;
+    let held: Vec<TcpStream> = s.net.in_gw(|| {
+        (0..HELD)
+            .map(|_| TcpStream::connect(("127.0.0.1", METRICS)).expect("queued at least"))
+            .collect()
+    });
+    // The endpoint takes `cap` of them (each closed after 5 s without a request head, then the
+    // next ones are taken): watch the count for two seconds of that.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while daemon.fd_count() < before + cap {
+        assert!(Instant::now() < deadline, "{} open", daemon.fd_count());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let watch = Instant::now();
+    let mut most = 0;
+    while watch.elapsed() < Duration::from_secs(2) {
+        most = most.max(daemon.fd_count());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A few descriptors of the daemon's own come and go (sock_diag lookups, map reads).
+    assert!(
+        most <= before + cap + 4,
+        "{most} open with {HELD} held (before: {before}, cap {cap})"
+    );
+    // The proxy's clients are not behind them.
+    assert_eq!(
+        s.fetch(&rustls_config(&s.cert)).unwrap().0,
+        HandshakeKind::Full
+    );
+    drop(held);
+    assert!(s.metrics().contains("gateway_build_info"));
+}
+
 /// tls-new's `policy show` row.
 fn tls_new_row(s: &Setup) -> serde_json::Value {
     let rows: serde_json::Value =

@@ -1,6 +1,7 @@
 //! The daemon's HTTP endpoint, served with hyper: `/metrics` for Prometheus, `/healthz` and
 //! `/readyz` for supervisors and load balancers ([`crate::health`]). `GET` and `HEAD`, any query
-//! string ignored; one connection's requests are bounded in time.
+//! string ignored; one connection's requests are bounded in time, and at most
+//! [`MAX_CONNECTIONS`] are served at once.
 //!
 //! What `/metrics` serves follows the request's `Accept`, as Prometheus's own client libraries
 //! do: the OpenMetrics text `prometheus-client` encodes when asked for (Prometheus asks by
@@ -31,6 +32,11 @@ use crate::health::{Checks, Readiness};
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest a connection may stay open (a keep-alive scraper reconnects).
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// Connections served at once. Past them, accepting pauses and clients wait in the listen
+/// queue, as a proxy's listener does at its descriptor budget: the endpoint's connections come
+/// out of the daemon's descriptor reserve ([`crate::proxy::descriptors::RESERVE`]), which a peer
+/// holding connections open must not spend (a scraper and a few probes need one or two each).
+pub const MAX_CONNECTIONS: usize = 16;
 
 /// Called before each scrape, to bring gauges up to date.
 pub type Refresh = Box<dyn Fn() + Send + Sync>;
@@ -47,14 +53,17 @@ pub struct Endpoint {
 
 /// Serves `endpoint` on `listener` until `stop` is cancelled.
 pub async fn serve(listener: TcpListener, endpoint: Arc<Endpoint>, stop: CancellationToken) {
+    let places = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     crate::accept::accept_until(
         listener,
         &stop,
         "metrics",
-        || async {},
-        |sock, _, ()| {
+        || places.clone().acquire_owned(),
+        |sock, _, place| {
             let endpoint = endpoint.clone();
             tokio::spawn(async move {
+                // Held while the connection lasts; the semaphore is never closed.
+                let _place = place;
                 let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                     let endpoint = endpoint.clone();
                     async move { Ok::<_, Infallible>(endpoint.answer(&req)) }

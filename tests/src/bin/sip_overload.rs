@@ -37,7 +37,7 @@ const STATIC: &str = "services:\n  - {kind: sip, port: 5060}\npolicy:\n  sip-ori
 const CONTROLLED: &str = "services:\n  - {kind: sip, port: 5060}\ncontroller:\n  classes:\n    sip-original: {mode: sip}\n";
 
 /// Nothing configured but the service (issue 27): the controller moves sip-original by default.
-const SERVICE_ONLY: &str = "services:\n  - {kind: sip, port: 5060}\n";
+const SERVICE_ONLY: &str = "services:\n  - {kind: sip, port: 5060}\nmetrics: 127.0.0.1:9478\n";
 /// The controller, with refused requests answered by a 503 from the NIC (issue 13).
 const CONTROLLED_503: &str = "services:\n  - {kind: sip, port: 5060}\ncontroller:\n  classes:\n    sip-original: {mode: sip}\npolicy:\n  sip-original: {refuse: reject}\n  sip-retransmission: {refuse: reject}\n";
 
@@ -100,16 +100,62 @@ fn run(
     kamailio: bool,
     rcvbuf: Option<usize>,
 ) -> (f64, HashMap<String, u64>) {
+    let (goodput, totals, _) = run_measured(rate, config, kamailio, rcvbuf);
+    (goodput, totals)
+}
+
+/// What the daemon used: idle for [`IDLE`] after its start, then under the load.
+#[derive(Clone, Copy, Debug, Default)]
+struct Usage {
+    /// CPU, in cores, while idle.
+    idle_cpu: f64,
+    /// Resident memory at the end of the idle window, bytes.
+    idle_rss: u64,
+    /// CPU, in cores, over the load.
+    load_cpu: f64,
+    /// Resident memory at the end of the load, bytes.
+    load_rss: u64,
+}
+
+/// The idle window [`Usage`] is measured over.
+const IDLE: Duration = Duration::from_secs(3);
+
+/// [`run`], and what the daemon used (with a gateway).
+fn run_measured(
+    rate: u64,
+    config: Option<&str>,
+    kamailio: bool,
+    rcvbuf: Option<usize>,
+) -> (f64, HashMap<String, u64>, Option<Usage>) {
+    use gateway_tests::procfs::{cpu_seconds, rss_bytes};
     let net = TestNet::new();
     let dir = scratch(&net);
     let _server = serve(&net, kamailio, rcvbuf);
     let daemon = config.map(|body| Daemon::start_config(&net, &dir, body));
+    let mut usage = None;
+    if let Some(d) = &daemon {
+        let (t0, c0) = (std::time::Instant::now(), cpu_seconds(d.pid()));
+        std::thread::sleep(IDLE);
+        usage = Some(Usage {
+            idle_cpu: (cpu_seconds(d.pid()) - c0) / t0.elapsed().as_secs_f64(),
+            idle_rss: rss_bytes(d.pid()),
+            ..Usage::default()
+        });
+    }
+    let (t0, c0) = (
+        std::time::Instant::now(),
+        daemon.as_ref().map_or(0.0, |d| cpu_seconds(d.pid())),
+    );
     let uac = run_uac(&net, &dir, rate, SECONDS);
+    if let (Some(d), Some(u)) = (&daemon, &mut usage) {
+        u.load_cpu = (cpu_seconds(d.pid()) - c0) / t0.elapsed().as_secs_f64();
+        u.load_rss = rss_bytes(d.pid());
+    }
     if let Some(d) = daemon {
         let _ = d.terminate(Duration::from_secs(10));
     }
     let _ = std::fs::remove_dir_all(&dir);
-    (uac.goodput(WARM, SECONDS as usize), uac.totals)
+    (uac.goodput(WARM, SECONDS as usize), uac.totals, usage)
 }
 
 fn main() {
@@ -173,7 +219,7 @@ fn main() {
     } else {
         loads
     };
-    let mut rows = Vec::new();
+    let (mut rows, mut usages) = (Vec::new(), Vec::new());
     let mut lines: [Series; 4] = [
         "no gateway",
         "gateway, static",
@@ -189,7 +235,8 @@ fn main() {
         let (fifo, ft) = run(rate, None, kamailio, rcvbuf);
         let (gw, gt) = run(rate, Some(STATIC), kamailio, rcvbuf);
         let (ctl, ct) = run(rate, Some(CONTROLLED), kamailio, rcvbuf);
-        let (def, _) = run(rate, Some(SERVICE_ONLY), kamailio, rcvbuf);
+        let (def, _, used) = run_measured(rate, Some(SERVICE_ONLY), kamailio, rcvbuf);
+        usages.push((m, used.unwrap_or_default()));
         let retrans = |t: &HashMap<String, u64>| t.get("Retransmissions").copied().unwrap_or(0);
         let failed = ct.get("FailedCall").copied().unwrap_or(0);
         report.say(format!(
@@ -217,6 +264,20 @@ fn main() {
             retrans(&ct).to_string(),
             failed.to_string(),
         ]);
+    }
+    report.say(format!(
+        "\nThe daemon with the default column's config (its metrics endpoint on, hyper serving \
+         it; the controller's intervals every 100 ms), idle for {IDLE:?} after its start and then \
+         under the load:\n\n| offered load | idle CPU | idle RSS | CPU under load | RSS under load |\n|---|---:|---:|---:|---:|"
+    ));
+    for (m, u) in &usages {
+        report.say(format!(
+            "| {m:.1}x | {:.2}% of a core | {:.1} MiB | {:.2}% of a core | {:.1} MiB |",
+            100.0 * u.idle_cpu,
+            u.idle_rss as f64 / (1 << 20) as f64,
+            100.0 * u.load_cpu,
+            u.load_rss as f64 / (1 << 20) as f64,
+        ));
     }
     report.csv(
         "goodput.csv",

@@ -765,8 +765,14 @@ pub struct FirstRecords {
 
 /// [`FirstRecords::what`]: a handshake record (the hello) starts at `skip`.
 pub const FIRST_HELLO: u8 = 0;
-/// [`FirstRecords::what`]: application data first: a connection whose flow entry is gone.
+/// [`FirstRecords::what`]: application data, or a handshake message that is no ClientHello,
+/// first: a connection whose flow entry is gone (its client's next flight: TLS 1.3's encrypted
+/// records, TLS 1.2's ClientKeyExchange), or a protocol error every server rejects before any
+/// work of a handshake. No hello can hide behind it: a server reads records in order and ends
+/// the connection at the first message that should have been its ClientHello.
 pub const FIRST_CONTINUES: u8 = 1;
+/// The handshake message type of a ClientHello (RFC 8446 4).
+const CLIENT_HELLO: u8 = 1;
 /// [`FirstRecords::what`]: only whole ChangeCipherSpec or alert records: the hello, if any, is in
 /// a later segment, which will be judged as a first one.
 pub const FIRST_NO_HELLO_YET: u8 = 2;
@@ -797,7 +803,15 @@ pub fn first_records<B: PacketBytes>(b: &B, offset: usize, len: u32) -> FirstRec
             return found(FIRST_MALFORMED, 0);
         }
         match first[0] {
-            22 => return found(FIRST_HELLO, skip),
+            22 => {
+                // The message type, where the segment carries it (else the hello, arriving).
+                let mut typed = [0u8; 6];
+                let other = b.read(offset + skip as usize, &mut typed) && typed[5] != CLIENT_HELLO;
+                if other && skip == 0 {
+                    return found(FIRST_CONTINUES, 0);
+                }
+                return found(FIRST_HELLO, skip);
+            }
             23 if skip == 0 => return found(FIRST_CONTINUES, 0),
             20 | 21 => {
                 if !b.read(offset + skip as usize, &mut head) {

@@ -419,9 +419,12 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
                 return (Class::TlsFlow, Action::Pass);
             }
         }
-        // Application data: a connection whose flow entry the LRU evicted; or records that
-        // servers ignore, with the hello still to come (its segment is judged as a first one).
-        FIRST_CONTINUES | FIRST_NO_HELLO_YET => return (Class::TlsFlow, Action::Pass),
+        // Application data or a later handshake message on a connection the kernel has: one
+        // whose flow entry the LRU evicted (or an error the server ends the connection on at
+        // once); a SYN's data never continues anything. Or records that servers ignore, with
+        // the hello still to come (its segment is judged as a first one).
+        FIRST_CONTINUES if !syn => return (Class::TlsFlow, Action::Pass),
+        FIRST_NO_HELLO_YET => return (Class::TlsFlow, Action::Pass),
         // Anything else (an SSLv2 hello, plain HTTP, garbage, a record cut short) where a
         // ClientHello must be: a malformed hello, judged as tls-new, so no bytes bypass
         // admission.

@@ -316,15 +316,18 @@ pub fn expected_class(frame: &[u8], issued: &[[u8; KEY_LEN]]) -> Class {
         _ => return Class::Other,
     }
     // A new TLS connection: the hello (after any ChangeCipherSpec or alert records) opens a
-    // flow; application data, or only such records, pass; anything else is a malformed hello.
-    // A SYN's data (TCP Fast Open) is judged the same way.
+    // flow; application data or a handshake message that is no hello (a connection whose flow
+    // entry is gone), or only such records, pass; anything else is a malformed hello. A SYN's
+    // data (TCP Fast Open) is judged the same way, but never continues a connection.
     if payload_len == 0 {
         return Class::TlsFlow;
     }
+    let syn = t.tcp_flags & 0x12 == 0x02;
     let first = first_records(&b, start, payload_len as u32);
     match first.what {
         FIRST_HELLO => {}
-        FIRST_CONTINUES | FIRST_NO_HELLO_YET => return Class::TlsFlow,
+        FIRST_CONTINUES if !syn => return Class::TlsFlow,
+        FIRST_NO_HELLO_YET => return Class::TlsFlow,
         _ => return Class::TlsNew,
     }
     let (start, payload_len) = (

@@ -633,6 +633,60 @@ fn a_spoofed_syn_changes_nothing_for_an_admitted_connection() {
     );
 }
 
+/// Issue 23, case 6, its second half: an admitted connection whose flow entry is gone (the LRU
+/// evicted it under a table full of connections) keeps going. Its client's next flight, a TLS 1.2
+/// ClientKeyExchange, is no hello: it reaches the server with tls-new closed, where it was judged
+/// a malformed hello and reset. A connection that sends such a message first (no hello ever)
+/// only meets the server's own refusal; and a hello after it is still judged.
+#[test]
+fn an_admitted_connection_whose_flow_entry_is_evicted_keeps_going() {
+    if !have_root("an_admitted_connection_whose_flow_entry_is_evicted") {
+        return;
+    }
+    let (net, server) = tls_behind_the_gateway();
+    let mut clients = Vec::new();
+    for n in 0..3u8 {
+        let (mut stream, _, _) = connect(&net, n == 2);
+        let h = hello(80 + n);
+        stream.write_all(&h).unwrap();
+        assert!(server.got(&h, Duration::from_secs(2)), "hello {n} admitted");
+        clients.push(stream);
+    }
+    close_tls_new(&net);
+    // What an LRU eviction leaves: no entry for these connections.
+    let pd = gateway::pins::select(&net.root(), Some(&net.gw_if)).expect("pins");
+    let mut maps = gateway::maps::Maps::open(&pd).expect("maps");
+    assert!(maps.tls_flows().unwrap().len() >= 3);
+    maps.clear_tls_flows().unwrap();
+    for (n, stream) in clients.iter_mut().enumerate() {
+        let flight = [22u8, 3, 3, 0, 6, 16, 0, 0, 2, 0xcd, n as u8];
+        stream.write_all(&flight).unwrap();
+        assert!(
+            server.got(&flight, Duration::from_secs(2)),
+            "client {n}'s next flight judged as a hello after its flow entry went"
+        );
+    }
+    let stats = net.stats();
+    assert_eq!(
+        class_counter(&stats, "tls-new", "dropped_backlog"),
+        0,
+        "{stats}"
+    );
+    // A hello on a new connection is still judged (and refused: tls-new is closed).
+    let (mut stream, _, _) = connect(&net, false);
+    let h = hello(90);
+    stream.write_all(&h).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while class_counter(&net.stats(), "tls-new", "dropped_backlog") < 1 {
+        assert!(Instant::now() < deadline, "the new hello was not refused");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !server.got(&h, Duration::from_millis(200)),
+        "a hello passed"
+    );
+}
+
 #[test]
 fn a_refused_caller_on_a_veth_without_a_peer_program_gets_its_503_at_once() {
     if !have_root("a_refused_caller_on_a_veth_without_a_peer_program") {

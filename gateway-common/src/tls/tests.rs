@@ -411,6 +411,13 @@ fn records_before_the_hello_never_hide_it() {
     assert_eq!((r.what, r.skip), (FIRST_HELLO, 13));
     assert_eq!(at(&[&alert]).what, FIRST_NO_HELLO_YET);
     assert_eq!(at(&[&[23, 3, 3, 0, 1, 0]]).what, FIRST_CONTINUES);
+    // A TLS 1.2 client's second flight (ClientKeyExchange first), on a connection whose flow
+    // entry is gone: continuing. A hello whose type byte is not yet in the segment: arriving.
+    let cke = [22u8, 3, 3, 0, 6, 16, 0, 0, 2, 0xab, 0xcd];
+    assert_eq!(at(&[&cke]).what, FIRST_CONTINUES);
+    assert_eq!(at(&[&hello[..5]]).what, FIRST_HELLO);
+    // Behind a leading record, a handshake message is judged as the hello it must be.
+    assert_eq!(at(&[&alert, &cke]).what, FIRST_HELLO);
     // Data after an alert, a record cut by the segment's end, too many records, not TLS.
     assert_eq!(at(&[&alert, &[23, 3, 3, 0, 1, 0]]).what, FIRST_MALFORMED);
     assert_eq!(at(&[&[21, 3, 3, 0, 9, 1]]).what, FIRST_MALFORMED);

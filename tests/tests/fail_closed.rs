@@ -820,21 +820,7 @@ fn units_whose_connection_is_gone_leave_the_backlog_within_a_second() {
     }
     assert_eq!(backlog(), 5);
     for stream in live.drain(2..) {
-        // SO_LINGER 0: close sends a reset.
-        let linger = libc::linger {
-            l_onoff: 1,
-            l_linger: 0,
-        };
-        // SAFETY: a plain option on a socket this test owns, closed right after.
-        unsafe {
-            libc::setsockopt(
-                stream.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                (&raw const linger).cast(),
-                size_of::<libc::linger>() as u32,
-            );
-        }
+        reset_on_drop(&stream);
         drop(stream);
     }
     // With no other traffic, the backlog comes back to the two live connections within a
@@ -864,4 +850,147 @@ fn units_whose_connection_is_gone_leave_the_backlog_within_a_second() {
         live.push(stream);
     }
     assert_eq!(backlog(), 5);
+}
+
+/// Sends a reset when dropped (SO_LINGER 0).
+fn reset_on_drop(stream: &TcpStream) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a plain option on a socket the caller owns.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw const linger).cast(),
+            size_of::<libc::linger>() as u32,
+        );
+    }
+}
+
+/// `TcpExt: ListenOverflows` of the gateway's namespace.
+fn listen_overflows(net: &TestNet) -> u64 {
+    let text =
+        net.in_gw(|| std::fs::read_to_string("/proc/thread-self/net/netstat").expect("netstat"));
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (lines.next().unwrap(), lines.next().unwrap());
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "ListenOverflows")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 23, case 9 as the issue tells it: connections that overflow the server's listen queue.
+/// The server has stopped accepting and its queue (1 long: two connections) is full; SYN
+/// cookies are on, as a flood switches them on. Three clients whose cookie acknowledgement
+/// rides on their hello are judged at the NIC (a unit each) and then dropped by the kernel for
+/// the full queue: it holds nothing for them. Their units end within a second, the backlog back
+/// to the two live connections; once the server accepts again, the three clients' own
+/// retransmissions are served and so are new clients.
+#[test]
+fn after_hellos_that_overflow_the_listen_queue_the_backlog_heals_within_a_second() {
+    if !have_root("after_hellos_that_overflow_the_listen_queue") {
+        return;
+    }
+    let net = TestNet::new();
+    let listener = net.in_gw(|| TcpListener::bind("[::]:443").expect("bind"));
+    // SAFETY: listen again on a listening socket this test owns: its queue becomes 1 long.
+    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 1) }, 0);
+    let out = net.exec(&net.gw_ns, "sysctl", &["-qw", "net.ipv4.tcp_syncookies=2"]);
+    assert!(out.status.success(), "{out:?}");
+    let dir = gateway_tests::fresh_temp_dir("gwt-overflow");
+    let _daemon = gateway_tests::daemon::Daemon::start_config(
+        &net,
+        &dir,
+        "services:\n  - kind: tls\n    port: 443\npolicy:\n  tls-new:\n    backlog: 50\n    timeout: 60s\n",
+    );
+    let stats = || net.stats();
+    let backlog = || class_counter(&stats(), "tls-new", "backlog");
+    let admitted = || class_counter(&stats(), "tls-new", "admitted");
+    let to = std::net::SocketAddrV4::new(v4(GW_V4), 443);
+    // Three handshakes by hand while the queue has room: cookies, nothing held.
+    let peer_if = net.peer_if.clone();
+    let made: Vec<_> = (0..3u16)
+        .map(|n| {
+            let from = std::net::SocketAddrV4::new(v4(PEER_V4), 43000 + n);
+            let (snd, rcv) =
+                net.in_peer(|| handshake_by_hand(&peer_if, from, to, 0x2000_0000 + u32::from(n)));
+            (from, snd, rcv)
+        })
+        .collect();
+    // Two live connections fill the queue, their hellos admitted.
+    let mut live = Vec::new();
+    for n in 0..2u8 {
+        let (mut stream, _, _) = connect(&net, false);
+        stream.write_all(&hello(130 + n)).unwrap();
+        live.push(stream);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while admitted() < 2 {
+        assert!(Instant::now() < deadline, "{}", stats());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let overflows = listen_overflows(&net);
+    // The three hellos, each the acknowledgement of its cookie: judged, then overflowed.
+    let hellos: Vec<Vec<u8>> = (0..3u8).map(|n| hello(140 + n)).collect();
+    let _late: Vec<TcpStream> = made
+        .iter()
+        .zip(&hellos)
+        .map(|((from, snd, rcv), h)| {
+            net.in_peer(|| {
+                let mut s = established_by_repair(*from, to, *snd, *rcv);
+                s.write_all(h).unwrap();
+                s
+            })
+        })
+        .collect();
+    while admitted() < 5 || listen_overflows(&net) < overflows + 3 {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(5),
+            "admitted {}, overflows {}: {}",
+            admitted(),
+            listen_overflows(&net) - overflows,
+            stats()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let start = Instant::now();
+    while backlog() != 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "backlog {} after {:?}",
+            backlog(),
+            start.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "backlog back to the 2 live connections in {:?}",
+        start.elapsed()
+    );
+    assert_eq!(class_counter(&stats(), "tls-new", "expired"), 3);
+    // The server accepts again: the live ones, the three clients' retransmitted hellos (their
+    // connections admitted at the NIC), and new clients are served.
+    let server = RecordingServer::start(listener);
+    for (n, h) in hellos.iter().enumerate() {
+        assert!(
+            server.got(h, Duration::from_secs(10)),
+            "overflowed client {n}"
+        );
+    }
+    for n in 0..3u8 {
+        let (mut stream, _, _) = connect(&net, false);
+        let h = hello(150 + n);
+        stream.write_all(&h).unwrap();
+        assert!(server.got(&h, Duration::from_secs(2)), "new client {n}");
+    }
+    assert!(
+        server.got(&hello(130), Duration::from_secs(2)),
+        "live client"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -266,6 +266,28 @@ const UNIT_KEY_DOMAIN: u64 = u64::from_be_bytes(*b"unit-key");
 /// Mixed first into a dialog key (`b"dialog!!"`).
 const DIALOG_KEY_DOMAIN: u64 = u64::from_be_bytes(*b"dialog!!");
 
+/// Mixed first into a fragment's unit key (`b"fragment"`).
+const FRAGMENT_KEY_DOMAIN: u64 = u64::from_be_bytes(*b"fragment");
+
+/// The unit key of a first fragment that carries no readable message (its ports only: the
+/// message is in fragments that carry none): its source address (IPv4 mapped into IPv6) and
+/// port. No response can match it, so its unit ends at its timeout; a later such fragment from
+/// the same source takes the place over (the earlier unit ending as expired).
+pub fn fragment_unit_key(source: &[u8; 16], port: u16) -> u64 {
+    let mut h = FRAGMENT_KEY_DOMAIN ^ FNV_OFFSET;
+    let mut i = 0;
+    while i < 16 {
+        h ^= source[i] as u64;
+        h = h.wrapping_mul(FNV_PRIME);
+        i += 1;
+    }
+    for byte in port.to_be_bytes() {
+        h ^= byte as u64;
+        h = h.wrapping_mul(FNV_PRIME);
+    }
+    h
+}
+
 /// FNV-1a of a byte string, as [`SipState`] hashes a value.
 const fn fnv(bytes: &[u8]) -> u64 {
     let mut h = FNV_OFFSET;

@@ -36,6 +36,7 @@ use gateway_common::{
     packet::Packet,
     sip::{
         HAVE_CALL_ID, HAVE_TO_TAG, Kind, MAX_SCAN, MAX_STEPS, Method, SipInfo, SipState,
+        fragment_unit_key,
         reply::{MAX_REPLY_STEPS, REPLY_BUF, ReplyState, reply_tag_hash},
     },
     tls::KEY_LEN,
@@ -198,14 +199,26 @@ fn parse_payload<C: CopyOut>(ctx: &C, pkt: &Packet) -> Option<SipInfo> {
 
 /// Classifies a UDP datagram to a SIP port, and admits it or not.
 #[inline(always)]
-pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> (Class, Action) {
+pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (Class, Action) {
     let Some(info) = parse_payload(ctx, pkt) else {
-        // No payload to judge (an empty datagram, or a first fragment that ends inside or
-        // right after the UDP header, its message in fragments that carry no ports): an
-        // original no response could be matched to, refused.
+        // A first fragment that ends inside or right after the UDP header: its message, which
+        // the kernel reassembles, is in fragments that carry no ports. Judged as the least
+        // privileged request, an original under the class's limits, holding a unit keyed by
+        // its source until its timeout (no response can be matched to it).
         if pkt.fragmented {
             count(|c| c.unjudgeable += 1);
+            if let Some(key) = fragment_key(b, pkt) {
+                let class = Class::SipOriginal;
+                return match pending::admit(&SIP_PENDING, &key, class, &[0; KEY_LEN]) {
+                    None => (class, Action::Pass),
+                    Some(reason) => {
+                        count_refusal(class, reason, false);
+                        (class, Action::Drop)
+                    }
+                };
+            }
         }
+        // Nothing to judge (an empty datagram): refused.
         count_refusal(Class::SipOriginal, REJECT_BACKLOG, false);
         return (Class::SipOriginal, Action::Drop);
     };
@@ -283,6 +296,25 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, _b: &B, pkt: &Packet) -> 
         unsafe { (*t).flags |= TXN_ADMITTED };
     }
     (class, Action::Pass)
+}
+
+/// The unit key of a first fragment with no readable message: its source address and port
+/// (`gateway_common::sip::fragment_unit_key`).
+#[inline(always)]
+fn fragment_key<B: PacketBytes>(b: &B, pkt: &Packet) -> Option<u64> {
+    let l3 = pkt.l3_offset as usize;
+    let mut source = [0u8; 16];
+    let read = if pkt.ip_version == 4 {
+        let mut a = [0u8; 4];
+        let ok = b.read(l3 + 12, &mut a);
+        source[10] = 0xff;
+        source[11] = 0xff;
+        source[12..16].copy_from_slice(&a);
+        ok
+    } else {
+        b.read(l3 + 8, &mut source)
+    };
+    read.then(|| fragment_unit_key(&source, pkt.transport.src_port))
 }
 
 /// The class an exempt-looking request (ACK, CANCEL, BYE, a To tag) really gets: exempt when it

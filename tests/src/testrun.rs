@@ -256,8 +256,8 @@ impl Default for TestProgram {
 }
 
 /// Whether the program must drop `frame` with no limits set: a SIP original (to udp/5060) that
-/// has no unit key, which no response could ever complete (see `SipInfo::unit_key`), or no
-/// payload the program can read; or a frame that may reach a protected service and cannot be
+/// has no unit key, which no response could ever complete (see `SipInfo::unit_key`), or an
+/// empty datagram; or a frame that may reach a protected service and cannot be
 /// judged (a first fragment that ends before its ports, an IPv6 header chain past the parser's
 /// bounds).
 pub fn expected_refused(frame: &[u8]) -> bool {
@@ -278,7 +278,9 @@ pub fn expected_refused(frame: &[u8]) -> bool {
             let info = parse_sip(&SliceBytes(bytes), copied);
             info.class() == Class::SipOriginal && info.unit_key().is_none()
         }
-        _ => true,
+        // No message to read: an empty datagram is refused; a first fragment (its message in
+        // fragments that carry no ports) is an original under the class's limits, none here.
+        _ => !pkt.fragmented,
     }
 }
 

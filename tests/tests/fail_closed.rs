@@ -385,15 +385,16 @@ fn sip_shape_obeys_sip_original(v6: bool, shape: impl Fn(u32) -> Vec<Vec<u8>>) {
 }
 
 #[test]
-fn tiny_first_fragments_of_an_invite_are_refused_as_originals_whatever_the_limits() {
+fn tiny_first_fragments_of_an_invite_obey_sip_original() {
     if !have_root("tiny_first_fragments_of_an_invite") {
         return;
     }
     // The first fragment holds the UDP header alone: the message, which the kernel would
-    // reassemble, is in fragments that carry no ports. No response could be matched to it, so
-    // it is refused as an original, open class or not (a real sender's first fragment carries
-    // a full MTU of the message, and is judged by it: `fragmented_invites_obey_the_original_
-    // limits` in earned_privileges.rs).
+    // reassemble, is in fragments that carry no ports. Judged as an original under the class's
+    // limits, holding a unit keyed by its source (no response can be matched to it, so the unit
+    // ends at its timeout). A real sender's first fragment carries a full MTU of the message,
+    // and is judged by it (`fragmented_invites_obey_the_original_limits` in
+    // earned_privileges.rs).
     let (net, _server, client) = sip_behind_the_gateway(false);
     let answered = |n: u32| {
         let l4 = udp_datagram(
@@ -410,10 +411,27 @@ fn tiny_first_fragments_of_an_invite_are_refused_as_originals_whatever_the_limit
     };
     for n in 0..5 {
         assert!(
-            !answered(n),
-            "tiny INVITE {n} answered with sip-original open"
+            answered(n),
+            "tiny INVITE {n} not answered with sip-original open"
         );
     }
+    // One source: each takes the place of the one before (which ends as expired).
+    let stats = net.stats();
+    assert_eq!(
+        class_counter(&stats, "sip-original", "admitted"),
+        5,
+        "{stats}"
+    );
+    assert_eq!(
+        class_counter(&stats, "sip-original", "backlog"),
+        1,
+        "{stats}"
+    );
+    assert_eq!(
+        class_counter(&stats, "sip-original", "expired"),
+        4,
+        "{stats}"
+    );
     net.gateway_ok(&["policy", "set", "sip-original", "--rate", "0"]);
     for n in 5..10 {
         assert!(
@@ -424,10 +442,10 @@ fn tiny_first_fragments_of_an_invite_are_refused_as_originals_whatever_the_limit
     let stats = net.stats();
     assert_eq!(
         class_counter(&stats, "sip-original", "admitted"),
-        0,
+        5,
         "{stats}"
     );
-    assert_eq!(class_counter(&stats, "sip-original", "dropped_backlog"), 10);
+    assert_eq!(class_counter(&stats, "sip-original", "dropped_rate"), 5);
     assert_eq!(stats["datapath"]["unjudgeable"], 10);
     // The same INVITEs whole are judged by their content: answered once the class is open.
     net.gateway_ok(&["policy", "clear", "sip-original"]);

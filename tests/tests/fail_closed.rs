@@ -604,20 +604,59 @@ fn a_hello_in_a_fast_open_syn_is_judged_like_any_other() {
     );
 }
 
+/// Three client connections whose hellos (numbered from `first`) the server got; the third
+/// over IPv6 when `v6_last`.
+fn admitted_clients(
+    net: &TestNet,
+    server: &RecordingServer,
+    first: u8,
+    v6_last: bool,
+) -> Vec<(TcpStream, SocketAddr, SocketAddr)> {
+    (0..3u8)
+        .map(|n| {
+            let (mut stream, from, to) = connect(net, v6_last && n == 2);
+            let h = hello(first + n);
+            stream.write_all(&h).unwrap();
+            assert!(server.got(&h, Duration::from_secs(2)), "hello {n} admitted");
+            (stream, from, to)
+        })
+        .collect()
+}
+
+/// Client `n`'s next flight, a handshake record that is no hello (a TLS 1.2 ClientKeyExchange,
+/// tagged `tag`): it must reach the server, or `lost` says why not.
+fn next_flight_reaches_the_server(
+    server: &RecordingServer,
+    stream: &mut TcpStream,
+    tag: u8,
+    n: usize,
+    lost: &str,
+) {
+    let flight = [22u8, 3, 3, 0, 6, 16, 0, 0, 2, tag, n as u8];
+    stream.write_all(&flight).unwrap();
+    assert!(
+        server.got(&flight, Duration::from_secs(2)),
+        "client {n} {lost}"
+    );
+}
+
+/// Nothing refused as tls-new so far.
+fn no_hello_refused(net: &TestNet) {
+    let stats = net.stats();
+    assert_eq!(
+        class_counter(&stats, "tls-new", "dropped_backlog"),
+        0,
+        "{stats}"
+    );
+}
+
 #[test]
 fn a_spoofed_syn_changes_nothing_for_an_admitted_connection() {
     if !have_root("a_spoofed_syn_changes_nothing") {
         return;
     }
     let (net, server) = tls_behind_the_gateway();
-    let mut clients = Vec::new();
-    for n in 0..3u8 {
-        let (mut stream, from, to) = connect(&net, false);
-        let h = hello(70 + n);
-        stream.write_all(&h).unwrap();
-        assert!(server.got(&h, Duration::from_secs(2)), "hello {n} admitted");
-        clients.push((stream, from, to));
-    }
+    let mut clients = admitted_clients(&net, &server, 70, false);
     assert_eq!(class_counter(&net.stats(), "tls-new", "admitted"), 3);
     close_tls_new(&net);
     for (n, (stream, from, to)) in clients.iter_mut().enumerate() {
@@ -634,21 +673,17 @@ fn a_spoofed_syn_changes_nothing_for_an_admitted_connection() {
         );
         let packet = ipv4_packet(v4(PEER_V4), v4(GW_V4), TCP, &syn);
         net.in_peer(|| send_ip(to.ip(), &[packet]));
-        // The client's next flight, a handshake record that is no hello, still reaches the
-        // server: the connection was admitted and stays so.
-        let flight = [22u8, 3, 3, 0, 6, 16, 0, 0, 2, 0xab, n as u8];
-        stream.write_all(&flight).unwrap();
-        assert!(
-            server.got(&flight, Duration::from_secs(2)),
-            "client {n} lost its admitted connection to a spoofed SYN"
+        // The client's next flight still reaches the server: the connection was admitted and
+        // stays so.
+        next_flight_reaches_the_server(
+            &server,
+            stream,
+            0xab,
+            n,
+            "lost its admitted connection to a spoofed SYN",
         );
     }
-    let stats = net.stats();
-    assert_eq!(
-        class_counter(&stats, "tls-new", "dropped_backlog"),
-        0,
-        "{stats}"
-    );
+    no_hello_refused(&net);
 }
 
 /// Issue 23, case 6, its second half: an admitted connection whose flow entry is gone (the LRU
@@ -662,34 +697,23 @@ fn an_admitted_connection_whose_flow_entry_is_evicted_keeps_going() {
         return;
     }
     let (net, server) = tls_behind_the_gateway();
-    let mut clients = Vec::new();
-    for n in 0..3u8 {
-        let (mut stream, _, _) = connect(&net, n == 2);
-        let h = hello(80 + n);
-        stream.write_all(&h).unwrap();
-        assert!(server.got(&h, Duration::from_secs(2)), "hello {n} admitted");
-        clients.push(stream);
-    }
+    let mut clients = admitted_clients(&net, &server, 80, true);
     close_tls_new(&net);
     // What an LRU eviction leaves: no entry for these connections.
     let pd = gateway::pins::select(&net.root(), Some(&net.gw_if)).expect("pins");
     let mut maps = gateway::maps::Maps::open(&pd).expect("maps");
     assert!(maps.tls_flows().unwrap().len() >= 3);
     maps.clear_tls_flows().unwrap();
-    for (n, stream) in clients.iter_mut().enumerate() {
-        let flight = [22u8, 3, 3, 0, 6, 16, 0, 0, 2, 0xcd, n as u8];
-        stream.write_all(&flight).unwrap();
-        assert!(
-            server.got(&flight, Duration::from_secs(2)),
-            "client {n}'s next flight judged as a hello after its flow entry went"
+    for (n, (stream, _, _)) in clients.iter_mut().enumerate() {
+        next_flight_reaches_the_server(
+            &server,
+            stream,
+            0xcd,
+            n,
+            "judged as a hello after its flow entry went",
         );
     }
-    let stats = net.stats();
-    assert_eq!(
-        class_counter(&stats, "tls-new", "dropped_backlog"),
-        0,
-        "{stats}"
-    );
+    no_hello_refused(&net);
     // A hello on a new connection is still judged (and refused: tls-new is closed).
     let (mut stream, _, _) = connect(&net, false);
     let h = hello(90);

@@ -867,20 +867,7 @@ fn units_whose_connection_is_gone_leave_the_backlog_within_a_second() {
     }
     // With no other traffic, the backlog comes back to the two live connections within a
     // second (a 60 s timeout would otherwise hold the three places).
-    let start = Instant::now();
-    while backlog() != 2 {
-        assert!(
-            start.elapsed() < Duration::from_secs(1),
-            "backlog {} after {:?}",
-            backlog(),
-            start.elapsed()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    eprintln!(
-        "backlog back to the live connections in {:?}",
-        start.elapsed()
-    );
+    backlog_back_within_a_second(&backlog, 2);
     let stats = net.stats();
     assert_eq!(class_counter(&stats, "tls-new", "expired"), 3, "{stats}");
     // New clients are served in the places freed; the live ones still hold theirs.
@@ -892,6 +879,24 @@ fn units_whose_connection_is_gone_leave_the_backlog_within_a_second() {
         live.push(stream);
     }
     assert_eq!(backlog(), 5);
+}
+
+/// Polls `backlog` until it is `live` again, which it must be within a second.
+fn backlog_back_within_a_second(backlog: &dyn Fn() -> u64, live: u64) {
+    let start = Instant::now();
+    while backlog() != live {
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "backlog {} after {:?}",
+            backlog(),
+            start.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "backlog back to the {live} live connections in {:?}",
+        start.elapsed()
+    );
 }
 
 /// Sends a reset when dropped (SO_LINGER 0).
@@ -1000,20 +1005,7 @@ fn after_hellos_that_overflow_the_listen_queue_the_backlog_heals_within_a_second
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let start = Instant::now();
-    while backlog() != 2 {
-        assert!(
-            start.elapsed() < Duration::from_secs(1),
-            "backlog {} after {:?}",
-            backlog(),
-            start.elapsed()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    eprintln!(
-        "backlog back to the 2 live connections in {:?}",
-        start.elapsed()
-    );
+    backlog_back_within_a_second(&backlog, 2);
     assert_eq!(class_counter(&stats(), "tls-new", "expired"), 3);
     // The server accepts again: the live ones, the three clients' retransmitted hellos (their
     // connections admitted at the NIC), and new clients are served.

@@ -349,12 +349,17 @@ pub struct Pending {
     pub deadline_ns: u64,
     /// Its class id.
     pub class: u32,
-    /// Padding, zero.
-    pub pad: u32,
+    /// `PENDING_*` flags.
+    pub flags: u32,
     /// For a `tls-resumed` connection, the issued key ([`IssuedKey`]) its offer holds a place of
     /// ([`IssuedValue::in_use`]), given back when the unit ends; zero otherwise.
     pub offer: [u8; crate::tls::KEY_LEN],
 }
+
+/// [`Pending::flags`]: no answer can ever match this unit (a SIP first fragment with no readable
+/// message, keyed by its source), so it ends at its timeout. The server may well be working on
+/// it: the controller counts it as live work, never as work the server passed over.
+pub const PENDING_UNMATCHED: u32 = 1;
 
 /// IP protocol number of TCP.
 pub const IPPROTO_TCP: u8 = 6;

@@ -39,11 +39,18 @@ use crate::{
 /// Admits the unit `key` of `class` against the class's own limits and holds it, or says why
 /// not (`REJECT_*`, `REJECT_FULL` when the table is full). `offer` is the issued key whose
 /// place a `tls-resumed` unit holds (`crate::resume`), given back when the unit ends; zero for
-/// any other unit. A refused unit holds nothing: the caller gives the place back.
+/// any other unit. `flags`: `PENDING_*`. A refused unit holds nothing: the caller gives the
+/// place back.
 #[inline(always)]
-pub fn admit<K>(table: &Table<K>, key: &K, class: Class, offer: &[u8; KEY_LEN]) -> Option<u8> {
+pub fn admit<K>(
+    table: &Table<K>,
+    key: &K,
+    class: Class,
+    offer: &[u8; KEY_LEN],
+    flags: u32,
+) -> Option<u8> {
     match admit_against(class, class) {
-        None if hold(table, key, class, offer) => None,
+        None if hold(table, key, class, offer, flags) => None,
         None => Some(REJECT_FULL),
         refused => refused,
     }
@@ -63,7 +70,7 @@ pub fn admit_against(policy_of: Class, backlog_of: Class) -> Option<u8> {
 /// table is full (the unit is not admitted). A stale unit under the same key (a client that
 /// reused its port before the server answered the old connection) ends as expired first.
 #[inline(always)]
-fn hold<K>(table: &Table<K>, key: &K, class: Class, offer: &[u8; KEY_LEN]) -> bool {
+fn hold<K>(table: &Table<K>, key: &K, class: Class, offer: &[u8; KEY_LEN], flags: u32) -> bool {
     let now = now_ns();
     let timeout = CLASS_POLICY
         .get(class.id())
@@ -74,7 +81,7 @@ fn hold<K>(table: &Table<K>, key: &K, class: Class, offer: &[u8; KEY_LEN]) -> bo
         admitted_ns: now,
         deadline_ns: now.saturating_add(timeout),
         class: class.id(),
-        pad: 0,
+        flags,
         offer: *offer,
     };
     if table.insert(key, &unit, u64::from(BPF_NOEXIST)).is_err()

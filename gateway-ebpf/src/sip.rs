@@ -30,8 +30,8 @@ use gateway_common::{
     Class,
     bytes::PacketBytes,
     maps::{
-        DIALOG_IDLE_NS, DatapathCounters, MAX_DIALOG_REQUESTS, REJECT_BACKLOG, SipDialog, SipTxn,
-        TXN_ADMITTED,
+        DIALOG_IDLE_NS, DatapathCounters, MAX_DIALOG_REQUESTS, PENDING_UNMATCHED, REJECT_BACKLOG,
+        SipDialog, SipTxn, TXN_ADMITTED,
     },
     packet::Packet,
     sip::{
@@ -204,12 +204,14 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
         // A first fragment that ends inside or right after the UDP header: its message, which
         // the kernel reassembles, is in fragments that carry no ports. Judged as the least
         // privileged request, an original under the class's limits, holding a unit keyed by
-        // its source until its timeout (no response can be matched to it).
+        // its source until its timeout (no response can be matched to it). The server may be
+        // working on it: the controller counts it as live work, never as passed over.
         if pkt.fragmented {
             count(|c| c.unjudgeable += 1);
             if let Some(key) = fragment_key(b, pkt) {
                 let class = Class::SipOriginal;
-                return match pending::admit(&SIP_PENDING, &key, class, &[0; KEY_LEN]) {
+                let unmatched = PENDING_UNMATCHED;
+                return match pending::admit(&SIP_PENDING, &key, class, &[0; KEY_LEN], unmatched) {
                     None => (class, Action::Pass),
                     Some(reason) => {
                         count_refusal(class, reason, false);
@@ -270,7 +272,9 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
     // retransmissions only while the originals' backlog is under the retransmission policy's
     // threshold (see admission::admission). Exempt messages finish work: never dropped.
     let refused = match (class, key) {
-        (Class::SipOriginal, Some(key)) => pending::admit(&SIP_PENDING, &key, class, &[0; KEY_LEN]),
+        (Class::SipOriginal, Some(key)) => {
+            pending::admit(&SIP_PENDING, &key, class, &[0; KEY_LEN], 0)
+        }
         (Class::SipRetransmission, _) => pending::admit_against(class, Class::SipOriginal),
         // Exempt work has a ceiling of its own (a rate; nothing of it is held).
         (Class::SipExempt, _) => pending::admit_against(class, class),

@@ -494,7 +494,7 @@ fn decide<C: Rewrite>(key: &FlowKey, f: &mut TlsFlow, answerable: bool) -> (Clas
         _ => Class::TlsNew,
     };
     f.class = class as u8;
-    match pending::admit(&TLS_PENDING, key, class, &offer) {
+    match pending::admit(&TLS_PENDING, key, class, &offer, 0) {
         None => {
             f.state = FLOW_ADMITTED;
             (class, Action::Pass)

@@ -432,6 +432,15 @@ fn tiny_first_fragments_of_an_invite_obey_sip_original() {
         4,
         "{stats}"
     );
+    // Its unit is marked as one no answer can match: live work to the controller, never
+    // passed over.
+    let pd = gateway::pins::select(&net.root(), Some(&net.gw_if)).expect("pins");
+    let units = gateway::maps::Maps::open(&pd)
+        .expect("maps")
+        .sip_pending(16)
+        .unwrap();
+    assert_eq!(units.len(), 1, "{units:?}");
+    assert_ne!(units[0].flags & gateway_common::maps::PENDING_UNMATCHED, 0);
     net.gateway_ok(&["policy", "set", "sip-original", "--rate", "0"]);
     for n in 5..10 {
         assert!(

@@ -25,7 +25,7 @@ use std::{
 use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
-        ClassPolicy, ClassState, ClassStats, LatencyHistogram, OWNER_CONTROLLER,
+        ClassPolicy, ClassState, ClassStats, LatencyHistogram, OWNER_CONTROLLER, PENDING_UNMATCHED,
         POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, POLICY_PINNED, Pending, timeout_ns,
     },
 };
@@ -608,12 +608,14 @@ fn step(
 const MAX_UNITS_READ: usize = 16_384;
 
 /// Of `units`, those of `class` outstanding for longer than `age` at `now_ns`: the units the
-/// server passed over ([`Observation::skipped`]).
+/// server passed over ([`Observation::skipped`]). A unit no answer can match
+/// ([`PENDING_UNMATCHED`]) is never one of them: the server may be working on it.
 fn passed_over(units: &[Pending], class: Class, now_ns: u64, age: Duration) -> u64 {
     let age_ns = age.as_nanos().min(u64::MAX as u128) as u64;
     units
         .iter()
-        .filter(|u| u.class == class.id() && now_ns.saturating_sub(u.admitted_ns) > age_ns)
+        .filter(|u| u.class == class.id() && u.flags & PENDING_UNMATCHED == 0)
+        .filter(|u| now_ns.saturating_sub(u.admitted_ns) > age_ns)
         .count() as u64
 }
 
@@ -698,6 +700,28 @@ mod tests {
 
     use super::*;
     use crate::proxy::{config::BackendConfig, pool::Pool};
+
+    /// Units no answer can match (tiny SIP first fragments) are live work to the law, never
+    /// passed over: the server may be answering them, unseen.
+    #[test]
+    fn units_no_answer_can_match_are_never_passed_over() {
+        let unit = |admitted_ns, flags| Pending {
+            admitted_ns,
+            deadline_ns: u64::MAX,
+            class: Class::SipOriginal.id(),
+            flags,
+            offer: [0; gateway_common::tls::KEY_LEN],
+        };
+        let now = 10_000_000_000;
+        let units = [
+            unit(1_000_000_000, 0),
+            unit(1_000_000_000, PENDING_UNMATCHED),
+            unit(9_900_000_000, 0),
+        ];
+        let age = Duration::from_secs(1);
+        assert_eq!(passed_over(&units, Class::SipOriginal, now, age), 1);
+        assert_eq!(passed_over(&units, Class::TlsNew, now, age), 0);
+    }
 
     /// A deterministic stream of uniform numbers in (0, 1) (a 64-bit LCG).
     struct Lcg(u64);

@@ -17,6 +17,7 @@ pub mod counters;
 pub mod maps;
 pub mod packet;
 pub mod policy;
+pub mod reasons;
 pub mod sip;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

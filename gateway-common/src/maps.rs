@@ -184,23 +184,6 @@ pub const POLICY_REFUSE_DROP: u64 = 1 << 3;
 /// reply rate.
 pub const POLICY_REFUSE_REJECT: u64 = 1 << 4;
 
-/// [`ClassPolicy::owner`]: the configuration (at start or reload).
-pub const OWNER_CONFIG: u32 = 0;
-/// [`ClassPolicy::owner`]: an operator, through the CLI.
-pub const OWNER_OPERATOR: u32 = 1;
-/// [`ClassPolicy::owner`]: the daemon's controller.
-pub const OWNER_CONTROLLER: u32 = 2;
-
-/// The name of an owner.
-pub const fn owner_name(owner: u32) -> &'static str {
-    match owner {
-        OWNER_CONFIG => "config",
-        OWNER_OPERATOR => "operator",
-        OWNER_CONTROLLER => "controller",
-        _ => "unknown",
-    }
-}
-
 /// Admission limits of one class. A limit applies only when its flag is set, so that a limit of
 /// zero ("admit nothing") is distinct from "no limit".
 #[repr(C)]
@@ -217,10 +200,11 @@ pub struct ClassPolicy {
     /// How long an admitted unit may go unanswered before it expires, in nanoseconds; 0: the
     /// class's default ([`default_timeout_ns`]).
     pub timeout_ns: u64,
-    /// Who set these limits (`OWNER_*`). The datapath reads none of the fields from here on:
-    /// they say, in `bpftool map dump` and `policy show`, who set a limit, when and why.
+    /// Who set these limits ([`crate::reasons::Owner`]). The datapath reads none of the fields
+    /// from here on: they say, in `bpftool map dump` and `policy show`, who set a limit, when
+    /// and why.
     pub owner: u32,
-    /// Why they were last changed: a controller `REASON_*`, 0 for a setting.
+    /// Why they were last changed ([`crate::reasons::Reason`]).
     pub reason: u32,
     /// When they were last changed, `CLOCK_MONOTONIC` nanoseconds.
     pub changed_ns: u64,
@@ -235,6 +219,93 @@ pub struct ClassPolicy {
     pub retry_after_s: u32,
     /// Padding, zero.
     pub pad: u32,
+}
+
+impl ClassPolicy {
+    /// The backlog limit, when one is in force.
+    #[inline(always)]
+    pub const fn backlog_in_force(&self) -> Option<u64> {
+        if self.flags & POLICY_LIMIT_BACKLOG != 0 {
+            Some(self.backlog_limit)
+        } else {
+            None
+        }
+    }
+
+    /// The rate limit (per second), when one is in force.
+    #[inline(always)]
+    pub const fn rate_in_force(&self) -> Option<u64> {
+        if self.flags & POLICY_LIMIT_RATE != 0 {
+            Some(self.rate_per_sec)
+        } else {
+            None
+        }
+    }
+
+    /// Whether any limit is in force.
+    #[inline(always)]
+    pub const fn limits(&self) -> bool {
+        self.flags & (POLICY_LIMIT_BACKLOG | POLICY_LIMIT_RATE) != 0
+    }
+
+    /// Puts the backlog limit `limit` in force.
+    #[inline(always)]
+    pub fn limit_backlog(&mut self, limit: u64) {
+        self.backlog_limit = limit;
+        self.flags |= POLICY_LIMIT_BACKLOG;
+    }
+
+    /// Puts the rate limit `rate` (per second) in force.
+    #[inline(always)]
+    pub fn limit_rate(&mut self, rate: u64) {
+        self.rate_per_sec = rate;
+        self.flags |= POLICY_LIMIT_RATE;
+    }
+
+    /// Whether an operator fixed these limits (`policy set --pin`): the controller leaves the
+    /// class alone.
+    #[inline(always)]
+    pub const fn pinned(&self) -> bool {
+        self.flags & POLICY_PINNED != 0
+    }
+
+    /// Pins the limits, or unpins them.
+    #[inline(always)]
+    pub fn set_pinned(&mut self, pinned: bool) {
+        if pinned {
+            self.flags |= POLICY_PINNED;
+        } else {
+            self.flags &= !POLICY_PINNED;
+        }
+    }
+
+    /// Whether `owner` set these limits.
+    #[inline(always)]
+    pub const fn owned_by(&self, owner: crate::reasons::Owner) -> bool {
+        self.owner == owner.id()
+    }
+
+    /// These limits with the reply settings of `other` (refused arrivals dropped or answered,
+    /// the reply rate, a 503's `Retry-After`), the rest kept.
+    pub const fn with_replies_of(self, other: &ClassPolicy) -> ClassPolicy {
+        let bits = POLICY_REFUSE_DROP | POLICY_REFUSE_REJECT;
+        ClassPolicy {
+            flags: (self.flags & !bits) | (other.flags & bits),
+            reply_rate: other.reply_rate,
+            retry_after_s: other.retry_after_s,
+            ..self
+        }
+    }
+
+    /// The name of who set these limits.
+    pub const fn owner_name(&self) -> &'static str {
+        crate::reasons::Owner::name_of(self.owner)
+    }
+
+    /// The name of why they last changed.
+    pub fn reason_name(&self) -> &'static str {
+        crate::reasons::Reason::name_of(self.reason)
+    }
 }
 
 /// Replies per second a class sends for its refusals unless its policy says otherwise.
@@ -804,14 +875,6 @@ crate::counters! {
 /// Bytes of the `TLS_REJECTS` ring buffer.
 pub const TLS_REJECTS_BYTES: u32 = 64 * 1024;
 
-/// [`RejectEvent::reason`]: the class's backlog was at its limit.
-pub const REJECT_BACKLOG: u8 = 1;
-/// [`RejectEvent::reason`]: the class's rate limit was exceeded.
-pub const REJECT_RATE: u8 = 2;
-/// [`RejectEvent::reason`]: the pending table that would hold the unit is full (counted with
-/// the backlog drops, and in [`DatapathCounters::pending_full`]).
-pub const REJECT_FULL: u8 = 3;
-
 /// A connection the datapath rejected: the daemon destroys the server's socket for it, which
 /// also resets the client.
 #[repr(C)]
@@ -821,7 +884,7 @@ pub struct RejectEvent {
     pub key: FlowKey,
     /// Its class.
     pub class: u8,
-    /// `REJECT_*`.
+    /// Why ([`crate::reasons::Refusal`]).
     pub reason: u8,
     /// Padding, zero.
     pub pad: [u8; 6],

@@ -1,23 +1,70 @@
-//! Admission against per-class limits: a backlog limit (see `gateway_common::maps::backlog`) and
-//! a GCRA rate limit. Shared by the TLS and SIP datapaths. What an admitted unit becomes is in
-//! [`crate::pending`].
+//! The classes: their limits, their admission state and their counters, and admission against
+//! the limits (a backlog limit, see `gateway_common::maps::backlog`, and a GCRA rate limit).
+//! Shared by the TLS and SIP datapaths. What an admitted unit becomes is in [`crate::pending`].
 
+use aya_ebpf::{
+    btf_maps::{Array, PerCpuArray},
+    macros::btf_map,
+};
 use gateway_common::{
-    Class,
+    Class, NUM_CLASSES,
     maps::{
-        MAX_BURST, POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, REJECT_BACKLOG, REJECT_FULL,
-        REJECT_RATE, REPLY_BURST, backlog, replies_to_refusals, reply_rate,
+        ClassPolicy, ClassState, ClassStats, MAX_BURST, REPLY_BURST, backlog, replies_to_refusals,
+        reply_rate, timeout_ns,
     },
+    reasons::Refusal,
 };
 
-use crate::{
-    context::Action,
-    maps::{CLASS_POLICY, CLASS_STATE, CLASS_STATS, DP_COUNTERS},
-    sync::gcra,
-};
+use crate::{context::Action, maps, sync::gcra};
 
-/// Whether one arrival may be admitted under the policy of `policy_of`, or why not
-/// (`REJECT_*`): the backlog of `backlog_of` is at the policy's backlog limit, or the GCRA rate
+/// Per-class counters, per CPU.
+#[btf_map]
+pub static CLASS_STATS: PerCpuArray<ClassStats, NUM_CLASSES> = PerCpuArray::new();
+
+/// Per-class admission limits, written by userspace.
+#[btf_map]
+pub static CLASS_POLICY: Array<ClassPolicy, NUM_CLASSES> = Array::new();
+
+/// Per-class admission state (monotonic admitted/completed counters, GCRA state).
+#[btf_map]
+pub static CLASS_STATE: Array<ClassState, NUM_CLASSES> = Array::new();
+
+/// The limits of `class`.
+#[inline(always)]
+pub fn policy(class: Class) -> Option<&'static ClassPolicy> {
+    CLASS_POLICY.get(class.id())
+}
+
+/// The unit timeout in force for `class`.
+#[inline(always)]
+pub fn timeout(class: Class) -> u64 {
+    policy(class).map_or(timeout_ns(class, &ClassPolicy::default()), |p| {
+        timeout_ns(class, p)
+    })
+}
+
+/// The shared admission state of the class of id `class`.
+#[inline(always)]
+pub fn state(class: u32) -> Option<*mut ClassState> {
+    CLASS_STATE.get_ptr_mut(class)
+}
+
+/// Counts a packet of `len` bytes in its class; `passed` when it goes on.
+#[inline(always)]
+pub fn count_class(class: Class, passed: bool, len: u64) {
+    if let Some(s) = CLASS_STATS.get_ptr_mut(class.id()) {
+        // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
+        unsafe {
+            (*s).packets += 1;
+            (*s).bytes += len;
+            if passed {
+                (*s).admitted += 1;
+            }
+        }
+    }
+}
+
+/// Whether one arrival may be admitted under the policy of `policy_of`, or why not: the backlog of `backlog_of` is at the policy's backlog limit, or the GCRA rate
 /// limiter of `policy_of` has no room. Callers go through `crate::pending`, which releases the
 /// expired units of `backlog_of` first (so a class never stays shut on work nobody answers) and
 /// then holds the admitted unit, counting its admission.
@@ -31,11 +78,16 @@ use crate::{
 /// time is at most `burst * T` ahead of now, and then advances it by `T`. A rate of zero admits
 /// nothing.
 #[inline(always)]
-pub fn admission(policy_of: Class, backlog_of: Class) -> Option<u8> {
-    let st = CLASS_STATE.get_ptr_mut(backlog_of.id())?;
-    let rate_st = CLASS_STATE.get_ptr_mut(policy_of.id())?;
-    let p = CLASS_POLICY.get(policy_of.id())?;
-    if p.flags & POLICY_LIMIT_BACKLOG != 0 {
+pub fn admission(policy_of: Class, backlog_of: Class) -> Result<(), Refusal> {
+    let (Some(st), Some(rate_st), Some(p)) = (
+        state(backlog_of.id()),
+        state(policy_of.id()),
+        policy(policy_of),
+    ) else {
+        // Not reached: every class has its entries in these arrays.
+        return Ok(());
+    };
+    if let Some(limit) = p.backlog_in_force() {
         // SAFETY: reads of counters other CPUs add to atomically.
         let held = unsafe {
             backlog(
@@ -44,35 +96,35 @@ pub fn admission(policy_of: Class, backlog_of: Class) -> Option<u8> {
                 core::ptr::read_volatile(&raw const (*st).expired),
             )
         };
-        if held >= p.backlog_limit {
-            return Some(REJECT_BACKLOG);
+        if held >= limit {
+            return Err(Refusal::Backlog);
         }
     }
-    if p.flags & POLICY_LIMIT_RATE != 0 {
-        if p.rate_per_sec == 0 {
-            return Some(REJECT_RATE);
+    if let Some(rate) = p.rate_in_force() {
+        if rate == 0 {
+            return Err(Refusal::Rate);
         }
         // SAFETY: a field of a live map value.
         if !gcra(
             unsafe { &raw mut (*rate_st).gcra_tat_ns },
-            1_000_000_000 / p.rate_per_sec,
+            1_000_000_000 / rate,
             if p.burst > MAX_BURST {
                 MAX_BURST
             } else {
                 p.burst
             },
         ) {
-            return Some(REJECT_RATE);
+            return Err(Refusal::Rate);
         }
     }
-    None
+    Ok(())
 }
 
-/// How a refusal of `class` (for `reason`, a `REJECT_*`) ends: [`Action::Reject`] when the
+/// How a refusal of `class` (for `reason`) ends: [`Action::Reject`] when the
 /// class answers its refusals ([`replies_to_refusals`]) and its reply rate has room, else
 /// [`Action::Drop`]. Counted either way.
 #[inline(always)]
-pub fn refusal(class: Class, reason: u8) -> Action {
+pub fn refusal(class: Class, reason: Refusal) -> Action {
     let action = answer(class);
     count_refusal(class, reason, action == Action::Reject);
     action
@@ -83,13 +135,13 @@ pub fn refusal(class: Class, reason: u8) -> Action {
 /// bounded per class, all CPUs together). A reply the rate withholds is counted.
 #[inline(always)]
 pub fn answer(class: Class) -> Action {
-    let Some(p) = CLASS_POLICY.get(class.id()) else {
+    let Some(p) = policy(class) else {
         return Action::Drop;
     };
     if !replies_to_refusals(class, p) {
         return Action::Drop;
     }
-    let Some(st) = CLASS_STATE.get_ptr_mut(class.id()) else {
+    let Some(st) = state(class.id()) else {
         return Action::Drop;
     };
     // SAFETY: a field of a live map value.
@@ -110,12 +162,9 @@ pub fn answer(class: Class) -> Action {
 /// Counts a refusal in `class`'s counters by reason; `rejected` when the client is answered (a
 /// reset, a 503) rather than silently dropped.
 #[inline(always)]
-pub fn count_refusal(class: Class, reason: u8, rejected: bool) {
-    if reason == REJECT_FULL
-        && let Some(c) = DP_COUNTERS.get_ptr_mut(0)
-    {
-        // SAFETY: per-CPU slot.
-        unsafe { (*c).pending_full += 1 };
+pub fn count_refusal(class: Class, reason: Refusal, rejected: bool) {
+    if reason == Refusal::Full {
+        maps::count(|c| c.pending_full += 1);
     }
     if let Some(s) = CLASS_STATS.get_ptr_mut(class.id()) {
         // SAFETY: per-CPU slot.
@@ -123,7 +172,7 @@ pub fn count_refusal(class: Class, reason: u8, rejected: bool) {
             if rejected {
                 (*s).rejected += 1;
             }
-            if reason == REJECT_RATE {
+            if reason == Refusal::Rate {
                 (*s).dropped_rate += 1;
             } else {
                 (*s).dropped_backlog += 1;

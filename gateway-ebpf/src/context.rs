@@ -1,21 +1,22 @@
 //! The hook context: what the XDP and TC programs share (a packet's fate, copies of its bytes, the
-//! socket lookup, the tail call to the SIP program), each implemented once per hook, in the
-//! manner of cilium's per-hook `ctx` headers. Everything above this module is written against
-//! these traits and never names a hook.
+//! socket lookup, the tail calls and the jump tables they go through), each implemented once per
+//! hook, in the manner of cilium's per-hook `ctx` headers. Everything above this module is
+//! written against these traits and never names a hook.
 
 use aya_ebpf::{
     EbpfContext,
     bindings::{TC_ACT_OK, TC_ACT_SHOT, bpf_sock_tuple, xdp_action},
+    btf_maps::ProgramArray,
     helpers::generated::{
         bpf_clone_redirect, bpf_csum_level, bpf_redirect, bpf_sk_release, bpf_skb_change_tail,
         bpf_skb_load_bytes, bpf_skb_pull_data, bpf_skb_store_bytes, bpf_skc_lookup_tcp,
         bpf_tcp_check_syncookie, bpf_xdp_adjust_meta, bpf_xdp_adjust_tail, bpf_xdp_load_bytes,
         bpf_xdp_store_bytes,
     },
+    macros::btf_map,
     programs::{TcContext, XdpContext},
 };
-
-use crate::maps::{TC_JUMP, XDP_JUMP};
+use gateway_common::reasons::Jump;
 
 /// What to do with a packet.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -322,45 +323,32 @@ impl<C: EbpfContext> ConnectionLookup for C {
     }
 }
 
-/// Tail calls into the hook's SIP program.
-pub trait JumpToSip {
-    /// Jumps; returns only when the jump table is empty.
-    fn jump_to_sip(&self);
+/// The XDP hook's jump table, by [`Jump`] slot.
+#[btf_map]
+pub static XDP_JUMP: ProgramArray<{ Jump::ALL.len() }> = ProgramArray::new();
 
-    /// Jumps to the hook's reply program (`crate::reply`), which answers a refused packet;
-    /// returns only when its table is empty.
-    fn jump_to_reply(&self);
+/// The TC hook's jump table, by [`Jump`] slot.
+#[btf_map]
+pub static TC_JUMP: ProgramArray<{ Jump::ALL.len() }> = ProgramArray::new();
+
+/// Tail calls into the programs of the hook's jump table.
+pub trait TailCall {
+    /// Jumps to the program in slot `to`; returns only when the slot is empty.
+    fn jump(&self, to: Jump);
 }
 
-/// Index of the SIP program in a hook's jump table.
-pub const JUMP_SIP: u32 = 0;
-/// Index of the reply program in a hook's jump table.
-pub const JUMP_REPLY: u32 = 1;
-
-impl JumpToSip for XdpContext {
+impl TailCall for XdpContext {
     #[inline(always)]
-    fn jump_to_sip(&self) {
+    fn jump(&self, to: Jump) {
         // SAFETY: a tail call never returns on success; on failure we carry on.
-        unsafe { XDP_JUMP.tail_call(self, JUMP_SIP) };
-    }
-
-    #[inline(always)]
-    fn jump_to_reply(&self) {
-        // SAFETY: as above.
-        unsafe { XDP_JUMP.tail_call(self, JUMP_REPLY) };
+        unsafe { XDP_JUMP.tail_call(self, to.slot()) };
     }
 }
 
-impl JumpToSip for TcContext {
+impl TailCall for TcContext {
     #[inline(always)]
-    fn jump_to_sip(&self) {
+    fn jump(&self, to: Jump) {
         // SAFETY: as above.
-        unsafe { TC_JUMP.tail_call(self, JUMP_SIP) };
-    }
-
-    #[inline(always)]
-    fn jump_to_reply(&self) {
-        // SAFETY: as above.
-        unsafe { TC_JUMP.tail_call(self, JUMP_REPLY) };
+        unsafe { TC_JUMP.tail_call(self, to.slot()) };
     }
 }

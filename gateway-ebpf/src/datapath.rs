@@ -6,31 +6,27 @@ use aya_log_ebpf::debug;
 use gateway_common::{
     Class,
     bytes::PacketBytes,
-    maps::{
-        CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, DatapathCounters, IPPROTO_TCP, IPPROTO_UDP,
-        ServiceKind, TlsCounters, port_kind, service_port_index,
-    },
+    maps::{CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, IPPROTO_TCP, IPPROTO_UDP, ServiceKind},
     packet::{Kind, Packet, parse},
+    reasons::Jump,
+};
+
+use crate::{
+    admission::count_class,
+    context::{Action, ConnectionLookup, CopyOut, Rewrite, TailCall},
+    maps::{count, service_kind, setting},
+    reply::{reset, sip_503},
+    sip::{compose_reply, sip_packet},
+    tls::{self, tls_packet},
 };
 
 /// IPv6's next header for ESP.
 const IPPROTO_ESP: u8 = 50;
 
-use crate::{
-    context::{Action, ConnectionLookup, CopyOut, JumpToSip, Rewrite},
-    maps::{CLASS_STATS, DP_CONFIG, DP_COUNTERS, SERVICE_PORTS, TLS_COUNTERS},
-    reply::{reset, sip_503},
-    sip::sip_packet,
-    tls::tls_packet,
-};
-
 /// Classifies and counts one frame of `len` bytes. `ctx` serves aya-log records (compiled in at
 /// debug level, off unless the loader raises the level) and copies of TLS payloads.
 #[inline(always)]
-pub fn process<
-    C: EbpfContext + CopyOut + ConnectionLookup + JumpToSip + Rewrite,
-    B: PacketBytes,
->(
+pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + TailCall + Rewrite, B: PacketBytes>(
     ctx: &C,
     b: &B,
     len: u64,
@@ -58,7 +54,7 @@ pub fn process<
     // A first fragment is classified like the whole datagram, unless fragments are dropped by
     // policy (then all of them are, the first included).
     if pkt.fragmented && policy(CONFIG_DROP_FRAGMENTS) == Action::Drop {
-        count_class(Class::Other, Action::Drop, len);
+        count_class(Class::Other, false, len);
         return Action::Drop;
     }
     let (class, verdict) = match pkt.kind {
@@ -70,10 +66,10 @@ pub fn process<
                         (class, Action::Reject) => {
                             // Counted here; the reply program (its own, verified on its own)
                             // answers the sender and counts the reset.
-                            count_class(class, Action::Drop, len);
-                            ctx.jump_to_reply();
+                            count_class(class, false, len);
+                            ctx.jump(Jump::Reply);
                             // Only when the jump table is empty.
-                            count_tls(|c| c.resets_withheld += 1);
+                            tls::count(|c| c.resets_withheld += 1);
                             return Action::Drop;
                         }
                         decided => decided,
@@ -82,7 +78,7 @@ pub fn process<
                 Some(ServiceKind::Sip) if t.proto == IPPROTO_UDP => {
                     // SIP runs in a program of its own, verified on its own (its parser would
                     // otherwise be verified again for every path that reaches it here).
-                    ctx.jump_to_sip();
+                    ctx.jump(Jump::Sip);
                     // Only when the jump table is empty: an original, never exempt.
                     (Class::SipOriginal, Action::Pass)
                 }
@@ -133,7 +129,7 @@ pub fn process<
             }
         }
     };
-    count_class(class, verdict, len);
+    count_class(class, verdict == Action::Pass, len);
     verdict
 }
 
@@ -141,7 +137,7 @@ pub fn process<
 /// counted by the program that jumped here), the datagram classified and admitted or not, and its
 /// class counted.
 #[inline(always)]
-pub fn process_sip<C: CopyOut + JumpToSip, B: PacketBytes>(ctx: &C, b: &B, len: u64) -> Action {
+pub fn process_sip<C: CopyOut + TailCall, B: PacketBytes>(ctx: &C, b: &B, len: u64) -> Action {
     let pkt = parse(b);
     let (class, verdict) = if pkt.kind == Kind::Transport {
         sip_packet(ctx, b, &pkt)
@@ -149,10 +145,10 @@ pub fn process_sip<C: CopyOut + JumpToSip, B: PacketBytes>(ctx: &C, b: &B, len: 
         // Not reached: only a parsed datagram jumps here. Least privileged all the same.
         (Class::SipOriginal, Action::Drop)
     };
-    count_class(class, verdict, len);
+    count_class(class, verdict == Action::Pass, len);
     if verdict == Action::Reject {
         // The reply program answers with a 503.
-        ctx.jump_to_reply();
+        ctx.jump(Jump::Reply);
         // Only when the jump table is empty.
         count(|c| c.sip_replies_withheld += 1);
         return Action::Drop;
@@ -170,14 +166,6 @@ fn may_reach_a_service(pkt: &Packet) -> bool {
     pkt.ip_version == 6 && pkt.proto != IPPROTO_ESP
 }
 
-/// The kind of service protected on (`proto`, `port`), if any: one inlined array lookup.
-#[inline(always)]
-pub fn service_kind(proto: u8, port: u16) -> Option<ServiceKind> {
-    service_port_index(proto, port)
-        .and_then(|i| SERVICE_PORTS.get(i))
-        .and_then(|k| port_kind(*k))
-}
-
 /// The reply program's body: the frame (a refused TLS segment or SIP request) parsed again and
 /// answered (`crate::reply`); else dropped. Counted either way.
 #[inline(always)]
@@ -189,7 +177,7 @@ pub fn process_reply<R: Rewrite, B: PacketBytes>(ctx: &R, b: &B, len: u64) -> Ac
     let len = len as usize;
     if pkt.transport.proto == IPPROTO_TCP {
         let answered = reset(ctx, &pkt, len);
-        count_tls(|c| {
+        tls::count(|c| {
             if answered.is_some() {
                 c.resets_sent += 1;
             } else {
@@ -198,7 +186,7 @@ pub fn process_reply<R: Rewrite, B: PacketBytes>(ctx: &R, b: &B, len: u64) -> Ac
         });
         answered.unwrap_or(Action::Drop)
     } else {
-        let answered = sip_503(ctx, &pkt, len);
+        let answered = sip_503(ctx, &pkt, len, compose_reply);
         count(|c| {
             if answered.is_some() {
                 c.sip_replies_sent += 1;
@@ -210,53 +198,14 @@ pub fn process_reply<R: Rewrite, B: PacketBytes>(ctx: &R, b: &B, len: u64) -> Ac
     }
 }
 
-/// Counts a refused segment whose client got no reset after all (the finishing program could
-/// not send its copy).
-#[inline(always)]
-pub fn count_withheld_reset() {
-    count_tls(|c| c.resets_withheld += 1);
-}
-
-/// Counts in the TLS counters.
-#[inline(always)]
-fn count_tls(f: impl FnOnce(&mut TlsCounters)) {
-    if let Some(c) = TLS_COUNTERS.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot.
-        f(unsafe { &mut *c });
-    }
-}
-
-/// Counts a packet of `len` bytes in its class.
-#[inline(always)]
-fn count_class(class: Class, verdict: Action, len: u64) {
-    if let Some(s) = CLASS_STATS.get_ptr_mut(class.id()) {
-        // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
-        unsafe {
-            (*s).packets += 1;
-            (*s).bytes += len;
-            if verdict == Action::Pass {
-                (*s).admitted += 1;
-            }
-        }
-    }
-}
-
 /// Drop (and count it) when the datapath config has `flag` set. Only fragments and unparseable
 /// packets consult the config, so other traffic never pays for its lookup.
 #[inline(always)]
 fn policy(flag: u64) -> Action {
-    if DP_CONFIG.get(0).is_some_and(|c| c.flags & flag != 0) {
+    if setting(flag) {
         count(|c| c.policy_dropped += 1);
         Action::Drop
     } else {
         Action::Pass
-    }
-}
-
-#[inline(always)]
-fn count(f: impl FnOnce(&mut DatapathCounters)) {
-    if let Some(c) = DP_COUNTERS.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
-        f(unsafe { &mut *c });
     }
 }

@@ -1,35 +1,19 @@
-//! The gateway's maps. All are BTF-defined so `bpftool map dump` prints field names. Userspace
-//! pins them per interface under the names in `gateway_common::maps::names`.
+//! What every part of the datapath shares: the protected services, the datapath-wide settings
+//! and the parser counters. Each feature module declares the maps it owns beside the code that
+//! uses them (`crate::admission`: the classes; `crate::pending`: the units; `crate::resume`:
+//! issued keys and their holds; `crate::tls`, `crate::sip`: their flows, transactions, dialogs
+//! and scratch; `crate::context`: the jump tables). All maps are BTF-defined so `bpftool map
+//! dump` prints field names; userspace pins them per interface under their own names
+//! (`gateway_common::maps::names`).
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
+    btf_maps::{Array, HashMap, PerCpuArray},
     macros::btf_map,
 };
-use gateway_common::{
-    NUM_CLASSES,
-    maps::{
-        BPF_F_NO_PREALLOC, ClassPolicy, ClassState, ClassStats, DEFAULT_TLS_ISSUED, DatapathConfig,
-        DatapathCounters, FlowKey, IssuedKey, IssuedValue, LatencyHistogram, MAX_PENDING,
-        MAX_SERVICES, MAX_SIP_DIALOGS, MAX_SIP_TXNS, MAX_TLS_FLOWS, Pending, RejectEvent,
-        SERVICE_PORT_ENTRIES, ServiceKey, ServiceValue, SipDialog, SipTxn, TLS_REJECTS_BYTES,
-        TlsCounters, TlsFlow, TlsHold,
-    },
+use gateway_common::maps::{
+    DatapathConfig, DatapathCounters, MAX_SERVICES, SERVICE_PORT_ENTRIES, ServiceKey, ServiceKind,
+    ServiceValue, port_kind, service_port_index,
 };
-
-/// A pending table: admitted units that have not ended (`crate::pending`).
-pub type PendingTable<K> = HashMap<K, Pending, { MAX_PENDING as usize }>;
-
-/// Per-class counters, per CPU.
-#[btf_map]
-pub static CLASS_STATS: PerCpuArray<ClassStats, NUM_CLASSES> = PerCpuArray::new();
-
-/// Per-class admission limits, written by userspace.
-#[btf_map]
-pub static CLASS_POLICY: Array<ClassPolicy, NUM_CLASSES> = Array::new();
-
-/// Per-class admission state (monotonic admitted/completed counters, GCRA state).
-#[btf_map]
-pub static CLASS_STATE: Array<ClassState, NUM_CLASSES> = Array::new();
 
 /// Protected services by (L4 protocol, destination port): the operator-facing list. The programs
 /// never read it; userspace keeps [`SERVICE_PORTS`] in step with it.
@@ -49,68 +33,31 @@ pub static DP_COUNTERS: PerCpuArray<DatapathCounters, 1> = PerCpuArray::new();
 #[btf_map]
 pub static DP_CONFIG: Array<DatapathConfig, 1> = Array::new();
 
-/// TLS connections by 4-tuple: hello parse state while pending, then the decision.
-#[btf_map]
-pub static TLS_FLOWS: LruHashMap<FlowKey, TlsFlow, { MAX_TLS_FLOWS as usize }> = LruHashMap::new();
+/// The kind of service protected on (`proto`, `port`), if any: one inlined array lookup.
+#[inline(always)]
+pub fn service_kind(proto: u8, port: u16) -> Option<ServiceKind> {
+    service_port_index(proto, port)
+        .and_then(|i| SERVICE_PORTS.get(i))
+        .and_then(|k| port_kind(*k))
+}
 
-/// Keys of the sessions the server issued, published by userspace. Not an LRU: a key lives for
-/// its session's lifetime whatever the load (userspace sizes the table at load and withdraws
-/// keys as their lifetime ends).
-#[btf_map]
-pub static TLS_ISSUED: HashMap<
-    IssuedKey,
-    IssuedValue,
-    { DEFAULT_TLS_ISSUED as usize },
-    BPF_F_NO_PREALLOC,
-> = HashMap::new();
+/// Whether the settings have `flag` (`CONFIG_*`) set.
+#[inline(always)]
+pub fn setting(flag: u64) -> bool {
+    DP_CONFIG.get(0).is_some_and(|c| c.flags & flag != 0)
+}
 
-/// TLS counters, per CPU.
-#[btf_map]
-pub static TLS_COUNTERS: PerCpuArray<TlsCounters, 1> = PerCpuArray::new();
+/// Whether the settings say the finishing program has `bit` (`FINISHER_*`).
+#[inline(always)]
+pub fn finisher(bit: u32) -> bool {
+    DP_CONFIG.get(0).is_some_and(|c| c.finisher & bit != 0)
+}
 
-/// Per-CPU scratch space of the ClientHello parser (not pinned).
-#[btf_map]
-pub static TLS_SCRATCH: PerCpuArray<crate::tls::Scratch, 1> = PerCpuArray::new();
-
-/// Rejected TLS connections, for the daemon to tear down.
-#[btf_map]
-pub static TLS_REJECTS: RingBuf<RejectEvent, { TLS_REJECTS_BYTES as usize }> = RingBuf::new();
-
-/// SIP transactions seen, by transaction key.
-#[btf_map]
-pub static SIP_TXNS: LruHashMap<u64, SipTxn, { MAX_SIP_TXNS as usize }> = LruHashMap::new();
-
-/// Per-CPU scratch space of the SIP parser (not pinned).
-#[btf_map]
-pub static SIP_SCRATCH: PerCpuArray<crate::sip::Scratch, 1> = PerCpuArray::new();
-
-/// Per-class service-time histograms (admission to first response), per CPU.
-#[btf_map]
-pub static SERVICE_LATENCY: PerCpuArray<LatencyHistogram, NUM_CLASSES> = PerCpuArray::new();
-
-/// The XDP hook's tail calls: index 0 is the SIP classifier (`gateway_xdp_sip`).
-#[btf_map]
-pub static XDP_JUMP: ProgramArray<2> = ProgramArray::new();
-
-/// The TC hook's tail calls: index 0 is the SIP classifier (`gateway_tc_sip`).
-#[btf_map]
-pub static TC_JUMP: ProgramArray<2> = ProgramArray::new();
-
-/// Admitted TLS connections the server has not answered yet (see `crate::pending`).
-#[btf_map]
-pub static TLS_PENDING: PendingTable<FlowKey> = PendingTable::new();
-
-/// Admitted SIP requests the server has not answered yet, by unit key (see `crate::pending`).
-#[btf_map]
-pub static SIP_PENDING: PendingTable<u64> = PendingTable::new();
-
-/// SIP dialogs the server established, by dialog key: learnt on egress from its 2xx responses
-/// to INVITEs; only their requests are exempt.
-#[btf_map]
-pub static SIP_DIALOGS: LruHashMap<u64, SipDialog, { MAX_SIP_DIALOGS as usize }> =
-    LruHashMap::new();
-
-/// Resumed TLS connections the server answered that are still open, each holding a place of its
-/// issued key until it ends (`crate::resume`). Not LRU: no traffic can evict a hold.
-#[btf_map]
-pub static TLS_HOLDS: HashMap<FlowKey, TlsHold, { MAX_PENDING as usize }> = HashMap::new();
+/// Counts in this CPU's parser counters.
+#[inline(always)]
+pub fn count(f: impl FnOnce(&mut DatapathCounters)) {
+    if let Some(c) = DP_COUNTERS.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
+        f(unsafe { &mut *c });
+    }
+}

@@ -17,27 +17,40 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
+    btf_maps::{HashMap, PerCpuArray},
     helpers::generated::{bpf_for_each_map_elem, bpf_map_delete_elem},
+    macros::btf_map,
 };
 use gateway_common::{
-    Class,
-    maps::{
-        LATENCY_BUCKETS, LatencyHistogram, Pending, REJECT_FULL, SWEEP_INTERVAL_NS, timeout_ns,
-    },
+    Class, NUM_CLASSES,
+    maps::{FlowKey, LATENCY_BUCKETS, LatencyHistogram, MAX_PENDING, Pending, SWEEP_INTERVAL_NS},
+    reasons::Refusal,
     tls::KEY_LEN,
 };
 
 use crate::{
-    admission::admission,
-    maps::{
-        CLASS_POLICY, CLASS_STATE, PendingTable as Table, SERVICE_LATENCY, SIP_PENDING, TLS_PENDING,
-    },
+    admission::{self, admission},
     resume,
     sync::{atomic_add, now_ns},
 };
 
+/// A pending table: admitted units that have not ended.
+pub type Table<K> = HashMap<K, Pending, { MAX_PENDING as usize }>;
+
+/// Admitted TLS connections the server has not answered yet.
+#[btf_map]
+pub static TLS_PENDING: Table<FlowKey> = Table::new();
+
+/// Admitted SIP requests the server has not answered yet, by unit key.
+#[btf_map]
+pub static SIP_PENDING: Table<u64> = Table::new();
+
+/// Per-class service-time histograms (admission to first response), per CPU.
+#[btf_map]
+pub static SERVICE_LATENCY: PerCpuArray<LatencyHistogram, NUM_CLASSES> = PerCpuArray::new();
+
 /// Admits the unit `key` of `class` against the class's own limits and holds it, or says why
-/// not (`REJECT_*`, `REJECT_FULL` when the table is full). `offer` is the issued key whose
+/// not ([`Refusal::Full`] when the table is full). `offer` is the issued key whose
 /// place a `tls-resumed` unit holds (`crate::resume`), given back when the unit ends; zero for
 /// any other unit. `flags`: `PENDING_*`. A refused unit holds nothing: the caller gives the
 /// place back.
@@ -48,11 +61,12 @@ pub fn admit<K>(
     class: Class,
     offer: &[u8; KEY_LEN],
     flags: u32,
-) -> Option<u8> {
-    match admit_against(class, class) {
-        None if hold(table, key, class, offer, flags) => None,
-        None => Some(REJECT_FULL),
-        refused => refused,
+) -> Result<(), Refusal> {
+    admit_against(class, class)?;
+    if hold(table, key, class, offer, flags) {
+        Ok(())
+    } else {
+        Err(Refusal::Full)
     }
 }
 
@@ -61,7 +75,7 @@ pub fn admit<K>(
 /// its sweep is due). For arrivals that hold no unit of their own (SIP retransmissions and
 /// exempt requests); [`admit`] holds one.
 #[inline(always)]
-pub fn admit_against(policy_of: Class, backlog_of: Class) -> Option<u8> {
+pub fn admit_against(policy_of: Class, backlog_of: Class) -> Result<(), Refusal> {
     sweep_if_due(backlog_of);
     admission(policy_of, backlog_of)
 }
@@ -72,11 +86,7 @@ pub fn admit_against(policy_of: Class, backlog_of: Class) -> Option<u8> {
 #[inline(always)]
 fn hold<K>(table: &Table<K>, key: &K, class: Class, offer: &[u8; KEY_LEN], flags: u32) -> bool {
     let now = now_ns();
-    let timeout = CLASS_POLICY
-        .get(class.id())
-        .map_or(timeout_ns(class, &Default::default()), |p| {
-            timeout_ns(class, p)
-        });
+    let timeout = admission::timeout(class);
     let unit = Pending {
         admitted_ns: now,
         deadline_ns: now.saturating_add(timeout),
@@ -145,7 +155,7 @@ fn release(unit: &Pending) {
 
 #[inline(always)]
 fn count(class: u32, field: Field) {
-    if let Some(st) = CLASS_STATE.get_ptr_mut(class) {
+    if let Some(st) = admission::state(class) {
         // SAFETY: shared counters, only ever changed by atomic adds.
         unsafe {
             match field {
@@ -161,7 +171,7 @@ fn count(class: u32, field: Field) {
 /// sweep at once; each unit is still counted once, by the CPU whose delete succeeds.
 #[inline(always)]
 pub fn sweep_if_due(class: Class) {
-    let Some(st) = CLASS_STATE.get_ptr_mut(class.id()) else {
+    let Some(st) = admission::state(class.id()) else {
         return;
     };
     let now = now_ns();
@@ -190,7 +200,7 @@ fn sweep(class: Class, mut now: u64) {
     let (map, callback) = match class {
         Class::TlsNew | Class::TlsResumed => (
             (&raw const TLS_PENDING).cast_mut().cast::<c_void>(),
-            expire::<gateway_common::maps::FlowKey> as *mut c_void,
+            expire::<FlowKey> as *mut c_void,
         ),
         Class::SipOriginal | Class::SipRetransmission => (
             (&raw const SIP_PENDING).cast_mut().cast::<c_void>(),

@@ -22,9 +22,20 @@ use gateway_common::{
 
 use crate::{
     context::{Action, HANDED_OVER, Rewrite, SEND_OUT},
-    maps::DP_CONFIG,
-    sip::compose_reply,
+    maps::finisher,
 };
+
+/// A reply's payload, built elsewhere (a SIP 503: `crate::sip::compose_reply`): its bytes, its
+/// length and their one's-complement sum.
+#[derive(Clone, Copy)]
+pub struct Payload {
+    /// The bytes (a per-CPU buffer of at least 2048 bytes).
+    pub bytes: *const u8,
+    /// How many.
+    pub len: u32,
+    /// Their sum of big-endian 16-bit words.
+    pub sum: u64,
+}
 
 /// Sum of the big-endian 16-bit words of `n` bytes at `p` (n even).
 ///
@@ -264,19 +275,15 @@ pub fn reset<R: Rewrite>(ctx: &R, pkt: &Packet, frame_len: usize) -> Option<Acti
 
 /// Whether the finishing program is attached at this XDP attachment's TC ingress.
 #[inline(always)]
-pub fn finisher_attached() -> bool {
-    DP_CONFIG
-        .get(0)
-        .is_some_and(|c| c.finisher & FINISHER_ATTACHED != 0)
+fn finisher_attached() -> bool {
+    finisher(FINISHER_ATTACHED)
 }
 
 /// Whether the XDP reply program hands its replies to the finishing program to send
 /// (`FINISHER_SENDS_REPLIES`: a device whose XDP_TX may not deliver).
 #[inline(always)]
 fn finisher_sends_replies() -> bool {
-    DP_CONFIG
-        .get(0)
-        .is_some_and(|c| c.finisher & FINISHER_SENDS_REPLIES != 0)
+    finisher(FINISHER_SENDS_REPLIES)
 }
 
 /// The finishing program's body (TC ingress of an XDP attachment): a frame the XDP reply program
@@ -303,13 +310,23 @@ pub fn finish<R: Rewrite>(ctx: &R, pkt: &Packet, client_ack: u32) -> bool {
     sent
 }
 
-/// Answers the refused SIP request `pkt` (whose reply the SIP program prepared:
-/// `crate::sip::compose_reply`) with a 503 to its sender ([`Action::Tx`]). `None` when the
-/// request is not one this answers, or the reply would be longer than the request.
+/// Answers the refused SIP request `pkt` with the 503 `compose` makes (the one the SIP program
+/// prepared for it, composed only once the headers are known to be answerable) to its sender
+/// ([`Action::Tx`]). `None` when the request is not one this answers, or the reply would be
+/// longer than the request.
 #[inline(always)]
-pub fn sip_503<R: Rewrite>(ctx: &R, pkt: &Packet, frame_len: usize) -> Option<Action> {
+pub fn sip_503<R: Rewrite>(
+    ctx: &R,
+    pkt: &Packet,
+    frame_len: usize,
+    compose: impl FnOnce() -> Option<Payload>,
+) -> Option<Action> {
     let h = Headers::of(pkt, IPPROTO_UDP)?;
-    let (out, len, sum) = compose_reply()?;
+    let Payload {
+        bytes: out,
+        len,
+        sum,
+    } = compose()?;
     let new_len = h.l4() + 8 + len as usize;
     // Never more bytes than the request had.
     if new_len > frame_len {

@@ -13,21 +13,39 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
+    btf_maps::HashMap,
     helpers::generated::{bpf_for_each_map_elem, bpf_map_delete_elem},
+    macros::btf_map,
 };
 use gateway_common::{
     Class,
     maps::{
-        FlowKey, IssuedKey, MAX_HOLD_NS, TlsHold, resume_holders, resume_interval_ns, resume_limit,
-        timeout_ns,
+        BPF_F_NO_PREALLOC, DEFAULT_TLS_ISSUED, FlowKey, IssuedKey, IssuedValue, MAX_HOLD_NS,
+        MAX_PENDING, TlsHold, resume_holders, resume_interval_ns, resume_limit,
     },
     tls::KEY_LEN,
 };
 
 use crate::{
-    maps::{CLASS_POLICY, TLS_HOLDS, TLS_ISSUED},
+    admission,
     sync::{atomic_add, compare_and_swap, gcra, now_ns},
 };
+
+/// Keys of the sessions the server issued, published by userspace. Not an LRU: a key lives for
+/// its session's lifetime whatever the load (userspace sizes the table at load and withdraws
+/// keys as their lifetime ends).
+#[btf_map]
+pub static TLS_ISSUED: HashMap<
+    IssuedKey,
+    IssuedValue,
+    { DEFAULT_TLS_ISSUED as usize },
+    BPF_F_NO_PREALLOC,
+> = HashMap::new();
+
+/// Resumed TLS connections the server answered that are still open, each holding a place of its
+/// issued key until it ends. Not LRU: no traffic can evict a hold.
+#[btf_map]
+pub static TLS_HOLDS: HashMap<FlowKey, TlsHold, { MAX_PENDING as usize }> = HashMap::new();
 
 /// What an offer's key got.
 pub enum Place {
@@ -53,9 +71,7 @@ pub fn take(key: &[u8; KEY_LEN]) -> Place {
     let Some(v) = TLS_ISSUED.get_ptr_mut(&IssuedKey { key: *key }) else {
         return Place::Unknown;
     };
-    let timeout = CLASS_POLICY
-        .get(Class::TlsResumed.id())
-        .map_or(0, |p| timeout_ns(Class::TlsResumed, p));
+    let timeout = admission::timeout(Class::TlsResumed);
     let now = now_ns();
     // SAFETY: `in_use` is only changed by compare-and-swap; `granted_ns` is informational for
     // the healing rule, a racing write at worst keeps a count a little longer.

@@ -25,15 +25,21 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::{bindings::BPF_NOEXIST, helpers::generated::bpf_loop};
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    btf_maps::{LruHashMap, PerCpuArray},
+    helpers::generated::bpf_loop,
+    macros::btf_map,
+};
 use gateway_common::{
     Class,
     bytes::PacketBytes,
     maps::{
-        DIALOG_IDLE_NS, DatapathCounters, MAX_DIALOG_REQUESTS, PENDING_UNMATCHED, REJECT_BACKLOG,
+        DIALOG_IDLE_NS, MAX_DIALOG_REQUESTS, MAX_SIP_DIALOGS, MAX_SIP_TXNS, PENDING_UNMATCHED,
         SipDialog, SipTxn, TXN_ADMITTED,
     },
     packet::Packet,
+    reasons::Refusal,
     sip::{
         HAVE_CALL_ID, HAVE_TO_TAG, Kind, MAX_SCAN, MAX_STEPS, Method, SipInfo, SipState,
         fragment_unit_key,
@@ -43,13 +49,28 @@ use gateway_common::{
 };
 
 use crate::{
-    admission::{count_refusal, refusal},
+    admission::{self, count_refusal, refusal},
     bytes::{ScratchBytes, opaque},
     context::{Action, CopyOut},
-    maps::{DP_COUNTERS, SIP_DIALOGS, SIP_PENDING, SIP_SCRATCH, SIP_TXNS},
-    pending,
+    maps::count,
+    pending::{self, SIP_PENDING},
+    reply::Payload,
     sync::now_ns,
 };
+
+/// SIP transactions seen, by transaction key.
+#[btf_map]
+pub static SIP_TXNS: LruHashMap<u64, SipTxn, { MAX_SIP_TXNS as usize }> = LruHashMap::new();
+
+/// SIP dialogs the server established, by dialog key: learnt on egress from its 2xx responses
+/// to INVITEs; only their requests are exempt.
+#[btf_map]
+pub static SIP_DIALOGS: LruHashMap<u64, SipDialog, { MAX_SIP_DIALOGS as usize }> =
+    LruHashMap::new();
+
+/// Per-CPU scratch space of the SIP parser (not pinned).
+#[btf_map]
+pub static SIP_SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
 
 /// Per-CPU scratch: the datagram's first bytes and the parser state, and a 503 being built for
 /// it when it is refused (`crate::reply`).
@@ -103,10 +124,10 @@ extern "C" fn reply_step(_index: u64, _ctx: *mut c_void) -> i64 {
 }
 
 /// Builds the 503 that [`sip_packet`] set up for the refused request of this program run (the
-/// reply program runs right after it, by tail call, on the same CPU): its bytes, length and
-/// one's-complement sum. `None` when none was set up or it cannot be made.
+/// reply program runs right after it, by tail call, on the same CPU). `None` when none was set
+/// up or it cannot be made.
 #[inline(always)]
-pub fn compose_reply() -> Option<(*const u8, u32, u64)> {
+pub fn compose_reply() -> Option<Payload> {
     let s = SIP_SCRATCH.get_ptr_mut(0)?;
     // SAFETY: per-CPU slot, used only by this program run (and its bpf_loop callback).
     let s = unsafe { &mut *s };
@@ -126,7 +147,11 @@ pub fn compose_reply() -> Option<(*const u8, u32, u64)> {
     if !s.reply.done() {
         return None;
     }
-    Some((s.out.as_ptr(), s.reply.len, s.reply.sum))
+    Some(Payload {
+        bytes: s.out.as_ptr(),
+        len: s.reply.len,
+        sum: s.reply.sum,
+    })
 }
 
 /// Sets up a 503 for the request in scratch (see [`compose_reply`]) when `action` is to answer
@@ -136,9 +161,7 @@ fn prepare_reply(info: &SipInfo, class: Class, action: Action) -> Action {
     if action != Action::Reject {
         return action;
     }
-    let retry_after = crate::maps::CLASS_POLICY
-        .get(class.id())
-        .map_or(0, |p| p.retry_after_s);
+    let retry_after = admission::policy(class).map_or(0, |p| p.retry_after_s);
     let Some(s) = SIP_SCRATCH.get_ptr_mut(0) else {
         return Action::Drop;
     };
@@ -212,8 +235,8 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
                 let class = Class::SipOriginal;
                 let unmatched = PENDING_UNMATCHED;
                 return match pending::admit(&SIP_PENDING, &key, class, &[0; KEY_LEN], unmatched) {
-                    None => (class, Action::Pass),
-                    Some(reason) => {
+                    Ok(()) => (class, Action::Pass),
+                    Err(reason) => {
                         count_refusal(class, reason, false);
                         (class, Action::Drop)
                     }
@@ -221,7 +244,7 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
             }
         }
         // Nothing to judge (an empty datagram): refused.
-        count_refusal(Class::SipOriginal, REJECT_BACKLOG, false);
+        count_refusal(Class::SipOriginal, Refusal::Backlog, false);
         return (Class::SipOriginal, Action::Drop);
     };
     if acks_our_503(&info) {
@@ -236,7 +259,7 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
     if class == Class::SipOriginal {
         let Some(key) = key else {
             // No response could match it: admitting it would hold a unit until it expires.
-            count_refusal(class, REJECT_BACKLOG, false);
+            count_refusal(class, Refusal::Backlog, false);
             return (class, Action::Drop);
         };
         if let Some(t) = SIP_TXNS.get_ptr_mut(&key) {
@@ -271,16 +294,16 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
     // Originals first: each original is held as a pending unit under its class's limits;
     // retransmissions only while the originals' backlog is under the retransmission policy's
     // threshold (see admission::admission). Exempt messages finish work: never dropped.
-    let refused = match (class, key) {
+    let admitted = match (class, key) {
         (Class::SipOriginal, Some(key)) => {
             pending::admit(&SIP_PENDING, &key, class, &[0; KEY_LEN], 0)
         }
         (Class::SipRetransmission, _) => pending::admit_against(class, Class::SipOriginal),
         // Exempt work has a ceiling of its own (a rate; nothing of it is held).
         (Class::SipExempt, _) => pending::admit_against(class, class),
-        _ => None,
+        _ => Ok(()),
     };
-    if let Some(reason) = refused {
+    if let Err(reason) = admitted {
         // Responses and ACKs are never answered (RFC 3261 §17); other requests are as their
         // class says.
         let action = if info.kind() == Kind::Request && info.method() != Method::Ack {
@@ -379,14 +402,6 @@ fn spend_dialog(key: &u64) -> bool {
         (*d).last_ns = now;
     }
     true
-}
-
-#[inline(always)]
-fn count(f: impl FnOnce(&mut DatapathCounters)) {
-    if let Some(c) = DP_COUNTERS.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot.
-        f(unsafe { &mut *c });
-    }
 }
 
 /// A datagram leaving from a SIP port: a 2xx to an INVITE establishes a dialog; when it is the

@@ -10,11 +10,11 @@ use gateway_common::{
 use crate::{
     bytes::SkbBytes,
     context::{Action, SEND_OUT, handed_over},
-    datapath::count_withheld_reset,
-    datapath::{process, process_reply, process_sip, service_kind},
+    datapath::{process, process_reply, process_sip},
+    maps::service_kind,
     reply::finish,
     sip::sip_response,
-    tls::tls_answer,
+    tls::{self, tls_answer},
 };
 
 /// The ingress classifier as a TC (tcx) program.
@@ -55,7 +55,7 @@ pub fn gateway_tc_finish(ctx: TcContext) -> i32 {
     }
     let pkt = parse(&SkbBytes::new(&ctx));
     if pkt.kind != Kind::Transport || !finish(&ctx, &pkt, client_ack) {
-        count_withheld_reset();
+        tls::count(|c| c.resets_withheld += 1);
     }
     TC_ACT_OK
 }

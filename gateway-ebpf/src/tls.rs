@@ -38,15 +38,20 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::helpers::generated::bpf_loop;
+use aya_ebpf::{
+    btf_maps::{LruHashMap, PerCpuArray, RingBuf},
+    helpers::generated::bpf_loop,
+    macros::btf_map,
+};
 use gateway_common::{
     Class,
     bytes::PacketBytes,
     maps::{
-        CONFIG_TRUST_UNCONNECTED, FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED, FlowKey, RejectEvent,
-        TlsCounters, TlsFlow,
+        CONFIG_TRUST_UNCONNECTED, FINISHER_ATTACHED, FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED,
+        FlowKey, MAX_TLS_FLOWS, RejectEvent, TLS_REJECTS_BYTES, TlsCounters, TlsFlow,
     },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    reasons::Refusal,
     tls::{
         FIRST_CONTINUES, FIRST_HELLO, FIRST_NO_HELLO_YET, HelloState, KEY_LEN, MAX_STEPS,
         MAX_WINDOWS, Segment, Verdict, WINDOW, first_records,
@@ -57,11 +62,26 @@ use crate::{
     admission::{answer, count_refusal, refusal},
     bytes::{ScratchBytes, opaque},
     context::{Action, ConnectionLookup, CookieAck, CopyOut, Rewrite, Wanted},
-    maps::{DP_CONFIG, TLS_COUNTERS, TLS_FLOWS, TLS_PENDING, TLS_REJECTS, TLS_SCRATCH},
-    pending,
-    reply::finisher_attached,
+    maps::{finisher, setting},
+    pending::{self, TLS_PENDING},
     resume::{self, Place},
 };
+
+/// TLS connections by 4-tuple: hello parse state while pending, then the decision.
+#[btf_map]
+pub static TLS_FLOWS: LruHashMap<FlowKey, TlsFlow, { MAX_TLS_FLOWS as usize }> = LruHashMap::new();
+
+/// TLS counters, per CPU.
+#[btf_map]
+pub static TLS_COUNTERS: PerCpuArray<TlsCounters, 1> = PerCpuArray::new();
+
+/// Per-CPU scratch space of the ClientHello parser (not pinned).
+#[btf_map]
+pub static TLS_SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
+
+/// Rejected TLS connections, for the daemon to tear down.
+#[btf_map]
+pub static TLS_REJECTS: RingBuf<RejectEvent, { TLS_REJECTS_BYTES as usize }> = RingBuf::new();
 
 /// Bytes of a segment the parser looks at in one go: one window (a longer segment is copied and
 /// parsed window by window).
@@ -97,9 +117,7 @@ pub struct Scratch {
 /// only: synthetic frames have no socket behind them).
 #[inline(always)]
 fn trusting() -> bool {
-    DP_CONFIG
-        .get(0)
-        .is_some_and(|c| c.flags & CONFIG_TRUST_UNCONNECTED != 0)
+    setting(CONFIG_TRUST_UNCONNECTED)
 }
 
 /// Whether the kernel has what `wanted` asks for on the 4-tuple of `s.key` (the segment
@@ -251,8 +269,9 @@ fn parse_segment<C: CopyOut>(
     true
 }
 
+/// Counts in this CPU's TLS counters.
 #[inline(always)]
-fn count(f: impl FnOnce(&mut TlsCounters)) {
+pub fn count(f: impl FnOnce(&mut TlsCounters)) {
     if let Some(c) = TLS_COUNTERS.get_ptr_mut(0) {
         // SAFETY: per-CPU slot.
         f(unsafe { &mut *c });
@@ -495,11 +514,11 @@ fn decide<C: Rewrite>(key: &FlowKey, f: &mut TlsFlow, answerable: bool) -> (Clas
     };
     f.class = class as u8;
     match pending::admit(&TLS_PENDING, key, class, &offer, 0) {
-        None => {
+        Ok(()) => {
             f.state = FLOW_ADMITTED;
             (class, Action::Pass)
         }
-        Some(reason) => {
+        Err(reason) => {
             if class == Class::TlsResumed {
                 resume::give_back(&offer);
             }
@@ -515,14 +534,14 @@ fn decide<C: Rewrite>(key: &FlowKey, f: &mut TlsFlow, answerable: bool) -> (Clas
 /// tells the daemon, which destroys the socket (and with it resets the client, if the NIC did
 /// not).
 #[inline(always)]
-fn reject<C: Rewrite>(key: &FlowKey, class: Class, reason: u8, answerable: bool) -> Action {
+fn reject<C: Rewrite>(key: &FlowKey, class: Class, reason: Refusal, answerable: bool) -> Action {
     let action = if answerable {
         refusal(class, reason)
     } else {
         count_refusal(class, reason, false);
         Action::Drop
     };
-    if action == Action::Reject && (C::SENDS_COPIES || finisher_attached()) {
+    if action == Action::Reject && (C::SENDS_COPIES || finisher(FINISHER_ATTACHED)) {
         return action;
     }
     // A full ring buffer loses the event (counted), not the rejection: the connection is still
@@ -531,7 +550,7 @@ fn reject<C: Rewrite>(key: &FlowKey, class: Class, reason: u8, answerable: bool)
         entry.write(RejectEvent {
             key: *key,
             class: class as u8,
-            reason,
+            reason: reason.id(),
             pad: [0; 6],
         });
         entry.submit(0);

@@ -5,7 +5,8 @@ use std::collections::BTreeSet;
 
 use gateway_common::{
     Class,
-    maps::{DatapathConfig, OWNER_CONTROLLER, POLICY_PINNED, ServiceKey},
+    maps::{DatapathConfig, ServiceKey},
+    reasons::Owner,
 };
 
 use crate::{
@@ -35,9 +36,7 @@ pub fn apply(maps: &mut Maps, cfg: &Config) -> Result<(), MapsError> {
     };
     for class in Class::ALL.into_iter().filter(|c| c.is_limitable()) {
         let current = maps.policy(class)?;
-        if current.flags & POLICY_PINNED != 0
-            || (current.owner == OWNER_CONTROLLER && controlled(class))
-        {
+        if current.pinned() || (current.owned_by(Owner::Controller) && controlled(class)) {
             continue;
         }
         maps.set_policy(class, cfg.policy.of(class).to_map())?;

@@ -6,11 +6,7 @@
 
 use std::{fmt, sync::Arc};
 
-use gateway_common::{
-    Class,
-    counters::Counters,
-    maps::{AttachMode, POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, owner_name},
-};
+use gateway_common::{Class, counters::Counters, maps::AttachMode};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
@@ -177,7 +173,7 @@ impl Scrape {
             self.completed.get_or_create(&l).inc_by(state[i].completed);
             self.expired.get_or_create(&l).inc_by(state[i].expired);
             let policy = maps.policy(c)?;
-            let owner = owner_name(policy.owner);
+            let owner = policy.owner_name();
             let limit = |limit, v: u64| {
                 self.limits
                     .get_or_create(&LimitLabels {
@@ -188,11 +184,11 @@ impl Scrape {
                     })
                     .set(v.min(i64::MAX as u64) as i64);
             };
-            if policy.flags & POLICY_LIMIT_BACKLOG != 0 {
-                limit("backlog", policy.backlog_limit);
+            if let Some(backlog) = policy.backlog_in_force() {
+                limit("backlog", backlog);
             }
-            if policy.flags & POLICY_LIMIT_RATE != 0 {
-                limit("rate", policy.rate_per_sec);
+            if let Some(rate) = policy.rate_in_force() {
+                limit("rate", rate);
                 limit("burst", policy.burst);
             }
             if policy.bound_max != 0 {

@@ -19,8 +19,11 @@ use aya::{
         xdp::XdpLink,
     },
 };
-use gateway_common::maps::{
-    AttachMode, DatapathConfig, FINISHER_ATTACHED, FINISHER_SENDS_REPLIES, names, programs,
+use gateway_common::{
+    maps::{
+        AttachMode, DatapathConfig, FINISHER_ATTACHED, FINISHER_SENDS_REPLIES, names, programs,
+    },
+    reasons::Jump,
 };
 use serde::Serialize;
 use thiserror::Error;
@@ -314,19 +317,19 @@ pub fn wire_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoaderError> {
         .fd()
         .and_then(|fd| fd.try_clone().map_err(Into::into))
         .map_err(program_err("TC reply program fd"))?;
-    // Indexes as the programs' `JUMP_SIP` and `JUMP_REPLY`.
-    for (map, index, fd) in [
-        (names::XDP_JUMP, 0, &xdp_fd),
-        (names::XDP_JUMP, 1, &reply_fd),
-        (names::TC_JUMP, 0, &tc_fd),
-        (names::TC_JUMP, 1, &tc_reply_fd),
+    for (map, jump, fd) in [
+        (names::XDP_JUMP, Jump::Sip, &xdp_fd),
+        (names::XDP_JUMP, Jump::Reply, &reply_fd),
+        (names::TC_JUMP, Jump::Sip, &tc_fd),
+        (names::TC_JUMP, Jump::Reply, &tc_reply_fd),
     ] {
-        let mut jump: ProgramArray<_> = ebpf
+        let mut table: ProgramArray<_> = ebpf
             .map_mut(map)
             .expect("object has the jump tables")
             .try_into()
             .map_err(|e| LoaderError::Maps(MapsError::Op { map, source: e }))?;
-        jump.set(index, fd, 0)
+        table
+            .set(jump.slot(), fd, 0)
             .map_err(|e| LoaderError::Maps(MapsError::Op { map, source: e }))?;
     }
     Ok(())

@@ -4,8 +4,8 @@ use gateway_common::counters::Counters;
 use gateway_common::{
     Class,
     maps::{
-        ClassPolicy, ClassState, ClassStats, DatapathCounters, LatencyHistogram,
-        POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, ServiceKey, ServiceValue, TlsCounters, owner_name,
+        ClassPolicy, ClassState, ClassStats, DatapathCounters, LatencyHistogram, ServiceKey,
+        ServiceValue, TlsCounters,
     },
 };
 use serde_json::{Value, json};
@@ -67,7 +67,7 @@ impl Rates {
 fn limits_json(m: &ClassPolicy) -> Value {
     let p = gateway_common::policy::Policy::from_map(m);
     json!({"backlog_limit": p.backlog, "rate": p.rate, "burst": p.burst,
-           "owner": owner_name(m.owner), "reason": crate::controller::reason_name(m.reason)})
+           "owner": m.owner_name(), "reason": m.reason_name()})
 }
 
 /// Seconds since the Unix epoch.
@@ -189,7 +189,7 @@ impl StatsView<'_> {
         let limits: Vec<String> = self
             .policies
             .iter()
-            .filter(|(_, m)| m.flags & (POLICY_LIMIT_BACKLOG | POLICY_LIMIT_RATE) != 0)
+            .filter(|(_, m)| m.limits())
             .map(|(c, m)| {
                 let p = gateway_common::policy::Policy::from_map(m);
                 let mut parts = Vec::new();
@@ -203,8 +203,8 @@ impl StatsView<'_> {
                     "{} {} ({}, {})",
                     c.name(),
                     parts.join(" "),
-                    owner_name(m.owner),
-                    crate::controller::reason_name(m.reason)
+                    m.owner_name(),
+                    m.reason_name()
                 )
             })
             .collect();
@@ -246,15 +246,14 @@ fn limit(v: Option<u64>) -> String {
 /// who set the limits (config, operator, controller; `pinned` when fixed by hand), why, how long
 /// ago, and within which bounds a controller moves them.
 pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> String {
-    use gateway_common::maps::{POLICY_PINNED, owner_name};
     let now = crate::maps::monotonic_ns();
     let ago_ms =
         |m: &ClassPolicy| (m.changed_ns != 0).then(|| now.saturating_sub(m.changed_ns) / 1_000_000);
     let owner = |m: &ClassPolicy| {
-        if m.flags & POLICY_PINNED != 0 {
-            format!("{} (pinned)", owner_name(m.owner))
+        if m.pinned() {
+            format!("{} (pinned)", m.owner_name())
         } else {
-            owner_name(m.owner).to_string()
+            m.owner_name().to_string()
         }
     };
     let bounds =
@@ -277,7 +276,7 @@ pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> Str
                        "timeout_ms": gateway_common::maps::timeout_ns(*c, m) / 1_000_000,
                        "admitted": s.admitted, "completed": s.completed,
                        "expired": s.expired,
-                       "pinned": m.flags & POLICY_PINNED != 0,
+                       "pinned": m.pinned(),
                        "changed_ms_ago": ago_ms(m),
                        "bound_min": (m.bound_max != 0).then_some(m.bound_min),
                        "bound_max": (m.bound_max != 0).then_some(m.bound_max),
@@ -320,7 +319,7 @@ pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> Str
             s.backlog(),
             s.expired,
             owner(m),
-            crate::controller::reason_name(m.reason),
+            m.reason_name(),
             ago_ms(m).map_or("-".to_owned(), |ms| format!(
                 "{:.1}s ago",
                 ms as f64 / 1000.0

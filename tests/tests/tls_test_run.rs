@@ -412,7 +412,7 @@ fn over_its_limits_a_new_connection_is_rejected_and_remembered() {
         assert_eq!(ev.key.sport, port);
         assert_eq!(ev.key.dport, 443);
         assert_eq!(ev.class, Class::TlsNew as u8);
-        assert_eq!(ev.reason, gateway_common::maps::REJECT_BACKLOG);
+        assert_eq!(ev.reason, gateway_common::reasons::Refusal::Backlog.id());
     }
     // Resumed sessions are not limited by tls-new's policy.
     let f = Frame::tcp(443, &resumable).from_port(102).seq(1).build();

@@ -8,11 +8,9 @@ use std::path::Path;
 use clap::Subcommand;
 use gateway_common::{
     Class,
-    maps::{
-        ClassPolicy, OWNER_CONTROLLER, OWNER_OPERATOR, POLICY_PINNED, POLICY_REFUSE_DROP,
-        POLICY_REFUSE_REJECT,
-    },
+    maps::ClassPolicy,
     policy::{Policy, Refuse},
+    reasons::Owner,
 };
 
 use super::{CommandError, Target, open};
@@ -90,10 +88,10 @@ pub enum PolicyAction {
 /// The policy an operator sets: stamped with its owner and time, pinned when asked.
 fn by_operator(p: Policy, pin: bool) -> ClassPolicy {
     let mut m = p.to_map();
-    m.owner = OWNER_OPERATOR;
+    m.owner = Owner::Operator.id();
     m.changed_ns = monotonic_ns();
     if pin {
-        m.flags |= POLICY_PINNED;
+        m.set_pinned(true);
     }
     m
 }
@@ -162,28 +160,18 @@ pub fn run(root: &Path, action: PolicyAction) -> Result<(), CommandError> {
                     retry_after,
                     ..Policy::UNLIMITED
                 });
-                let m = p.to_map();
-                let reply_bits = POLICY_REFUSE_DROP | POLICY_REFUSE_REJECT;
-                maps.set_policy(
-                    class,
-                    ClassPolicy {
-                        flags: (current.flags & !reply_bits) | (m.flags & reply_bits),
-                        reply_rate: m.reply_rate,
-                        retry_after_s: m.retry_after_s,
-                        ..current
-                    },
-                )?;
+                maps.set_policy(class, current.with_replies_of(&p.to_map()))?;
                 println!("{} on {}: {}", class.name(), pd.iface, describe(&p));
                 return Ok(());
             }
-            let pinned = current.flags & POLICY_PINNED != 0;
-            if current.owner == OWNER_CONTROLLER && !pinned && !pin {
+            let pinned = current.pinned();
+            if current.owned_by(Owner::Controller) && !pinned && !pin {
                 return Err(CommandError::Usage(format!(
                     "{} on {} is moved by the controller ({}): pass --pin to fix it by hand, \
                      or change the controller's bounds in the config",
                     class.name(),
                     pd.iface,
-                    crate::controller::reason_name(current.reason)
+                    current.reason_name()
                 )));
             }
             let p = Policy::from_map(&current).overlay(Policy {
@@ -213,7 +201,7 @@ pub fn run(root: &Path, action: PolicyAction) -> Result<(), CommandError> {
         }
         PolicyAction::Clear { class, target } => {
             let (pd, mut maps) = open(root, target.iface.as_deref())?;
-            let pin = maps.policy(class)?.owner == OWNER_CONTROLLER;
+            let pin = maps.policy(class)?.owned_by(Owner::Controller);
             maps.set_policy(class, by_operator(Policy::UNLIMITED, pin))?;
             println!(
                 "{} on {}: unlimited{}",
@@ -225,14 +213,14 @@ pub fn run(root: &Path, action: PolicyAction) -> Result<(), CommandError> {
         PolicyAction::Unpin { class, target } => {
             let (pd, mut maps) = open(root, target.iface.as_deref())?;
             let mut p = maps.policy(class)?;
-            if p.flags & POLICY_PINNED == 0 {
+            if !p.pinned() {
                 return Err(CommandError::Usage(format!(
                     "{} on {} is not pinned",
                     class.name(),
                     pd.iface
                 )));
             }
-            p.flags &= !POLICY_PINNED;
+            p.set_pinned(false);
             p.changed_ns = monotonic_ns();
             maps.set_policy(class, p)?;
             println!(

@@ -4,65 +4,9 @@
 
 use std::time::Duration;
 
+use gateway_common::reasons::Reason;
+
 use super::floor::Floor;
-
-/// Why a limit moved (`ClassPolicy::reason`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
-    /// The service time went over the target: the limit is cut to the backlog that meets it.
-    OverTarget = 1,
-    /// Admitted units expired unanswered: the server is not keeping up.
-    Expired = 2,
-    /// The service time is under the target: the limit grows by a tenth (or 1).
-    Headroom = 3,
-    /// The CPU budget left after resumed handshakes, divided by a full handshake's cost.
-    Budget = 4,
-    /// The delay ratio between two classes moved away from its set point.
-    Ratio = 5,
-    /// Resumed handshakes waited longer than allowed beyond their unqueued time: new
-    /// handshakes are cut to make room for them.
-    ResumedWait = 7,
-    /// New handshakes closed for one interval to measure resumed ones unqueued, or reopened
-    /// after it.
-    Probe = 8,
-    /// The server passed over admitted units (dead work: requests it discarded or will never
-    /// answer): the places they hold until their timeout are given on top of the limit for
-    /// live work, which did not move.
-    DeadWork = 9,
-}
-
-impl Reason {
-    /// Every reason, by id order.
-    pub const ALL: [Reason; 8] = [
-        Reason::OverTarget,
-        Reason::Expired,
-        Reason::Headroom,
-        Reason::Budget,
-        Reason::Ratio,
-        Reason::ResumedWait,
-        Reason::Probe,
-        Reason::DeadWork,
-    ];
-
-    /// The reason of id `id` (`Reason as u32`).
-    pub fn from_id(id: u32) -> Option<Reason> {
-        Reason::ALL.into_iter().find(|r| *r as u32 == id)
-    }
-
-    /// Its name, as `policy show` and the metrics spell it.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Reason::OverTarget => "over-target",
-            Reason::Expired => "expired",
-            Reason::Headroom => "headroom",
-            Reason::Budget => "budget",
-            Reason::Ratio => "ratio",
-            Reason::ResumedWait => "resumed-wait",
-            Reason::Probe => "probe",
-            Reason::DeadWork => "dead-work",
-        }
-    }
-}
 
 /// What one interval showed of one class.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

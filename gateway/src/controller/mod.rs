@@ -25,9 +25,10 @@ use std::{
 use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
-        ClassPolicy, ClassState, ClassStats, LatencyHistogram, OWNER_CONTROLLER, PENDING_UNMATCHED,
-        POLICY_LIMIT_BACKLOG, POLICY_LIMIT_RATE, POLICY_PINNED, Pending, timeout_ns,
+        ClassPolicy, ClassState, ClassStats, LatencyHistogram, PENDING_UNMATCHED, Pending,
+        timeout_ns,
     },
+    reasons::{Owner, Reason},
 };
 use prometheus_client::{encoding::EncodeLabelSet, metrics::gauge::Gauge, registry::Registry};
 use tokio_util::sync::CancellationToken;
@@ -43,30 +44,45 @@ use crate::{
 use infer::CostInference;
 use law::{
     Decision, DelayRatioLaw, HandshakeBudgetLaw, HandshakeCosts, HandshakeObservation, Observation,
-    Reason, ServiceTimeLaw, skip_age,
+    ServiceTimeLaw, skip_age,
 };
 
 /// Where the TLS law gets the costs of a full and a resumed handshake (the daemon's proxies
 /// measure them); `None` until both were measured.
 pub type CostSource = Arc<dyn Fn() -> Option<HandshakeCosts> + Send + Sync>;
 
-/// [`ClassPolicy::reason`] of a limit the controller set when it took a class over.
-pub const REASON_START: u32 = 6;
-
-/// The name of a [`ClassPolicy::reason`].
-pub fn reason_name(reason: u32) -> &'static str {
-    match reason {
-        0 => "set",
-        REASON_START => "start",
-        r => Reason::from_id(r).map_or("unknown", Reason::name),
-    }
-}
-
 /// One class's law.
 #[derive(Clone, Debug)]
 enum Law {
     Sip(ServiceTimeLaw),
     Tls(HandshakeBudgetLaw),
+}
+
+impl Law {
+    /// The limit the law holds now: a backlog (SIP) or a rate (TLS).
+    fn limit(&self) -> u64 {
+        match self {
+            Law::Sip(l) => l.limit(),
+            Law::Tls(l) => l.rate(),
+        }
+    }
+
+    /// Takes the limit of its kind that `p` has in force as its own (a controller's limit left
+    /// by an earlier run, or an operator's it takes over).
+    fn adopt(&mut self, p: &ClassPolicy) {
+        match self {
+            Law::Sip(l) => {
+                if let Some(backlog) = p.backlog_in_force() {
+                    l.reset(backlog);
+                }
+            }
+            Law::Tls(l) => {
+                if let Some(rate) = p.rate_in_force() {
+                    l.reset(rate);
+                }
+            }
+        }
+    }
 }
 
 /// What the controller read last from one interface.
@@ -435,18 +451,14 @@ fn step(
         // (a reload, a restart that kept the datapath), else from the upper bound.
         for (class, law) in plant.laws.iter_mut() {
             let p = maps.policy(*class)?;
-            if p.flags & POLICY_PINNED != 0 {
+            if p.pinned() {
                 continue;
             }
-            if p.owner == OWNER_CONTROLLER {
-                match law {
-                    Law::Sip(l) if p.flags & POLICY_LIMIT_BACKLOG != 0 => l.reset(p.backlog_limit),
-                    Law::Tls(l) if p.flags & POLICY_LIMIT_RATE != 0 => l.reset(p.rate_per_sec),
-                    _ => {}
-                }
+            if p.owned_by(Owner::Controller) {
+                law.adopt(&p);
             }
             let (limit, bounds) = current(law, &cfg.classes[class]);
-            write(&mut maps, *class, law, limit, REASON_START, bounds)?;
+            write(&mut maps, *class, law, limit, Reason::Start, bounds)?;
         }
         return Ok(());
     };
@@ -485,27 +497,15 @@ fn step(
             iface: iface.clone(),
             class: class.name(),
         };
-        if policy.flags & POLICY_PINNED != 0 {
+        if policy.pinned() {
             continue;
         }
         let bounds = (cfg.classes[class].min, cfg.classes[class].max);
-        if policy.owner != OWNER_CONTROLLER {
+        if !policy.owned_by(Owner::Controller) {
             // Unpinned by an operator: start from the operator's value.
-            let from = match law {
-                Law::Sip(l) => {
-                    if policy.flags & POLICY_LIMIT_BACKLOG != 0 {
-                        l.reset(policy.backlog_limit);
-                    }
-                    l.limit()
-                }
-                Law::Tls(l) => {
-                    if policy.flags & POLICY_LIMIT_RATE != 0 {
-                        l.reset(policy.rate_per_sec);
-                    }
-                    l.rate()
-                }
-            };
-            write(&mut maps, *class, law, from, REASON_START, bounds)?;
+            law.adopt(&policy);
+            let from = law.limit();
+            write(&mut maps, *class, law, from, Reason::Start, bounds)?;
             stats
                 .limit
                 .get_or_create(&labels)
@@ -584,15 +584,15 @@ fn step(
         };
         if let Some(d) = decision {
             // Once per change of reason at the default level (not every interval's step).
-            if policy.reason != d.reason as u32 {
+            if policy.reason != d.reason.id() {
                 info!(
                     %iface, class = class.name(), limit = d.limit, reason = d.reason.name(),
-                    was = reason_name(policy.reason), "controller: the limit moves for a new reason"
+                    was = policy.reason_name(), "controller: the limit moves for a new reason"
                 );
             } else {
                 debug!(%iface, class = class.name(), limit = d.limit, reason = d.reason.name(), "controller");
             }
-            write(&mut maps, *class, law, d.limit, d.reason as u32, bounds)?;
+            write(&mut maps, *class, law, d.limit, d.reason, bounds)?;
             stats
                 .limit
                 .get_or_create(&labels)
@@ -626,11 +626,7 @@ fn refused(s: &ClassStats) -> u64 {
 
 /// The limit a law holds now and its bounds.
 fn current(law: &Law, c: &crate::config::ClassControl) -> (u64, (u64, u64)) {
-    let limit = match law {
-        Law::Sip(l) => l.limit(),
-        Law::Tls(l) => l.rate(),
-    };
-    (limit, (c.min, c.max))
+    (law.limit(), (c.min, c.max))
 }
 
 /// Writes `limit` into `class`'s policy (and, for SIP, half of it into the retransmissions'),
@@ -640,53 +636,33 @@ fn write(
     class: Class,
     law: &Law,
     limit: u64,
-    reason: u32,
+    reason: Reason,
     (min, max): (u64, u64),
 ) -> Result<(), MapsError> {
     let stamp = |p: ClassPolicy| ClassPolicy {
-        owner: OWNER_CONTROLLER,
-        reason,
+        owner: Owner::Controller.id(),
+        reason: reason.id(),
         changed_ns: monotonic_ns(),
         bound_min: min,
         bound_max: max,
         ..p
     };
-    let p = maps.policy(class)?;
+    let mut p = maps.policy(class)?;
     match law {
         Law::Sip(_) => {
-            maps.set_policy(
-                class,
-                stamp(ClassPolicy {
-                    backlog_limit: limit,
-                    flags: p.flags | POLICY_LIMIT_BACKLOG,
-                    ..p
-                }),
-            )?;
+            p.limit_backlog(limit);
+            maps.set_policy(class, stamp(p))?;
             // Retransmissions strictly below originals (RFC 7415's TAU1 < TAU2), unless pinned.
-            let r = maps.policy(Class::SipRetransmission)?;
-            if r.flags & POLICY_PINNED == 0 {
-                maps.set_policy(
-                    Class::SipRetransmission,
-                    stamp(ClassPolicy {
-                        backlog_limit: limit / 2,
-                        flags: r.flags | POLICY_LIMIT_BACKLOG,
-                        bound_min: min / 2,
-                        bound_max: max / 2,
-                        ..r
-                    }),
-                )?;
+            let mut r = maps.policy(Class::SipRetransmission)?;
+            if !r.pinned() {
+                r.limit_backlog(limit / 2);
+                maps.set_policy(Class::SipRetransmission, stamp(r))?;
             }
         }
         Law::Tls(_) => {
-            maps.set_policy(
-                class,
-                stamp(ClassPolicy {
-                    rate_per_sec: limit,
-                    burst: (limit / 10).max(1),
-                    flags: p.flags | POLICY_LIMIT_RATE,
-                    ..p
-                }),
-            )?;
+            p.limit_rate(limit);
+            p.burst = (limit / 10).max(1);
+            maps.set_policy(class, stamp(p))?;
         }
     }
     Ok(())

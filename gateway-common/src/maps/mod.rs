@@ -1,0 +1,295 @@
+//! The maps shared by the eBPF programs and the daemon: their table (names, key and value types)
+//! and, one module per concern, their key and value types and the rules they are read by.
+//!
+//! Every type is `#[repr(C)]` with explicit padding fields and no implicit padding (checked by the
+//! tests below), so the kernel, the daemon and `bpftool` (through BTF) agree on every byte.
+
+use crate::class::NUM_CLASSES;
+
+mod class;
+mod datapath;
+mod latency;
+mod pending;
+mod service;
+mod sip;
+mod tls;
+
+pub use class::*;
+pub use datapath::*;
+pub use latency::*;
+pub use pending::*;
+pub use service::*;
+pub use sip::*;
+pub use tls::*;
+
+/// Declares the table of maps: each map's name (as declared in the eBPF object and used as its
+/// pin file name) with its key and value types, from which [`names`] and [`layout`] follow.
+macro_rules! map_table {
+    ($( $(#[doc = $doc:literal])* $name:ident: $key:ty => $value:ty, )*) => {
+        /// Map names, as declared in the eBPF object and used as pin file names.
+        pub mod names {
+            $(
+                $(#[doc = $doc])*
+                pub const $name: &str = stringify!($name);
+            )*
+
+            /// Every map the gateway pins, in a fixed order.
+            pub const ALL: &[&str] = &[$($name),*];
+        }
+
+        /// The key and value sizes the map `name` has in this build; `None` for an unknown
+        /// name, `(0, 0)` for the ring buffer (which has neither).
+        pub const fn layout(name: &str) -> Option<(usize, usize)> {
+            $(
+                if const_eq(name, names::$name) {
+                    return Some((core::mem::size_of::<$key>(), core::mem::size_of::<$value>()));
+                }
+            )*
+            None
+        }
+    };
+}
+
+/// `a == b` for strings, in a `const fn`.
+const fn const_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+map_table! {
+    /// Per-class, per-CPU packet and admission counters ([`super::ClassStats`]).
+    CLASS_STATS: u32 => ClassStats,
+    /// Per-class admission limits ([`super::ClassPolicy`]).
+    CLASS_POLICY: u32 => ClassPolicy,
+    /// Per-class admission state ([`super::ClassState`]).
+    CLASS_STATE: u32 => ClassState,
+    /// Protected services, keyed by [`super::ServiceKey`]: the operator-facing source of truth.
+    SERVICES: ServiceKey => ServiceValue,
+    /// The datapath's index of [`SERVICES`]: one byte of service kind per (protocol, port), see
+    /// [`super::service_port_index`].
+    SERVICE_PORTS: u32 => u8,
+    /// Per-CPU parser counters ([`super::DatapathCounters`]).
+    DP_COUNTERS: u32 => DatapathCounters,
+    /// Datapath-wide settings ([`super::DatapathConfig`]).
+    DP_CONFIG: u32 => DatapathConfig,
+    /// TLS connections by 4-tuple ([`super::FlowKey`] to [`super::TlsFlow`]).
+    TLS_FLOWS: FlowKey => TlsFlow,
+    /// Keys of the sessions the server issued ([`super::IssuedKey`] to [`super::IssuedValue`]).
+    TLS_ISSUED: IssuedKey => IssuedValue,
+    /// Per-CPU TLS counters ([`super::TlsCounters`]).
+    TLS_COUNTERS: u32 => TlsCounters,
+    /// Rejected TLS connections, for the daemon to tear down ([`super::RejectEvent`]).
+    TLS_REJECTS: () => (),
+    /// SIP transactions seen (transaction key to [`super::SipTxn`]).
+    SIP_TXNS: u64 => SipTxn,
+    /// Per-class, per-CPU service-time histograms ([`super::LatencyHistogram`]).
+    SERVICE_LATENCY: u32 => LatencyHistogram,
+    /// The XDP hook's jump table (index 0: the SIP program). Pinned: the kernel empties a program
+    /// array when its last userspace reference goes away, and a pin is one.
+    XDP_JUMP: u32 => u32,
+    /// The TC hook's jump table (index 0: the SIP program, 1: the reply program), pinned
+    /// likewise.
+    TC_JUMP: u32 => u32,
+    /// Admitted TLS connections the server has not answered yet ([`super::FlowKey`] to
+    /// [`super::Pending`]): not LRU, so nothing can evict them.
+    TLS_PENDING: FlowKey => Pending,
+    /// Admitted SIP requests the server has not answered yet (unit key, see
+    /// `SipInfo::unit_key`, to [`super::Pending`]): not LRU either.
+    SIP_PENDING: u64 => Pending,
+    /// SIP dialogs the server established (dialog key, see `SipInfo::dialog_key`, to
+    /// [`super::SipDialog`]), learnt from its 2xx responses to INVITEs.
+    SIP_DIALOGS: u64 => SipDialog,
+    /// Resumed TLS connections the server answered that are still open, each holding a place
+    /// of its issued key until it ends ([`super::FlowKey`] to [`super::TlsHold`]): not LRU.
+    TLS_HOLDS: FlowKey => TlsHold,
+}
+
+/// Program names in the eBPF object.
+pub mod programs {
+    /// The XDP ingress classifier.
+    pub const XDP: &str = "gateway_xdp";
+    /// The same classifier as a TC ingress program (fallback hook).
+    pub const TC_INGRESS: &str = "gateway_tc_ingress";
+    /// The TC egress program: completions of TLS connections and SIP transactions (the server's
+    /// answers), and SIP service times.
+    pub const TC_EGRESS: &str = "gateway_tc_egress";
+    /// The SIP classifier of the XDP hook, reached by tail call from [`XDP`].
+    pub const XDP_SIP: &str = "gateway_xdp_sip";
+    /// The SIP classifier of the TC hook, reached by tail call from [`TC_INGRESS`].
+    pub const TC_SIP: &str = "gateway_tc_sip";
+    /// The reply program of the XDP hook (a reset or a 503 to a refused client), reached by
+    /// tail call from [`XDP`] and [`XDP_SIP`].
+    pub const XDP_REPLY: &str = "gateway_xdp_reply";
+    /// The reply program of the TC hook, reached by tail call from [`TC_INGRESS`] and
+    /// [`TC_SIP`].
+    pub const TC_REPLY: &str = "gateway_tc_reply";
+    /// The finishing program at the TC ingress of an XDP attachment: for a refused segment the
+    /// XDP program turned into the server's reset, it sends the client its reset (a copy) and
+    /// passes the server's on.
+    pub const TC_FINISH: &str = "gateway_tc_finish";
+
+    /// A bare `XDP_PASS` program, the baseline of the per-packet cost benchmark.
+    pub const XDP_BARE_PASS: &str = "gateway_bare_pass";
+    /// The sweep program: ends expired units now. Attached nowhere; the daemon runs it by
+    /// `BPF_PROG_TEST_RUN`.
+    pub const SWEEP: &str = "gateway_sweep";
+}
+
+/// Compile-time check that per-class arrays cover every class.
+const _: () = assert!(NUM_CLASSES == 7);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    #[test]
+    fn a_quantile_within_its_bucket_moves_smoothly() {
+        let mut h = LatencyHistogram::default();
+        assert_eq!(h.quantile_within_us(900), None);
+        // Ten samples in [64, 128) µs: the 90th is 9/10 of the way through the bucket.
+        h.buckets[6] = 10;
+        assert_eq!(h.quantile_within_us(900), Some(64 + 64 * 9 / 10));
+        assert_eq!(h.quantile_us(900), Some(128));
+        let mut later = h;
+        later.buckets[10] = 5;
+        let d = later.since(&h);
+        assert_eq!(d.count(), 5);
+        assert_eq!(d.quantile_within_us(1000), Some(2048));
+    }
+
+    #[test]
+    fn a_resume_place_is_held_until_released_or_healed_after_a_timeout() {
+        let t = 10;
+        let m = RESUME_HEAL_MARGIN_NS;
+        assert_eq!(resume_holders(3, 100, 105, t), 3);
+        assert_eq!(resume_holders(3, 100, 110, t), 3);
+        // Past the timeout but within a sweep interval: the holders may not be released yet.
+        assert_eq!(resume_holders(3, 100, 111, t), 3);
+        assert_eq!(resume_holders(3, 100, 110 + m, t), 3);
+        // Nobody was given a place for longer than a unit lives and a sweep takes: every holder
+        // has ended and been released.
+        assert_eq!(resume_holders(3, 100, 111 + m, t), 0);
+        // A clock that reads earlier than the grant (another CPU) keeps the count.
+        assert_eq!(resume_holders(3, 100, 90, t), 3);
+        assert_eq!(resume_limit(0), u64::from(DEFAULT_RESUME_LIMIT));
+        assert_eq!(resume_limit(1), 1);
+    }
+
+    /// Sum of field sizes equals the struct size: no implicit padding anywhere.
+    #[test]
+    fn no_implicit_padding() {
+        assert_eq!(size_of::<ClassStats>(), 7 * 8);
+        assert_eq!(size_of::<ClassPolicy>(), 5 * 8 + 4 + 4 + 3 * 8 + 8 + 4 + 4);
+        assert_eq!(size_of::<ClassState>(), 6 * 8);
+        assert_eq!(size_of::<Pending>(), 8 + 8 + 4 + 4 + 16);
+        assert_eq!(size_of::<ServiceKey>(), 2 + 1 + 1);
+        assert_eq!(size_of::<ServiceValue>(), 4 + 4);
+        assert_eq!(size_of::<DatapathConfig>(), 8 + 4 * 6);
+        assert_eq!(size_of::<DatapathCounters>(), 18 * 8);
+        assert_eq!(size_of::<SipDialog>(), 8 + 8 + 4 + 4);
+        assert_eq!(size_of::<FlowKey>(), 16 + 16 + 2 + 2 + 4);
+        assert_eq!(
+            size_of::<crate::tls::HelloState>(),
+            4 * 4 + 2 + 6 + 2 + 2 + 4 + 3 * 16 + 2 * 8
+        );
+        assert_eq!(
+            size_of::<TlsFlow>(),
+            size_of::<crate::tls::HelloState>() + 4 + 4 + 4 + 4
+        );
+        assert_eq!(size_of::<IssuedKey>(), 16);
+        assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8 + 8 + 8 + 4 + 4 + 8 + 8);
+        assert_eq!(size_of::<TlsHold>(), 16 + 8 + 4 + 4);
+        assert_eq!(size_of::<TlsCounters>(), 8 * 15);
+        assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
+        assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);
+        assert_eq!(size_of::<LatencyHistogram>(), LATENCY_BUCKETS * 8);
+        assert_eq!(size_of::<crate::sip::SipInfo>(), 6 * 8 + 4 + 2 + 5 + 5);
+    }
+
+    #[test]
+    fn port_byte_carries_the_kind_whatever_the_flags() {
+        for flags in [0, SERVICE_TERMINATED] {
+            let v = ServiceValue {
+                kind: ServiceKind::Tls as u32,
+                flags,
+            };
+            assert_eq!(v.port_byte(), 1);
+            assert_eq!(port_kind(v.port_byte()), Some(ServiceKind::Tls));
+        }
+        assert_eq!(port_kind(0), None);
+    }
+
+    #[test]
+    fn backlog_is_admitted_minus_completed_minus_expired() {
+        let s = ClassState {
+            admitted: 10,
+            completed: 7,
+            ..Default::default()
+        };
+        assert_eq!(s.backlog(), 3);
+        let s = ClassState {
+            admitted: 10,
+            completed: 7,
+            expired: 2,
+            ..Default::default()
+        };
+        assert_eq!(s.backlog(), 1);
+        let s = ClassState {
+            admitted: 1,
+            completed: 2,
+            ..Default::default()
+        };
+        assert_eq!(s.backlog(), 0);
+    }
+
+    #[test]
+    fn service_port_indexes_are_distinct_and_in_range() {
+        assert_eq!(service_port_index(IPPROTO_TCP, 0), Some(0));
+        assert_eq!(service_port_index(IPPROTO_TCP, 443), Some(443));
+        assert_eq!(service_port_index(IPPROTO_UDP, 443), Some(65536 + 443));
+        assert_eq!(
+            service_port_index(IPPROTO_UDP, u16::MAX),
+            Some(SERVICE_PORT_ENTRIES - 1)
+        );
+        assert_eq!(service_port_index(1, 443), None);
+    }
+
+    #[test]
+    fn latency_buckets_and_quantiles() {
+        assert_eq!(LatencyHistogram::bucket(500), 0);
+        assert_eq!(LatencyHistogram::bucket(1_500), 0);
+        assert_eq!(LatencyHistogram::bucket(2_000), 1);
+        assert_eq!(LatencyHistogram::bucket(250_000_000), 17);
+        assert_eq!(LatencyHistogram::bucket(u64::MAX), LATENCY_BUCKETS - 1);
+        let mut h = LatencyHistogram::default();
+        assert_eq!(h.quantile_us(500), None);
+        h.buckets[LatencyHistogram::bucket(300_000_000)] += 9;
+        h.buckets[LatencyHistogram::bucket(5_000)] += 1;
+        // 300 ms lies in [2^18, 2^19) us.
+        assert_eq!(h.quantile_us(500), Some(1 << 19));
+        assert_eq!(h.quantile_us(100), Some(1 << 3));
+    }
+
+    #[test]
+    fn kinds_and_modes_round_trip() {
+        for k in [ServiceKind::Tls, ServiceKind::Sip] {
+            assert_eq!(ServiceKind::from_id(k as u32), Some(k));
+        }
+        assert_eq!(ServiceKind::from_id(0), None);
+        for m in [AttachMode::Native, AttachMode::Generic, AttachMode::Tc] {
+            assert_eq!(AttachMode::from_id(m as u32), m);
+        }
+        assert_eq!(AttachMode::from_id(99), AttachMode::Unknown);
+    }
+}

@@ -1,0 +1,52 @@
+//! SIP at the NIC: transactions (`SIP_TXNS`) and dialogs (`SIP_DIALOGS`).
+
+/// Entries of the SIP transaction table (LRU).
+pub const MAX_SIP_TXNS: u32 = 65536;
+
+/// A SIP transaction the datapath has seen a request of (LRU: it only tells retransmissions
+/// from originals; what the backlog holds is in `SIP_PENDING`, which nothing evicts).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SipTxn {
+    /// When its first request was seen, `CLOCK_MONOTONIC` ns.
+    pub first_ns: u64,
+    /// Requests of it seen (the original and its retransmissions).
+    pub requests: u32,
+    /// `TXN_*` bits.
+    pub flags: u32,
+}
+
+/// [`SipTxn::flags`]: its original was admitted (the server took the work on). Only such an
+/// INVITE transaction lets its ACK and CANCEL be exempt: one that was refused (or merely seen)
+/// buys them nothing.
+pub const TXN_ADMITTED: u32 = 1 << 0;
+
+/// Entries of the SIP dialog table (LRU: losing a dialog only makes its requests originals).
+pub const MAX_SIP_DIALOGS: u32 = 65536;
+
+/// A dialog the server established: its requests (in-dialog, ACK, BYE) are exempt, up to
+/// [`MAX_DIALOG_REQUESTS`] of them, until the server answers its BYE or it has been idle for
+/// [`DIALOG_IDLE_NS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SipDialog {
+    /// When the server's 2xx left, `CLOCK_MONOTONIC` ns.
+    pub established_ns: u64,
+    /// When it was last used (established, or an exempt request of it seen), `CLOCK_MONOTONIC`
+    /// ns.
+    pub last_ns: u64,
+    /// Exempt requests of it seen so far (retransmissions included).
+    pub requests: u32,
+    /// Padding, zero.
+    pub pad: u32,
+}
+
+/// Exempt requests one dialog buys (its ACK, re-INVITEs, UPDATEs, INFOs, its BYE, and their
+/// retransmissions): past this, its requests are judged as originals. A call makes a handful;
+/// an IVR's DTMF by INFO some dozens.
+pub const MAX_DIALOG_REQUESTS: u32 = 256;
+
+/// A dialog none of whose requests was seen for this long is forgotten (its requests are then
+/// judged as originals): one hour, longer than the session-refresh interval of RFC 4028's
+/// timers (at most half of Session-Expires, whose default is 30 minutes).
+pub const DIALOG_IDLE_NS: u64 = 3600 * 1_000_000_000;

@@ -1,0 +1,245 @@
+//! TLS at the NIC: flows (`TLS_FLOWS`), issued keys and their places (`TLS_ISSUED`,
+//! `TLS_HOLDS`), counters (`TLS_COUNTERS`) and reject events (`TLS_REJECTS`).
+
+use super::SWEEP_INTERVAL_NS;
+
+/// Entries of the TLS flow table (LRU: the least recently used flow is evicted when full).
+pub const MAX_TLS_FLOWS: u32 = 65536;
+/// Entries of the issued-sessions table unless configured (`datapath.issued_keys`): a hash map,
+/// not an LRU, so that load never evicts a key its session still needs; when it is full, a new
+/// key is not published (the daemon counts it). Its elements are allocated as keys are
+/// published (`BPF_F_NO_PREALLOC`), so an empty table costs next to nothing.
+pub const DEFAULT_TLS_ISSUED: u32 = 65536;
+/// Most entries of the issued-sessions table the configuration accepts (about 2 GiB of kernel
+/// memory when full).
+pub const MAX_TLS_ISSUED: u32 = 16 * 1024 * 1024;
+/// `BPF_F_NO_PREALLOC`: a hash map's elements are allocated as they are inserted.
+pub const BPF_F_NO_PREALLOC: usize = 1;
+
+/// A TCP connection as seen from its client: addresses (IPv4 as IPv4-mapped IPv6) and ports.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    /// Client address.
+    pub saddr: [u8; 16],
+    /// Server address.
+    pub daddr: [u8; 16],
+    /// Client port, host order.
+    pub sport: u16,
+    /// Server port, host order.
+    pub dport: u16,
+    /// Padding, zero.
+    pub pad: u32,
+}
+
+/// [`TlsFlow::state`]: the ClientHello is still arriving.
+pub const FLOW_PENDING: u8 = 0;
+/// [`TlsFlow::state`]: admitted; later packets are `tls-flow`.
+pub const FLOW_ADMITTED: u8 = 1;
+/// [`TlsFlow::state`]: rejected; later packets are dropped.
+pub const FLOW_REJECTED: u8 = 2;
+
+/// State of one TLS connection.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TlsFlow {
+    /// The ClientHello parser's state (while pending) and its result.
+    pub hello: crate::tls::HelloState,
+    /// TCP sequence number of the hello's first byte.
+    pub hello_seq: u32,
+    /// TCP sequence number the next in-order segment must carry.
+    pub next_seq: u32,
+    /// `FLOW_*`.
+    pub state: u8,
+    /// The class the connection was admitted or rejected in.
+    pub class: u8,
+    /// Padding, zero.
+    pub pad: u8,
+    /// Segments the hello took.
+    pub segments: u8,
+    /// Padding, zero.
+    pub reserved: u32,
+}
+
+/// Key of the issued-sessions map: the digest (`gateway_common::tls::offer_digest`) of a whole
+/// session id, ticket or PSK identity the server issued.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IssuedKey {
+    /// The bytes.
+    pub key: [u8; crate::tls::KEY_LEN],
+}
+
+/// Value of the issued-sessions map.
+///
+/// A key travels in clear (a TLS 1.2 session id in the ServerHello) or can be replayed by whoever
+/// saw it, so it buys the `tls-resumed` class for at most `limit` connections at a time: each
+/// admitted resumed connection holds one place (`in_use`) until its unit ends (the server
+/// answered, or it expired). See [`resume_holders`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IssuedValue {
+    /// What was issued: 1 session id, 2 ticket, 3 TLS 1.3 PSK identity (an `Offer` id).
+    pub kind: u32,
+    /// Connections the key may hold in the resumed class at once; 0 means
+    /// [`DEFAULT_RESUME_LIMIT`]. Set by whoever published it.
+    pub limit: u32,
+    /// When it was published, `CLOCK_MONOTONIC` nanoseconds (informational).
+    pub issued_ns: u64,
+    /// Resumed connections holding a place now (the datapath's count).
+    pub in_use: u64,
+    /// When the datapath last gave a place, `bpf_ktime_get_ns`.
+    pub granted_ns: u64,
+    /// Resumptions the key buys per minute beyond its first `limit` at once (a GCRA on
+    /// [`Self::tat_ns`], see [`resume_interval_ns`]); 0 means [`DEFAULT_RESUME_PER_MINUTE`].
+    pub per_minute: u32,
+    /// Padding, zero.
+    pub pad: u32,
+    /// The key's GCRA theoretical arrival time, `bpf_ktime_get_ns` (the datapath's).
+    pub tat_ns: u64,
+    /// Resumed connections the server answered that are still open, each holding a place until
+    /// it ends ([`TlsHold`]); with [`Self::in_use`], what [`Self::limit`] bounds.
+    pub open: u64,
+}
+
+/// A resumed connection past its first flight that holds a place of its issued key
+/// ([`IssuedValue::open`]) until it ends: the server's FIN or RST seen leaving, or the daemon
+/// finding its socket gone (it sets [`Self::gone`] and runs the sweep), or [`MAX_HOLD_NS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TlsHold {
+    /// The issued key whose place it holds.
+    pub offer: [u8; crate::tls::KEY_LEN],
+    /// Since when, `bpf_ktime_get_ns`.
+    pub since_ns: u64,
+    /// Set by the daemon when the connection's socket is gone: the next sweep releases it.
+    pub gone: u32,
+    /// Padding, zero.
+    pub pad: u32,
+}
+
+/// The longest a connection holds its key's place (one hour): past it, the place is given
+/// back though the connection lives on, so a lost end (no FIN seen, no daemon) costs a key one
+/// place for an hour at most.
+pub const MAX_HOLD_NS: u64 = 3600 * 1_000_000_000;
+
+/// Resumed connections one issued key may hold at once unless its publisher says otherwise:
+/// browsers open up to six connections to one origin at once, and HTTP/1.1 clients share one
+/// TLS 1.2 session between them.
+pub const DEFAULT_RESUME_LIMIT: u32 = 6;
+/// Largest accepted per-key resume limit.
+pub const MAX_RESUME_LIMIT: u32 = 1024;
+
+/// Resumptions per minute one issued key buys unless its publisher says otherwise, beyond the
+/// `limit` it buys at once: one a second. A browser opens its handful of connections to an
+/// origin at once and then keeps them; a ticket replayed a thousand times a second is a farm.
+pub const DEFAULT_RESUME_PER_MINUTE: u32 = 60;
+/// Largest per-key resumption rate the configuration accepts, per minute (a thousand a second).
+/// The datapath takes any value: test fixtures publish `u32::MAX` (an interval of 13 ns) for
+/// keys no rate should bind.
+pub const MAX_RESUME_PER_MINUTE: u32 = 60_000;
+
+/// The GCRA emission interval of a key resumed at most `per_minute` times a minute (0: the
+/// default), in nanoseconds.
+#[inline(always)]
+pub const fn resume_interval_ns(per_minute: u32) -> u64 {
+    let n = if per_minute == 0 {
+        DEFAULT_RESUME_PER_MINUTE
+    } else {
+        per_minute
+    };
+    60_000_000_000 / n as u64
+}
+
+/// The places of an issued key that are still held at `now_ns`: `in_use`, unless its last place
+/// was given more than `timeout_ns` plus [`RESUME_HEAL_MARGIN_NS`] ago, in which case every unit
+/// that held one has ended and been released (a unit lives at most its class's timeout, and is
+/// released by the first sweep after it, which comes within a sweep interval and runs before
+/// any place is taken), and a count left too high by a lost release heals to zero. Healing any
+/// sooner gave a place back before the sweep had released its unit, and the unit's release
+/// then took the count below what was held.
+#[inline(always)]
+pub const fn resume_holders(in_use: u64, granted_ns: u64, now_ns: u64, timeout_ns: u64) -> u64 {
+    if now_ns.saturating_sub(granted_ns) > timeout_ns.saturating_add(RESUME_HEAL_MARGIN_NS) {
+        0
+    } else {
+        in_use
+    }
+}
+
+/// How long past a unit's timeout [`resume_holders`] waits before healing a key's count: a
+/// sweep interval, and a millisecond for the time between a place's grant and its unit's
+/// admission.
+pub const RESUME_HEAL_MARGIN_NS: u64 = SWEEP_INTERVAL_NS + 1_000_000;
+
+/// The limit in force for an issued key whose value says `limit`.
+#[inline(always)]
+pub const fn resume_limit(limit: u32) -> u64 {
+    if limit == 0 {
+        DEFAULT_RESUME_LIMIT as u64
+    } else {
+        limit as u64
+    }
+}
+
+crate::counters! {
+    /// TLS counters, the single entry of the per-CPU `TLS_COUNTERS` array.
+    pub struct TlsCounters {
+        /// ClientHellos decided (admitted or rejected).
+        pub hellos: u64,
+        /// Hellos that offered a resumption whose key the server never issued (classed tls-new).
+        pub unverified_offers: u64,
+        /// Hellos that took more than one segment.
+        pub multi_segment: u64,
+        /// Hellos that were not well formed (classed tls-new).
+        pub malformed: u64,
+        /// Hellos whose next segment did not arrive in order (classed tls-new).
+        pub out_of_order: u64,
+        /// Packets of rejected connections, dropped.
+        pub rejected_flow_packets: u64,
+        /// Admitted connections the server answered (its first flight, or its close, seen leaving).
+        pub completions: u64,
+        /// Segments with payload on a 4-tuple the kernel has no connection for (spoofed, or left
+        /// over): dropped after one socket lookup, no state created.
+        pub no_connection: u64,
+        /// Offers of an issued key that already held its limit of resumed connections (a replayed
+        /// or shared key): classed tls-new.
+        pub replays_bounded: u64,
+        /// Resets sent to clients of refused connections, from the NIC (on XDP with the
+        /// finishing program: handed over to it, which counts a copy it could not send as
+        /// withheld).
+        pub resets_sent: u64,
+        /// Refused segments the class would answer that got no reset: the frame was not one the
+        /// datapath answers (IPv4 options, IPv6 extension headers), or a copy failed.
+        pub resets_withheld: u64,
+        /// Rejections the `TLS_REJECTS` ring buffer had no room for (the daemon did not hear of
+        /// them; the connections were refused all the same).
+        pub reject_events_lost: u64,
+        /// SYNs carrying data (TCP Fast Open): their hello judged like a first segment's.
+        pub syn_payloads: u64,
+        /// IP-fragmented segments of connections not yet decided: judged as malformed hellos
+        /// (tls-new), since what they carry comes with fragments that carry no ports.
+        pub fragmented_hellos: u64,
+        /// Offers of an issued key faster than its resumption rate allows (one client's worth,
+        /// [`IssuedValue::per_minute`]): classed tls-new.
+        pub resumptions_too_fast: u64,
+    }
+}
+
+/// Bytes of the `TLS_REJECTS` ring buffer.
+pub const TLS_REJECTS_BYTES: u32 = 64 * 1024;
+
+/// A connection the datapath rejected: the daemon destroys the server's socket for it, which
+/// also resets the client.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RejectEvent {
+    /// The connection.
+    pub key: FlowKey,
+    /// Its class.
+    pub class: u8,
+    /// Why ([`crate::reasons::Refusal`]).
+    pub reason: u8,
+    /// Padding, zero.
+    pub pad: [u8; 6],
+}

@@ -5,11 +5,11 @@
 //! look for a transport header past [`MAX_L4_OFFSET`]. Those bounds hold every chain RFC 8200
 //! allows (each header once, destination options twice) with room to spare, and any header
 //! chain of a 1500-byte frame. Anything it cannot follow within them is reported as
-//! [`Kind::Unparseable`], never guessed at: the caller refuses it where it may reach a
+//! [`PacketKind::Unparseable`], never guessed at: the caller refuses it where it may reach a
 //! protected service (fail closed), and it is never counted as an admitted class.
 //!
 //! A first fragment whose transport header is cut short (a "tiny fragment", RFC 1858) but
-//! whose ports are present is still a [`Kind::Transport`], with [`Packet::l4_partial`] set: the
+//! whose ports are present is still a [`PacketKind::Transport`], with [`Packet::l4_partial`] set: the
 //! caller judges it by its ports as the least privileged class of their service.
 //!
 //! The result is a plain struct, zero-initialized and then filled in, not an enum with payloads:
@@ -87,7 +87,7 @@ pub const TCP_ACK: u8 = 0x10;
 /// What the parser found.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Kind {
+pub enum PacketKind {
     /// Not IPv4 or IPv6.
     #[default]
     NotIp,
@@ -110,7 +110,7 @@ pub enum Kind {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Packet {
     /// What was found.
-    pub kind: Kind,
+    pub kind: PacketKind,
     /// For `Truncated`, `Malformed` and `Unparseable`: offset of the header concerned.
     pub offset: u16,
     /// IP protocol (or IPv6 next header) number, when known.
@@ -187,18 +187,18 @@ impl Packet {
     pub const fn outcome(&self) -> Outcome {
         let offset = self.offset;
         match self.kind {
-            Kind::NotIp => Outcome::NotIp,
-            Kind::Truncated => Outcome::Truncated { offset },
-            Kind::Malformed => Outcome::Malformed { offset },
-            Kind::Fragment => Outcome::Fragment,
-            Kind::Unparseable => Outcome::Unparseable { offset },
-            Kind::OtherL4 => Outcome::OtherL4 { proto: self.proto },
-            Kind::Transport => Outcome::Transport(self.transport),
+            PacketKind::NotIp => Outcome::NotIp,
+            PacketKind::Truncated => Outcome::Truncated { offset },
+            PacketKind::Malformed => Outcome::Malformed { offset },
+            PacketKind::Fragment => Outcome::Fragment,
+            PacketKind::Unparseable => Outcome::Unparseable { offset },
+            PacketKind::OtherL4 => Outcome::OtherL4 { proto: self.proto },
+            PacketKind::Transport => Outcome::Transport(self.transport),
         }
     }
 
     #[inline(always)]
-    fn stop(&mut self, kind: Kind, offset: usize) {
+    fn stop(&mut self, kind: PacketKind, offset: usize) {
         self.kind = kind;
         self.offset = offset as u16;
     }
@@ -211,7 +211,7 @@ pub fn parse<B: PacketBytes>(b: &B) -> Packet {
     let mut off = ETH_HLEN - 2;
     let mut et = [0u8; 2];
     if !b.read(off, &mut et) {
-        pkt.stop(Kind::Truncated, 0);
+        pkt.stop(PacketKind::Truncated, 0);
         return pkt;
     }
     let mut ethertype = u16::from_be_bytes(et);
@@ -222,7 +222,7 @@ pub fn parse<B: PacketBytes>(b: &B) -> Packet {
         // A tag is 2 bytes of TCI followed by the next ethertype.
         off += 4;
         if !b.read(off, &mut et) {
-            pkt.stop(Kind::Truncated, off - 2);
+            pkt.stop(PacketKind::Truncated, off - 2);
             return pkt;
         }
         ethertype = u16::from_be_bytes(et);
@@ -230,7 +230,7 @@ pub fn parse<B: PacketBytes>(b: &B) -> Packet {
     }
     let l3 = off + 2;
     match ethertype {
-        ETH_P_8021Q | ETH_P_8021AD => pkt.stop(Kind::Unparseable, l3),
+        ETH_P_8021Q | ETH_P_8021AD => pkt.stop(PacketKind::Unparseable, l3),
         ETH_P_IP => {
             pkt.ip_version = 4;
             parse_ipv4(b, l3, &mut pkt);
@@ -239,7 +239,7 @@ pub fn parse<B: PacketBytes>(b: &B) -> Packet {
             pkt.ip_version = 6;
             parse_ipv6(b, l3, &mut pkt);
         }
-        _ => pkt.kind = Kind::NotIp,
+        _ => pkt.kind = PacketKind::NotIp,
     }
     pkt
 }
@@ -256,15 +256,15 @@ fn present<B: PacketBytes>(b: &B, offset: usize) -> bool {
 fn parse_ipv4<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
     let mut h = [0u8; 20];
     if !b.read(off, &mut h) {
-        return pkt.stop(Kind::Truncated, off);
+        return pkt.stop(PacketKind::Truncated, off);
     }
     if h[0] >> 4 != 4 {
-        return pkt.stop(Kind::Malformed, off);
+        return pkt.stop(PacketKind::Malformed, off);
     }
     let hlen = ((h[0] & 0x0f) as usize) * 4;
     let total_len = u16::from_be_bytes([h[2], h[3]]) as usize;
     if hlen < 20 || total_len < hlen {
-        return pkt.stop(Kind::Malformed, off);
+        return pkt.stop(PacketKind::Malformed, off);
     }
     pkt.l3_offset = off as u16;
     pkt.ip_end = (off + total_len) as u16;
@@ -272,14 +272,14 @@ fn parse_ipv4<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
         pkt.ipv4_options = true;
         // The options must be present: read the header's last two bytes.
         if !present(b, off + hlen - 2) {
-            return pkt.stop(Kind::Truncated, off);
+            return pkt.stop(PacketKind::Truncated, off);
         }
     }
     pkt.proto = h[9];
     let frag = u16::from_be_bytes([h[6], h[7]]);
     // A non-zero fragment offset: no transport header here.
     if frag & 0x1fff != 0 {
-        return pkt.stop(Kind::Fragment, off);
+        return pkt.stop(PacketKind::Fragment, off);
     }
     // More fragments follow: this first one carries the transport header.
     pkt.fragmented = frag & 0x2000 != 0;
@@ -290,14 +290,14 @@ fn parse_ipv4<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
 fn parse_ipv6<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
     let mut h = [0u8; 8];
     if !b.read(off, &mut h) {
-        return pkt.stop(Kind::Truncated, off);
+        return pkt.stop(PacketKind::Truncated, off);
     }
     if h[0] >> 4 != 6 {
-        return pkt.stop(Kind::Malformed, off);
+        return pkt.stop(PacketKind::Malformed, off);
     }
     // The addresses must be there too.
     if !present(b, off + 38) {
-        return pkt.stop(Kind::Truncated, off);
+        return pkt.stop(PacketKind::Truncated, off);
     }
     pkt.l3_offset = off as u16;
     pkt.ip_end = (off + 40 + u16::from_be_bytes([h[4], h[5]]) as usize) as u16;
@@ -307,11 +307,11 @@ fn parse_ipv6<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
         let len = match next {
             IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DEST_OPTS | IPV6_AH => {
                 if off > MAX_L4_OFFSET {
-                    return pkt.stop(Kind::Unparseable, off);
+                    return pkt.stop(PacketKind::Unparseable, off);
                 }
                 let mut e = [0u8; 2];
                 if !b.read(off, &mut e) {
-                    return pkt.stop(Kind::Truncated, off);
+                    return pkt.stop(PacketKind::Truncated, off);
                 }
                 let len = if next == IPV6_AH {
                     (e[1] as usize + 2) * 4
@@ -326,12 +326,12 @@ fn parse_ipv6<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
                 let mut f = [0u8; 4];
                 if off > MAX_L4_OFFSET || !b.read(off, &mut f) {
                     pkt.proto = next;
-                    return pkt.stop(Kind::Fragment, off);
+                    return pkt.stop(PacketKind::Fragment, off);
                 }
                 let frag = u16::from_be_bytes([f[2], f[3]]);
                 if frag & 0xfff8 != 0 {
                     pkt.proto = next;
-                    return pkt.stop(Kind::Fragment, off);
+                    return pkt.stop(PacketKind::Fragment, off);
                 }
                 // The first fragment: the walk ends here, and its transport header must follow
                 // (any other header after it is unparseable). Ending the walk keeps the loop
@@ -343,7 +343,7 @@ fn parse_ipv6<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
             }
             IPV6_ESP => {
                 pkt.proto = next;
-                return pkt.stop(Kind::Unparseable, off);
+                return pkt.stop(PacketKind::Unparseable, off);
             }
             _ => break,
         };
@@ -352,9 +352,9 @@ fn parse_ipv6<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
     pkt.proto = next;
     match next {
         IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DEST_OPTS | IPV6_AH | IPV6_FRAGMENT | IPV6_ESP => {
-            pkt.stop(Kind::Unparseable, off)
+            pkt.stop(PacketKind::Unparseable, off)
         }
-        IPV6_NO_NEXT => pkt.kind = Kind::OtherL4,
+        IPV6_NO_NEXT => pkt.kind = PacketKind::OtherL4,
         _ => parse_transport(b, off, pkt),
     }
 }
@@ -363,11 +363,11 @@ fn parse_ipv6<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
 fn parse_transport<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
     let proto = pkt.proto;
     if proto != PROTO_TCP && proto != PROTO_UDP {
-        pkt.kind = Kind::OtherL4;
+        pkt.kind = PacketKind::OtherL4;
         return;
     }
     if off > MAX_L4_OFFSET {
-        return pkt.stop(Kind::Unparseable, off);
+        return pkt.stop(PacketKind::Unparseable, off);
     }
     if proto == PROTO_UDP {
         let mut h = [0u8; 8];
@@ -376,9 +376,9 @@ fn parse_transport<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
         }
         let udp_len = u16::from_be_bytes([h[4], h[5]]) as usize;
         if udp_len < 8 {
-            return pkt.stop(Kind::Malformed, off);
+            return pkt.stop(PacketKind::Malformed, off);
         }
-        pkt.kind = Kind::Transport;
+        pkt.kind = PacketKind::Transport;
         pkt.transport = Transport {
             proto,
             src_port: u16::from_be_bytes([h[0], h[1]]),
@@ -397,13 +397,13 @@ fn parse_transport<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
     }
     let hlen = ((h[12] >> 4) as usize) * 4;
     if hlen < 20 {
-        return pkt.stop(Kind::Malformed, off);
+        return pkt.stop(PacketKind::Malformed, off);
     }
     // The whole header, options included, must be present.
     if !present(b, off + hlen - 2) {
         return partial(b, off, pkt);
     }
-    pkt.kind = Kind::Transport;
+    pkt.kind = PacketKind::Transport;
     pkt.transport = Transport {
         proto,
         src_port: u16::from_be_bytes([h[0], h[1]]),
@@ -424,9 +424,9 @@ fn parse_transport<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
 fn partial<B: PacketBytes>(b: &B, off: usize, pkt: &mut Packet) {
     let mut ports = [0u8; 4];
     if !pkt.fragmented || !b.read(off, &mut ports) {
-        return pkt.stop(Kind::Truncated, off);
+        return pkt.stop(PacketKind::Truncated, off);
     }
-    pkt.kind = Kind::Transport;
+    pkt.kind = PacketKind::Transport;
     pkt.l4_partial = true;
     pkt.transport = Transport {
         proto: pkt.proto,

@@ -48,7 +48,7 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 /// What the message is.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Kind {
+pub enum MessageKind {
     /// Not finished (more lines to read).
     #[default]
     Pending = 0,
@@ -116,7 +116,7 @@ pub struct SipInfo {
     pub cseq: u32,
     /// A response's status code (0 for a request).
     pub status: u16,
-    /// A [`Kind`].
+    /// A [`MessageKind`].
     pub kind: u8,
     /// A [`Method`].
     pub method: u8,
@@ -132,12 +132,12 @@ pub struct SipInfo {
 
 impl SipInfo {
     /// What the message is.
-    pub const fn kind(&self) -> Kind {
+    pub const fn kind(&self) -> MessageKind {
         match self.kind {
-            1 => Kind::Request,
-            2 => Kind::Response,
-            3 => Kind::Malformed,
-            _ => Kind::Pending,
+            1 => MessageKind::Request,
+            2 => MessageKind::Response,
+            3 => MessageKind::Malformed,
+            _ => MessageKind::Pending,
         }
     }
 
@@ -204,7 +204,7 @@ impl SipInfo {
     /// Whether this is a server's 2xx response to an INVITE: the response that establishes a
     /// dialog.
     pub const fn establishes_dialog(&self) -> bool {
-        matches!(self.kind(), Kind::Response)
+        matches!(self.kind(), MessageKind::Response)
             && self.status >= 200
             && self.status < 300
             && self.have & HAVE_CSEQ != 0
@@ -214,7 +214,7 @@ impl SipInfo {
     /// Whether this is a server's final response to a BYE: the dialog it belongs to has ended
     /// (RFC 3261 §15.1.2: a BYE's final response, whatever its status, ends the dialog).
     pub const fn ends_dialog(&self) -> bool {
-        matches!(self.kind(), Kind::Response)
+        matches!(self.kind(), MessageKind::Response)
             && self.status >= 200
             && self.have & HAVE_CSEQ != 0
             && self.cseq_method_hash == BYE_HASH
@@ -246,8 +246,8 @@ impl SipInfo {
     /// originals whose transaction it has seen into retransmissions.)
     pub const fn class(&self) -> Class {
         match self.kind() {
-            Kind::Response => Class::SipExempt,
-            Kind::Request => {
+            MessageKind::Response => Class::SipExempt,
+            MessageKind::Request => {
                 let exempt = matches!(self.method(), Method::Ack | Method::Cancel | Method::Bye)
                     || self.in_dialog != 0;
                 match (exempt, self.marker != 0) {
@@ -535,7 +535,7 @@ impl SipState {
     }
 
     #[inline(always)]
-    fn stop(&mut self, kind: Kind) {
+    fn stop(&mut self, kind: MessageKind) {
         self.info.kind = kind as u8;
         self.phase = Phase::Done as u8;
     }
@@ -553,8 +553,8 @@ impl SipState {
         let start = self.line_start as usize;
         if start >= end || self.lines as usize >= MAX_LINES {
             // Out of bytes or lines before the blank line: what was read stands.
-            if self.info.kind() == Kind::Pending {
-                return self.stop(Kind::Malformed);
+            if self.info.kind() == MessageKind::Pending {
+                return self.stop(MessageKind::Malformed);
             }
             self.phase = Phase::Done as u8;
             return;
@@ -576,7 +576,7 @@ impl SipState {
             None if from + CHUNK < end => {
                 self.pos = (from + CHUNK) as u32;
                 if self.pos as usize - start > MAX_LINE {
-                    self.stop(Kind::Malformed);
+                    self.stop(MessageKind::Malformed);
                 }
                 return;
             }
@@ -584,7 +584,7 @@ impl SipState {
             None => end,
         };
         if eol - start > MAX_LINE {
-            return self.stop(Kind::Malformed);
+            return self.stop(MessageKind::Malformed);
         }
         let content_end = if eol > start && byte(b, eol - 1) == b'\r' {
             eol - 1
@@ -694,7 +694,7 @@ impl SipState {
         if starts_ci(b, start, end, b"sip/2.0 ") {
             // A response: its Via and CSeq (copied from the request) name the transaction it
             // answers, so the headers are read too; its status says whether it makes a dialog.
-            self.info.kind = Kind::Response as u8;
+            self.info.kind = MessageKind::Response as u8;
             let mut code = [0u8; 3];
             if start + 11 <= end
                 && b.read(start + 8, &mut code)
@@ -724,9 +724,9 @@ impl SipState {
         };
         // The line must end in " SIP/2.0".
         if end < start + 8 + 2 || !starts_ci(b, end - 8, end, b" sip/2.0") {
-            return self.stop(Kind::Malformed);
+            return self.stop(MessageKind::Malformed);
         }
-        self.info.kind = Kind::Request as u8;
+        self.info.kind = MessageKind::Request as u8;
         self.info.method = method as u8;
         // The marker is searched before " SIP/2.0".
         self.pos = start as u32;
@@ -918,8 +918,8 @@ impl SipState {
     /// out of steps) is malformed.
     pub fn finish(&self) -> SipInfo {
         let mut info = self.info;
-        if info.kind() == Kind::Pending {
-            info.kind = Kind::Malformed as u8;
+        if info.kind() == MessageKind::Pending {
+            info.kind = MessageKind::Malformed as u8;
         }
         info
     }

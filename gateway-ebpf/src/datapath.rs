@@ -7,7 +7,7 @@ use gateway_common::{
     Class,
     bytes::PacketBytes,
     maps::{CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, IPPROTO_TCP, IPPROTO_UDP, ServiceKind},
-    packet::{Kind, Packet, parse},
+    packet::{Packet, PacketKind, parse},
     reasons::Jump,
 };
 
@@ -58,7 +58,7 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + TailCall + Rewrite,
         return Action::Drop;
     }
     let (class, verdict) = match pkt.kind {
-        Kind::Transport => {
+        PacketKind::Transport => {
             let t = &pkt.transport;
             match service_kind(t.proto, t.dst_port) {
                 Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => {
@@ -87,12 +87,12 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + TailCall + Rewrite,
                 None => (Class::Other, Action::Pass),
             }
         }
-        Kind::NotIp => {
+        PacketKind::NotIp => {
             count(|c| c.not_ip += 1);
             (Class::Other, Action::Pass)
         }
-        Kind::OtherL4 => (Class::Other, Action::Pass),
-        Kind::Truncated if pkt.fragmented => {
+        PacketKind::OtherL4 => (Class::Other, Action::Pass),
+        PacketKind::Truncated if pkt.fragmented => {
             // A first fragment that ends before its ports: where the datagram goes cannot be
             // told, and the kernel would reassemble it. Refused (fail closed).
             count(|c| {
@@ -102,20 +102,20 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + TailCall + Rewrite,
             (Class::Other, Action::Drop)
         }
         // Anything else cut short is dropped by the kernel itself.
-        Kind::Truncated => {
+        PacketKind::Truncated => {
             count(|c| c.truncated += 1);
             (Class::Other, Action::Pass)
         }
-        Kind::Malformed => {
+        PacketKind::Malformed => {
             debug!(ctx, "malformed header at offset {}", pkt.offset);
             count(|c| c.malformed += 1);
             (Class::Other, Action::Pass)
         }
-        Kind::Fragment => {
+        PacketKind::Fragment => {
             count(|c| c.fragments += 1);
             (Class::Other, policy(CONFIG_DROP_FRAGMENTS))
         }
-        Kind::Unparseable => {
+        PacketKind::Unparseable => {
             debug!(
                 ctx,
                 "headers beyond the parser's bounds at offset {}", pkt.offset
@@ -139,7 +139,7 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + TailCall + Rewrite,
 #[inline(always)]
 pub fn process_sip<C: CopyOut + TailCall, B: PacketBytes>(ctx: &C, b: &B, len: u64) -> Action {
     let pkt = parse(b);
-    let (class, verdict) = if pkt.kind == Kind::Transport {
+    let (class, verdict) = if pkt.kind == PacketKind::Transport {
         sip_packet(ctx, b, &pkt)
     } else {
         // Not reached: only a parsed datagram jumps here. Least privileged all the same.
@@ -171,7 +171,7 @@ fn may_reach_a_service(pkt: &Packet) -> bool {
 #[inline(always)]
 pub fn process_reply<R: Rewrite, B: PacketBytes>(ctx: &R, b: &B, len: u64) -> Action {
     let pkt = parse(b);
-    if pkt.kind != Kind::Transport {
+    if pkt.kind != PacketKind::Transport {
         return Action::Drop;
     }
     let len = len as usize;

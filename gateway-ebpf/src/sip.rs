@@ -41,7 +41,7 @@ use gateway_common::{
     packet::Packet,
     reasons::Refusal,
     sip::{
-        HAVE_CALL_ID, HAVE_TO_TAG, Kind, MAX_SCAN, MAX_STEPS, Method, SipInfo, SipState,
+        HAVE_CALL_ID, HAVE_TO_TAG, MAX_SCAN, MAX_STEPS, MessageKind, Method, SipInfo, SipState,
         fragment_unit_key,
         reply::{MAX_REPLY_STEPS, REPLY_BUF, ReplyState, reply_tag_hash},
     },
@@ -252,7 +252,7 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
         return (Class::SipExempt, Action::Drop);
     }
     let mut class = info.class();
-    if class == Class::SipExempt && info.kind() == Kind::Request {
+    if class == Class::SipExempt && info.kind() == MessageKind::Request {
         class = earned_exemption(&info);
     }
     let key = info.unit_key();
@@ -306,7 +306,7 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
     if let Err(reason) = admitted {
         // Responses and ACKs are never answered (RFC 3261 §17); other requests are as their
         // class says.
-        let action = if info.kind() == Kind::Request && info.method() != Method::Ack {
+        let action = if info.kind() == MessageKind::Request && info.method() != Method::Ack {
             prepare_reply(&info, class, refusal(class, reason))
         } else {
             count_refusal(class, reason, false);
@@ -412,7 +412,7 @@ pub fn sip_response<C: CopyOut>(ctx: &C, pkt: &Packet) {
     let Some(info) = parse_payload(ctx, pkt) else {
         return;
     };
-    if info.kind() != Kind::Response {
+    if info.kind() != MessageKind::Response {
         return;
     }
     // A 2xx to an INVITE: the server established a dialog, whose requests are exempt.

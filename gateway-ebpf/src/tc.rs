@@ -4,7 +4,7 @@ use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
 
 use gateway_common::{
     maps::{IPPROTO_TCP, IPPROTO_UDP, ServiceKind},
-    packet::{Kind, parse},
+    packet::{PacketKind, parse},
 };
 
 use crate::{
@@ -54,7 +54,7 @@ pub fn gateway_tc_finish(ctx: TcContext) -> i32 {
         return Action::Tx.tc(&ctx);
     }
     let pkt = parse(&SkbBytes::new(&ctx));
-    if pkt.kind != Kind::Transport || !finish(&ctx, &pkt, client_ack) {
+    if pkt.kind != PacketKind::Transport || !finish(&ctx, &pkt, client_ack) {
         tls::count(|c| c.resets_withheld += 1);
     }
     TC_ACT_OK
@@ -67,7 +67,7 @@ pub fn gateway_tc_finish(ctx: TcContext) -> i32 {
 pub fn gateway_tc_egress(ctx: TcContext) -> i32 {
     let bytes = SkbBytes::new(&ctx);
     let pkt = parse(&bytes);
-    if pkt.kind == Kind::Transport {
+    if pkt.kind == PacketKind::Transport {
         let t = &pkt.transport;
         match service_kind(t.proto, t.src_port) {
             Some(ServiceKind::Sip) if t.proto == IPPROTO_UDP => sip_response(&ctx, &pkt),

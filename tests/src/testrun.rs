@@ -13,7 +13,7 @@ use gateway_common::{
         ClassStats, DatapathCounters, IPPROTO_TCP, IPPROTO_UDP, ServiceKey, ServiceKind,
         ServiceValue, TlsCounters, programs,
     },
-    packet::{Kind, parse},
+    packet::{PacketKind, parse},
     sip::parse_sip,
     tls::{
         FIRST_CONTINUES, FIRST_HELLO, FIRST_NO_HELLO_YET, HelloState, KEY_LEN, Verdict,
@@ -264,11 +264,11 @@ pub fn expected_refused(frame: &[u8]) -> bool {
     let pkt = parse(&SliceBytes(frame));
     let t = pkt.transport;
     match pkt.kind {
-        Kind::Truncated => return pkt.fragmented,
-        Kind::Unparseable => return pkt.ip_version == 6 && pkt.proto != 50,
+        PacketKind::Truncated => return pkt.fragmented,
+        PacketKind::Unparseable => return pkt.ip_version == 6 && pkt.proto != 50,
         _ => {}
     }
-    if pkt.kind != Kind::Transport || (t.proto, t.dst_port) != (IPPROTO_UDP, 5060) {
+    if pkt.kind != PacketKind::Transport || (t.proto, t.dst_port) != (IPPROTO_UDP, 5060) {
         return false;
     }
     let start = t.payload_offset as usize;
@@ -290,7 +290,7 @@ pub fn expected_refused(frame: &[u8]) -> bool {
 pub fn expected_class(frame: &[u8], issued: &[[u8; KEY_LEN]]) -> Class {
     let b = SliceBytes(frame);
     let pkt = parse(&b);
-    if pkt.kind != Kind::Transport {
+    if pkt.kind != PacketKind::Transport {
         return Class::Other;
     }
     let t = pkt.transport;

@@ -7,7 +7,7 @@ use std::{net::UdpSocket, time::Duration};
 use gateway_common::{
     Class,
     bytes::SliceBytes,
-    sip::{Kind, parse_sip},
+    sip::{MessageKind, parse_sip},
 };
 use gateway_tests::{
     frames::Frame,
@@ -57,7 +57,7 @@ fn kamailio_responses_name_the_requests_transactions() {
         let q = parse_sip(&SliceBytes(req.as_bytes()), req.len());
         assert_eq!(
             r.kind(),
-            Kind::Response,
+            MessageKind::Response,
             "{}",
             String::from_utf8_lossy(&resp)
         );

@@ -21,7 +21,7 @@ use gateway_common::{
     Class,
     bytes::SliceBytes,
     maps::{IssuedKey, IssuedValue},
-    sip::{Kind, parse_sip},
+    sip::{MessageKind, parse_sip},
     testing::HelloBuilder,
     tls::offer_digest,
 };
@@ -218,7 +218,7 @@ fn a_million_mutated_packets_buy_no_privilege() {
                 if action == XDP_PASS {
                     assert_eq!(
                         info.kind(),
-                        Kind::Response,
+                        MessageKind::Response,
                         "packet {i} (copy {copy}): a request passed: {info:?}"
                     );
                     responses += 1;

@@ -23,7 +23,7 @@ v=0\r\no=user1 53655765 2353687637 IN IP4 10.99.0.2\r\ns=-\r\nc=IN IP4 10.99.0.2
 #[test]
 fn a_sipp_invite() {
     let i = parse(SIPP_INVITE);
-    assert_eq!(i.kind(), Kind::Request);
+    assert_eq!(i.kind(), MessageKind::Request);
     assert_eq!(i.method(), Method::Invite);
     assert_eq!(i.cseq, 1);
     assert_eq!(

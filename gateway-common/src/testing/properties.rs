@@ -6,8 +6,8 @@
 use crate::{
     Class,
     bytes::SliceBytes,
-    packet::{Kind as PacketKind, MAX_L4_OFFSET, parse},
-    sip::{HAVE_BRANCH, HAVE_CSEQ, Kind, Method, parse_sip},
+    packet::{MAX_L4_OFFSET, PacketKind, parse},
+    sip::{HAVE_BRANCH, HAVE_CSEQ, MessageKind, Method, parse_sip},
     tls::{HelloState, Offer, Verdict, parse_hello},
 };
 
@@ -51,11 +51,11 @@ pub fn sip(msg: &[u8]) {
     if info.class() == Class::SipExempt {
         let exempt_method = matches!(info.method(), Method::Ack | Method::Bye | Method::Cancel);
         assert!(
-            info.kind() == Kind::Response
-                || (info.kind() == Kind::Request && (exempt_method || info.in_dialog != 0)),
+            info.kind() == MessageKind::Response
+                || (info.kind() == MessageKind::Request && (exempt_method || info.in_dialog != 0)),
             "{info:?}"
         );
-        if info.kind() == Kind::Response {
+        if info.kind() == MessageKind::Response {
             assert!(msg.len() >= 8 && msg[..8].eq_ignore_ascii_case(b"SIP/2.0 "));
         }
     }

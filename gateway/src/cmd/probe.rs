@@ -7,7 +7,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::CommandError;
-use crate::probe::{self, Client, Kind, Plan, TlsSettings};
+use crate::probe::{self, Client, Plan, ProbeKind, TlsSettings};
 
 /// `gateway probe`.
 #[derive(Debug, Args)]
@@ -17,7 +17,7 @@ pub struct ProbeArgs {
     pub target: SocketAddr,
     /// What each client sends.
     #[arg(long, value_enum)]
-    pub kind: Kind,
+    pub kind: ProbeKind,
     /// First crowd size (the base stage).
     #[arg(long, default_value_t = 5)]
     pub start: u32,

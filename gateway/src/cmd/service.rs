@@ -7,7 +7,7 @@ use gateway_common::maps::{ServiceKey, ServiceValue};
 
 use super::{CommandError, Target, open};
 use crate::{
-    config::{Kind, Proto},
+    config::{Proto, ServiceKind},
     output,
 };
 
@@ -18,7 +18,7 @@ pub enum ServiceAction {
     Add {
         /// What the port speaks.
         #[arg(value_enum)]
-        kind: Kind,
+        kind: ServiceKind,
         /// Destination port.
         #[arg(value_parser = clap::value_parser!(u16).range(1..))]
         port: u16,

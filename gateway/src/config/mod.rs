@@ -17,7 +17,7 @@ use std::{collections::BTreeSet, fmt, path::PathBuf};
 
 use gateway_common::{
     Class,
-    maps::{IPPROTO_TCP, SERVICE_TERMINATED, ServiceKey, ServiceKind, ServiceValue},
+    maps::{self, IPPROTO_TCP, SERVICE_TERMINATED, ServiceKey, ServiceValue},
 };
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -26,7 +26,7 @@ pub use controller::{ClassControl, ControllerConfig, Mode};
 pub use datapath::{Datapath, EbpfLogLevel, OnExit, PassDrop};
 pub use interfaces::{Interface, Interfaces, ModeRequest};
 pub use policy::{Policies, PolicyConfig, unknown_class, unlimitable_class};
-pub use services::{Kind, Port, Proto, Service, Services};
+pub use services::{Port, Proto, Service, ServiceKind, Services};
 
 /// The embedded default configuration.
 pub const DEFAULT_YAML: &str = include_str!("../../../deploy/gateway.default.yaml");
@@ -163,10 +163,10 @@ impl Config {
     fn served_classes(&self) -> Vec<Class> {
         let kinds: BTreeSet<u32> = self.all_services().iter().map(|(_, v)| v.kind).collect();
         let mut out = Vec::new();
-        if kinds.contains(&(ServiceKind::Sip as u32)) {
+        if kinds.contains(&(maps::ServiceKind::Sip as u32)) {
             out.push(Class::SipOriginal);
         }
-        if kinds.contains(&(ServiceKind::Tls as u32)) {
+        if kinds.contains(&(maps::ServiceKind::Tls as u32)) {
             out.push(Class::TlsNew);
         }
         out
@@ -195,7 +195,7 @@ impl Config {
                 .services
                 .0
                 .iter()
-                .position(|s| s.key() == key && s.kind != Kind::Tls)
+                .position(|s| s.key() == key && s.kind != ServiceKind::Tls)
             {
                 return Err(format!(
                     "proxies[{i}].listen: port tcp/{} is services[{j}], which is not tls",
@@ -231,7 +231,7 @@ impl Config {
         for key in terminated {
             if !out.iter().any(|(k, _)| *k == key) {
                 let value = ServiceValue {
-                    kind: ServiceKind::Tls as u32,
+                    kind: maps::ServiceKind::Tls as u32,
                     flags: SERVICE_TERMINATED,
                 };
                 out.push((key, value));

@@ -1,6 +1,6 @@
 //! Protected services: what each speaks, on which transport and port.
 
-use gateway_common::maps::{IPPROTO_TCP, IPPROTO_UDP, ServiceKey, ServiceKind};
+use gateway_common::maps::{self, IPPROTO_TCP, IPPROTO_UDP, ServiceKey};
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// Transport protocol of a service.
@@ -40,30 +40,30 @@ impl Proto {
     }
 }
 
-/// Kind of a service, as written in the config and on the command line.
+/// The kind of a service, as written in the config and on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
-pub enum Kind {
+pub enum ServiceKind {
     /// TLS.
     Tls,
     /// SIP.
     Sip,
 }
 
-impl Kind {
+impl ServiceKind {
     /// The datapath's kind.
-    pub const fn service_kind(self) -> ServiceKind {
+    pub const fn service_kind(self) -> maps::ServiceKind {
         match self {
-            Kind::Tls => ServiceKind::Tls,
-            Kind::Sip => ServiceKind::Sip,
+            ServiceKind::Tls => maps::ServiceKind::Tls,
+            ServiceKind::Sip => maps::ServiceKind::Sip,
         }
     }
 
     /// The transport the kind uses unless told otherwise.
     pub const fn default_proto(self) -> Proto {
         match self {
-            Kind::Tls => Proto::Tcp,
-            Kind::Sip => Proto::Udp,
+            ServiceKind::Tls => Proto::Tcp,
+            ServiceKind::Sip => Proto::Udp,
         }
     }
 }
@@ -89,7 +89,7 @@ impl<'de> Deserialize<'de> for Port {
 #[serde(deny_unknown_fields)]
 pub struct Service {
     /// What it speaks.
-    pub kind: Kind,
+    pub kind: ServiceKind,
     /// Destination port.
     pub port: Port,
     /// Transport; defaults per kind.

@@ -14,6 +14,9 @@
 pub mod floor;
 pub mod infer;
 pub mod law;
+/// The simulator the laws are tuned and benchmarked on: test support, not in the shipped daemon
+/// (the `sim` feature, which the tests and benchmarks turn on).
+#[cfg(any(test, feature = "sim"))]
 pub mod sim;
 
 use std::{

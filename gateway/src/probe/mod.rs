@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use request::{Client, Kind, RequestError, TlsSettings};
+pub use request::{Client, ProbeKind, RequestError, TlsSettings};
 use serde::Serialize;
 
 /// Largest crowd a probe may grow to.
@@ -28,7 +28,7 @@ pub const MAX_ROUNDS: u32 = 20;
 #[derive(Clone, Debug)]
 pub struct Plan {
     /// What to send.
-    pub kind: Kind,
+    pub kind: ProbeKind,
     /// Where.
     pub target: SocketAddr,
     /// First crowd size (the base stage).
@@ -114,7 +114,7 @@ pub enum Stop {
 #[derive(Clone, Debug, Serialize)]
 pub struct Curve {
     /// What was sent.
-    pub kind: Kind,
+    pub kind: ProbeKind,
     /// Where.
     pub target: SocketAddr,
     /// The threshold, in milliseconds.
@@ -254,15 +254,15 @@ pub fn suggest_policy(curve: &Curve) -> Option<String> {
             ))
     );
     Some(match curve.kind {
-        Kind::SipOptions | Kind::SipInvite => format!(
+        ProbeKind::SipOptions | ProbeKind::SipInvite => format!(
             "{why}\npolicy:\n  sip-original: {{backlog: {backlog}}}\n  sip-retransmission: {{backlog: {}}}\ncontroller:\n  classes:\n    sip-original: {{mode: sip, min: 1, max: {}}}\n",
             (backlog / 2).max(1),
             backlog * 2
         ),
-        Kind::TlsResumed => {
+        ProbeKind::TlsResumed => {
             format!("{why}\npolicy:\n  tls-resumed: {{backlog: {backlog}}}\n")
         }
-        Kind::TlsNew | Kind::HttpGet => format!(
+        ProbeKind::TlsNew | ProbeKind::HttpGet => format!(
             "{why}\npolicy:\n  tls-new: {{backlog: {backlog}, rate: {rate}, burst: {backlog}}}\ncontroller:\n  classes:\n    tls-new: {{mode: tls, min: 1, max: {}}}\n",
             rate * 2
         ),
@@ -324,7 +324,7 @@ pub fn table(curve: &Curve) -> String {
         "failed",
         "median ms",
         "p90 ms",
-        if curve.kind == Kind::TlsResumed {
+        if curve.kind == ProbeKind::TlsResumed {
             "  resumed"
         } else {
             ""
@@ -338,7 +338,7 @@ pub fn table(curve: &Curve) -> String {
             s.failed,
             s.median_ms,
             s.p90_ms,
-            if curve.kind == Kind::TlsResumed {
+            if curve.kind == ProbeKind::TlsResumed {
                 format!("  {:>7}", s.resumed)
             } else {
                 String::new()
@@ -389,7 +389,7 @@ mod tests {
     #[test]
     fn plans_are_bounded_and_suggestions_follow_the_stable_stage() {
         let plan = Plan {
-            kind: Kind::SipOptions,
+            kind: ProbeKind::SipOptions,
             target: "10.0.0.1:5060".parse().unwrap(),
             start: 5,
             step: 5,
@@ -419,7 +419,7 @@ mod tests {
             .is_err()
         );
         let curve = Curve {
-            kind: Kind::SipOptions,
+            kind: ProbeKind::SipOptions,
             target: plan.target,
             threshold_ms: 100.0,
             stages: vec![stage(5, 20.0, 0), stage(10, 60.0, 0), stage(15, 130.0, 0)],

@@ -26,7 +26,7 @@ use tokio_rustls::TlsConnector;
 /// What the probe sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Kind {
+pub enum ProbeKind {
     /// A full TLS handshake on a new connection (no session offered).
     TlsNew,
     /// A resumed TLS handshake (a session from an earlier handshake offered).
@@ -39,21 +39,24 @@ pub enum Kind {
     SipInvite,
 }
 
-impl Kind {
+impl ProbeKind {
     /// The name used on the command line.
     pub const fn name(self) -> &'static str {
         match self {
-            Kind::TlsNew => "tls-new",
-            Kind::TlsResumed => "tls-resumed",
-            Kind::HttpGet => "http-get",
-            Kind::SipOptions => "sip-options",
-            Kind::SipInvite => "sip-invite",
+            ProbeKind::TlsNew => "tls-new",
+            ProbeKind::TlsResumed => "tls-resumed",
+            ProbeKind::HttpGet => "http-get",
+            ProbeKind::SipOptions => "sip-options",
+            ProbeKind::SipInvite => "sip-invite",
         }
     }
 
     /// Whether requests of this kind are TLS.
     pub const fn is_tls(self) -> bool {
-        matches!(self, Kind::TlsNew | Kind::TlsResumed | Kind::HttpGet)
+        matches!(
+            self,
+            ProbeKind::TlsNew | ProbeKind::TlsResumed | ProbeKind::HttpGet
+        )
     }
 }
 
@@ -73,7 +76,7 @@ pub enum RequestError {
 
 /// What a client needs to send requests: the target, and for TLS a client configuration.
 pub struct Client {
-    kind: Kind,
+    kind: ProbeKind,
     target: SocketAddr,
     timeout: Duration,
     tls: Option<(TlsConnector, ServerName<'static>)>,
@@ -141,7 +144,7 @@ pub struct TlsSettings {
 impl Client {
     /// A client of `kind` against `target`.
     pub fn new(
-        kind: Kind,
+        kind: ProbeKind,
         target: SocketAddr,
         timeout: Duration,
         tls: &TlsSettings,
@@ -173,7 +176,7 @@ impl Client {
                 }
                 builder.with_root_certificates(roots).with_no_client_auth()
             };
-            if kind == Kind::TlsNew {
+            if kind == ProbeKind::TlsNew {
                 config.resumption = Resumption::disabled();
             }
             let name = ServerName::try_from(tls.server_name.clone())
@@ -196,7 +199,9 @@ impl Client {
         let start = Instant::now();
         let work = async {
             match self.kind {
-                Kind::SipOptions | Kind::SipInvite => self.sip(n).await.map(|()| (false, None)),
+                ProbeKind::SipOptions | ProbeKind::SipInvite => {
+                    self.sip(n).await.map(|()| (false, None))
+                }
                 _ => self.tls().await,
             }
         };
@@ -216,7 +221,7 @@ impl Client {
 
     /// Primes a `tls-resumed` client with a session (one full handshake).
     pub async fn prime(&self) -> Result<(), RequestError> {
-        if self.kind == Kind::TlsResumed {
+        if self.kind == ProbeKind::TlsResumed {
             self.request(0).await?;
         }
         Ok(())
@@ -230,7 +235,7 @@ impl Client {
         tcp.set_nodelay(true)?;
         let mut tls = connector.connect(name.clone(), tcp).await?;
         let resumed = tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
-        if self.kind == Kind::HttpGet {
+        if self.kind == ProbeKind::HttpGet {
             let get = format!(
                 "GET / HTTP/1.1\r\nHost: {}\r\nUser-Agent: gateway-probe\r\nConnection: close\r\n\r\n",
                 name.to_str()
@@ -241,7 +246,7 @@ impl Client {
                 return Err(RequestError::Answer("closed without a response".into()));
             }
         }
-        if self.kind == Kind::TlsResumed {
+        if self.kind == ProbeKind::TlsResumed {
             return Ok((resumed, Some(tls)));
         }
         let _ = tls.shutdown().await;
@@ -259,7 +264,7 @@ impl Client {
         let sock = UdpSocket::bind(local).await?;
         sock.connect(self.target).await?;
         let me = sock.local_addr()?;
-        let method = if self.kind == Kind::SipInvite {
+        let method = if self.kind == ProbeKind::SipInvite {
             "INVITE"
         } else {
             "OPTIONS"
@@ -389,7 +394,7 @@ mod tests {
             &gateway_common::bytes::SliceBytes(m.as_bytes()),
             m.len(),
         );
-        assert_eq!(info.kind(), gateway_common::sip::Kind::Request);
+        assert_eq!(info.kind(), gateway_common::sip::MessageKind::Request);
         assert!(info.unit_key().is_some(), "{m}");
         let ack = sip_message("ACK", target, me, "z9hG4bK-1", "c1@x", 1, "abc");
         assert!(

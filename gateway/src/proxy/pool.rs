@@ -58,10 +58,10 @@ impl Member {
 pub struct Reservation {
     /// Index of the member.
     pub member: usize,
-    kind: Kind,
+    kind: SlotState,
 }
 
-enum Kind {
+enum SlotState {
     Active(SlotGuard),
     Queued(Place),
 }
@@ -76,15 +76,15 @@ pub struct Slot {
 impl Reservation {
     /// Whether it waits in a backlog.
     pub fn is_queued(&self) -> bool {
-        matches!(self.kind, Kind::Queued(_))
+        matches!(self.kind, SlotState::Queued(_))
     }
 
     /// The slot: at once, or when one frees within `wait`; `None` if none did.
     pub async fn slot(self, wait: Duration) -> Option<Slot> {
         let member = self.member;
         let held = match self.kind {
-            Kind::Active(held) => held,
-            Kind::Queued(place) => place.slot(wait).await?,
+            SlotState::Active(held) => held,
+            SlotState::Queued(place) => place.slot(wait).await?,
         };
         Some(Slot {
             member,
@@ -203,13 +203,13 @@ impl Pool {
                 Some(Entry::Slot(held)) => {
                     return Some(Reservation {
                         member: pick,
-                        kind: Kind::Active(held),
+                        kind: SlotState::Active(held),
                     });
                 }
                 Some(Entry::Queued(place)) => {
                     return Some(Reservation {
                         member: pick,
-                        kind: Kind::Queued(place),
+                        kind: SlotState::Queued(place),
                     });
                 }
                 None => {}

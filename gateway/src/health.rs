@@ -65,7 +65,7 @@ pub fn link_bound(pd: &crate::pins::PinDir) -> Result<(), String> {
 /// this build's layout.
 pub fn attachment_ready(pd: &crate::pins::PinDir) -> Result<(), String> {
     link_bound(pd)?;
-    crate::loader::check_pinned_layout(pd).map_err(|e| format!("{}: {e}", pd.iface))
+    pd.check_layout().map_err(|e| format!("{}: {e}", pd.iface))
 }
 
 /// The interface index the BPF link pinned at `pin` is attached to; `Ok(0)` when the link was

@@ -35,17 +35,6 @@ pub struct Terms {
     pub per_minute: u32,
 }
 
-impl Terms {
-    /// The terms a proxy's TLS configuration sets.
-    pub fn of(tls: &crate::proxy::config::TlsConfig) -> Self {
-        Terms {
-            lifetime: tls.session_lifetime.0,
-            resume_limit: tls.resume_limit,
-            per_minute: tls.resume_per_minute,
-        }
-    }
-}
-
 /// The issued keys a listener published to every attached interface.
 ///
 /// A published key stays until its lifetime ends (or it is withdrawn): load never evicts one.

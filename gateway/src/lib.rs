@@ -9,6 +9,7 @@ pub mod caps;
 pub mod cmd;
 pub mod config;
 pub mod controller;
+pub mod count;
 pub mod daemon;
 pub mod datapath_metrics;
 pub mod ethtool;

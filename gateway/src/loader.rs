@@ -81,19 +81,6 @@ pub enum LoaderError {
     /// Map access failed.
     #[error(transparent)]
     Maps(#[from] MapsError),
-    /// A pinned map has another layout than this build's.
-    #[error(
-        "pinned map {map} has {found}, this gateway expects {expected}: detach the interface \
-         first (its counters and policy go with it) to move to this version's maps"
-    )]
-    MapLayout {
-        /// Map name.
-        map: &'static str,
-        /// Its layout.
-        found: String,
-        /// This build's.
-        expected: String,
-    },
 }
 
 impl LoaderError {
@@ -102,8 +89,7 @@ impl LoaderError {
         match self {
             LoaderError::UnknownInterface(_)
             | LoaderError::Caps(_)
-            | LoaderError::ModeMismatch { .. }
-            | LoaderError::MapLayout { .. } => true,
+            | LoaderError::ModeMismatch { .. } => true,
             LoaderError::Pins(p) => !matches!(p, PinsError::Io { .. }),
             _ => false,
         }
@@ -187,43 +173,11 @@ pub fn detach(root: &Path, iface: &str) -> Result<(), LoaderError> {
     Ok(())
 }
 
-/// The key and value sizes each map must have in this build (`None`: not checked, the ring
-/// buffer has none).
-fn expected_layout(name: &str) -> Option<(usize, usize)> {
-    gateway_common::maps::layout(name).filter(|sizes| *sizes != (0, 0))
-}
-
-/// Refuses pinned maps whose layout is not this build's (left by an older or newer gateway):
-/// aya would adopt them as they are, and the program would then be checked, or worse run,
-/// against values of another shape. Nothing is touched before the check.
-pub fn check_pinned_layout(pd: &PinDir) -> Result<(), LoaderError> {
-    for name in names::ALL {
-        let path = pd.map(name);
-        let (Some((key, value)), true) = (expected_layout(name), path.exists()) else {
-            continue;
-        };
-        let expected = format!("key {key} B, value {value} B");
-        let info = aya::maps::MapInfo::from_pin(&path).map_err(|e| LoaderError::MapLayout {
-            map: name,
-            found: format!("an unreadable layout ({e})"),
-            expected: expected.clone(),
-        })?;
-        if info.key_size() as usize != key || info.value_size() as usize != value {
-            return Err(LoaderError::MapLayout {
-                map: name,
-                found: format!("key {} B, value {} B", info.key_size(), info.value_size()),
-                expected,
-            });
-        }
-    }
-    Ok(())
-}
-
 /// Loads the eBPF object with every map pinned in `pd` (opening the pins that exist, creating the
 /// rest, the issued-keys table with `issued_keys` entries). No program is loaded into the kernel
 /// or attached yet.
 pub fn load_pinned(pd: &PinDir, log_level: u8, issued_keys: u32) -> Result<Ebpf, LoaderError> {
-    check_pinned_layout(pd)?;
+    pd.check_layout()?;
     let mut loader = EbpfLoader::new();
     for name in names::ALL {
         loader.map_pin_path(name, pd.map(name));

@@ -12,6 +12,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use gateway_common::maps::{layout, names};
 use nix::sys::statfs::{BPF_FS_MAGIC, statfs};
 use thiserror::Error;
 
@@ -45,6 +46,19 @@ pub enum PinsError {
         iface: String,
         /// Who holds it, as far as the datapath says (`gateway run` pid N).
         owner: String,
+    },
+    /// A pinned map has another layout than this build's.
+    #[error(
+        "pinned map {map} has {found}, this gateway expects {expected}: detach the interface \
+         first (its counters and policy go with it) to move to this version's maps"
+    )]
+    MapLayout {
+        /// Map name.
+        map: &'static str,
+        /// Its layout.
+        found: String,
+        /// This build's.
+        expected: String,
     },
     /// A filesystem operation failed.
     #[error("{path}: {source}")]
@@ -142,6 +156,34 @@ impl PinDir {
     /// Whether a link is pinned here.
     pub fn is_attached(&self) -> bool {
         self.link().exists()
+    }
+
+    /// Refuses pinned maps whose layout is not this build's (left by an older or newer gateway):
+    /// aya would adopt them as they are, and the program would then be checked, or worse run,
+    /// against values of another shape. Nothing is touched before the check.
+    pub fn check_layout(&self) -> Result<(), PinsError> {
+        for name in names::ALL {
+            let path = self.map(name);
+            // The ring buffer has no key or value size to compare.
+            let expected = layout(name).filter(|sizes| *sizes != (0, 0));
+            let (Some((key, value)), true) = (expected, path.exists()) else {
+                continue;
+            };
+            let expected = format!("key {key} B, value {value} B");
+            let info = aya::maps::MapInfo::from_pin(&path).map_err(|e| PinsError::MapLayout {
+                map: name,
+                found: format!("an unreadable layout ({e})"),
+                expected: expected.clone(),
+            })?;
+            if info.key_size() as usize != key || info.value_size() as usize != value {
+                return Err(PinsError::MapLayout {
+                    map: name,
+                    found: format!("key {} B, value {} B", info.key_size(), info.value_size()),
+                    expected,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Creates the directory; returns whether it had to be created.

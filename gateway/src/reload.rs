@@ -105,7 +105,7 @@ impl Plan {
             proxy.reconfigure(p.clone());
             proxy.set_tls(tls);
             // Session keys issued from now on: the new lifetime, resume limit and rate.
-            proxy.issued().set_terms(crate::issued::Terms::of(&p.tls));
+            proxy.issued().set_terms(p.tls.terms());
         }
         Ok(self.cfg)
     }

@@ -20,6 +20,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer, de::Error as _};
 use super::policy::{LimitableClass, unknown_class};
 use crate::proxy::config::Span;
 
+/// The default wait a resumed handshake is allowed beyond its floor (`resumed_wait`), in full
+/// handshakes' times: half of one (the residual of the one a single worker may be busy with).
+pub const DEFAULT_RESUMED_WAIT: f64 = 0.5;
+
 /// How one class is controlled.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Mode {
@@ -261,9 +265,7 @@ impl RawClass {
                 if !(cpu_target > 0.0 && cpu_target <= 1.0) {
                     return Err(format!("{name}.cpu_target: {cpu_target} is not in (0, 1]"));
                 }
-                let wait = self
-                    .resumed_wait
-                    .unwrap_or(crate::controller::law::HandshakeBudgetLaw::WAIT);
+                let wait = self.resumed_wait.unwrap_or(DEFAULT_RESUMED_WAIT);
                 if !(wait > 0.0 && wait <= 100.0) {
                     return Err(format!("{name}.resumed_wait: {wait} is not in (0, 100]"));
                 }

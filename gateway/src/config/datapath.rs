@@ -80,7 +80,7 @@ fn default_issued_keys() -> u32 {
 
 /// `issued_keys`, within `1..=MAX_TLS_ISSUED`.
 fn issued_keys<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
-    let n = super::count::Count {
+    let n = crate::count::Count {
         what: "issued_keys",
         min: 1,
         max: u64::from(MAX_TLS_ISSUED),

@@ -6,7 +6,6 @@
 //! errors; a config with any error is refused whole.
 
 mod controller;
-pub mod count;
 mod datapath;
 mod interfaces;
 mod policy;
@@ -22,7 +21,7 @@ use gateway_common::{
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-pub use controller::{ClassControl, ControllerConfig, Mode};
+pub use controller::{ClassControl, ControllerConfig, DEFAULT_RESUMED_WAIT, Mode};
 pub use datapath::{Datapath, EbpfLogLevel, OnExit, PassDrop};
 pub use interfaces::{Interface, Interfaces, ModeRequest};
 pub use policy::{Policies, PolicyConfig, unknown_class, unlimitable_class};

@@ -15,7 +15,7 @@ fn bounded<'de, D: Deserializer<'de>>(
     what: &'static str,
     max: u64,
 ) -> Result<Option<u64>, D::Error> {
-    super::count::Count { what, min: 0, max }.read_optional(d)
+    crate::count::Count { what, min: 0, max }.read_optional(d)
 }
 
 /// A class that takes limits, as a map key: read by a visitor so that an unknown or unlimitable

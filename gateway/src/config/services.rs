@@ -74,7 +74,7 @@ pub struct Port(pub u16);
 
 impl<'de> Deserialize<'de> for Port {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let v = super::count::Count {
+        let v = crate::count::Count {
             what: "port",
             min: 1,
             max: 65535,

@@ -246,9 +246,9 @@ pub struct HandshakeObservation {
 }
 
 impl HandshakeBudgetLaw {
-    /// The default wait a resumed handshake is allowed beyond its floor: half a full
-    /// handshake's time (the residual of the one a single worker may be busy with).
-    pub const WAIT: f64 = 0.5;
+    /// The default wait a resumed handshake is allowed beyond its floor, as the configuration
+    /// has it ([`crate::config::DEFAULT_RESUMED_WAIT`]).
+    pub const WAIT: f64 = crate::config::DEFAULT_RESUMED_WAIT;
 
     /// Intervals the resumed handshakes' floor looks back over (60 s at the default interval
     /// of 100 ms).

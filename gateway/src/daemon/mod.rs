@@ -27,7 +27,7 @@ use crate::{
     attached::Attached,
     config::{Config, ConfigSource, OnExit},
     controller::{Controller, ControllerStats, CostSource, law::HandshakeCosts},
-    issued::{IssuedKeys, Terms},
+    issued::IssuedKeys,
     loader::{self, AttachOptions, Attachment, LoaderError},
     maps::{Maps, MapsError},
     metrics::family::Sorted,
@@ -440,7 +440,7 @@ fn readiness_checks(
                     want.name()
                 ));
             }
-            loader::check_pinned_layout(a.pins()).map_err(|e| format!("{iface}: {e}"))
+            a.pins().check_layout().map_err(|e| format!("{iface}: {e}"))
         }));
     }
     for p in proxies {
@@ -596,7 +596,7 @@ fn start_proxies(
     for (index, p) in cfg.proxies.iter().enumerate() {
         let issued = Arc::new(IssuedKeys::new(
             attached,
-            Terms::of(&p.tls),
+            p.tls.terms(),
             cfg.datapath.issued_keys,
         ));
         let tls = crate::tls::server_config(&p.tls, issued.clone()).map_err(|source| {

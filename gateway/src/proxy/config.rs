@@ -185,6 +185,17 @@ pub struct TlsConfig {
     pub resume_per_minute: u32,
 }
 
+impl TlsConfig {
+    /// The terms the issued keys of this listener are published on.
+    pub fn terms(&self) -> crate::issued::Terms {
+        crate::issued::Terms {
+            lifetime: self.session_lifetime.0,
+            resume_limit: self.resume_limit,
+            per_minute: self.resume_per_minute,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTls {
@@ -350,7 +361,7 @@ fn ranged<'de, D: Deserializer<'de>>(
     min: u32,
     max: u32,
 ) -> Result<u32, D::Error> {
-    let v = crate::config::count::Count {
+    let v = crate::count::Count {
         what,
         min: u64::from(min),
         max: u64::from(max),

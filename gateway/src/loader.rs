@@ -179,8 +179,8 @@ pub fn detach(root: &Path, iface: &str) -> Result<(), LoaderError> {
 pub fn load_pinned(pd: &PinDir, log_level: u8, issued_keys: u32) -> Result<Ebpf, LoaderError> {
     pd.check_layout()?;
     let mut loader = EbpfLoader::new();
-    for name in names::ALL {
-        loader.map_pin_path(name, pd.map(name));
+    for m in gateway_common::maps::all() {
+        loader.map_pin_path(m.name, pd.map(m.name));
     }
     loader.map_max_entries(names::TLS_ISSUED, issued_keys);
     loader.override_global("AYA_LOG_LEVEL", &log_level, false);

@@ -3,7 +3,7 @@
 //! ```text
 //! <root>/<iface>/link            the XDP or tcx ingress link (bpf_link), kept across restarts
 //! <root>/<iface>/egress-link     the tcx egress link (SIP completions and service times)
-//! <root>/<iface>/<MAP_NAME>      every map of gateway_common::maps::names::ALL
+//! <root>/<iface>/<MAP_NAME>      every map of gateway_common::maps::all()
 //! ```
 
 use std::{
@@ -12,7 +12,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use gateway_common::maps::{layout, names};
+use gateway_common::maps;
 use nix::sys::statfs::{BPF_FS_MAGIC, statfs};
 use thiserror::Error;
 
@@ -162,13 +162,13 @@ impl PinDir {
     /// aya would adopt them as they are, and the program would then be checked, or worse run,
     /// against values of another shape. Nothing is touched before the check.
     pub fn check_layout(&self) -> Result<(), PinsError> {
-        for name in names::ALL {
+        for m in maps::all() {
+            let (name, key, value) = (m.name, m.key_size, m.value_size);
             let path = self.map(name);
             // The ring buffer has no key or value size to compare.
-            let expected = layout(name).filter(|sizes| *sizes != (0, 0));
-            let (Some((key, value)), true) = (expected, path.exists()) else {
+            if (key, value) == (0, 0) || !path.exists() {
                 continue;
-            };
+            }
             let expected = format!("key {key} B, value {value} B");
             let info = aya::maps::MapInfo::from_pin(&path).map_err(|e| PinsError::MapLayout {
                 map: name,

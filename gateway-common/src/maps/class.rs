@@ -1,6 +1,15 @@
 //! The classes' entries: their counters (`CLASS_STATS`), limits (`CLASS_POLICY`) and admission
 //! state (`CLASS_STATE`), with the rules the datapath and the daemon read them by.
 
+super::pinned_maps! {
+    /// Per-class, per-CPU packet and admission counters ([`crate::maps::ClassStats`]).
+    CLASS_STATS: u32 => ClassStats,
+    /// Per-class admission limits ([`crate::maps::ClassPolicy`]).
+    CLASS_POLICY: u32 => ClassPolicy,
+    /// Per-class admission state ([`crate::maps::ClassState`]).
+    CLASS_STATE: u32 => ClassState,
+}
+
 crate::counters! {
     /// Per-class counters. One copy per CPU; userspace sums them.
     pub struct ClassStats {

@@ -1,6 +1,19 @@
 //! The datapath-wide entries: its settings (`DP_CONFIG`) and its parser counters
 //! (`DP_COUNTERS`).
 
+super::pinned_maps! {
+    /// Per-CPU parser counters ([`crate::maps::DatapathCounters`]).
+    DP_COUNTERS: u32 => DatapathCounters,
+    /// Datapath-wide settings ([`crate::maps::DatapathConfig`]).
+    DP_CONFIG: u32 => DatapathConfig,
+    /// The XDP hook's jump table (index 0: the SIP program). Pinned: the kernel empties a program
+    /// array when its last userspace reference goes away, and a pin is one.
+    XDP_JUMP: u32 => u32,
+    /// The TC hook's jump table (index 0: the SIP program, 1: the reply program), pinned
+    /// likewise.
+    TC_JUMP: u32 => u32,
+}
+
 /// [`DatapathConfig::flags`]: drop IP fragments instead of passing them.
 pub const CONFIG_DROP_FRAGMENTS: u64 = 1 << 0;
 /// [`DatapathConfig::flags`]: drop packets whose headers cannot be parsed within the bounds

@@ -1,5 +1,10 @@
 //! Service-time histograms (`SERVICE_LATENCY`).
 
+super::pinned_maps! {
+    /// Per-class, per-CPU service-time histograms ([`crate::maps::LatencyHistogram`]).
+    SERVICE_LATENCY: u32 => LatencyHistogram,
+}
+
 /// Buckets of a [`LatencyHistogram`].
 pub const LATENCY_BUCKETS: usize = 32;
 

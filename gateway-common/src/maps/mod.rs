@@ -22,96 +22,65 @@ pub use service::*;
 pub use sip::*;
 pub use tls::*;
 
-/// Declares the table of maps: each map's name (as declared in the eBPF object and used as its
-/// pin file name) with its key and value types, from which [`names`] and [`layout`] follow.
-macro_rules! map_table {
+/// A map the gateway pins: its name (as declared in the eBPF object, and its pin file's name)
+/// and the sizes of its key and value in this build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSpec {
+    /// The name.
+    pub name: &'static str,
+    /// Bytes of its key (0 for the ring buffer, which has none).
+    pub key_size: usize,
+    /// Bytes of its value (0 for the ring buffer).
+    pub value_size: usize,
+}
+
+/// Declares the maps of one concern, in the module of that concern: each map's name with its
+/// key and value types, as a constant of the concern's `names` and an entry of its `MAPS`.
+/// Adding a map is one line here (beside its key and value types) and its declaration in the
+/// eBPF module that owns it.
+macro_rules! pinned_maps {
     ($( $(#[doc = $doc:literal])* $name:ident: $key:ty => $value:ty, )*) => {
-        /// Map names, as declared in the eBPF object and used as pin file names.
-        pub mod names {
+        /// The names of this concern's maps.
+        pub(super) mod names {
             $(
                 $(#[doc = $doc])*
                 pub const $name: &str = stringify!($name);
             )*
-
-            /// Every map the gateway pins, in a fixed order.
-            pub const ALL: &[&str] = &[$($name),*];
         }
 
-        /// The key and value sizes the map `name` has in this build; `None` for an unknown
-        /// name, `(0, 0)` for the ring buffer (which has neither).
-        pub const fn layout(name: &str) -> Option<(usize, usize)> {
-            $(
-                if const_eq(name, names::$name) {
-                    return Some((core::mem::size_of::<$key>(), core::mem::size_of::<$value>()));
-                }
-            )*
-            None
-        }
+        /// This concern's maps.
+        pub(super) const MAPS: &[super::MapSpec] = &[$(
+            super::MapSpec {
+                name: names::$name,
+                key_size: core::mem::size_of::<$key>(),
+                value_size: core::mem::size_of::<$value>(),
+            }
+        ),*];
+    };
+}
+use pinned_maps;
+
+/// Map names, as declared in the eBPF object and used as pin file names.
+pub mod names {
+    pub use super::{
+        class::names::*, datapath::names::*, latency::names::*, pending::names::*,
+        service::names::*, sip::names::*, tls::names::*,
     };
 }
 
-/// `a == b` for strings, in a `const fn`.
-const fn const_eq(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}
-
-map_table! {
-    /// Per-class, per-CPU packet and admission counters ([`super::ClassStats`]).
-    CLASS_STATS: u32 => ClassStats,
-    /// Per-class admission limits ([`super::ClassPolicy`]).
-    CLASS_POLICY: u32 => ClassPolicy,
-    /// Per-class admission state ([`super::ClassState`]).
-    CLASS_STATE: u32 => ClassState,
-    /// Protected services, keyed by [`super::ServiceKey`]: the operator-facing source of truth.
-    SERVICES: ServiceKey => ServiceValue,
-    /// The datapath's index of [`SERVICES`]: one byte of service kind per (protocol, port), see
-    /// [`super::service_port_index`].
-    SERVICE_PORTS: u32 => u8,
-    /// Per-CPU parser counters ([`super::DatapathCounters`]).
-    DP_COUNTERS: u32 => DatapathCounters,
-    /// Datapath-wide settings ([`super::DatapathConfig`]).
-    DP_CONFIG: u32 => DatapathConfig,
-    /// TLS connections by 4-tuple ([`super::FlowKey`] to [`super::TlsFlow`]).
-    TLS_FLOWS: FlowKey => TlsFlow,
-    /// Keys of the sessions the server issued ([`super::IssuedKey`] to [`super::IssuedValue`]).
-    TLS_ISSUED: IssuedKey => IssuedValue,
-    /// Per-CPU TLS counters ([`super::TlsCounters`]).
-    TLS_COUNTERS: u32 => TlsCounters,
-    /// Rejected TLS connections, for the daemon to tear down ([`super::RejectEvent`]).
-    TLS_REJECTS: () => (),
-    /// SIP transactions seen (transaction key to [`super::SipTxn`]).
-    SIP_TXNS: u64 => SipTxn,
-    /// Per-class, per-CPU service-time histograms ([`super::LatencyHistogram`]).
-    SERVICE_LATENCY: u32 => LatencyHistogram,
-    /// The XDP hook's jump table (index 0: the SIP program). Pinned: the kernel empties a program
-    /// array when its last userspace reference goes away, and a pin is one.
-    XDP_JUMP: u32 => u32,
-    /// The TC hook's jump table (index 0: the SIP program, 1: the reply program), pinned
-    /// likewise.
-    TC_JUMP: u32 => u32,
-    /// Admitted TLS connections the server has not answered yet ([`super::FlowKey`] to
-    /// [`super::Pending`]): not LRU, so nothing can evict them.
-    TLS_PENDING: FlowKey => Pending,
-    /// Admitted SIP requests the server has not answered yet (unit key, see
-    /// `SipInfo::unit_key`, to [`super::Pending`]): not LRU either.
-    SIP_PENDING: u64 => Pending,
-    /// SIP dialogs the server established (dialog key, see `SipInfo::dialog_key`, to
-    /// [`super::SipDialog`]), learnt from its 2xx responses to INVITEs.
-    SIP_DIALOGS: u64 => SipDialog,
-    /// Resumed TLS connections the server answered that are still open, each holding a place
-    /// of its issued key until it ends ([`super::FlowKey`] to [`super::TlsHold`]): not LRU.
-    TLS_HOLDS: FlowKey => TlsHold,
+/// Every map the gateway pins.
+pub fn all() -> impl Iterator<Item = &'static MapSpec> {
+    [
+        class::MAPS,
+        service::MAPS,
+        datapath::MAPS,
+        tls::MAPS,
+        sip::MAPS,
+        latency::MAPS,
+        pending::MAPS,
+    ]
+    .into_iter()
+    .flatten()
 }
 
 /// Program names in the eBPF object.
@@ -150,6 +119,23 @@ const _: () = assert!(NUM_CLASSES == 7);
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_pinned_map_is_declared_once_by_name() {
+        let mut seen: alloc::vec::Vec<&str> = super::all().map(|m| m.name).collect();
+        let n = seen.len();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), n, "a map name is declared twice");
+        assert_eq!(n, 19);
+        assert!(seen.contains(&super::names::TLS_HOLDS));
+        // Only the ring buffer has no key and value.
+        let empty: alloc::vec::Vec<_> = super::all()
+            .filter(|m| (m.key_size, m.value_size) == (0, 0))
+            .map(|m| m.name)
+            .collect();
+        assert_eq!(empty, [super::names::TLS_REJECTS]);
+    }
+
     use super::*;
     use core::mem::size_of;
 

@@ -1,5 +1,16 @@
 //! Admitted units that have not ended (`TLS_PENDING`, `SIP_PENDING`).
 
+use super::FlowKey;
+
+super::pinned_maps! {
+    /// Admitted TLS connections the server has not answered yet ([`crate::maps::FlowKey`] to
+    /// [`crate::maps::Pending`]): not LRU, so nothing can evict them.
+    TLS_PENDING: FlowKey => Pending,
+    /// Admitted SIP requests the server has not answered yet (unit key, see
+    /// `SipInfo::unit_key`, to [`crate::maps::Pending`]): not LRU either.
+    SIP_PENDING: u64 => Pending,
+}
+
 /// How often the datapath looks for expired units of a class, in nanoseconds.
 pub const SWEEP_INTERVAL_NS: u64 = 100_000_000;
 

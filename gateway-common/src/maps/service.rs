@@ -1,6 +1,14 @@
 //! The protected services: the services map's key and value, the service kinds, and the
 //! `SERVICE_PORTS` index the datapath reads.
 
+super::pinned_maps! {
+    /// Protected services, keyed by [`crate::maps::ServiceKey`]: the operator-facing source of truth.
+    SERVICES: ServiceKey => ServiceValue,
+    /// The datapath's index of [`SERVICES`]: one byte of service kind per (protocol, port), see
+    /// [`crate::maps::service_port_index`].
+    SERVICE_PORTS: u32 => u8,
+}
+
 /// Maximum number of protected services (entries of the services map).
 pub const MAX_SERVICES: u32 = 256;
 

@@ -1,5 +1,13 @@
 //! SIP at the NIC: transactions (`SIP_TXNS`) and dialogs (`SIP_DIALOGS`).
 
+super::pinned_maps! {
+    /// SIP transactions seen (transaction key to [`crate::maps::SipTxn`]).
+    SIP_TXNS: u64 => SipTxn,
+    /// SIP dialogs the server established (dialog key, see `SipInfo::dialog_key`, to
+    /// [`crate::maps::SipDialog`]), learnt from its 2xx responses to INVITEs.
+    SIP_DIALOGS: u64 => SipDialog,
+}
+
 /// Entries of the SIP transaction table (LRU).
 pub const MAX_SIP_TXNS: u32 = 65536;
 

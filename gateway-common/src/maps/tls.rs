@@ -3,6 +3,20 @@
 
 use super::SWEEP_INTERVAL_NS;
 
+super::pinned_maps! {
+    /// TLS connections by 4-tuple ([`crate::maps::FlowKey`] to [`crate::maps::TlsFlow`]).
+    TLS_FLOWS: FlowKey => TlsFlow,
+    /// Keys of the sessions the server issued ([`crate::maps::IssuedKey`] to [`crate::maps::IssuedValue`]).
+    TLS_ISSUED: IssuedKey => IssuedValue,
+    /// Per-CPU TLS counters ([`crate::maps::TlsCounters`]).
+    TLS_COUNTERS: u32 => TlsCounters,
+    /// Rejected TLS connections, for the daemon to tear down ([`crate::maps::RejectEvent`]).
+    TLS_REJECTS: () => (),
+    /// Resumed TLS connections the server answered that are still open, each holding a place
+    /// of its issued key until it ends ([`crate::maps::FlowKey`] to [`crate::maps::TlsHold`]): not LRU.
+    TLS_HOLDS: FlowKey => TlsHold,
+}
+
 /// Entries of the TLS flow table (LRU: the least recently used flow is evicted when full).
 pub const MAX_TLS_FLOWS: u32 = 65536;
 /// Entries of the issued-sessions table unless configured (`datapath.issued_keys`): a hash map,

@@ -465,17 +465,30 @@ fn step(
         }
         return Ok(());
     };
-    let delta = |c: Class| now.latency[c.id() as usize].since(&before.latency[c.id() as usize]);
-    plant
-        .inferred
-        .observe(&delta(Class::TlsNew), &delta(Class::TlsResumed));
+    let mut interval = Interval {
+        now: &now,
+        before: &before,
+        elapsed,
+        costs,
+        busy,
+        sip_units: Vec::new(),
+        now_ns: 0,
+    };
+    plant.inferred.observe(
+        &interval.latency(Class::TlsNew),
+        &interval.latency(Class::TlsResumed),
+    );
     // The proxies' own measure when they have one; else what completion times say, and then the
     // daemon's CPU use says nothing of the server's.
-    let (costs, busy, costs_from) = match (costs, plant.inferred.costs()) {
-        (Some(c), _) => (Some(c), busy, PROXIES.to_string()),
-        (None, inferred) => (inferred, None, iface.clone()),
+    let costs_from = match (costs, plant.inferred.costs()) {
+        (Some(_), _) => PROXIES.to_string(),
+        (None, inferred) => {
+            interval.costs = inferred;
+            interval.busy = None;
+            iface.clone()
+        }
     };
-    if let Some(c) = costs
+    if let Some(c) = interval.costs
         && plant.laws.values().any(|l| matches!(l, Law::Tls(_)))
     {
         for (class, cost) in [(Class::TlsNew, c.full), (Class::TlsResumed, c.resumed)] {
@@ -488,12 +501,10 @@ fn step(
     }
     // The SIP units outstanding, read once for every class in mode sip: which of them the
     // server passed over.
-    let sip_units = if plant.laws.values().any(|l| matches!(l, Law::Sip(_))) {
-        maps.sip_pending(MAX_UNITS_READ)?
-    } else {
-        Vec::new()
-    };
-    let now_ns = monotonic_ns();
+    if plant.laws.values().any(|l| matches!(l, Law::Sip(_))) {
+        interval.sip_units = maps.sip_pending(MAX_UNITS_READ)?;
+    }
+    interval.now_ns = monotonic_ns();
     for (class, law) in plant.laws.iter_mut() {
         let policy = maps.policy(*class)?;
         let labels = Labels {
@@ -515,65 +526,130 @@ fn step(
                 .set(from.min(i64::MAX as u64) as i64);
             continue;
         }
-        let decision: Option<Decision> = match law {
+        let mode = &cfg.classes[class].mode;
+        let Some(d) = law.decide(*class, &policy, mode, &interval, stats, &labels) else {
+            continue;
+        };
+        // Once per change of reason at the default level (not every interval's step).
+        if policy.reason != d.reason.id() {
+            info!(
+                %iface, class = class.name(), limit = d.limit, reason = d.reason.name(),
+                was = policy.reason_name(), "controller: the limit moves for a new reason"
+            );
+        } else {
+            debug!(%iface, class = class.name(), limit = d.limit, reason = d.reason.name(), "controller");
+        }
+        write(&mut maps, *class, law, d.limit, d.reason, bounds)?;
+        stats
+            .limit
+            .get_or_create(&labels)
+            .set(d.limit.min(i64::MAX as u64) as i64);
+    }
+    Ok(())
+}
+
+/// What one interval on one interface showed: the datapath's figures at its start and end, and
+/// what the daemon measured meanwhile.
+struct Interval<'a> {
+    now: &'a Snapshot,
+    before: &'a Snapshot,
+    elapsed: Duration,
+    /// The handshake costs (the proxies' measure, else inferred from completion times).
+    costs: Option<HandshakeCosts>,
+    /// How busy the server's CPUs were, when the proxies measured the costs.
+    busy: Option<f64>,
+    /// The SIP units outstanding (read only when a class is in mode sip).
+    sip_units: Vec<Pending>,
+    /// When the units were read, `CLOCK_MONOTONIC` nanoseconds.
+    now_ns: u64,
+}
+
+impl Interval<'_> {
+    /// The service times of `class` answered in the interval.
+    fn latency(&self, class: Class) -> LatencyHistogram {
+        let i = class.id() as usize;
+        self.now.latency[i].since(&self.before.latency[i])
+    }
+
+    /// Units of `class` admitted in the interval.
+    fn admitted(&self, class: Class) -> u64 {
+        let i = class.id() as usize;
+        self.now.state[i]
+            .admitted
+            .saturating_sub(self.before.state[i].admitted)
+    }
+
+    /// Arrivals `class` refused in the interval.
+    fn refused(&self, class: Class) -> u64 {
+        let i = class.id() as usize;
+        refused(&self.now.stats[i]).saturating_sub(refused(&self.before.stats[i]))
+    }
+}
+
+impl Law {
+    /// The law's step over `interval` for `class` (under `policy`, in `mode`), its inputs and
+    /// set points shown in `stats`: the limit it wants, and why, if it moves.
+    fn decide(
+        &mut self,
+        class: Class,
+        policy: &ClassPolicy,
+        mode: &Mode,
+        interval: &Interval,
+        stats: &ControllerStats,
+        labels: &Labels,
+    ) -> Option<Decision> {
+        match self {
             Law::Sip(l) => {
                 let i = class.id() as usize;
-                let (s, b) = (&now.state[i], &before.state[i]);
-                let answered = delta(*class);
+                let (s, b) = (&interval.now.state[i], &interval.before.state[i]);
+                let answered = interval.latency(class);
                 let skipped = answered
                     .quantile_us(1000)
-                    .map(|slowest| skip_age(elapsed, Duration::from_micros(slowest)))
-                    .map(|age| passed_over(&sip_units, *class, now_ns, age));
+                    .map(|slowest| skip_age(interval.elapsed, Duration::from_micros(slowest)))
+                    .map(|age| passed_over(&interval.sip_units, class, interval.now_ns, age));
                 let o = Observation {
-                    interval: elapsed,
+                    interval: interval.elapsed,
                     admitted: s.admitted.saturating_sub(b.admitted),
                     completed: s.completed.saturating_sub(b.completed),
                     expired: s.expired.saturating_sub(b.expired),
-                    timeout: Duration::from_nanos(timeout_ns(*class, &policy)),
-                    refused: refused(&now.stats[i]).saturating_sub(refused(&before.stats[i])),
+                    timeout: Duration::from_nanos(timeout_ns(class, policy)),
+                    refused: interval.refused(class),
                     backlog: s.backlog(),
                     skipped,
                     service_p90: answered.quantile_within_us(900).map(Duration::from_micros),
                 };
                 if let Some(d) = o.delay() {
-                    stats.delay.get_or_create(&labels).set(d.as_secs_f64());
+                    stats.delay.get_or_create(labels).set(d.as_secs_f64());
                 }
-                if let Mode::Sip { target } = cfg.classes[class].mode {
-                    stats
-                        .target
-                        .get_or_create(&labels)
-                        .set(target.as_secs_f64());
+                if let Mode::Sip { target } = mode {
+                    stats.target.get_or_create(labels).set(target.as_secs_f64());
                 }
                 l.step(&o)
             }
             // No handshake cost measured yet (no full handshake was admitted: say, a class an
             // operator handed back closed at 0): nothing to divide a budget by, so it reopens
             // by growth until the costs are measured.
-            Law::Tls(l) if costs.is_none() => l.grow_unmeasured(),
             Law::Tls(l) => {
-                let Some(costs) = costs else { continue };
-                let i = Class::TlsResumed.id() as usize;
-                let n = Class::TlsNew.id() as usize;
+                let Some(costs) = interval.costs else {
+                    return l.grow_unmeasured();
+                };
                 let o = HandshakeObservation {
-                    interval: elapsed,
-                    resumed: now.state[i]
-                        .admitted
-                        .saturating_sub(before.state[i].admitted),
-                    new: now.state[n]
-                        .admitted
-                        .saturating_sub(before.state[n].admitted),
-                    refused: refused(&now.stats[n]).saturating_sub(refused(&before.stats[n])),
-                    busy,
-                    resumed_time: floor::median(&delta(Class::TlsResumed)),
+                    interval: interval.elapsed,
+                    resumed: interval.admitted(Class::TlsResumed),
+                    new: interval.admitted(Class::TlsNew),
+                    refused: interval.refused(Class::TlsNew),
+                    busy: interval.busy,
+                    resumed_time: floor::median(&interval.latency(Class::TlsResumed)),
                 };
                 let decision = l.step(&o, costs);
                 debug!(
-                    %iface, resumed_time = ?o.resumed_time, allowance = ?l.resumed_allowance(),
-                    refused = o.refused, ?busy, rate = l.rate(), "controller: tls"
+                    iface = %labels.iface, resumed_time = ?o.resumed_time,
+                    allowance = ?l.resumed_allowance(), refused = o.refused, busy = ?o.busy,
+                    rate = l.rate(), "controller: tls"
                 );
                 // Its input and set point: the resumed handshakes' time and allowance.
                 let resumed = Labels {
-                    iface: iface.clone(),
+                    iface: labels.iface.clone(),
                     class: Class::TlsResumed.name(),
                 };
                 if let Some(t) = o.resumed_time {
@@ -584,25 +660,8 @@ fn step(
                 }
                 decision
             }
-        };
-        if let Some(d) = decision {
-            // Once per change of reason at the default level (not every interval's step).
-            if policy.reason != d.reason.id() {
-                info!(
-                    %iface, class = class.name(), limit = d.limit, reason = d.reason.name(),
-                    was = policy.reason_name(), "controller: the limit moves for a new reason"
-                );
-            } else {
-                debug!(%iface, class = class.name(), limit = d.limit, reason = d.reason.name(), "controller");
-            }
-            write(&mut maps, *class, law, d.limit, d.reason, bounds)?;
-            stats
-                .limit
-                .get_or_create(&labels)
-                .set(d.limit.min(i64::MAX as u64) as i64);
         }
     }
-    Ok(())
 }
 
 /// Pending SIP units the controller reads per interface and interval, at most: the backlog

@@ -117,7 +117,7 @@ pub struct AttachOptions {
 }
 
 /// The result of an attach.
-pub struct Attachment {
+pub struct AttachOutcome {
     /// Interface name.
     pub iface: String,
     /// Hook in use.
@@ -142,7 +142,7 @@ pub fn ifindex(iface: &str) -> Result<u32, LoaderError> {
 /// Attaches the datapath to `opts.iface`, or replaces the program of an existing attachment.
 ///
 /// On failure nothing new is left behind: a pin directory this call created is removed again.
-pub fn attach(opts: &AttachOptions) -> Result<Attachment, LoaderError> {
+pub fn attach(opts: &AttachOptions) -> Result<AttachOutcome, LoaderError> {
     let ifindex = ifindex(&opts.iface)?;
     caps::require(Need::Attach)?;
     pins::check_bpffs(&opts.root)?;
@@ -380,7 +380,7 @@ fn attach_tcx(
     Ok(())
 }
 
-fn fresh(pd: &PinDir, ifindex: u32, opts: &AttachOptions) -> Result<Attachment, LoaderError> {
+fn fresh(pd: &PinDir, ifindex: u32, opts: &AttachOptions) -> Result<AttachOutcome, LoaderError> {
     let mut ebpf = load_pinned(pd, opts.ebpf_log_level, opts.issued_keys)?;
     wire_tail_calls(&mut ebpf)?;
     let iface = &opts.iface;
@@ -442,7 +442,7 @@ fn fresh(pd: &PinDir, ifindex: u32, opts: &AttachOptions) -> Result<Attachment, 
     if mode != AttachMode::Tc {
         attach_finisher(&mut ebpf, pd, iface, mode)?;
     }
-    Ok(Attachment {
+    Ok(AttachOutcome {
         iface: iface.clone(),
         mode,
         link_id: info.id(),
@@ -453,7 +453,7 @@ fn fresh(pd: &PinDir, ifindex: u32, opts: &AttachOptions) -> Result<Attachment, 
     })
 }
 
-fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<Attachment, LoaderError> {
+fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderError> {
     let recorded = AttachMode::from_id(Maps::open(pd)?.config()?.attach_mode);
     if let Some(requested) = opts.mode.exact()
         && requested != recorded
@@ -489,7 +489,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<Attachment, LoaderError>
         attach_finisher(&mut ebpf, pd, &opts.iface, recorded)?;
     }
     let info = FdLink::from(PinnedLink::from_pin(pd.link())?).info()?;
-    Ok(Attachment {
+    Ok(AttachOutcome {
         iface: opts.iface.clone(),
         mode: recorded,
         link_id: info.id(),
@@ -513,7 +513,7 @@ fn record_mode(pd: &PinDir, mode: AttachMode, ifindex: u32) -> Result<(), Loader
 
 /// Facts about an existing attachment, read from its pins.
 #[derive(Debug, Serialize)]
-pub struct AttachmentInfo {
+pub struct AttachmentStatus {
     /// Interface name.
     pub iface: String,
     /// Hook in use.
@@ -546,10 +546,10 @@ fn pinned_link_id(path: &std::path::Path) -> Option<u32> {
 }
 
 /// Reads the facts of the attachment pinned in `pd`.
-pub fn info(pd: &PinDir) -> Result<AttachmentInfo, LoaderError> {
+pub fn info(pd: &PinDir) -> Result<AttachmentStatus, LoaderError> {
     let cfg = Maps::open(pd)?.config()?;
     let info = FdLink::from(PinnedLink::from_pin(pd.link())?).info()?;
-    Ok(AttachmentInfo {
+    Ok(AttachmentStatus {
         iface: pd.iface.clone(),
         mode: AttachMode::from_id(cfg.attach_mode).name(),
         ifindex: cfg.ifindex,

@@ -10,12 +10,12 @@ use gateway_common::{
 };
 use serde_json::{Value, json};
 
-use crate::{config::Proto, loader::AttachmentInfo};
+use crate::{config::Proto, loader::AttachmentStatus};
 
 /// Everything `gateway stats` shows for one interface.
 pub struct StatsView<'a> {
     /// The attachment.
-    pub info: &'a AttachmentInfo,
+    pub info: &'a AttachmentStatus,
     /// Per-class counters, by class id.
     pub classes: &'a [ClassStats],
     /// Per-class admission state, by class id.

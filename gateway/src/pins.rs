@@ -251,7 +251,7 @@ impl PinDir {
 }
 
 /// Every interface with a pinned link under `root`, sorted by name.
-pub fn attached(root: &Path) -> Result<Vec<PinDir>, PinsError> {
+pub fn attachments(root: &Path) -> Result<Vec<PinDir>, PinsError> {
     let entries = match fs::read_dir(root) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -282,7 +282,7 @@ pub fn select(root: &Path, iface: Option<&str>) -> Result<PinDir, PinsError> {
             })
         };
     }
-    let mut all = attached(root)?;
+    let mut all = attachments(root)?;
     match all.len() {
         1 => Ok(all.remove(0)),
         0 => Err(PinsError::Ambiguous(format!(

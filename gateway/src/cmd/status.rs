@@ -24,7 +24,7 @@ pub fn run(root: &Path, args: StatusArgs) -> Result<(), CommandError> {
     let json = args.json;
     caps::require(Need::Maps)?;
     pins::check_bpffs(root)?;
-    let dirs = pins::attached(root)?;
+    let dirs = pins::attachments(root)?;
     let infos = dirs
         .iter()
         .map(loader::info)

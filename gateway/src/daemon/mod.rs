@@ -28,7 +28,7 @@ use crate::{
     config::{Config, ConfigSource, OnExit},
     controller::{Controller, ControllerStats, CostSource, law::HandshakeCosts},
     issued::IssuedKeys,
-    loader::{self, AttachOptions, Attachment, LoaderError},
+    loader::{self, AttachOptions, AttachOutcome, LoaderError},
     maps::{Maps, MapsError},
     metrics::family::Sorted,
     pins::PinDir,
@@ -108,7 +108,7 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
         .iter()
         .map(|i| hold(&PinDir::new(&cfg.bpffs, &i.name)))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut attachments: Vec<Attachment> = Vec::new();
+    let mut attachments: Vec<AttachOutcome> = Vec::new();
     for iface in &cfg.interfaces.0 {
         let opts = attach_options(&cfg, iface);
         let result = loader::attach(&opts).and_then(|a| {
@@ -203,7 +203,7 @@ struct ReloadLabels {
 async fn serve(
     cfg: &Config,
     source: &ConfigSource,
-    attachments: &mut [Attachment],
+    attachments: &mut [AttachOutcome],
     proxying: &tokio::runtime::Handle,
 ) -> Result<(), DaemonError> {
     let mut term = signal(SignalKind::terminate())?;

@@ -530,9 +530,21 @@ fn a_full_pending_table_refuses_new_work_and_keeps_what_it_holds() {
     if !have_root("a_full_pending_table_refuses_new_work") {
         return;
     }
-    let prog = TestProgram::new();
+    let mut prog = TestProgram::new();
     let max = gateway_common::maps::MAX_PENDING as usize;
-    // No limits: every distinct INVITE is admitted and held until answered.
+    // No limits: every distinct INVITE is admitted and held until answered. Filling the table
+    // takes seconds on a busy machine, longer than the class's 2 s default timeout: with an
+    // hour's, no unit expires while it fills.
+    prog.maps
+        .set_policy(
+            Class::SipOriginal,
+            gateway_common::policy::Policy {
+                timeout: Some(std::time::Duration::from_secs(3600)),
+                ..Default::default()
+            }
+            .to_map(),
+        )
+        .unwrap();
     for n in 0..max {
         assert_eq!(
             action(&prog, &invite(&format!("z9hG4bK-f{n}"), "")),

@@ -62,11 +62,10 @@ pub fn admit<K>(
     offer: &[u8; KEY_LEN],
     flags: u32,
 ) -> Result<(), Refusal> {
-    admit_against(class, class)?;
-    if hold(table, key, class, offer, flags) {
-        Ok(())
-    } else {
-        Err(Refusal::Full)
+    match admit_against(class, class) {
+        Ok(()) if hold(table, key, class, offer, flags) => Ok(()),
+        Ok(()) => Err(Refusal::Full),
+        refused => refused,
     }
 }
 

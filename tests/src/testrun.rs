@@ -76,7 +76,37 @@ impl Counters {
     }
 }
 
+/// What the verifier and the kernel say of one loaded program.
+#[derive(Clone, Debug)]
+pub struct ProgramStats {
+    /// The program's name in the object.
+    pub name: String,
+    /// Instructions the verifier processed to accept it (its limit is 1,000,000).
+    pub verified: u32,
+    /// Instructions of the program after the verifier's rewrites (its callbacks and
+    /// subprograms included).
+    pub translated: u32,
+}
+
 impl TestProgram {
+    /// Every loaded program of the object, by name.
+    pub fn program_stats(&self) -> Vec<ProgramStats> {
+        let mut all: Vec<ProgramStats> = self
+            .ebpf
+            .programs()
+            .filter_map(|(name, p)| {
+                let info = p.info().ok()?;
+                Some(ProgramStats {
+                    name: name.to_owned(),
+                    verified: info.verified_instruction_count().unwrap_or(0),
+                    translated: info.size_translated().unwrap_or(0) / 8,
+                })
+            })
+            .collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
     /// Loads the object and its programs; protects tcp/443 (tls) and udp/5060 (sip). TLS
     /// hellos are judged without the socket lookup (`CONFIG_TRUST_UNCONNECTED`).
     pub fn new() -> Self {

@@ -23,6 +23,82 @@ pub trait PacketBytes {
     /// register was at hand, the packet pointer included, and the verifier refused the pointer
     /// arithmetic. Callers read into zeroed locals instead, so every path carries defined bytes.
     fn read<const N: usize>(&self, offset: usize, out: &mut [u8; N]) -> bool;
+
+    /// The eight bytes of the aligned word that holds offset `at` (the word at `at & !7`), as a
+    /// little-endian `u64`; bytes outside the packet read as zero. Word-wide scans
+    /// ([`find_byte`]) look at a packet through it. This default reads byte by byte where the
+    /// word is not whole; the datapath's scratch buffers read the word in one load.
+    #[inline(always)]
+    fn word(&self, at: usize) -> u64 {
+        let base = at & !7;
+        let mut w = [0u8; 8];
+        if !self.read(base, &mut w) {
+            for (i, byte) in w.iter_mut().enumerate() {
+                let mut one = [0u8; 1];
+                if self.read(base + i, &mut one) {
+                    *byte = one[0];
+                }
+            }
+        }
+        u64::from_le_bytes(w)
+    }
+}
+
+/// Aligned words one [`find_byte`] call looks at, at most (64 bytes).
+pub const SCAN_WORDS: usize = 8;
+
+/// Every byte of a word set to `b`.
+#[inline(always)]
+const fn splat(b: u8) -> u64 {
+    0x0101_0101_0101_0101 * b as u64
+}
+
+/// Bit 7 of each byte of the result is set exactly where that byte of `x` is zero (no carry
+/// crosses a byte, so unlike the shorter `(x - 0x01..) & !x` form it has no false positives above
+/// a zero byte, which matters once bytes below the start are masked off).
+#[inline(always)]
+const fn zero_bytes(x: u64) -> u64 {
+    let low7 = splat(0x7f);
+    !(((x & low7).wrapping_add(low7)) | x | low7)
+}
+
+/// The index (0-7, lowest address first) of the lowest byte flagged in a non-zero
+/// [`zero_bytes`] mask: one multiply, no table and no loop.
+#[inline(always)]
+const fn first_flagged(mask: u64) -> usize {
+    let lowest = (mask & mask.wrapping_neg()) >> 7;
+    (lowest.wrapping_mul(0x0001_0203_0405_0607) >> 56) as usize
+}
+
+/// The offset of the first byte equal to `needle` in `[from, end)`, looking at the aligned
+/// words from the one that holds `from`, at most [`SCAN_WORDS`] of them, eight bytes at a time:
+/// `Ok(offset)`, or `Err(next)`, where a further search would start (`next >= end`: not there).
+#[inline(always)]
+pub fn find_byte<B: PacketBytes>(
+    b: &B,
+    from: usize,
+    end: usize,
+    needle: u8,
+) -> Result<usize, usize> {
+    let mut base = from & !7;
+    let mut skip = from - base;
+    for _ in 0..SCAN_WORDS {
+        if base >= end {
+            return Err(end);
+        }
+        let mut mask = zero_bytes(b.word(base) ^ splat(needle));
+        // Bytes before `from` and from `end` on are not looked at.
+        mask &= !0u64 << (8 * skip);
+        if end - base < 8 {
+            mask &= (1u64 << (8 * (end - base))) - 1;
+        }
+        if mask != 0 {
+            return Ok(base + first_flagged(mask));
+        }
+        base += 8;
+        skip = 0;
+    }
+    Err(base)
 }
 
 /// [`PacketBytes`] over a byte slice, for userspace tests and fuzzers.
@@ -74,5 +150,73 @@ mod tests {
         let mut two = [0u8; 2];
         assert!(b.read(MAX_READ_OFFSET, &mut two));
         assert!(!b.read(MAX_READ_OFFSET + 1, &mut two));
+    }
+
+    /// The first `needle` in `[from, end)` by a plain byte search, as `find_byte` must find it
+    /// (given enough calls).
+    fn by_bytes(data: &[u8], from: usize, end: usize, needle: u8) -> Option<usize> {
+        (from..end.min(data.len())).find(|&i| data[i] == needle)
+    }
+
+    /// Follows `find_byte` from call to call as the parsers do.
+    fn by_words(data: &[u8], from: usize, end: usize, needle: u8) -> Option<usize> {
+        let mut at = from;
+        loop {
+            match find_byte(&SliceBytes(data), at, end, needle) {
+                Ok(found) => return Some(found),
+                Err(next) if next < end => {
+                    assert!(next >= at + 8 * SCAN_WORDS - 7, "{at} -> {next}");
+                    at = next;
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    #[test]
+    fn word_search_finds_what_a_byte_search_finds() {
+        // Every start, end and needle position over a buffer whose other bytes sit next to the
+        // needle in value, with zeros and 0x80 bytes (the borrow cases of word-wide tests).
+        let mut data = [0u8; 96];
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = [b'\n' + 1, b'\n' - 1, 0, 0x80, 0x8a, b';'][i % 6];
+        }
+        for needle_at in [
+            None,
+            Some(0),
+            Some(7),
+            Some(8),
+            Some(13),
+            Some(63),
+            Some(64),
+            Some(95),
+        ] {
+            let mut d = data;
+            if let Some(at) = needle_at {
+                d[at] = b'\n';
+            }
+            for from in 0..d.len() {
+                for end in from..=d.len() + 3 {
+                    assert_eq!(
+                        by_words(&d, from, end, b'\n'),
+                        by_bytes(&d, from, end, b'\n'),
+                        "needle at {needle_at:?}, from {from}, end {end}"
+                    );
+                }
+            }
+        }
+        // A needle before `from` in the same word is not found, nor one at `end`.
+        let d = *b"a;b;c;d;e;f;g;h;";
+        assert_eq!(find_byte(&SliceBytes(&d), 2, 16, b';'), Ok(3));
+        assert_eq!(find_byte(&SliceBytes(&d), 2, 3, b';'), Err(3));
+    }
+
+    #[test]
+    fn words_past_the_end_read_as_zero() {
+        let data = [0xffu8; 12];
+        let b = SliceBytes(&data);
+        assert_eq!(b.word(0), u64::MAX);
+        assert_eq!(b.word(9), 0x0000_0000_ffff_ffff);
+        assert_eq!(b.word(16), 0);
     }
 }

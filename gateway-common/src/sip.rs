@@ -25,7 +25,10 @@
 //! The key is a 64-bit FNV-1a hash over those fields. A value is hashed whole or not at all: one
 //! longer than [`MAX_VALUE`] bytes counts as absent, never as its prefix.
 
-use crate::{Class, bytes::PacketBytes};
+use crate::{
+    Class,
+    bytes::{PacketBytes, find_byte},
+};
 
 pub mod reply;
 
@@ -323,14 +326,12 @@ enum Phase {
     /// Look for the end of the line starting at `line_start`, from `pos`.
     #[default]
     FindEol = 0,
-    /// Look at the line: the start line, the blank line, or where a header's name ends.
+    /// Look at the line: the start line, the blank line, or a header (which one, and where its
+    /// value starts).
     Dispatch,
-    /// A header: which one, and where its value starts.
-    Name,
-    /// Look for the next `;` from `pos` before `scan_end` (every needle starts with one).
+    /// Look for the next `;` from `pos` before `scan_end` (every needle starts with one), and
+    /// whether the needle `want` starts there.
     Semi,
-    /// Is the needle `want` at `pos`?
-    Confirm,
     /// Top Via: skip the protocol (`SIP/2.0/UDP`) up to the space.
     ViaProtocol,
     /// Hash a value from `pos` (which one: `target`, a `TARGET_*`).
@@ -348,25 +349,28 @@ impl Phase {
         match v {
             0 => Phase::FindEol,
             1 => Phase::Dispatch,
-            2 => Phase::Name,
-            3 => Phase::Semi,
-            4 => Phase::Confirm,
-            5 => Phase::ViaProtocol,
-            6 => Phase::Hash,
-            7 => Phase::ViaComma,
-            8 => Phase::CSeqNumber,
+            2 => Phase::Semi,
+            3 => Phase::ViaProtocol,
+            4 => Phase::Hash,
+            5 => Phase::ViaComma,
+            6 => Phase::CSeqNumber,
             _ => Phase::Done,
         }
     }
 }
 
-/// Bytes one step scans at most.
+/// Bytes one byte-wise step scans at most (the Via's protocol and comma, a CSeq number). Lines
+/// and parameters are searched a word at a time, up to 64 bytes a step
+/// (`crate::bytes::find_byte`).
 const CHUNK: usize = 8;
+/// Bytes of a value one step hashes at most.
+const HASH_CHUNK: usize = 8;
 /// Steps a message gets.
 pub const MAX_STEPS: usize = 1024;
 
 /// The parser's state between steps. In eBPF it lives in map memory, and each step (one
-/// `bpf_loop` callback) runs at most one bounded scan of [`CHUNK`] bytes and leaves its results
+/// `bpf_loop` callback) runs at most one bounded scan (of [`CHUNK`] bytes, [`HASH_CHUNK`] bytes or
+/// eight words) and leaves its results
 /// here. Positions read back from map memory are unknown to the verifier, so the positions one
 /// scan could end at do not multiply into the next scan's states, as they did when a whole line
 /// was handled in one step.
@@ -469,9 +473,7 @@ impl SipState {
             Phase::Done => return true,
             Phase::FindEol => self.find_eol(b, end),
             Phase::Dispatch => self.dispatch(b),
-            Phase::Name => self.name(b),
             Phase::Semi => self.semi(b),
-            Phase::Confirm => self.confirm(b),
             Phase::ViaProtocol => self.via_protocol(b),
             Phase::Hash => {
                 if self.hash_token(b, self.scan_end as usize) {
@@ -547,7 +549,7 @@ impl SipState {
         self.phase = Phase::FindEol as u8;
     }
 
-    /// Scans up to [`CHUNK`] bytes for the line's LF.
+    /// Scans up to 64 bytes, a word at a time, for the line's LF.
     #[inline(always)]
     fn find_eol<B: PacketBytes>(&mut self, b: &B, end: usize) {
         let start = self.line_start as usize;
@@ -559,29 +561,22 @@ impl SipState {
             self.phase = Phase::Done as u8;
             return;
         }
-        let from = self.pos as usize;
-        let mut found = None;
-        for i in 0..CHUNK {
-            let at = from + i;
-            if at >= end {
-                break;
-            }
-            if byte(b, at) == b'\n' {
-                found = Some(at);
-                break;
-            }
-        }
-        let eol = match found {
-            Some(at) => at,
-            None if from + CHUNK < end => {
-                self.pos = (from + CHUNK) as u32;
-                if self.pos as usize - start > MAX_LINE {
-                    self.stop(MessageKind::Malformed);
-                }
+        // A line is at most MAX_LINE bytes before its LF: the search ends one byte past that.
+        let limit = if end < start + MAX_LINE + 1 {
+            end
+        } else {
+            start + MAX_LINE + 1
+        };
+        let eol = match find_byte(b, self.pos as usize, limit, b'\n') {
+            Ok(at) => at,
+            Err(next) if next < limit => {
+                self.pos = next as u32;
                 return;
             }
+            // No LF within the longest line: malformed.
+            Err(_) if limit < end => return self.stop(MessageKind::Malformed),
             // The last line, without LF.
-            None => end,
+            Err(_) => end,
         };
         if eol - start > MAX_LINE {
             return self.stop(MessageKind::Malformed);
@@ -597,7 +592,8 @@ impl SipState {
         self.phase = Phase::Dispatch as u8;
     }
 
-    /// Looks at a whole line: the start line, the blank line, or where a header's name ends.
+    /// Looks at a whole line: the start line, the blank line, or a header (where its name ends,
+    /// then [`Self::name`]).
     #[inline(always)]
     fn dispatch<B: PacketBytes>(&mut self, b: &B) {
         let (start, end) = (self.line_start as usize, self.line_end as usize);
@@ -610,16 +606,15 @@ impl SipState {
             return;
         }
         // The colon within the name's first 16 bytes.
-        let mut colon = MAX_NAME;
-        for i in 0..MAX_NAME {
-            if start + i >= end {
-                break;
-            }
-            if byte(b, start + i) == b':' {
-                colon = i;
-                break;
-            }
-        }
+        let name_end = if end < start + MAX_NAME {
+            end
+        } else {
+            start + MAX_NAME
+        };
+        let colon = match find_byte(b, start, name_end, b':') {
+            Ok(at) => at - start,
+            Err(_) => MAX_NAME,
+        };
         let first = byte(b, start);
         if colon == MAX_NAME || first == b' ' || first == b'\t' {
             // No name (a folded continuation, or a name too long for us): skip the line.
@@ -632,10 +627,9 @@ impl SipState {
                 name_len -= 1;
             }
         }
-        // Stored, and read back in the next step (see the type's docs).
         self.colon = colon as u8;
         self.name_len = name_len as u8;
-        self.phase = Phase::Name as u8;
+        self.name(b);
     }
 
     /// Which header the line is, and where its value starts.
@@ -735,27 +729,24 @@ impl SipState {
         self.phase = Phase::Semi as u8;
     }
 
-    /// Scans up to [`CHUNK`] bytes for the next `;` before `scan_end`.
+    /// Scans up to 64 bytes, a word at a time, for the next `;` before `scan_end`, and looks at
+    /// what follows it.
     #[inline(always)]
     fn semi<B: PacketBytes>(&mut self, b: &B) {
-        let from = self.pos as usize;
         let end = self.scan_end as usize;
-        for i in 0..CHUNK {
-            let at = from + i;
-            if at >= end {
-                // Not there.
-                return self.next_line();
-            }
-            if byte(b, at) == b';' {
+        match find_byte(b, self.pos as usize, end, b';') {
+            Ok(at) => {
                 self.pos = at as u32;
-                self.phase = Phase::Confirm as u8;
-                return;
+                self.confirm(b);
             }
+            Err(next) if next < end => self.pos = next as u32,
+            // Not there.
+            Err(_) => self.next_line(),
         }
-        self.pos = (from + CHUNK) as u32;
     }
 
-    /// Whether the `;` at `pos` starts the needle: one fixed-size read.
+    /// Whether the `;` at `pos` starts the needle: one fixed-size read. If not, the search goes
+    /// on from the next byte in the next step.
     #[inline(always)]
     fn confirm<B: PacketBytes>(&mut self, b: &B) {
         let at = self.pos as usize;
@@ -841,14 +832,14 @@ impl SipState {
         self.phase = Phase::Semi as u8;
     }
 
-    /// Hashes a token from `pos` up to its end (or `end`), up to [`CHUNK`] bytes a step. Returns
+    /// Hashes a token from `pos` up to its end (or `end`), up to [`HASH_CHUNK`] bytes a step. Returns
     /// `true` when the token is complete, or longer than [`MAX_VALUE`] (`token_len` is then
     /// [`TOO_LONG`]).
     #[inline(always)]
     fn hash_token<B: PacketBytes>(&mut self, b: &B, end: usize) -> bool {
         let from = self.pos as usize;
         let mut h = self.hash;
-        for i in 0..CHUNK {
+        for i in 0..HASH_CHUNK {
             let at = from + i;
             if at >= end || ends_token(byte(b, at)) {
                 self.hash = h;
@@ -867,8 +858,8 @@ impl SipState {
             h = h.wrapping_mul(FNV_PRIME);
         }
         self.hash = h;
-        self.token_len += CHUNK as u8;
-        self.pos = (from + CHUNK) as u32;
+        self.token_len += HASH_CHUNK as u8;
+        self.pos = (from + HASH_CHUNK) as u32;
         false
     }
 

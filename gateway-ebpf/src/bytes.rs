@@ -99,8 +99,10 @@ pub fn opaque(mut v: u64) -> u64 {
 }
 
 /// [`PacketBytes`] over a copy of payload bytes in map memory: `len` bytes at the start of a
-/// `SIZE`-byte buffer (`SIZE = 2 * CAP`, `len <= CAP`). Every index is masked into the buffer,
-/// which changes nothing for in-range reads and shows the verifier the access is in bounds.
+/// `SIZE`-byte buffer (`SIZE = 2 * CAP`, `len <= CAP`). Every start index is masked into the first
+/// half, which changes nothing for in-range reads and shows the verifier that the access, which
+/// may run into the second half, stays in the buffer. The buffer must start 8-byte aligned (it is
+/// the first field of an 8-aligned scratch struct): [`PacketBytes::word`] reads aligned words.
 pub struct ScratchBytes<'a, const CAP: usize, const SIZE: usize> {
     /// The buffer.
     pub buf: &'a [u8; SIZE],
@@ -111,16 +113,39 @@ pub struct ScratchBytes<'a, const CAP: usize, const SIZE: usize> {
 impl<const CAP: usize, const SIZE: usize> PacketBytes for ScratchBytes<'_, CAP, SIZE> {
     #[inline(always)]
     fn read<const N: usize>(&self, offset: usize, out: &mut [u8; N]) -> bool {
+        const { assert!(N <= CAP && SIZE == 2 * CAP && CAP.is_power_of_two()) };
         if offset > MAX_READ_OFFSET || offset + N > self.len as usize {
             return false;
         }
-        // Behind the barrier the address is formed here, from the masked index: otherwise LLVM
-        // hoisted `buf + offset` out of the caller's scan loop, and the verifier saw an access
-        // through a pointer with an unbounded offset.
-        let base = opaque((offset & (CAP - 1)) as u64) as usize;
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = self.buf[(base + i) & (SIZE - 1)];
-        }
+        // The mask is applied behind the barrier, where LLVM cannot prove it redundant and drop
+        // it (it knows `offset < len <= CAP`; the verifier, which saw that test on another copy
+        // of the register, does not), and the address is formed here: otherwise LLVM hoisted
+        // `buf + offset` out of the caller's scan loop, and the verifier saw an access through a
+        // pointer with an unbounded offset.
+        let base = opaque(offset as u64) as usize & (CAP - 1);
+        // SAFETY: base < CAP and N <= CAP, so [base, base + N) lies in the SIZE = 2 * CAP bytes.
+        *out = unsafe { core::ptr::read_unaligned(self.buf.as_ptr().add(base).cast::<[u8; N]>()) };
         true
+    }
+
+    #[inline(always)]
+    fn word(&self, at: usize) -> u64 {
+        let len = self.len as usize;
+        if at > MAX_READ_OFFSET || at >= len {
+            return 0;
+        }
+        let base = at & !7;
+        // Masked behind the barrier, as in `read`; the mask also keeps the word aligned.
+        let masked = opaque(base as u64) as usize & ((CAP - 1) & !7);
+        // SAFETY: masked < CAP and is a multiple of 8 in a buffer that starts 8-byte aligned, so
+        // the word is aligned and lies in the SIZE = 2 * CAP bytes.
+        let w = u64::from_le(unsafe { *self.buf.as_ptr().add(masked).cast::<u64>() });
+        // Bytes at and past `len` are left over from earlier packets: zero, as past a packet.
+        let valid = len - base;
+        if valid < 8 {
+            w & ((1u64 << (8 * valid)) - 1)
+        } else {
+            w
+        }
     }
 }

@@ -74,7 +74,7 @@ pub static SIP_SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
 
 /// Per-CPU scratch: the datagram's first bytes and the parser state, and a 503 being built for
 /// it when it is refused (`crate::reply`).
-#[repr(C)]
+#[repr(C, align(8))]
 pub struct Scratch {
     /// Payload bytes, in the first half (the second half is slack for masked reads).
     buf: [u8; 2 * MAX_SCAN],
@@ -107,7 +107,7 @@ extern "C" fn sip_step(_index: u64, _ctx: *mut c_void) -> i64 {
     i64::from(s.state.step(&bytes, len))
 }
 
-/// One byte of a 503, as a `bpf_loop` callback: returns 1 to stop.
+/// One step of a 503, as a `bpf_loop` callback: returns 1 to stop.
 #[inline(never)]
 extern "C" fn reply_step(_index: u64, _ctx: *mut c_void) -> i64 {
     let Some(s) = SIP_SCRATCH.get_ptr_mut(0) else {

@@ -90,7 +90,7 @@ pub const SCRATCH_LEN: usize = WINDOW as usize;
 /// Per-CPU scratch: a copy of the segment's payload, the live parser state, and the flow key and
 /// new flow record. They live here rather than on the stack, which is 512 bytes for the program
 /// and its callback together.
-#[repr(C)]
+#[repr(C, align(8))]
 pub struct Scratch {
     /// Payload bytes, in the first half; the second half is slack so that an index masked with
     /// `2 * SCRATCH_LEN - 1` never leaves the array.

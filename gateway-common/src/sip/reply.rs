@@ -3,9 +3,10 @@
 //! request had none), Call-ID and CSeq copied in their order, an optional `Retry-After`, and
 //! `Content-Length: 0`. Nothing else of the request is answered back (no Contact, no body).
 //!
-//! [`ReplyState::step`] consumes one byte of the request a step (in eBPF, one `bpf_loop`
-//! callback), writing the reply into an output buffer and summing it for the UDP checksum as it
-//! goes. Header names are case-insensitive; compact forms (`v`, `f`, `t`, `i`) and folded lines
+//! [`ReplyState::step`] takes a few bytes of the request a step (in eBPF, one `bpf_loop`
+//! callback): a name or a copied value up to eight bytes, a line left out up to its end (found a
+//! word at a time), or writes up to eight queued bytes of the reply's own; it writes the reply
+//! into an output buffer and sums it for the UDP checksum as it goes. Header names are case-insensitive; compact forms (`v`, `f`, `t`, `i`) and folded lines
 //! are followed. The reply is refused ([`ReplyState::failed`]) when the request's headers do not
 //! end within the bytes given, a header the reply needs is missing, or the reply would be longer
 //! than [`MAX_REPLY`]; the caller also never sends a reply longer than the request (no
@@ -15,7 +16,7 @@
 //! sends for the 503 is recognised without state ([`reply_tag_hash`]) and absorbed at the NIC.
 
 use super::{FNV_OFFSET, FNV_PRIME, byte, lower};
-use crate::bytes::PacketBytes;
+use crate::bytes::{PacketBytes, find_byte};
 
 /// Longest reply built, in bytes.
 pub const MAX_REPLY: usize = super::MAX_SCAN;
@@ -133,8 +134,11 @@ const TAG_PARAM_BYTES: [u8; 64] = padded(b";tag=gw");
 const RETRY_AFTER_BYTES: [u8; 64] = padded(RETRY_AFTER);
 const CONTENT_LENGTH_BYTES: [u8; 64] = padded(CONTENT_LENGTH);
 
-/// Bytes inside a line a step takes beyond its first.
+/// Bytes inside a copied line a step takes beyond its first (a skipped line is searched for its
+/// end a word at a time, up to 64 bytes a step).
 const RUN: usize = 7;
+/// Queued bytes a step writes at most.
+const QUEUED_RUN: usize = 8;
 
 /// Nothing queued to write.
 const SRC_NONE: u8 = 0;
@@ -151,8 +155,9 @@ const SRC_LENGTH: u8 = 5;
 
 /// The state of a reply being built. `#[repr(C)]`, no implicit padding.
 ///
-/// Each step either writes one queued byte (the status line, a CRLF, the tag, the last headers:
-/// `src`) or reads one byte of the request, so that a step is small for the verifier.
+/// Each step either writes queued bytes (the status line, a CRLF, the tag, the last headers:
+/// `src`), up to [`QUEUED_RUN`] of one source, or reads request bytes (see `run_on`), so that a
+/// step is small for the verifier.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReplyState {
@@ -300,12 +305,20 @@ impl ReplyState {
         }
     }
 
-    /// Writes one queued byte, and moves on to what follows its source when it was the last.
+    /// Writes up to [`QUEUED_RUN`] bytes of the queued source, and moves on to what follows it
+    /// when its last is written (the next source waits for the next step).
     #[inline(always)]
     fn write_queued(&mut self, out: &mut [u8; REPLY_BUF]) {
-        let (c, last) = self.src_byte(self.src_pos as usize);
-        self.put(out, c);
-        self.src_pos += 1;
+        let mut last = false;
+        for _ in 0..QUEUED_RUN {
+            let c;
+            (c, last) = self.src_byte(self.src_pos as usize);
+            self.put(out, c);
+            self.src_pos += 1;
+            if last {
+                break;
+            }
+        }
         if !last {
             return;
         }
@@ -323,9 +336,9 @@ impl ReplyState {
         };
     }
 
-    /// One step over the request `b` of `len` bytes, writing into `out`: one queued byte
-    /// written, or one request byte read. Returns `true` when the reply is complete or cannot be
-    /// made.
+    /// One step over the request `b` of `len` bytes, writing into `out`: queued bytes written,
+    /// or request bytes read (one, and more in the same line: see `run_on`). Returns `true` when
+    /// the reply is complete or cannot be made.
     pub fn step<B: PacketBytes>(&mut self, b: &B, len: usize, out: &mut [u8; REPLY_BUF]) -> bool {
         if self.phase == PHASE_DONE || self.phase == PHASE_FAILED {
             return true;
@@ -426,19 +439,48 @@ impl ReplyState {
         self.phase == PHASE_DONE || self.phase == PHASE_FAILED
     }
 
-    /// Inside a line (copied or skipped), up to [`RUN`] more bytes short of its end in the same
-    /// step: most of a request is such bytes, and a step costs a callback.
+    /// Inside a line (a name, copied or skipped), more bytes short of its end in the same step:
+    /// most of a request is such bytes, and a step costs a callback. A name goes on for up to
+    /// [`RUN`] bytes short of what ends it; a copied line, up to [`RUN`] bytes short of its CR
+    /// or LF; a skipped line (or the request line), in which only the LF matters, up to its LF,
+    /// found a word at a time.
     #[inline(always)]
     fn run_on<B: PacketBytes>(&mut self, b: &B, len: usize, out: &mut [u8; REPLY_BUF]) {
-        let copy = self.phase == PHASE_VALUE;
-        if !copy && self.phase != PHASE_SKIP && self.phase != PHASE_REQUEST_LINE {
-            return;
-        }
         let end = if len < super::MAX_SCAN {
             len
         } else {
             super::MAX_SCAN
         };
+        if self.phase == PHASE_NAME {
+            // A header's name goes on up to what ends it (a colon or white space, which the
+            // next step judges).
+            for _ in 0..RUN {
+                let pos = self.pos as usize;
+                if pos >= end {
+                    return;
+                }
+                let c = byte(b, pos);
+                if matches!(c, b':' | b' ' | b'\t' | b'\r' | b'\n') {
+                    return;
+                }
+                self.name = (self.name << 8) | lower(c) as u64;
+                self.name_len = self.name_len.saturating_add(1);
+                self.put(out, c);
+                self.pos += 1;
+            }
+            return;
+        }
+        let copy = self.phase == PHASE_VALUE;
+        if !copy && self.phase != PHASE_SKIP && self.phase != PHASE_REQUEST_LINE {
+            return;
+        }
+        if !copy {
+            self.pos = match find_byte(b, self.pos as usize, end, b'\n') {
+                Ok(at) => at,
+                Err(next) => next,
+            } as u32;
+            return;
+        }
         for _ in 0..RUN {
             let pos = self.pos as usize;
             if pos >= end {

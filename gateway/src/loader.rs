@@ -177,6 +177,17 @@ pub fn detach(root: &Path, iface: &str) -> Result<(), LoaderError> {
 /// rest, the issued-keys table with `issued_keys` entries). No program is loaded into the kernel
 /// or attached yet.
 pub fn load_pinned(pd: &PinDir, log_level: u8, issued_keys: u32) -> Result<Ebpf, LoaderError> {
+    load_pinned_object(pd, log_level, issued_keys, EBPF_OBJECT)
+}
+
+/// [`load_pinned`] from the bytes of another build of the object (one whose maps have the same
+/// layout): for benchmarks that run two builds side by side.
+pub fn load_pinned_object(
+    pd: &PinDir,
+    log_level: u8,
+    issued_keys: u32,
+    object: &[u8],
+) -> Result<Ebpf, LoaderError> {
     pd.check_layout()?;
     let mut loader = EbpfLoader::new();
     for m in gateway_common::maps::all() {
@@ -184,7 +195,7 @@ pub fn load_pinned(pd: &PinDir, log_level: u8, issued_keys: u32) -> Result<Ebpf,
     }
     loader.map_max_entries(names::TLS_ISSUED, issued_keys);
     loader.override_global("AYA_LOG_LEVEL", &log_level, false);
-    Ok(loader.load(EBPF_OBJECT)?)
+    Ok(loader.load(object)?)
 }
 
 /// An attachment's sweep program (`programs::SWEEP`), loaded against its pinned maps and

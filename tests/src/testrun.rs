@@ -115,10 +115,21 @@ impl TestProgram {
 
     /// As [`TestProgram::new`], with an issued-keys table of `issued_keys` entries.
     pub fn with_issued_keys(issued_keys: u32) -> Self {
+        Self::load(issued_keys, gateway::EBPF_OBJECT)
+    }
+
+    /// As [`TestProgram::new`], from the bytes of another build of the object (with the same map
+    /// layout): a benchmark's baseline.
+    pub fn with_object(object: &[u8]) -> Self {
+        Self::load(gateway_common::maps::DEFAULT_TLS_ISSUED, object)
+    }
+
+    fn load(issued_keys: u32, object: &[u8]) -> Self {
         let bpffs = Bpffs::new();
         let pd = PinDir::new(&bpffs.root(), "testrun");
         pd.create().expect("pin dir");
-        let mut ebpf = loader::load_pinned(&pd, 0, issued_keys).expect("load object");
+        let mut ebpf =
+            loader::load_pinned_object(&pd, 0, issued_keys, object).expect("load object");
         for name in [programs::XDP, programs::XDP_BARE_PASS] {
             let p: &mut Xdp = ebpf.program_mut(name).unwrap().try_into().unwrap();
             p.load()

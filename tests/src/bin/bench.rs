@@ -37,6 +37,22 @@ fn main() {
         issued_table_memory(&mut report);
         return;
     }
+    // `bench compare BASELINE.o NAME [OTHER.o OTHER_NAME]`: this build's object (or another)
+    // against another build's, side by side.
+    if std::env::args().nth(1).as_deref() == Some("compare") {
+        let args: Vec<String> = std::env::args().skip(2).collect();
+        let (baseline, this) = match args.as_slice() {
+            [path, name] => ((path.as_str(), name.as_str()), None),
+            [path, name, other, other_name] => (
+                (path.as_str(), name.as_str()),
+                Some((other.as_str(), other_name.as_str())),
+            ),
+            _ => panic!("usage: bench compare BASELINE_OBJECT NAME [OTHER_OBJECT OTHER_NAME]"),
+        };
+        let mut report = Report::new("datapath-compare");
+        compare(&mut report, baseline, this);
+        return;
+    }
     // `bench programs`: the programs' verifier figures alone (a section of the full run).
     if std::env::args().nth(1).as_deref() == Some("programs") {
         let mut report = Report::new("datapath-programs");
@@ -668,5 +684,206 @@ fn program_stats(r: &mut Report, prog: &TestProgram) {
     say!(r, "|---|---:|---:|");
     for p in prog.program_stats() {
         say!(r, "| {} | {} | {} |", p.name, p.verified, p.translated);
+    }
+}
+
+/// Rounds of a side-by-side comparison.
+const COMPARE_ROUNDS: usize = 15;
+/// Runs of a repeated row in one round.
+const COMPARE_REPEAT: u32 = 200_000;
+/// Single runs of a stateful row in one round.
+const COMPARE_SINGLE: usize = 200;
+
+/// This build's object against `baseline` (another build's object file, same map layout), each
+/// loaded with its own pinned maps, rounds interleaved so that both see the same machine: per
+/// row, the kernel's own time per run (BPF_PROG_TEST_RUN `duration`), the fastest round of each,
+/// and the median and range of the per-round ratios this / baseline. Rows whose state a run
+/// changes (new hellos, new transactions, refusals) are single runs with the state forgotten
+/// before each, the median of a round's runs; the others are repeated.
+fn compare(r: &mut Report, (baseline, name): (&str, &str), this: Option<(&str, &str)>) {
+    use gateway_common::{
+        Class,
+        policy::{MAX_REPLY_RATE, Policy, Refuse},
+    };
+    let load = |path: &str| {
+        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        // The object parser wants the bytes aligned as `include_bytes_aligned!` gives them.
+        let mut aligned = vec![0u64; bytes.len().div_ceil(8)];
+        // SAFETY: the u64 buffer holds at least bytes.len() bytes, and u8 has no alignment.
+        let view = unsafe {
+            std::slice::from_raw_parts_mut(aligned.as_mut_ptr().cast::<u8>(), bytes.len())
+        };
+        view.copy_from_slice(&bytes);
+        TestProgram::with_object(view)
+    };
+    let (this_prog, this_name) = match this {
+        Some((path, other)) => (load(path), other),
+        None => (TestProgram::new(), "this build"),
+    };
+    let mut progs = [load(baseline), this_prog];
+    let small_invite =
+        b"INVITE sip:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bK1\r\n\
+Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
+    let response =
+        b"SIP/2.0 180 Ringing\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-4101-1-0\r\n\
+From: sipp <sip:sipp@10.99.0.2:5061>;tag=4101SIPpTag001\r\n\
+To: service <sip:service@10.99.0.1:5060>;tag=srv\r\n\
+Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
+    let plain = HelloBuilder::default().build();
+    let pq = HelloBuilder::tls13().build();
+    let flow_hello = Frame::tcp(443, &plain).from_port(1).seq(1).build();
+    let flow_data = Frame::tcp(443, &[23, 3, 3, 0, 32])
+        .from_port(1)
+        .seq(1 + plain.len() as u32)
+        .build();
+    for p in &progs {
+        p.run(Hook::Xdp, &flow_hello, 1);
+    }
+    let repeated: [(&str, Hook, Vec<u8>); 7] = [
+        (
+            "non-service UDP",
+            Hook::Xdp,
+            Frame::udp(9999, small_invite).build(),
+        ),
+        (
+            "non-service TCP",
+            Hook::Xdp,
+            Frame::tcp(80, &[0u8; 64]).build(),
+        ),
+        (
+            "IPv6 + 2 ext headers, other",
+            Hook::Xdp,
+            Frame::udp(9999, small_invite)
+                .ipv6(&[(0, 8), (60, 8)])
+                .build(),
+        ),
+        ("admitted connection (tls-flow)", Hook::Xdp, flow_data),
+        (
+            "SIP INVITE, 4 headers, retransmission",
+            Hook::Xdp,
+            Frame::udp(5060, small_invite).build(),
+        ),
+        (
+            "SIP INVITE, 1 KB, retransmission",
+            Hook::Xdp,
+            Frame::udp(5060, &invite_1k()).build(),
+        ),
+        (
+            "tc egress: SIP response",
+            Hook::TcEgress,
+            Frame::udp(5061, response).from_port(5060).build(),
+        ),
+    ];
+    let single: [(&str, Vec<u8>, Option<Class>); 4] = [
+        (
+            "ClientHello, TLS 1.2, 153 B",
+            Frame::tcp(443, &plain).build(),
+            None,
+        ),
+        (
+            "ClientHello, TLS 1.3 + ML-KEM share, 1.4 KB",
+            Frame::tcp(443, &pq).build(),
+            None,
+        ),
+        (
+            "SIP INVITE, 1 KB, new transaction",
+            Frame::udp(5060, &invite_1k()).build(),
+            None,
+        ),
+        (
+            "503 for a refused 1 KB INVITE",
+            Frame::udp(5060, &invite_1k()).build(),
+            Some(Class::SipOriginal),
+        ),
+    ];
+    // Per row: [baseline, this] fastest round, and the per-round ratios.
+    let mut rows: Vec<(String, [f64; 2], Vec<f64>, f64)> = Vec::new();
+    let mut bare = Vec::new();
+    for round in 0..COMPARE_ROUNDS {
+        let mut i = 0;
+        for (row, hook, frame) in &repeated {
+            let mut t = [0.0; 2];
+            for (k, p) in progs.iter().enumerate() {
+                t[k] = p.run(*hook, frame, COMPARE_REPEAT).1;
+            }
+            if round == 0 {
+                rows.push((row.to_string(), t, Vec::new(), 0.0));
+            }
+            let e = &mut rows[i];
+            e.1 = [e.1[0].min(t[0]), e.1[1].min(t[1])];
+            e.2.push(t[1] / t[0]);
+            i += 1;
+        }
+        bare.push(
+            progs[1]
+                .run(Hook::BarePass, &repeated[0].2, COMPARE_REPEAT)
+                .1,
+        );
+        for (row, frame, refused) in &single {
+            let mut t = [0.0; 2];
+            for (k, p) in progs.iter_mut().enumerate() {
+                if let Some(class) = refused {
+                    let policy = Policy {
+                        rate: Some(0),
+                        refuse: Some(Refuse::Reject),
+                        reply_rate: Some(MAX_REPLY_RATE),
+                        ..Default::default()
+                    };
+                    p.maps.set_policy(*class, policy.to_map()).unwrap();
+                }
+                let mut runs = Vec::new();
+                for _ in 0..COMPARE_SINGLE {
+                    p.forget();
+                    let (action, ns) = p.run(Hook::Xdp, frame, 1);
+                    if refused.is_some() {
+                        assert_eq!(action, 3, "{row}: answered with XDP_TX");
+                    }
+                    runs.push(ns);
+                }
+                t[k] = median(runs);
+                if let Some(class) = refused {
+                    p.maps
+                        .set_policy(*class, Policy::default().to_map())
+                        .unwrap();
+                }
+            }
+            if round == 0 {
+                rows.push((row.to_string(), t, Vec::new(), 0.0));
+            }
+            let e = &mut rows[i];
+            e.1 = [e.1[0].min(t[0]), e.1[1].min(t[1])];
+            e.2.push(t[1] / t[0]);
+            i += 1;
+        }
+    }
+    let bare = bare.iter().copied().fold(f64::MAX, f64::min);
+    say!(
+        r,
+        "\n# {this_name} against {name}\n\nBoth objects loaded side by side, {COMPARE_ROUNDS} \
+         interleaved rounds; the kernel's own time per run. Repeated rows: {COMPARE_REPEAT} runs \
+         a round; single-run rows (state forgotten before each): the median of {COMPARE_SINGLE} \
+         a round, which includes the single run's clock overhead. Fastest round of each build \
+         (and over the bare XDP_PASS program's fastest repeated round, {bare:.1} ns), and the \
+         median (range) of the per-round ratios {this_name} / {name}.\n"
+    );
+    say!(
+        r,
+        "| packet | {name} ns (/ bare) | {this_name} ns (/ bare) | {this_name} / {name}, median (range) |"
+    );
+    say!(r, "|---|---:|---:|---:|");
+    for (row, best, ratios, _) in rows {
+        let (lo, hi) = (
+            ratios.iter().copied().fold(f64::MAX, f64::min),
+            ratios.iter().copied().fold(0.0, f64::max),
+        );
+        say!(
+            r,
+            "| {row} | {:.0} ({:.1}x) | {:.0} ({:.1}x) | {:.2} ({lo:.2}..{hi:.2}) |",
+            best[0],
+            best[0] / bare,
+            best[1],
+            best[1] / bare,
+            median(ratios)
+        );
     }
 }

@@ -36,7 +36,7 @@ const APT_PACKAGES: &[&str] = &[
     "fonts-dejavu-core",
 ];
 
-const USAGE: &str = "usage: cargo xtask <setup | build-ebpf [--check] | test | fuzz [SECONDS] | demo | bench [NAME]>";
+const USAGE: &str = "usage: cargo xtask <setup | build-ebpf [--check] | test | fuzz [SECONDS] | demo | bench [NAME] | bench-compare REV>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -62,6 +62,13 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             name => setup().and_then(|()| bench(name)),
+        },
+        Some("bench-compare") => match args.get(1) {
+            Some(rev) => setup().and_then(|()| bench_compare(rev)),
+            None => {
+                eprintln!("xtask bench-compare: which revision?\n{USAGE}");
+                return ExitCode::from(2);
+            }
         },
         _ => {
             eprintln!("{USAGE}");
@@ -396,20 +403,50 @@ fn bench(name: Option<&str>) -> Result<()> {
         if name.is_some_and(|n| n != bench) {
             continue;
         }
-        run(cargo()
-            .args([
-                "run",
-                "--release",
-                "--quiet",
-                "--package",
-                "gateway-tests",
-                "--bin",
-                bin,
-                "--",
-            ])
-            .args(args))?;
+        run(bench_bin(bin).args(args))?;
     }
     write_benchmarks_doc()
+}
+
+/// The datapath of this checkout against the eBPF object committed at `rev` (any revision git
+/// knows: `main`, a tag, a commit), loaded side by side (`bench compare`): no worktree and no
+/// eBPF build, since every commit carries its object. The summary is written to
+/// `target/bench/datapath-compare/`.
+fn bench_compare(rev: &str) -> Result<()> {
+    let root = root();
+    let out = root.join("target/bench");
+    std::fs::create_dir_all(&out)?;
+    let object = Command::new("git")
+        .args(["show", &format!("{rev}:{}", source_hash::OBJECT)])
+        .current_dir(&root)
+        .output()
+        .context("cannot run git")?;
+    if !object.status.success() {
+        bail!(
+            "no eBPF object committed at '{rev}': {}",
+            String::from_utf8_lossy(&object.stderr).trim()
+        );
+    }
+    let path = out.join(format!("baseline-{}.bpf.o", rev.replace('/', "-")));
+    std::fs::write(&path, &object.stdout)?;
+    run(cargo().args(["build", "--release", "--package", "gateway"]))?;
+    run(bench_bin("bench").arg("compare").arg(&path).arg(rev))
+}
+
+/// `cargo run` of the benchmark program `bin` (release), ready for its arguments.
+fn bench_bin(bin: &str) -> Command {
+    let mut c = cargo();
+    c.args([
+        "run",
+        "--release",
+        "--quiet",
+        "--package",
+        "gateway-tests",
+        "--bin",
+        bin,
+        "--",
+    ]);
+    c
 }
 
 /// `docs/benchmarks.md`: the machine, the commands, and the latest summary of each benchmark

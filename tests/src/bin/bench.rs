@@ -687,6 +687,32 @@ fn program_stats(r: &mut Report, prog: &TestProgram) {
     }
 }
 
+/// One row of a side-by-side comparison.
+struct Compared {
+    /// What the row measures.
+    name: String,
+    /// Each build's fastest round (baseline first).
+    best: [f64; 2],
+    /// Per round, the second build's time over the baseline's.
+    ratios: Vec<f64>,
+}
+
+impl Compared {
+    fn new(name: &str) -> Self {
+        Compared {
+            name: name.to_owned(),
+            best: [f64::MAX; 2],
+            ratios: Vec::new(),
+        }
+    }
+
+    /// One round's times, baseline first.
+    fn add(&mut self, t: [f64; 2]) {
+        self.best = [self.best[0].min(t[0]), self.best[1].min(t[1])];
+        self.ratios.push(t[1] / t[0]);
+    }
+}
+
 /// Rounds of a side-by-side comparison.
 const COMPARE_ROUNDS: usize = 15;
 /// Runs of a repeated row in one round.
@@ -796,30 +822,27 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
             Some(Class::SipOriginal),
         ),
     ];
-    // Per row: [baseline, this] fastest round, and the per-round ratios.
-    let mut rows: Vec<(String, [f64; 2], Vec<f64>, f64)> = Vec::new();
+    let mut rows: Vec<Compared> = repeated
+        .iter()
+        .map(|r| r.0)
+        .chain(single.iter().map(|r| r.0))
+        .map(Compared::new)
+        .collect();
     let mut bare = Vec::new();
-    for round in 0..COMPARE_ROUNDS {
-        let mut i = 0;
-        for (row, hook, frame) in &repeated {
+    for _ in 0..COMPARE_ROUNDS {
+        for (i, (_, hook, frame)) in repeated.iter().enumerate() {
             let mut t = [0.0; 2];
             for (k, p) in progs.iter().enumerate() {
                 t[k] = p.run(*hook, frame, COMPARE_REPEAT).1;
             }
-            if round == 0 {
-                rows.push((row.to_string(), t, Vec::new(), 0.0));
-            }
-            let e = &mut rows[i];
-            e.1 = [e.1[0].min(t[0]), e.1[1].min(t[1])];
-            e.2.push(t[1] / t[0]);
-            i += 1;
+            rows[i].add(t);
         }
         bare.push(
             progs[1]
                 .run(Hook::BarePass, &repeated[0].2, COMPARE_REPEAT)
                 .1,
         );
-        for (row, frame, refused) in &single {
+        for (i, (row, frame, refused)) in single.iter().enumerate() {
             let mut t = [0.0; 2];
             for (k, p) in progs.iter_mut().enumerate() {
                 if let Some(class) = refused {
@@ -847,13 +870,7 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
                         .unwrap();
                 }
             }
-            if round == 0 {
-                rows.push((row.to_string(), t, Vec::new(), 0.0));
-            }
-            let e = &mut rows[i];
-            e.1 = [e.1[0].min(t[0]), e.1[1].min(t[1])];
-            e.2.push(t[1] / t[0]);
-            i += 1;
+            rows[repeated.len() + i].add(t);
         }
     }
     let bare = bare.iter().copied().fold(f64::MAX, f64::min);
@@ -871,7 +888,12 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
         "| packet | {name} ns (/ bare) | {this_name} ns (/ bare) | {this_name} / {name}, median (range) |"
     );
     say!(r, "|---|---:|---:|---:|");
-    for (row, best, ratios, _) in rows {
+    for Compared {
+        name: row,
+        best,
+        ratios,
+    } in rows
+    {
         let (lo, hi) = (
             ratios.iter().copied().fold(f64::MAX, f64::min),
             ratios.iter().copied().fold(0.0, f64::max),

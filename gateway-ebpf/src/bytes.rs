@@ -98,6 +98,23 @@ pub fn opaque(mut v: u64) -> u64 {
     v
 }
 
+/// Sets `*dst` to all-zero bytes with 8-byte stores. They are volatile so that LLVM cannot turn
+/// them back into a call to `memset`, which it compiles to a byte-at-a-time loop (about six
+/// instructions a byte: 650 for a SIP parser state).
+///
+/// # Safety
+///
+/// `dst` is valid for writes and 8-aligned, and all-zero bytes are a valid `T`.
+#[inline(always)]
+pub unsafe fn zero<T>(dst: *mut T) {
+    const { assert!(size_of::<T>().is_multiple_of(8) && align_of::<T>() >= 8) };
+    let words = dst.cast::<u64>();
+    for i in 0..size_of::<T>() / 8 {
+        // SAFETY: within *dst, aligned (the caller's promise).
+        unsafe { words.add(i).write_volatile(0) };
+    }
+}
+
 /// [`PacketBytes`] over a copy of payload bytes in map memory: `len` bytes at the start of a
 /// `SIZE`-byte buffer (`SIZE = 2 * CAP`, `len <= CAP`). Every start index is masked into the first
 /// half, which changes nothing for in-range reads and shows the verifier that the access, which

@@ -50,7 +50,7 @@ use gateway_common::{
 
 use crate::{
     admission::{self, count_refusal, refusal},
-    bytes::{ScratchBytes, opaque},
+    bytes::{ScratchBytes, opaque, zero},
     context::{Action, CopyOut},
     maps::count,
     pending::{self, SIP_PENDING},
@@ -207,7 +207,9 @@ fn parse_payload<C: CopyOut>(ctx: &C, pkt: &Packet) -> Option<SipInfo> {
     }
     s.len = len as u32;
     s.reply_ready = 0;
-    s.state = SipState::default();
+    // SipState::default() is all zero (and 8-aligned): written a word at a time.
+    // SAFETY: the scratch's own field.
+    unsafe { zero(&raw mut s.state) };
     // SAFETY: sip_step is a static subprogram with the callback signature bpf_loop expects.
     unsafe {
         bpf_loop(

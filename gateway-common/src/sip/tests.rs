@@ -258,3 +258,14 @@ fn dialogs_and_invite_transactions_are_keyed_as_the_server_made_them() {
     let other = cancel.replacen("branch=z9hG4bK-4101-1-0", "branch=z9hG4bK-x", 1);
     assert_ne!(parse(other.as_bytes()).invite_key(), inv);
 }
+
+#[test]
+fn a_fresh_parser_state_is_all_zero() {
+    // The datapath resets the state with zero words instead of `SipState::default()` (which
+    // LLVM compiles to a byte-at-a-time memset): that must be the same state.
+    // SAFETY: every field of SipState is an integer or an array of them.
+    let zeroed: SipState = unsafe { core::mem::zeroed() };
+    assert_eq!(SipState::default(), zeroed);
+    assert_eq!(core::mem::size_of::<SipState>() % 8, 0);
+    assert!(core::mem::align_of::<SipState>() >= 8);
+}

@@ -15,6 +15,12 @@ use nix::{
 
 use crate::netns::TestNet;
 
+/// The longest a daemon may take to load and attach its programs and say so: the verifier's
+/// work on every program, which on a busy two-core machine running other tests beside it takes
+/// several times what it takes on a quiet one. A bound on waiting, never a margin a test relies
+/// on: a daemon that is ready sooner is seen at once.
+pub const STARTUP: Duration = Duration::from_secs(60);
+
 /// A running daemon; killed on drop if still running.
 pub struct Daemon {
     child: Child,
@@ -67,7 +73,7 @@ impl Daemon {
             net,
             &["--config", cfg.to_str().unwrap()],
             &filter,
-            Duration::from_secs(20),
+            STARTUP,
             nofile,
         )
     }
@@ -97,7 +103,7 @@ impl Daemon {
             .arg(net.root())
             .args(["run", "--config"])
             .arg(&cfg);
-        Self::spawn_command(command, "info", Duration::from_secs(20))
+        Self::spawn_command(command, "info", STARTUP)
     }
 
     /// [`Daemon::start`] with `RUST_LOG` set to `filter`.

@@ -4,13 +4,12 @@
 use std::{net::UdpSocket, time::Duration};
 
 use gateway_tests::{
-    daemon::Daemon,
+    daemon::{Daemon, STARTUP},
     frames::Frame,
     have_root,
     netns::{GW_V4, TestNet, class_counter, send_raw_frames},
 };
 
-const STARTUP: Duration = Duration::from_secs(20);
 const SHUTDOWN: Duration = Duration::from_secs(10);
 
 fn config(net: &TestNet, on_exit: &str) -> std::path::PathBuf {

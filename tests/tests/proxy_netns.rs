@@ -791,7 +791,7 @@ fn readyz_says_why_when_the_program_is_detached_by_hand_and_the_daemon_puts_it_b
     );
     // Put back by the daemon: ready again, through a new link, and the NIC judges hellos again.
     s.daemon()
-        .wait_for("attached again", Duration::from_secs(10));
+        .wait_for("attached again", gateway_tests::daemon::STARTUP);
     assert_eq!(get("/readyz"), (200, "ready\n".into()));
     assert_ne!(link(&s), before);
     let hellos = class_counter(&s.net.stats(), "tls-new", "packets");

@@ -82,7 +82,7 @@ fn a_bad_config_changes_nothing_and_a_good_one_is_applied_whole_with_new_certifi
     let mut daemon = Daemon::start(
         &net,
         &["--config", file.to_str().unwrap()],
-        Duration::from_secs(20),
+        gateway_tests::daemon::STARTUP,
     );
     assert_eq!(backlog_limit(&net, "sip-original"), 30);
     assert!(verifies(&net, &old_cert));

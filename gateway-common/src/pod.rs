@@ -1,13 +1,14 @@
 //! `aya::Pod` for the map types, so the daemon can read and write them through aya's typed maps.
 
 use crate::maps::{
-    ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
-    IssuedValue, LatencyHistogram, Pending, RejectEvent, ServiceKey, ServiceValue, SipDialog,
-    SipTxn, TlsCounters, TlsFlow, TlsHold,
+    BenchFresh, ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey,
+    IssuedKey, IssuedValue, LatencyHistogram, Pending, RejectEvent, ServiceKey, ServiceValue,
+    SipDialog, SipTxn, TlsCounters, TlsFlow, TlsHold,
 };
 
 // SAFETY: every type is #[repr(C)], Copy, made only of integers, and has no implicit padding
 // (see the `no_implicit_padding` test in `maps`), so any bit pattern is a valid value.
+unsafe impl aya::Pod for BenchFresh {}
 unsafe impl aya::Pod for ClassStats {}
 unsafe impl aya::Pod for ClassPolicy {}
 unsafe impl aya::Pod for ClassState {}

@@ -35,6 +35,20 @@ impl XdpBytes {
     pub fn len(&self) -> u64 {
         (self.end - self.start) as u64
     }
+
+    /// A pointer to `N` writable bytes of the frame at `offset`, if they lie inside it (the
+    /// same two checks as a read).
+    #[inline(always)]
+    pub fn writable_at<const N: usize>(&self, offset: usize) -> Option<*mut u8> {
+        if offset > MAX_READ_OFFSET {
+            return None;
+        }
+        let p = self.start + offset;
+        if opaque((p + N) as u64) as usize > self.end {
+            return None;
+        }
+        Some(p as *mut u8)
+    }
 }
 
 impl PacketBytes for XdpBytes {

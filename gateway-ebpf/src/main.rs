@@ -1,6 +1,6 @@
 //! The gateway's eBPF programs: the XDP ingress classifier, the same logic as a TC ingress
-//! classifier (the fallback hook), and a bare `XDP_PASS` program used as the baseline of the
-//! per-packet cost benchmark.
+//! classifier (the fallback hook), and the benchmark's programs (`bench`): a bare `XDP_PASS`
+//! baseline and the classifier on packets made new for every run.
 #![no_std]
 #![no_main]
 // Atomic adds on shared map values (the bpf target has no atomic types).
@@ -10,6 +10,7 @@
 #![feature(asm_experimental_arch)]
 
 mod admission;
+mod bench;
 mod bytes;
 mod context;
 mod datapath;

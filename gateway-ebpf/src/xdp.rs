@@ -32,12 +32,6 @@ pub fn gateway_xdp_reply(ctx: XdpContext) -> u32 {
     process_reply(&ctx, &bytes, bytes.len()).xdp()
 }
 
-/// A program that passes everything and does nothing else: the benchmark's baseline.
-#[xdp]
-pub fn gateway_bare_pass(_ctx: XdpContext) -> u32 {
-    xdp_action::XDP_PASS
-}
-
 /// Ends the expired units of the TLS and SIP tables now, and the holds of resumed connections
 /// that are gone (the sweep the datapath otherwise runs at admissions, at most every
 /// `SWEEP_INTERVAL_NS`). Attached nowhere: the daemon runs it by `BPF_PROG_TEST_RUN` after

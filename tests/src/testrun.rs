@@ -3,6 +3,7 @@
 
 use aya::{
     Ebpf,
+    maps::Array,
     programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
 use gateway::{loader, maps::Maps, pins::PinDir};
@@ -10,8 +11,8 @@ use gateway_common::{
     Class, NUM_CLASSES,
     bytes::SliceBytes,
     maps::{
-        ClassStats, DatapathCounters, IPPROTO_TCP, IPPROTO_UDP, ServiceKey, ServiceKind,
-        ServiceValue, TlsCounters, programs,
+        BenchFresh, ClassStats, DatapathCounters, IPPROTO_TCP, IPPROTO_UDP, ServiceKey,
+        ServiceKind, ServiceValue, TlsCounters, programs,
     },
     packet::{PacketKind, parse},
     sip::parse_sip,
@@ -32,6 +33,12 @@ pub enum Hook {
     Tc,
     /// The bare XDP_PASS baseline.
     BarePass,
+    /// The XDP classifier on its frame made new for each run (`programs::XDP_BENCH_FRESH`;
+    /// [`TestProgram::freshen`] loads it and says how).
+    Fresh,
+    /// The sweep program (`programs::SWEEP`: every expired unit ended now), loaded on first use
+    /// by [`TestProgram::load_sweep`].
+    Sweep,
     /// The TC egress program.
     TcEgress,
     /// The finishing program at TC ingress (XDP modes: sends the client's reset of a refused
@@ -241,11 +248,12 @@ impl TestProgram {
             ..Default::default()
         };
         let r = match hook {
-            Hook::Xdp | Hook::BarePass => {
-                let name = if hook == Hook::Xdp {
-                    programs::XDP
-                } else {
-                    programs::XDP_BARE_PASS
+            Hook::Xdp | Hook::BarePass | Hook::Fresh | Hook::Sweep => {
+                let name = match hook {
+                    Hook::Xdp => programs::XDP,
+                    Hook::BarePass => programs::XDP_BARE_PASS,
+                    Hook::Sweep => programs::SWEEP,
+                    _ => programs::XDP_BENCH_FRESH,
                 };
                 let p: &Xdp = self.ebpf.program(name).unwrap().try_into().unwrap();
                 p.test_run(opts)
@@ -271,6 +279,73 @@ impl TestProgram {
         let left = self.maps.tls_flows().expect("flows");
         assert!(left.is_empty(), "flows left after clearing: {left:?}");
         self.try_run(hook, frame, 1)
+    }
+
+    /// Whether the object has the benchmark's fresh-packet program (builds before it do not).
+    pub fn has_fresh(&self) -> bool {
+        self.ebpf.program(programs::XDP_BENCH_FRESH).is_some()
+    }
+
+    /// Loads the sweep program for [`Hook::Sweep`] (once).
+    pub fn load_sweep(&mut self) {
+        let p: &mut Xdp = self
+            .ebpf
+            .program_mut(programs::SWEEP)
+            .unwrap()
+            .try_into()
+            .unwrap();
+        if p.fd().is_err() {
+            p.load()
+                .unwrap_or_else(|e| panic!("verifier refused {}: {e:?}", programs::SWEEP));
+        }
+    }
+
+    /// Makes [`Hook::Fresh`] write the run's number into its frame per `mode` (`FRESH_*`) at
+    /// `offset`, numbering runs from one again; loads the program on first use (the verifier's
+    /// work is spent only by the benchmark that needs it).
+    pub fn freshen(&mut self, offset: u16, mode: u8) {
+        let p: &mut Xdp = self
+            .ebpf
+            .program_mut(programs::XDP_BENCH_FRESH)
+            .unwrap()
+            .try_into()
+            .unwrap();
+        if p.fd().is_err() {
+            p.load().unwrap_or_else(|e| {
+                panic!("verifier refused {}: {e:?}", programs::XDP_BENCH_FRESH)
+            });
+        }
+        let mut map: Array<_, BenchFresh> = Array::try_from(
+            self.ebpf
+                .map_mut(gateway_common::maps::BENCH_FRESH_MAP)
+                .expect("the benchmark's map"),
+        )
+        .unwrap();
+        let fresh = BenchFresh {
+            offset,
+            mode,
+            ..Default::default()
+        };
+        map.set(0, fresh, 0).expect("set BENCH_FRESH");
+    }
+
+    /// Puts every class's next sweep of expired units `ns` from now (`ClassState::sweep_ns`):
+    /// a benchmark's batch then measures the packets' own work, and the sweep, due every
+    /// `SWEEP_INTERVAL_NS` whatever the rate of packets, is measured on its own
+    /// ([`Hook::Sweep`]).
+    pub fn defer_sweeps(&mut self, ns: u64) {
+        let mut map: Array<_, gateway_common::maps::ClassState> = Array::try_from(
+            self.ebpf
+                .map_mut(gateway_common::maps::names::CLASS_STATE)
+                .expect("the class state map"),
+        )
+        .unwrap();
+        let at = gateway::maps::monotonic_ns() + ns;
+        for class in 0..NUM_CLASSES as u32 {
+            let mut st = map.get(&class, 0).expect("class state");
+            st.sweep_ns = at;
+            map.set(class, st, 0).expect("class state");
+        }
     }
 
     /// Forgets every TLS flow, SIP transaction and pending unit, so the next frame is new.

@@ -6,6 +6,7 @@
 
 use crate::class::NUM_CLASSES;
 
+mod bench;
 mod class;
 mod datapath;
 mod latency;
@@ -14,6 +15,7 @@ mod service;
 mod sip;
 mod tls;
 
+pub use bench::*;
 pub use class::*;
 pub use datapath::*;
 pub use latency::*;
@@ -109,6 +111,10 @@ pub mod programs {
 
     /// A bare `XDP_PASS` program, the baseline of the per-packet cost benchmark.
     pub const XDP_BARE_PASS: &str = "gateway_bare_pass";
+    /// The benchmark's fresh-packet program: the XDP classifier, after writing the run's number
+    /// into its packet (`BenchFresh`), so that repeated runs are new connections or
+    /// transactions. Attached nowhere.
+    pub const XDP_BENCH_FRESH: &str = "gateway_bench_fresh";
     /// The sweep program: ends expired units now. Attached nowhere; the daemon runs it by
     /// `BPF_PROG_TEST_RUN`.
     pub const SWEEP: &str = "gateway_sweep";
@@ -176,6 +182,7 @@ mod tests {
     #[test]
     fn no_implicit_padding() {
         assert_eq!(size_of::<ClassStats>(), 7 * 8);
+        assert_eq!(size_of::<BenchFresh>(), 2 + 1 + 1 + 4);
         assert_eq!(size_of::<ClassPolicy>(), 5 * 8 + 4 + 4 + 3 * 8 + 8 + 4 + 4);
         assert_eq!(size_of::<ClassState>(), 6 * 8);
         assert_eq!(size_of::<Pending>(), 8 + 8 + 4 + 4 + 16);

@@ -59,6 +59,13 @@ fn main() {
         program_stats(&mut report, &TestProgram::new());
         return;
     }
+    // `bench fresh`: new connections and transactions by repeat alone (a section of the full
+    // run).
+    if std::env::args().nth(1).as_deref() == Some("fresh") {
+        let mut report = Report::new("datapath-fresh");
+        fresh_costs(&mut report, &mut TestProgram::new());
+        return;
+    }
     // `bench tls`: the TLS hello rows alone (a section of the full run).
     if std::env::args().nth(1).as_deref() == Some("tls") {
         let mut report = Report::new("datapath-tls");
@@ -131,6 +138,7 @@ Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
         );
     }
 
+    fresh_costs(r, &mut TestProgram::new());
     tls_costs(r, &mut TestProgram::new());
     sip_costs(r, &mut TestProgram::new());
     reply_costs(r, &mut TestProgram::new());
@@ -626,6 +634,293 @@ Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
     );
 }
 
+/// Runs in one batch of a fresh row: enough that what a batch costs once (the first runs' cold
+/// caches, the clock) is a few nanoseconds a run, and well within the tables.
+const FRESH_BATCH: u32 = 2000;
+/// Runs in one batch of resumed hellos: within the places of one issued key
+/// (`MAX_RESUME_LIMIT`).
+const FRESH_BATCH_RESUMED: u32 = 1000;
+/// Runs in one batch of BYEs: within the requests one dialog buys (`MAX_DIALOG_REQUESTS`), so
+/// that every BYE is exempt.
+const FRESH_BATCH_BYE: u32 = 200;
+/// How far a fresh batch puts the classes' sweeps off: past its end (the sweep is measured on
+/// its own, `fresh_costs`).
+const SWEEPS_DEFERRED_NS: u64 = 1_000_000_000;
+/// The XDP action every fresh run must end with.
+const XDP_PASS: u32 = 2;
+/// Batches of each fresh row.
+const FRESH_ROUNDS: usize = 31;
+
+/// One row of [`fresh_costs`]: a frame, where and how each run changes it, the class every run
+/// must get, and what to set up before each batch.
+struct FreshRow {
+    name: &'static str,
+    frame: Vec<u8>,
+    offset: u16,
+    mode: u8,
+    class: gateway_common::Class,
+    target: &'static str,
+    before: Box<dyn Fn(&mut TestProgram)>,
+    /// Runs in one batch.
+    batch: u32,
+}
+
+/// The rows of [`fresh_costs`] (and of `bench compare`, where both objects have the program).
+fn fresh_rows() -> Vec<FreshRow> {
+    use gateway_common::{
+        Class,
+        maps::{FRESH_LETTERS, FRESH_PORT, IssuedKey, IssuedValue, MAX_RESUME_LIMIT},
+    };
+    const SOURCE_PORT: u16 = 14 + 20;
+    let at = |frame: &[u8], needle: &[u8]| {
+        frame
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .expect("the marker is in the frame") as u16
+    };
+    let plain = HelloBuilder::default().build();
+    let pq = HelloBuilder {
+        psk_identity: Some(vec![7; 32]),
+        ..HelloBuilder::tls13()
+    }
+    .build();
+    let resuming = HelloBuilder {
+        psk_identity: Some(vec![9; 32]),
+        ..HelloBuilder::tls13()
+    }
+    .build();
+    let issued = IssuedKey {
+        key: gateway_common::tls::parse_hello(&resuming)
+            .offer_key()
+            .expect("an offer"),
+    };
+    let publish = move |p: &mut TestProgram| {
+        // Every place of the key free again, no rate binding: these runs stand for many clients.
+        let room = IssuedValue {
+            limit: MAX_RESUME_LIMIT,
+            per_minute: u32::MAX,
+            ..Default::default()
+        };
+        p.maps.add_issued(issued, room).unwrap();
+    };
+    let invite = Frame::udp(5060, &invite_1k()).build();
+    let invite_at = at(&invite, b"4101-1-0");
+    // A BYE of a dialog the server established (its 200 OK left first), each run a new
+    // transaction (its branch).
+    let dialog = b"From: sipp <sip:sipp@10.99.0.2:5061>;tag=4101SIPpTag001\r\n\
+To: service <sip:service@10.99.0.1:5060>;tag=srv\r\nCall-ID: 1-4101@10.99.0.2\r\n";
+    let response = |via: &[u8], cseq: &[u8]| {
+        Frame::udp(5061, &[via, dialog, cseq].concat())
+            .from_port(5060)
+            .build()
+    };
+    let established = response(
+        b"SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-4101-1-0\r\n",
+        b"CSeq: 1 INVITE\r\n\r\n",
+    );
+    // The server's answer to a BYE, which ends the dialog: run before each re-establishment, so
+    // that every batch meets a fresh dialog (one dialog buys `MAX_DIALOG_REQUESTS`).
+    let ended = response(
+        b"SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-b\r\n",
+        b"CSeq: 2 BYE\r\n\r\n",
+    );
+    let bye = Frame::udp(
+        5060,
+        &[
+            &b"BYE sip:service@10.99.0.1:5060 SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-bye-0000\r\n"[..],
+            dialog,
+            b"CSeq: 2 BYE\r\n\r\n",
+        ]
+        .concat(),
+    )
+    .build();
+    let bye_at = at(&bye, b"0000");
+    let establish = move |p: &mut TestProgram| {
+        p.run(Hook::TcEgress, &ended, 1);
+        p.run(Hook::TcEgress, &established, 1);
+    };
+    let hello =
+        |name, frame: &[u8], class, target, before: Box<dyn Fn(&mut TestProgram)>| FreshRow {
+            name,
+            frame: Frame::tcp(443, frame).build(),
+            offset: SOURCE_PORT,
+            mode: FRESH_PORT,
+            class,
+            target,
+            before,
+            batch: if class == Class::TlsResumed {
+                FRESH_BATCH_RESUMED
+            } else {
+                FRESH_BATCH
+            },
+        };
+    vec![
+        FreshRow {
+            name: "non-service UDP, its port changed each run (what the change costs)",
+            frame: Frame::udp(9999, b"x").build(),
+            offset: SOURCE_PORT,
+            mode: FRESH_PORT,
+            class: Class::Other,
+            target: "-",
+            before: Box::new(|_| {}),
+            batch: FRESH_BATCH,
+        },
+        hello(
+            "ClientHello, TLS 1.2, 153 B, new connection",
+            &plain,
+            Class::TlsNew,
+            "20x",
+            Box::new(|_| {}),
+        ),
+        hello(
+            "ClientHello, TLS 1.3 + ML-KEM share, 1.4 KB, new connection",
+            &pq,
+            Class::TlsNew,
+            "25x",
+            Box::new(|_| {}),
+        ),
+        hello(
+            "ClientHello, TLS 1.3 + ML-KEM share, resumed (key verified, place taken)",
+            &resuming,
+            Class::TlsResumed,
+            "30x",
+            Box::new(publish),
+        ),
+        FreshRow {
+            name: "SIP INVITE, 1 KB, new transaction",
+            frame: invite,
+            offset: invite_at,
+            mode: FRESH_LETTERS,
+            class: Class::SipOriginal,
+            target: "40x",
+            before: Box::new(|_| {}),
+            batch: FRESH_BATCH,
+        },
+        FreshRow {
+            name: "BYE of an established dialog (exempt), new transaction",
+            frame: bye,
+            offset: bye_at,
+            mode: FRESH_LETTERS,
+            class: Class::SipExempt,
+            target: "30x",
+            before: Box::new(establish),
+            batch: FRESH_BATCH_BYE,
+        },
+    ]
+}
+
+/// One batch of `row` through [`Hook::Fresh`], from empty tables: the kernel's time per run.
+/// Panics unless every run got the row's class and was admitted.
+fn fresh_batch(prog: &mut TestProgram, row: &FreshRow, who: &str) -> f64 {
+    prog.forget();
+    (row.before)(prog);
+    prog.freshen(row.offset, row.mode);
+    prog.defer_sweeps(SWEEPS_DEFERRED_NS);
+    let before = prog.counters();
+    let (action, ns) = prog.run(Hook::Fresh, &row.frame, row.batch);
+    let after = prog.counters();
+    let (b, a) = (
+        before.classes[row.class as usize],
+        after.classes[row.class as usize],
+    );
+    assert_eq!(action, XDP_PASS, "{}: the last run passed", row.name);
+    assert_eq!(
+        (a.packets - b.packets, a.admitted - b.admitted),
+        (u64::from(row.batch), u64::from(row.batch)),
+        "{who}, {}: every run classified {:?} and admitted; before {before:?}, after {after:?}",
+        row.name,
+        row.class
+    );
+    ns
+}
+
+/// New connections' hellos and new transactions' requests measured by repeat: the benchmark's
+/// fresh-packet program (`gateway_bench_fresh`, the XDP classifier's own code) writes each run's
+/// number into the frame (a source port, a branch), so every run of a batch is a connection or
+/// transaction the maps have not seen, classified and admitted as a flood's would be. Each
+/// batch starts from empty tables; each row checks that every run got its class and was
+/// admitted. What the write costs is its own row (a packet of no service, against the
+/// classifier on the same packet).
+fn fresh_costs(r: &mut Report, prog: &mut TestProgram) {
+    say!(
+        r,
+        "\n# New connections and transactions by repeat\n\nThe classifier's own code on a frame \
+         it changes before each run (another source port, another branch), so every run is a \
+         hello of a new connection or a request of a new transaction; BPF_PROG_TEST_RUN with \
+         repeat {FRESH_BATCH} ({FRESH_BATCH_RESUMED} for resumed hellos, within one key's \
+         places; {FRESH_BATCH_BYE} for BYEs, within one dialog's requests; the bare program: \
+         {} runs), the kernel's time per run, \
+         tables emptied before each batch and every run checked to get its class and be \
+         admitted; {FRESH_ROUNDS} batches, each beside the bare program's; medians, and the ratio \
+         is the median (min..max) of the per-batch ratios. The sweep of expired units, which a \
+         class's arrivals run every 100 ms whatever their rate, is put off past each batch and \
+         measured on its own below.\n",
+        10 * FRESH_BATCH
+    );
+    say!(
+        r,
+        "| packet | fresh ns | bare XDP_PASS ns | ratio (min..max) | target |"
+    );
+    say!(r, "|---|---:|---:|---:|---:|");
+    for row in &fresh_rows() {
+        let (mut ours, mut bare, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        let mut plain = Vec::new();
+        for _ in 0..FRESH_ROUNDS {
+            let o = fresh_batch(prog, row, "this build");
+            // The bare program by a longer repeat: its few nanoseconds a run are otherwise at
+            // the mercy of one interruption.
+            let b = prog.run(Hook::BarePass, &row.frame, 10 * FRESH_BATCH).1;
+            if row.class == gateway_common::Class::Other {
+                plain.push(prog.run(Hook::Xdp, &row.frame, row.batch).1);
+            }
+            ours.push(o);
+            bare.push(b);
+            ratios.push(o / b);
+        }
+        let lo = ratios.iter().copied().fold(f64::MAX, f64::min);
+        let hi = ratios.iter().copied().fold(0.0, f64::max);
+        let o = median(ours);
+        say!(
+            r,
+            "| {} | {o:.1} | {:.1} | {:.2}x ({lo:.2}..{hi:.2}) | {} |",
+            row.name,
+            median(bare),
+            median(ratios),
+            row.target
+        );
+        if !plain.is_empty() {
+            let p = median(plain);
+            say!(
+                r,
+                "| the same packet through gateway_xdp, unchanged (the change costs {:.1} ns) | {p:.1} | | | |",
+                o - p
+            );
+        }
+    }
+    // The sweep: one pass over the TLS and SIP unit tables (and the holds), what the first
+    // arrival of a class after its sweep is due pays; units held, none expired.
+    prog.load_sweep();
+    let rows = fresh_rows();
+    fresh_batch(prog, &rows[1], "this build");
+    let units = prog.maps.tls_pending().expect("units").len();
+    assert_eq!(units, FRESH_BATCH as usize, "the batch's units are held");
+    let pass = median(
+        (0..FRESH_ROUNDS)
+            .map(|_| prog.run(Hook::Sweep, &rows[0].frame, 1).1)
+            .collect(),
+    );
+    let per_second = pass * (1e9 / gateway_common::maps::SWEEP_INTERVAL_NS as f64);
+    say!(
+        r,
+        "\nThe sweep of expired units, one pass over the unit tables with {units} units held (single \
+         runs of the sweep program, median of {FRESH_ROUNDS}): {:.1} µs, due every {} ms per class, \
+         so {:.2} ms of CPU a second per class whatever the rate of packets.",
+        pass / 1000.0,
+        gateway_common::maps::SWEEP_INTERVAL_NS / 1_000_000,
+        per_second / 1e6
+    );
+}
+
 /// Nanoseconds per run of `hook` on `frame`, from the wall time of one repeated test run.
 fn timed(prog: &TestProgram, hook: Hook, frame: &[u8]) -> f64 {
     let start = std::time::Instant::now();
@@ -719,6 +1014,8 @@ const COMPARE_ROUNDS: usize = 15;
 const COMPARE_REPEAT: u32 = 200_000;
 /// Single runs of a stateful row in one round.
 const COMPARE_SINGLE: usize = 200;
+/// Batches of a fresh row (`fresh_rows`) in one round.
+const COMPARE_FRESH: usize = 3;
 
 /// This build's object against `baseline` (another build's object file, same map layout), each
 /// loaded with its own pinned maps, rounds interleaved so that both see the same machine: per
@@ -822,10 +1119,17 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
             Some(Class::SipOriginal),
         ),
     ];
+    // New connections and transactions by repeat, when both objects have the fresh program.
+    let fresh = if progs.iter().all(TestProgram::has_fresh) {
+        fresh_rows()
+    } else {
+        Vec::new()
+    };
     let mut rows: Vec<Compared> = repeated
         .iter()
         .map(|r| r.0)
         .chain(single.iter().map(|r| r.0))
+        .chain(fresh.iter().map(|r| r.name))
         .map(Compared::new)
         .collect();
     let mut bare = Vec::new();
@@ -872,6 +1176,17 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
             }
             rows[repeated.len() + i].add(t);
         }
+        for (i, row) in fresh.iter().enumerate() {
+            let mut t = [0.0; 2];
+            for (k, p) in progs.iter_mut().enumerate() {
+                t[k] = median(
+                    (0..COMPARE_FRESH)
+                        .map(|_| fresh_batch(p, row, [name, this_name][k]))
+                        .collect(),
+                );
+            }
+            rows[repeated.len() + single.len() + i].add(t);
+        }
     }
     let bare = bare.iter().copied().fold(f64::MAX, f64::min);
     say!(
@@ -879,7 +1194,10 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
         "\n# {this_name} against {name}\n\nBoth objects loaded side by side, {COMPARE_ROUNDS} \
          interleaved rounds; the kernel's own time per run. Repeated rows: {COMPARE_REPEAT} runs \
          a round; single-run rows (state forgotten before each): the median of {COMPARE_SINGLE} \
-         a round, which includes the single run's clock overhead. Fastest round of each build \
+         a round, which includes the single run's clock overhead; fresh rows (every run a new \
+         connection or transaction, as `bench fresh` measures them): the median of \
+         {COMPARE_FRESH} batches a round, where both objects have the program. \
+         Fastest round of each build \
          (and over the bare XDP_PASS program's fastest repeated round, {bare:.1} ns), and the \
          median (range) of the per-round ratios {this_name} / {name}.\n"
     );

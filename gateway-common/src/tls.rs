@@ -4,7 +4,8 @@
 //! struct ([`HelloState`]). It reads only through [`PacketBytes`], consumes one segment at a time,
 //! and can stop at any byte and resume with the next in-order TCP segment. Post-quantum key shares
 //! make hellos of 1.5 to 1.8 KB, so the pre_shared_key extension usually sits in the second
-//! segment. Each [`HelloState::step`] either completes a field or uses up the segment, and a
+//! segment. Each [`HelloState::step`] either completes a field (and skips the run of bytes it
+//! announces, an extension's data after its header) or uses up the segment, and a
 //! hello may complete at most [`MAX_FIELDS`] fields, whatever the segments it comes in: the
 //! budget belongs to the hello, so where the stream is cut never changes the verdict. A window
 //! therefore needs at most [`MAX_STEPS`] steps.
@@ -393,13 +394,7 @@ impl HelloState {
         let avail = seg_end - self.consumed;
         let step = Step::from_u8(self.step);
         if step.skips() {
-            let n = if self.need < avail { self.need } else { avail };
-            self.consumed += n;
-            self.need -= n;
-            if self.need == 0 {
-                self.fields += 1;
-                self.after_skip(step);
-            }
+            self.skip(step, avail);
             return false;
         }
         let at = seg.offset + (self.consumed - seg.stream_offset) as usize;
@@ -441,8 +436,31 @@ impl HelloState {
             self.need = 0;
             self.fields += 1;
             self.on_field(step);
+            // A run of bytes to skip after the field (an extension's data after its header, the
+            // cipher suites after their length) is skipped in this step, exactly as the next step
+            // would skip it: a field and what it says to skip cost one step.
+            let next = Step::from_u8(self.step);
+            if self.verdict == Verdict::Pending as u8
+                && next.skips()
+                && self.fields < MAX_FIELDS
+                && self.consumed < seg_end
+            {
+                self.skip(next, seg_end - self.consumed);
+            }
         }
         false
+    }
+
+    /// Skips up to `avail` bytes of the run `step` skips; the field is complete when the run is.
+    #[inline(always)]
+    fn skip(&mut self, step: Step, avail: u32) {
+        let n = if self.need < avail { self.need } else { avail };
+        self.consumed += n;
+        self.need -= n;
+        if self.need == 0 {
+            self.fields += 1;
+            self.after_skip(step);
+        }
     }
 
     #[inline(always)]

@@ -296,6 +296,14 @@ impl HelloState {
         }
     }
 
+    /// Makes an all-zero state the one [`HelloState::new`] returns: for a driver that clears
+    /// the state with word stores (the eBPF program, where a struct assignment costs a
+    /// byte-at-a-time copy).
+    #[inline(always)]
+    pub fn start_zeroed(&mut self) {
+        self.need = RECORD_HEADER;
+    }
+
     /// The verdict so far.
     pub const fn verdict(&self) -> Verdict {
         match self.verdict {
@@ -319,10 +327,17 @@ impl HelloState {
     /// The key of the offer: the digest of the whole offered value. `None` when there is no offer
     /// or the offered value is shorter than [`KEY_LEN`] (too short to be one a server issued).
     pub fn offer_key(&self) -> Option<[u8; KEY_LEN]> {
+        self.offer_key_ref().copied()
+    }
+
+    /// [`HelloState::offer_key`] where the state holds it (no copy: the datapath's copies of 16
+    /// bytes cost a byte-at-a-time loop).
+    #[inline(always)]
+    pub fn offer_key_ref(&self) -> Option<&[u8; KEY_LEN]> {
         match self.offer() {
-            Offer::SessionId if self.sid_len as usize >= KEY_LEN => Some(self.sid_key),
+            Offer::SessionId if self.sid_len as usize >= KEY_LEN => Some(&self.sid_key),
             Offer::Ticket | Offer::Psk if self.ext_key_len as usize >= KEY_LEN => {
-                Some(self.ext_key)
+                Some(&self.ext_key)
             }
             _ => None,
         }

@@ -30,6 +30,7 @@ use gateway_common::{
 
 use crate::{
     admission::{self, admission},
+    bytes::zero,
     resume,
     sync::{atomic_add, now_ns},
 };
@@ -51,15 +52,15 @@ pub static SERVICE_LATENCY: PerCpuArray<LatencyHistogram, NUM_CLASSES> = PerCpuA
 
 /// Admits the unit `key` of `class` against the class's own limits and holds it, or says why
 /// not ([`Refusal::Full`] when the table is full). `offer` is the issued key whose
-/// place a `tls-resumed` unit holds (`crate::resume`), given back when the unit ends; zero for
-/// any other unit. `flags`: `PENDING_*`. A refused unit holds nothing: the caller gives the
-/// place back.
+/// place a `tls-resumed` unit holds (`crate::resume`), given back when the unit ends; `None`
+/// for any other unit. `flags`: `PENDING_*`. A refused unit holds nothing: the caller gives
+/// the place back.
 #[inline(always)]
 pub fn admit<K>(
     table: &Table<K>,
     key: &K,
     class: Class,
-    offer: &[u8; KEY_LEN],
+    offer: Option<&[u8; KEY_LEN]>,
     flags: u32,
 ) -> Result<(), Refusal> {
     match admit_against(class, class) {
@@ -83,19 +84,34 @@ pub fn admit_against(policy_of: Class, backlog_of: Class) -> Result<(), Refusal>
 /// table is full (the unit is not admitted). A stale unit under the same key (a client that
 /// reused its port before the server answered the old connection) ends as expired first.
 #[inline(always)]
-fn hold<K>(table: &Table<K>, key: &K, class: Class, offer: &[u8; KEY_LEN], flags: u32) -> bool {
+fn hold<K>(
+    table: &Table<K>,
+    key: &K,
+    class: Class,
+    offer: Option<&[u8; KEY_LEN]>,
+    flags: u32,
+) -> bool {
     let now = now_ns();
     let timeout = admission::timeout(class);
-    let unit = Pending {
-        admitted_ns: now,
-        deadline_ns: now.saturating_add(timeout),
-        class: class.id(),
-        flags,
-        offer: *offer,
+    // Built field by field on zero words: a struct literal with a zero offer compiled to a
+    // call of a byte-at-a-time memset.
+    let mut unit = core::mem::MaybeUninit::<Pending>::uninit();
+    // SAFETY: zeroed whole first, which is a valid Pending.
+    let unit = unsafe {
+        zero(unit.as_mut_ptr());
+        unit.assume_init_mut()
     };
-    if table.insert(key, &unit, u64::from(BPF_NOEXIST)).is_err()
+    unit.admitted_ns = now;
+    unit.deadline_ns = now.saturating_add(timeout);
+    unit.class = class.id();
+    unit.flags = flags;
+    if let Some(offer) = offer {
+        unit.offer = *offer;
+    }
+    let unit = &*unit;
+    if table.insert(key, unit, u64::from(BPF_NOEXIST)).is_err()
         && (end(table, key, Field::Expired).is_none()
-            || table.insert(key, &unit, u64::from(BPF_NOEXIST)).is_err())
+            || table.insert(key, unit, u64::from(BPF_NOEXIST)).is_err())
     {
         return false;
     }

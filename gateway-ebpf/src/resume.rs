@@ -59,6 +59,15 @@ pub enum Place {
     Unknown,
 }
 
+/// `key` as the issued-keys table's key, in place: a copy of 16 bytes costs a byte-at-a-time
+/// loop here.
+#[inline(always)]
+fn issued(key: &[u8; KEY_LEN]) -> &IssuedKey {
+    const { assert!(size_of::<IssuedKey>() == KEY_LEN && align_of::<IssuedKey>() == 1) };
+    // SAFETY: IssuedKey is `#[repr(C)]` around exactly the key's bytes (same size, alignment 1).
+    unsafe { &*(key as *const [u8; KEY_LEN]).cast::<IssuedKey>() }
+}
+
 /// Attempts at a compare-and-swap before an offer counts as having lost the race (each failed
 /// attempt means another CPU took or gave back a place in between).
 const TRIES: usize = 4;
@@ -68,7 +77,7 @@ const TRIES: usize = 4;
 /// healing rule of `resume_holders` is only the safety net for a release lost to contention.
 #[inline(always)]
 pub fn take(key: &[u8; KEY_LEN]) -> Place {
-    let Some(v) = TLS_ISSUED.get_ptr_mut(&IssuedKey { key: *key }) else {
+    let Some(v) = TLS_ISSUED.get_ptr_mut(issued(key)) else {
         return Place::Unknown;
     };
     let timeout = admission::timeout(Class::TlsResumed);
@@ -110,7 +119,7 @@ pub fn take(key: &[u8; KEY_LEN]) -> Place {
 /// withdrawn and published again in between starts from its own count.
 #[inline(always)]
 pub fn give_back(key: &[u8; KEY_LEN]) {
-    let Some(v) = TLS_ISSUED.get_ptr_mut(&IssuedKey { key: *key }) else {
+    let Some(v) = TLS_ISSUED.get_ptr_mut(issued(key)) else {
         return;
     };
     // SAFETY: a field of a live map value, only changed by compare-and-swap.
@@ -141,7 +150,7 @@ const DECREMENT_TRIES: usize = 16;
 /// for the hold (the table is full), the place is simply given back, as before holds.
 #[inline(always)]
 pub fn hold_open(flow: &FlowKey, offer: &[u8; KEY_LEN]) {
-    if let Some(v) = TLS_ISSUED.get_ptr_mut(&IssuedKey { key: *offer }) {
+    if let Some(v) = TLS_ISSUED.get_ptr_mut(issued(offer)) {
         // A hold left on this 4-tuple by an earlier connection (the client reused its port)
         // ends first.
         close(flow);
@@ -179,7 +188,7 @@ pub fn close(flow: &FlowKey) {
 /// Gives back the place a hold had of `offer`.
 #[inline(always)]
 fn release(offer: &[u8; KEY_LEN]) {
-    if let Some(v) = TLS_ISSUED.get_ptr_mut(&IssuedKey { key: *offer }) {
+    if let Some(v) = TLS_ISSUED.get_ptr_mut(issued(offer)) {
         // SAFETY: a field of a live map value, only changed by atomic operations.
         unsafe { decrement(&raw mut (*v).open) };
     }

@@ -45,7 +45,6 @@ use gateway_common::{
         fragment_unit_key,
         reply::{MAX_REPLY_STEPS, REPLY_BUF, ReplyState, reply_tag_hash},
     },
-    tls::KEY_LEN,
 };
 
 use crate::{
@@ -236,7 +235,7 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
             if let Some(key) = fragment_key(b, pkt) {
                 let class = Class::SipOriginal;
                 let unmatched = PENDING_UNMATCHED;
-                return match pending::admit(&SIP_PENDING, &key, class, &[0; KEY_LEN], unmatched) {
+                return match pending::admit(&SIP_PENDING, &key, class, None, unmatched) {
                     Ok(()) => (class, Action::Pass),
                     Err(reason) => {
                         count_refusal(class, reason, false);
@@ -297,9 +296,7 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
     // retransmissions only while the originals' backlog is under the retransmission policy's
     // threshold (see admission::admission). Exempt messages finish work: never dropped.
     let admitted = match (class, key) {
-        (Class::SipOriginal, Some(key)) => {
-            pending::admit(&SIP_PENDING, &key, class, &[0; KEY_LEN], 0)
-        }
+        (Class::SipOriginal, Some(key)) => pending::admit(&SIP_PENDING, &key, class, None, 0),
         (Class::SipRetransmission, _) => pending::admit_against(class, Class::SipOriginal),
         // Exempt work has a ceiling of its own (a rate; nothing of it is held).
         (Class::SipExempt, _) => pending::admit_against(class, class),

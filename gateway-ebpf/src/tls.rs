@@ -53,14 +53,14 @@ use gateway_common::{
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     reasons::Refusal,
     tls::{
-        FIRST_CONTINUES, FIRST_HELLO, FIRST_NO_HELLO_YET, HelloState, KEY_LEN, MAX_STEPS,
-        MAX_WINDOWS, Segment, Verdict, WINDOW, first_records,
+        FIRST_CONTINUES, FIRST_HELLO, FIRST_NO_HELLO_YET, HelloState, MAX_STEPS, MAX_WINDOWS,
+        Segment, Verdict, WINDOW, first_records,
     },
 };
 
 use crate::{
     admission::{answer, count_refusal, refusal},
-    bytes::{ScratchBytes, opaque},
+    bytes::{ScratchBytes, copy, opaque, zero},
     context::{Action, ConnectionLookup, CookieAck, CopyOut, Rewrite, Wanted},
     maps::{finisher, setting},
     pending::{self, TLS_PENDING},
@@ -177,11 +177,10 @@ fn lookup<C: ConnectionLookup, B: PacketBytes>(
         let l3 = pkt.l3_offset as usize;
         let l4 = pkt.transport.l4_offset as usize;
         let iph_len = if v4 {
-            let mut h = [0u8; 20];
-            if !b.read(l3, &mut h) {
+            let h: &mut [u8; 20] = (&mut iph[..20]).try_into().ok()?;
+            if !b.read(l3, h) {
                 return None;
             }
-            iph[..20].copy_from_slice(&h);
             20
         } else {
             b.read(l3, iph).then_some(40)?
@@ -283,11 +282,10 @@ pub fn count(f: impl FnOnce(&mut TlsCounters)) {
 #[inline(always)]
 fn flow_key<B: PacketBytes>(b: &B, pkt: &Packet, key: &mut FlowKey, from_server: bool) -> bool {
     let (src, dst) = (pkt.transport.src_port, pkt.transport.dst_port);
-    *key = FlowKey {
-        sport: if from_server { dst } else { src },
-        dport: if from_server { src } else { dst },
-        ..FlowKey::default()
-    };
+    // SAFETY: a FlowKey of integers, aligned.
+    unsafe { zero(key) };
+    key.sport = if from_server { dst } else { src };
+    key.dport = if from_server { src } else { dst };
     let (client, server) = if from_server {
         (&mut key.daddr, &mut key.saddr)
     } else {
@@ -379,7 +377,8 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
             return (Class::TlsFlow, Action::Pass);
         }
         f.segments = f.segments.saturating_add(1);
-        s.state = f.hello;
+        // SAFETY: the flow's parser state into scratch, both aligned.
+        unsafe { copy(&raw mut s.state, &raw const f.hello) };
         let in_order = t.seq == f.next_seq;
         if !in_order {
             count(|c| c.out_of_order += 1);
@@ -397,7 +396,8 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
             f.hello.verdict = Verdict::New as u8;
             return decide::<C>(&s.key, f, true);
         }
-        f.hello = s.state;
+        // SAFETY: back, as above.
+        unsafe { copy(&raw mut f.hello, &raw const s.state) };
         f.next_seq = t.seq.wrapping_add(payload_len);
         if f.hello.verdict() == Verdict::Pending {
             return (Class::TlsFlow, Action::Pass);
@@ -423,7 +423,9 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     }
     // A SYN's data starts one past its sequence number.
     let data_seq = if syn { t.seq.wrapping_add(1) } else { t.seq };
-    s.state = HelloState::new();
+    // SAFETY: a parser state of integers, aligned.
+    unsafe { zero(&raw mut s.state) };
+    s.state.start_zeroed();
     let first = first_records(b, t.payload_offset as usize, payload_len);
     if pkt.fragmented {
         count(|c| c.fragmented_hellos += 1);
@@ -449,16 +451,17 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
         // admission.
         _ => s.state.verdict = Verdict::Malformed as u8,
     }
-    s.flow = TlsFlow {
-        hello: s.state,
-        hello_seq: data_seq.wrapping_add(skip),
-        next_seq: data_seq.wrapping_add(payload_len),
-        state: FLOW_PENDING,
-        class: Class::TlsNew as u8,
-        pad: 0,
-        segments: 1,
-        reserved: 0,
-    };
+    // The new flow record, field by field (the parser state a word at a time).
+    // SAFETY: scratch's parser state into scratch's flow record, both aligned.
+    unsafe { copy(&raw mut s.flow.hello, &raw const s.state) };
+    let flow = &mut s.flow;
+    flow.hello_seq = data_seq.wrapping_add(skip);
+    flow.next_seq = data_seq.wrapping_add(payload_len);
+    flow.state = FLOW_PENDING;
+    flow.class = Class::TlsNew as u8;
+    flow.pad = 0;
+    flow.segments = 1;
+    flow.reserved = 0;
     let result = if s.flow.hello.verdict() == Verdict::Pending {
         count(|c| c.multi_segment += 1);
         (Class::TlsFlow, Action::Pass)
@@ -476,15 +479,16 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
 #[inline(always)]
 fn decide<C: Rewrite>(key: &FlowKey, f: &mut TlsFlow, answerable: bool) -> (Class, Action) {
     count(|c| c.hellos += 1);
-    let mut offer = [0u8; KEY_LEN];
+    // The issued key whose place a resumed hello takes: read where the parser left it.
+    let mut offer = None;
     let class = match f.hello.verdict() {
-        Verdict::Offer => match f.hello.offer_key() {
+        Verdict::Offer => match f.hello.offer_key_ref() {
             Some(key) => {
                 // Places of expired resumed units are given back before this one is taken.
                 pending::sweep_if_due(Class::TlsResumed);
-                match resume::take(&key) {
+                match resume::take(key) {
                     Place::Taken => {
-                        offer = key;
+                        offer = Some(key);
                         Class::TlsResumed
                     }
                     Place::Full => {
@@ -513,14 +517,14 @@ fn decide<C: Rewrite>(key: &FlowKey, f: &mut TlsFlow, answerable: bool) -> (Clas
         _ => Class::TlsNew,
     };
     f.class = class as u8;
-    match pending::admit(&TLS_PENDING, key, class, &offer, 0) {
+    match pending::admit(&TLS_PENDING, key, class, offer, 0) {
         Ok(()) => {
             f.state = FLOW_ADMITTED;
             (class, Action::Pass)
         }
         Err(reason) => {
-            if class == Class::TlsResumed {
-                resume::give_back(&offer);
+            if let Some(offer) = offer {
+                resume::give_back(offer);
             }
             f.state = FLOW_REJECTED;
             (class, reject::<C>(key, class, reason, answerable))
@@ -547,12 +551,14 @@ fn reject<C: Rewrite>(key: &FlowKey, class: Class, reason: Refusal, answerable: 
     // A full ring buffer loses the event (counted), not the rejection: the connection is still
     // refused.
     if let Some(mut entry) = TLS_REJECTS.reserve(0) {
-        entry.write(RejectEvent {
-            key: *key,
-            class: class as u8,
-            reason: reason.id(),
-            pad: [0; 6],
-        });
+        let event = entry.as_mut_ptr();
+        // SAFETY: the reserved event, aligned, written whole before it is submitted.
+        unsafe {
+            zero(event);
+            copy(&raw mut (*event).key, key);
+            (*event).class = class as u8;
+            (*event).reason = reason.id();
+        }
         entry.submit(0);
     } else {
         count(|c| c.reject_events_lost += 1);
@@ -574,25 +580,31 @@ pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
     if !closing && !answer {
         return;
     }
-    let mut key = FlowKey::default();
-    if !flow_key(b, pkt, &mut key, true) {
+    let mut key = core::mem::MaybeUninit::<FlowKey>::uninit();
+    // SAFETY: zeroed whole first, which is a valid FlowKey (as `FlowKey::default()`, without
+    // its byte-at-a-time memset).
+    let key = unsafe {
+        zero(key.as_mut_ptr());
+        key.assume_init_mut()
+    };
+    if !flow_key(b, pkt, key, true) {
         return;
     }
-    match pending::complete(&TLS_PENDING, &key) {
+    match pending::complete(&TLS_PENDING, key) {
         Some(unit) => {
             count(|c| c.completions += 1);
             if unit.class == Class::TlsResumed.id() {
                 // Answered with its first flight and not closing: the connection goes on
                 // and holds its key's place until it ends. Otherwise the place goes now.
                 if !closing && first[0] == 22 {
-                    resume::hold_open(&key, &unit.offer);
+                    resume::hold_open(key, &unit.offer);
                 } else {
                     resume::give_back(&unit.offer);
                 }
             }
         }
         // The server ends a connection: a resumed one gives its key's place back.
-        None if closing => resume::close(&key),
+        None if closing => resume::close(key),
         None => {}
     }
 }

@@ -427,3 +427,16 @@ fn records_before_the_hello_never_hide_it() {
     );
     assert_eq!(at(&[b"GET / HTTP/1.1\r\n"]).what, FIRST_MALFORMED);
 }
+
+#[test]
+fn a_zeroed_state_once_started_is_a_new_one() {
+    // The datapath clears the state with zero words and `start_zeroed` instead of assigning
+    // `HelloState::new()` (which LLVM compiles to a byte-at-a-time memset): the same state.
+    // SAFETY: every field of HelloState is an integer or an array of them.
+    let mut zeroed: HelloState = unsafe { core::mem::zeroed() };
+    assert_ne!(zeroed, HelloState::new());
+    zeroed.start_zeroed();
+    assert_eq!(zeroed, HelloState::new());
+    assert_eq!(core::mem::size_of::<HelloState>() % 8, 0);
+    assert!(core::mem::align_of::<HelloState>() >= 8);
+}

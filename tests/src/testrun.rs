@@ -93,6 +93,49 @@ pub struct ProgramStats {
     /// Instructions of the program after the verifier's rewrites (its callbacks and
     /// subprograms included).
     pub translated: u32,
+    /// Stack bytes of its main function's frame, and of the largest frame among its callbacks
+    /// and subprograms (`frames`); the verifier's bound is 512 along any chain of calls.
+    pub stack: (u32, u32),
+}
+
+/// The stack frame of each function of a program as `bpftool prog dump xlated` prints it: the
+/// deepest offset below the frame pointer (`r10`) any of its instructions reaches, rounded up
+/// to 8 bytes, by function, in order (the main function first).
+pub fn frames(xlated: &str) -> Vec<(String, u32)> {
+    let mut out: Vec<(String, u32)> = Vec::new();
+    for line in xlated.lines() {
+        if !line.starts_with(' ') && line.trim_end().ends_with(':') {
+            let name = line.split('(').next().unwrap_or(line);
+            let name = name.rsplit(' ').next().unwrap_or(name).to_owned();
+            // A function's two headers (its BTF and its C prototype) name it once.
+            if out.last().is_none_or(|(n, _)| *n != name) {
+                out.push((name, 0));
+            }
+            continue;
+        }
+        let Some((_, depth)) = out.last_mut() else {
+            continue;
+        };
+        for (i, _) in line.match_indices("(r10 -") {
+            let digits: String = line[i + 6..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            if let Ok(d) = digits.parse::<u32>() {
+                *depth = (*depth).max(d.next_multiple_of(8));
+            }
+        }
+    }
+    out
+}
+
+/// [`frames`] of the loaded program `id` (`bpftool`, which `cargo xtask setup` installs).
+fn program_frames(id: u32) -> Vec<(String, u32)> {
+    let out = std::process::Command::new("bpftool")
+        .args(["prog", "dump", "xlated", "id", &id.to_string()])
+        .output()
+        .expect("bpftool (cargo xtask setup installs it)");
+    frames(&String::from_utf8_lossy(&out.stdout))
 }
 
 impl TestProgram {
@@ -103,10 +146,14 @@ impl TestProgram {
             .programs()
             .filter_map(|(name, p)| {
                 let info = p.info().ok()?;
+                let frames = program_frames(info.id());
+                let main = frames.first().map_or(0, |f| f.1);
+                let other = frames.iter().skip(1).map(|f| f.1).max().unwrap_or(0);
                 Some(ProgramStats {
                     name: name.to_owned(),
                     verified: info.verified_instruction_count().unwrap_or(0),
                     translated: info.size_translated().unwrap_or(0) / 8,
+                    stack: (main, other),
                 })
             })
             .collect();
@@ -462,5 +509,27 @@ pub fn expected_class(frame: &[u8], issued: &[[u8; KEY_LEN]]) -> Class {
         Verdict::Pending => Class::TlsFlow,
         Verdict::Offer if st.offer_key().is_some_and(|k| issued.contains(&k)) => Class::TlsResumed,
         _ => Class::TlsNew,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::frames;
+
+    #[test]
+    fn frames_are_the_deepest_offset_below_r10_per_function() {
+        let xlated = "u32 prog(struct xdp_md * ctx):\n\
+u32 prog(struct XdpContext ctx):\n   0: (b7) r1 = 0\n   1: (63) *(u32 *)(r10 -4) = r1\n\
+   2: (79) r2 = *(u64 *)(r10 -216)\n   3: (95) exit\n\
+i64 step(u64 _index, enum c_void * _ctx):\n   4: (7b) *(u64 *)(r10 -13) = r1\n   5: (95) exit\n\
+void memset(u8 * s, i32 c, usize n):\n   6: (95) exit\n";
+        assert_eq!(
+            frames(xlated),
+            [
+                ("prog".to_owned(), 216),
+                ("step".to_owned(), 16),
+                ("memset".to_owned(), 0)
+            ]
+        );
     }
 }

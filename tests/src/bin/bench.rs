@@ -53,10 +53,15 @@ fn main() {
         compare(&mut report, baseline, this);
         return;
     }
-    // `bench programs`: the programs' verifier figures alone (a section of the full run).
+    // `bench programs [OBJECT]`: the programs' verifier figures alone (a section of the full
+    // run), of this build or of another build's object.
     if std::env::args().nth(1).as_deref() == Some("programs") {
         let mut report = Report::new("datapath-programs");
-        program_stats(&mut report, &TestProgram::new());
+        let prog = match std::env::args().nth(2) {
+            Some(path) => load_object(&path),
+            None => TestProgram::new(),
+        };
+        program_stats(&mut report, &prog);
         return;
     }
     // `bench fresh`: new connections and transactions by repeat alone (a section of the full
@@ -972,14 +977,40 @@ fn program_stats(r: &mut Report, prog: &TestProgram) {
     say!(
         r,
         "\n# Programs\n\nEvery program of the object as the kernel loaded it: instructions the \
-         verifier processed to accept it (limit 1,000,000: the margin left to grow) and \
-         instructions after its rewrites (subprograms and callbacks included).\n"
+         verifier processed to accept it (limit 1,000,000: the margin left to grow), \
+         instructions after its rewrites (subprograms and callbacks included), and the stack \
+         bytes of its main function's frame and of its largest callback's or subprogram's (the \
+         deepest offset below the frame pointer in the translated code; the verifier's bound is \
+         512 bytes along a chain of calls).\n"
     );
-    say!(r, "| program | verified insns | translated insns |");
-    say!(r, "|---|---:|---:|");
+    say!(
+        r,
+        "| program | verified insns | translated insns | stack bytes (main / largest callback) |"
+    );
+    say!(r, "|---|---:|---:|---:|");
     for p in prog.program_stats() {
-        say!(r, "| {} | {} | {} |", p.name, p.verified, p.translated);
+        say!(
+            r,
+            "| {} | {} | {} | {} / {} |",
+            p.name,
+            p.verified,
+            p.translated,
+            p.stack.0,
+            p.stack.1
+        );
     }
+}
+
+/// Another build's object file, loaded with its own pinned maps.
+fn load_object(path: &str) -> TestProgram {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    // The object parser wants the bytes aligned as `include_bytes_aligned!` gives them.
+    let mut aligned = vec![0u64; bytes.len().div_ceil(8)];
+    // SAFETY: the u64 buffer holds at least bytes.len() bytes, and u8 has no alignment.
+    let view =
+        unsafe { std::slice::from_raw_parts_mut(aligned.as_mut_ptr().cast::<u8>(), bytes.len()) };
+    view.copy_from_slice(&bytes);
+    TestProgram::with_object(view)
 }
 
 /// One row of a side-by-side comparison.
@@ -1028,17 +1059,7 @@ fn compare(r: &mut Report, (baseline, name): (&str, &str), this: Option<(&str, &
         Class,
         policy::{MAX_REPLY_RATE, Policy, Refuse},
     };
-    let load = |path: &str| {
-        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        // The object parser wants the bytes aligned as `include_bytes_aligned!` gives them.
-        let mut aligned = vec![0u64; bytes.len().div_ceil(8)];
-        // SAFETY: the u64 buffer holds at least bytes.len() bytes, and u8 has no alignment.
-        let view = unsafe {
-            std::slice::from_raw_parts_mut(aligned.as_mut_ptr().cast::<u8>(), bytes.len())
-        };
-        view.copy_from_slice(&bytes);
-        TestProgram::with_object(view)
-    };
+    let load = load_object;
     let (this_prog, this_name) = match this {
         Some((path, other)) => (load(path), other),
         None => (TestProgram::new(), "this build"),

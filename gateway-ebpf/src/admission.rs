@@ -15,7 +15,11 @@ use gateway_common::{
     reasons::Refusal,
 };
 
-use crate::{context::Action, maps, sync::gcra};
+use crate::{
+    context::Action,
+    maps,
+    sync::{gcra, now_ns},
+};
 
 /// Per-class counters, per CPU.
 #[btf_map]
@@ -76,9 +80,9 @@ pub fn count_class(class: Class, passed: bool, len: u64) {
 ///
 /// GCRA (RFC 7415's leaky bucket, [`crate::sync::gcra`]): a connection conforms when the theoretical arrival
 /// time is at most `burst * T` ahead of now, and then advances it by `T`. A rate of zero admits
-/// nothing.
+/// nothing. `now`: the packet's time (`crate::sync::now_ns`, read once for its admission).
 #[inline(always)]
-pub fn admission(policy_of: Class, backlog_of: Class) -> Result<(), Refusal> {
+pub fn admission(policy_of: Class, backlog_of: Class, now: u64) -> Result<(), Refusal> {
     let (Some(st), Some(rate_st), Some(p)) = (
         state(backlog_of.id()),
         state(policy_of.id()),
@@ -113,6 +117,7 @@ pub fn admission(policy_of: Class, backlog_of: Class) -> Result<(), Refusal> {
             } else {
                 p.burst
             },
+            now,
         ) {
             return Err(Refusal::Rate);
         }
@@ -149,6 +154,7 @@ pub fn answer(class: Class) -> Action {
         unsafe { &raw mut (*st).reply_tat_ns },
         1_000_000_000 / reply_rate(p),
         REPLY_BURST,
+        now_ns(),
     ) {
         return Action::Reject;
     }

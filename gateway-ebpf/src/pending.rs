@@ -63,10 +63,12 @@ pub fn admit<K>(
     offer: Option<&[u8; KEY_LEN]>,
     flags: u32,
 ) -> Result<(), Refusal> {
-    match admit_against(class, class) {
-        Ok(()) if hold(table, key, class, offer, flags) => Ok(()),
-        Ok(()) => Err(Refusal::Full),
-        refused => refused,
+    let now = sweep_if_due(class);
+    admission(class, class, now)?;
+    if hold(table, key, class, offer, flags, now) {
+        Ok(())
+    } else {
+        Err(Refusal::Full)
     }
 }
 
@@ -76,8 +78,8 @@ pub fn admit<K>(
 /// exempt requests); [`admit`] holds one.
 #[inline(always)]
 pub fn admit_against(policy_of: Class, backlog_of: Class) -> Result<(), Refusal> {
-    sweep_if_due(backlog_of);
-    admission(policy_of, backlog_of)
+    let now = sweep_if_due(backlog_of);
+    admission(policy_of, backlog_of, now)
 }
 
 /// Holds the unit `key` of `class`, admitted now, and counts its admission. `false` when the
@@ -90,8 +92,8 @@ fn hold<K>(
     class: Class,
     offer: Option<&[u8; KEY_LEN]>,
     flags: u32,
+    now: u64,
 ) -> bool {
-    let now = now_ns();
     let timeout = admission::timeout(class);
     // Built field by field on zero words: a struct literal with a zero offer compiled to a
     // call of a byte-at-a-time memset.
@@ -183,21 +185,24 @@ fn count(class: u32, field: Field) {
 }
 
 /// Releases the expired units of `class`'s table when the class's sweep is due. Two CPUs may
-/// sweep at once; each unit is still counted once, by the CPU whose delete succeeds.
+/// sweep at once; each unit is still counted once, by the CPU whose delete succeeds. Returns
+/// the time now: the one clock read the arrival's admission goes by (read again after a sweep,
+/// which takes a while).
 #[inline(always)]
-pub fn sweep_if_due(class: Class) {
-    let Some(st) = admission::state(class.id()) else {
-        return;
-    };
+pub fn sweep_if_due(class: Class) -> u64 {
     let now = now_ns();
+    let Some(st) = admission::state(class.id()) else {
+        return now;
+    };
     // SAFETY: a plain schedule; a racing CPU at worst sweeps once more.
     unsafe {
         if core::ptr::read_volatile(&raw const (*st).sweep_ns) > now {
-            return;
+            return now;
         }
         core::ptr::write_volatile(&raw mut (*st).sweep_ns, now + SWEEP_INTERVAL_NS);
     }
     sweep(class, now);
+    now_ns()
 }
 
 /// Releases the expired units of `class`'s table now, whatever its schedule (the daemon's

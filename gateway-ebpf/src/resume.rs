@@ -75,13 +75,13 @@ const TRIES: usize = 4;
 /// Takes a place of the issued key `key`. The caller releases expired resumed units first
 /// (`crate::pending::sweep_if_due`), so their places are free before the count is read; the
 /// healing rule of `resume_holders` is only the safety net for a release lost to contention.
+/// `now`: the clock read of that sweep.
 #[inline(always)]
-pub fn take(key: &[u8; KEY_LEN]) -> Place {
+pub fn take(key: &[u8; KEY_LEN], now: u64) -> Place {
     let Some(v) = TLS_ISSUED.get_ptr_mut(issued(key)) else {
         return Place::Unknown;
     };
     let timeout = admission::timeout(Class::TlsResumed);
-    let now = now_ns();
     // SAFETY: `in_use` is only changed by compare-and-swap; `granted_ns` is informational for
     // the healing rule, a racing write at worst keeps a count a little longer.
     unsafe {
@@ -101,7 +101,7 @@ pub fn take(key: &[u8; KEY_LEN]) -> Place {
             // With a place free, the rate: `limit` at once, then one per interval. Tested
             // once, so an offer that loses a race for a place pays for one resumption only.
             if !rated {
-                if !gcra(&raw mut (*v).tat_ns, interval, limit - 1) {
+                if !gcra(&raw mut (*v).tat_ns, interval, limit - 1, now) {
                     return Place::TooFast;
                 }
                 rated = true;

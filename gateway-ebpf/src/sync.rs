@@ -47,12 +47,12 @@ const GCRA_TRIES: usize = 4;
 
 /// One GCRA conformance test on the theoretical arrival time at `tat_ptr`: emission interval
 /// `interval_ns` (above 0), tolerance `burst * interval_ns`. Advances the TAT by
-/// compare-and-swap, so CPUs testing at the same instant never both pass on one slot. Used by
+/// compare-and-swap, so CPUs testing at the same instant never both pass on one slot, at `now`
+/// (the caller's clock read). Used by
 /// the classes' rate limits, their reply limits, and each issued key's resumption rate.
 #[inline(always)]
-pub fn gcra(tat_ptr: *mut u64, interval_ns: u64, burst: u64) -> bool {
+pub fn gcra(tat_ptr: *mut u64, interval_ns: u64, burst: u64, now: u64) -> bool {
     let tolerance = burst * interval_ns;
-    let now = now_ns();
     for _ in 0..GCRA_TRIES {
         // SAFETY: the TAT is only changed by compare-and-swap, so of two CPUs that read the same
         // TAT only one advances it; the other tries again from the new value.

@@ -485,8 +485,8 @@ fn decide<C: Rewrite>(key: &FlowKey, f: &mut TlsFlow, answerable: bool) -> (Clas
         Verdict::Offer => match f.hello.offer_key_ref() {
             Some(key) => {
                 // Places of expired resumed units are given back before this one is taken.
-                pending::sweep_if_due(Class::TlsResumed);
-                match resume::take(key) {
+                let now = pending::sweep_if_due(Class::TlsResumed);
+                match resume::take(key, now) {
                     Place::Taken => {
                         offer = Some(key);
                         Class::TlsResumed

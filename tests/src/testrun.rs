@@ -335,15 +335,15 @@ impl TestProgram {
 
     /// Loads the sweep program for [`Hook::Sweep`] (once).
     pub fn load_sweep(&mut self) {
-        let p: &mut Xdp = self
-            .ebpf
-            .program_mut(programs::SWEEP)
-            .unwrap()
-            .try_into()
-            .unwrap();
+        self.load_xdp_once(programs::SWEEP);
+    }
+
+    /// Loads the XDP program `name` of the object unless it is loaded already.
+    fn load_xdp_once(&mut self, name: &str) {
+        let p: &mut Xdp = self.ebpf.program_mut(name).unwrap().try_into().unwrap();
         if p.fd().is_err() {
             p.load()
-                .unwrap_or_else(|e| panic!("verifier refused {}: {e:?}", programs::SWEEP));
+                .unwrap_or_else(|e| panic!("verifier refused {name}: {e:?}"));
         }
     }
 
@@ -351,17 +351,7 @@ impl TestProgram {
     /// `offset`, numbering runs from one again; loads the program on first use (the verifier's
     /// work is spent only by the benchmark that needs it).
     pub fn freshen(&mut self, offset: u16, mode: u8) {
-        let p: &mut Xdp = self
-            .ebpf
-            .program_mut(programs::XDP_BENCH_FRESH)
-            .unwrap()
-            .try_into()
-            .unwrap();
-        if p.fd().is_err() {
-            p.load().unwrap_or_else(|e| {
-                panic!("verifier refused {}: {e:?}", programs::XDP_BENCH_FRESH)
-            });
-        }
+        self.load_xdp_once(programs::XDP_BENCH_FRESH);
         let mut map: Array<_, BenchFresh> = Array::try_from(
             self.ebpf
                 .map_mut(gateway_common::maps::BENCH_FRESH_MAP)

@@ -78,9 +78,30 @@ impl Sip {
 
     /// Runs SIPp's uac scenario for `CALLS` calls; returns its final statistics.
     fn uac(&self) -> std::collections::HashMap<String, u64> {
-        let stats = self.dir.join("uac.csv");
+        self.uac_with(&[])
+    }
+
+    /// [`Sip::uac`] with more of SIPp's options.
+    fn uac_with(&self, extra: &[&str]) -> std::collections::HashMap<String, u64> {
+        uac_in(&self.net, &self.dir, extra)
+    }
+
+    fn counter(&self, class: &str, field: &str) -> u64 {
+        class_counter(&self.net.stats(), class, field)
+    }
+}
+
+/// Runs SIPp's uac scenario for `CALLS` calls from the peer namespace of `net`, its files in
+/// `dir`, with `extra` options; returns its final statistics.
+fn uac_in(
+    net: &TestNet,
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> std::collections::HashMap<String, u64> {
+    {
+        let stats = dir.join("uac.csv");
         let out = Command::new("ip")
-            .args(["netns", "exec", &self.net.peer_ns, "sipp", "-sn", "uac"])
+            .args(["netns", "exec", &net.peer_ns, "sipp", "-sn", "uac"])
             .arg(format!("{GW_V4}:5060"))
             .args([
                 "-i",
@@ -104,7 +125,8 @@ impl Sip {
                 "-stf",
             ])
             .arg(&stats)
-            .current_dir(&self.dir)
+            .args(extra)
+            .current_dir(dir)
             .output()
             .expect("sipp uac");
         // SIPp exits 1 when a call failed (the callers' statistics say which); anything else
@@ -121,10 +143,6 @@ impl Sip {
             .zip(last.iter())
             .filter_map(|(k, v)| v.parse().ok().map(|v| (k.to_string(), v)))
             .collect()
-    }
-
-    fn counter(&self, class: &str, field: &str) -> u64 {
-        class_counter(&self.net.stats(), class, field)
     }
 }
 
@@ -227,4 +245,123 @@ fn with_originals_closed_and_answered_every_call_fails_at_once_on_a_503() {
     // Each failed call lasted under 10 ms (SIPp's call-length histogram).
     assert_eq!(uac["CallLengthRepartition_<10"], CALLS, "{uac:?}");
     eprintln!("503 run: {took:?}, {uac:?}, datapath {}", stats["datapath"]);
+}
+
+/// Issue 25: a flood of forged 1 KB INVITEs (each a new transaction, from forged source ports),
+/// sent from one thread through a raw socket as fast as it goes, with sip-original closed while
+/// real calls are up. Every flood INVITE that reaches the NIC is refused there, so the server
+/// receives none of them (its UDP socket counts no more datagrams than the calls' own), and
+/// the established calls end: their ACKs and BYEs, exempt, are answered.
+#[test]
+fn a_forged_invite_flood_reaches_no_server_and_established_calls_end() {
+    use std::{
+        net::{IpAddr, Ipv4Addr},
+        sync::atomic::{AtomicBool, Ordering},
+    };
+    if !have_root("sipp_forged_invite_flood") {
+        return;
+    }
+    /// At most this long a flood: it stops when the calls end.
+    const FLOOD_FOR: Duration = Duration::from_secs(20);
+    let s = Sip::new();
+    let (gw, peer): (Ipv4Addr, Ipv4Addr) = (GW_V4.parse().unwrap(), PEER_V4.parse().unwrap());
+    let invite = |i: u32| {
+        let mut m = format!(
+            "INVITE sip:service@{GW_V4}:5060 SIP/2.0\r\nVia: SIP/2.0/UDP {PEER_V4}:{port};branch=z9hG4bK-flood-{i}\r\n\
+From: <sip:flood@{PEER_V4}>;tag=f{i}\r\nTo: <sip:service@{GW_V4}:5060>\r\nCall-ID: flood-{i}@{PEER_V4}\r\n\
+CSeq: 1 INVITE\r\nContact: <sip:flood@{PEER_V4}:{port}>\r\nMax-Forwards: 70\r\n\
+Content-Type: application/sdp\r\nContent-Length: 600\r\n\r\n",
+            port = 20_000 + i % 20_000
+        )
+        .into_bytes();
+        m.resize(1024, b'v');
+        let udp = gateway_tests::inject::udp_datagram(
+            IpAddr::V4(peer),
+            IpAddr::V4(gw),
+            (20_000 + i % 20_000) as u16,
+            5060,
+            &m,
+        );
+        gateway_tests::inject::ipv4_packet(peer, gw, 17, &udp)
+    };
+    let flood: Vec<Vec<u8>> = (0..4096).map(invite).collect();
+    let received = || udp_in_datagrams(&s.net);
+    let done = AtomicBool::new(false);
+    let (uac, sent, server_got) = std::thread::scope(|scope| {
+        // Calls that last 4 s between their ACK and their BYE.
+        let (net, dir) = (&s.net, &s.dir);
+        let done = &done;
+        let calls = scope.spawn(move || {
+            let uac = uac_in(net, dir, &["-d", "4000"]);
+            done.store(true, Ordering::Relaxed);
+            uac
+        });
+        // Every call up (its INVITE admitted and answered), then the class closes.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while s.counter("sip-original", "admitted") < CALLS
+            || s.counter("sip-original", "backlog") != 0
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the calls did not come up"
+            );
+            std::thread::yield_now();
+        }
+        s.net
+            .gateway_ok(&["policy", "set", "sip-original", "--rate", "0", "--pin"]);
+        let before = received();
+        let started = std::time::Instant::now();
+        let sent = s.net.in_peer(|| {
+            let mut sent = 0u64;
+            while !done.load(Ordering::Relaxed) && started.elapsed() < FLOOD_FOR {
+                gateway_tests::inject::send_ip(IpAddr::V4(gw), &flood);
+                sent += flood.len() as u64;
+            }
+            sent
+        });
+        let took = started.elapsed();
+        let uac = calls.join().unwrap();
+        let server_got = received() - before;
+        eprintln!(
+            "flood: {sent} INVITEs in {took:?} ({:.0}/s)",
+            sent as f64 / took.as_secs_f64()
+        );
+        (uac, sent, server_got)
+    });
+    // The calls ended: every BYE answered, through the flood.
+    assert_eq!(uac["SuccessfulCall(C)"], CALLS, "{uac:?}");
+    assert!(sent >= flood.len() as u64, "the flood was sent");
+    // Only the calls' INVITEs were ever admitted; every other original was refused at the NIC.
+    let (packets, admitted) = (
+        s.counter("sip-original", "packets"),
+        s.counter("sip-original", "admitted"),
+    );
+    assert_eq!(admitted, CALLS);
+    assert_eq!(
+        s.counter("sip-original", "dropped_rate"),
+        packets - admitted
+    );
+    assert!(packets - admitted > 0, "flood INVITEs reached the NIC");
+    // The server's socket got the calls' own requests (their ACKs, BYEs and any retransmission
+    // of them), and none of the flood's thousands.
+    assert!(
+        server_got <= 4 * CALLS,
+        "{server_got} datagrams reached the server during a flood of {sent}"
+    );
+    eprintln!(
+        "refused at the NIC: {}, the server's socket got {server_got} datagrams meanwhile",
+        packets - admitted
+    );
+}
+
+/// Datagrams UDP delivered to sockets in the gateway's namespace so far (`Udp: InDatagrams`).
+fn udp_in_datagrams(net: &TestNet) -> u64 {
+    let snmp = String::from_utf8(net.exec(&net.gw_ns, "cat", &["/proc/net/snmp"]).stdout).unwrap();
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp:"));
+    let (names, values) = (udp.next().unwrap(), udp.next().unwrap());
+    let at = names
+        .split_whitespace()
+        .position(|n| n == "InDatagrams")
+        .unwrap();
+    values.split_whitespace().nth(at).unwrap().parse().unwrap()
 }

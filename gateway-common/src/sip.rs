@@ -376,15 +376,12 @@ impl Phase {
     }
 }
 
-/// Bytes one byte-wise step scans at most (the Via's comma, a CSeq number). Lines
+/// Bytes one byte-wise step scans at most (the Via's protocol and comma, a CSeq number). Lines
 /// and parameters are searched a word at a time, up to 64 bytes a step
 /// (`crate::bytes::find_byte`).
 const CHUNK: usize = 8;
 /// Bytes of a value one step hashes at most.
-const HASH_CHUNK: usize = 16;
-/// Bytes of the top Via's protocol one step looks through for the space after it: the longest
-/// (`SIP/2.0/SCTP`) and its space in one step.
-const VIA_PROTOCOL_CHUNK: usize = 16;
+const HASH_CHUNK: usize = 8;
 /// Steps a message gets.
 pub const MAX_STEPS: usize = 1024;
 
@@ -817,7 +814,7 @@ impl SipState {
     fn via_protocol<B: PacketBytes>(&mut self, b: &B) {
         let from = self.pos as usize;
         let end = self.via_end as usize;
-        for i in 0..VIA_PROTOCOL_CHUNK {
+        for i in 0..CHUNK {
             let at = from + i;
             if at >= end {
                 // No sent-by.
@@ -836,7 +833,7 @@ impl SipState {
                 return self.hash_value(TARGET_SENT_BY, end);
             }
         }
-        self.pos = (from + VIA_PROTOCOL_CHUNK) as u32;
+        self.pos = (from + CHUNK) as u32;
     }
 
     /// Finds where the top Via value ends: its first comma within [`CHUNK`] bytes, or the line's
@@ -888,11 +885,8 @@ impl SipState {
         }
         self.hash = h;
         self.token_len += HASH_CHUNK as u8;
-        let at = from + HASH_CHUNK;
-        self.pos = at as u32;
-        // A token that ends right after the chunk is complete now, as the next step would find
-        // at its first byte (a 16-byte branch or Call-ID takes one step, not two).
-        at >= end || ends_token(byte(b, at))
+        self.pos = (from + HASH_CHUNK) as u32;
+        false
     }
 
     /// `CSeq: 314159 INVITE`: the number, then on to the method.

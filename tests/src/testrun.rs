@@ -33,8 +33,8 @@ pub enum Hook {
     Tc,
     /// The bare XDP_PASS baseline.
     BarePass,
-    /// The XDP classifier on its frame made new for each run (`programs::XDP_BENCH_FRESH`;
-    /// [`TestProgram::freshen`] loads it and says how).
+    /// The XDP classifier on its frame made new for each run (`programs::XDP_BENCH_FRESH`, which
+    /// jumps to it; [`TestProgram::freshen`] loads it and says how).
     Fresh,
     /// The sweep program (`programs::SWEEP`: every expired unit ended now), loaded on first use
     /// by [`TestProgram::load_sweep`].
@@ -352,6 +352,24 @@ impl TestProgram {
     /// work is spent only by the benchmark that needs it).
     pub fn freshen(&mut self, offset: u16, mode: u8) {
         self.load_xdp_once(programs::XDP_BENCH_FRESH);
+        let xdp: &Xdp = self
+            .ebpf
+            .program(programs::XDP)
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let fd = xdp
+            .fd()
+            .expect("the classifier is loaded")
+            .try_clone()
+            .unwrap();
+        let mut jump: aya::maps::ProgramArray<_> = self
+            .ebpf
+            .map_mut(gateway_common::maps::BENCH_JUMP_MAP)
+            .expect("the benchmark's jump table")
+            .try_into()
+            .unwrap();
+        jump.set(0, &fd, 0).expect("the jump to the classifier");
         let mut map: Array<_, BenchFresh> = Array::try_from(
             self.ebpf
                 .map_mut(gateway_common::maps::BENCH_FRESH_MAP)

@@ -3,6 +3,8 @@
 
 /// The map's name in the object.
 pub const BENCH_FRESH_MAP: &str = "BENCH_FRESH";
+/// The fresh-packet program's jump table (slot 0: the XDP classifier; not pinned).
+pub const BENCH_JUMP_MAP: &str = "BENCH_JUMP";
 
 /// Leave the packet as it is.
 pub const FRESH_NONE: u8 = 0;
@@ -17,7 +19,7 @@ pub const FRESH_BYTES: usize = 4;
 pub const MAX_FRESH_OFFSET: u16 = 2047;
 
 /// How the benchmark's fresh-packet program (`programs::XDP_BENCH_FRESH`) changes its packet
-/// before classifying it: at `offset`, per `mode` (`FRESH_*`), the number of the run. Test runs
+/// before the classifier, which it jumps to, classifies it: at `offset`, per `mode` (`FRESH_*`), the number of the run. Test runs
 /// repeated on one frame keep the program's writes, so run `n` is a new connection (another
 /// source port) or a new transaction (another branch), classified as a real one would be.
 #[repr(C)]

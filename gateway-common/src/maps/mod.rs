@@ -111,9 +111,9 @@ pub mod programs {
 
     /// A bare `XDP_PASS` program, the baseline of the per-packet cost benchmark.
     pub const XDP_BARE_PASS: &str = "gateway_bare_pass";
-    /// The benchmark's fresh-packet program: the XDP classifier, after writing the run's number
-    /// into its packet (`BenchFresh`), so that repeated runs are new connections or
-    /// transactions. Attached nowhere.
+    /// The benchmark's fresh-packet program: writes the run's number into its packet
+    /// (`BenchFresh`) and jumps to the XDP classifier, so that repeated runs are new
+    /// connections or transactions. Attached nowhere.
     pub const XDP_BENCH_FRESH: &str = "gateway_bench_fresh";
     /// The sweep program: ends expired units now. Attached nowhere; the daemon runs it by
     /// `BPF_PROG_TEST_RUN`.

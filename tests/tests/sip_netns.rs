@@ -5,6 +5,7 @@
 use std::{
     path::PathBuf,
     process::{Command, Stdio},
+    sync::{RwLock, RwLockReadGuard, RwLockWriteGuard},
     time::Duration,
 };
 
@@ -24,10 +25,39 @@ struct Sip {
     dir: PathBuf,
     _uas: Proc,
     daemon: Option<Daemon>,
+    /// Held to the end, after everything above is gone.
+    _turn: Turn,
+}
+
+/// The tests of this binary run two at a time, but the flood test runs alone: its sending thread
+/// is a core's worth of work for seconds, which would slow the SIPp calls another test times.
+static TURNS: RwLock<()> = RwLock::new(());
+
+/// A test's turn: shared with another test, or alone (one of the two guards).
+struct Turn {
+    _shared: Option<RwLockReadGuard<'static, ()>>,
+    _alone: Option<RwLockWriteGuard<'static, ()>>,
 }
 
 impl Sip {
+    /// A UAS behind the gateway, for a test that may run beside another.
     fn new() -> Self {
+        // A test that failed while holding its turn still gave it up.
+        Self::with_turn(Turn {
+            _shared: Some(TURNS.read().unwrap_or_else(|e| e.into_inner())),
+            _alone: None,
+        })
+    }
+
+    /// [`Sip::new`] for a test that runs alone.
+    fn alone() -> Self {
+        Self::with_turn(Turn {
+            _shared: None,
+            _alone: Some(TURNS.write().unwrap_or_else(|e| e.into_inner())),
+        })
+    }
+
+    fn with_turn(turn: Turn) -> Self {
         let net = TestNet::new();
         let dir =
             std::env::temp_dir().join(format!("gwt-sip-{}-{}", std::process::id(), net.gw_if));
@@ -73,6 +103,7 @@ impl Sip {
             dir,
             _uas: uas,
             daemon: Some(daemon),
+            _turn: turn,
         }
     }
 
@@ -263,7 +294,7 @@ fn a_forged_invite_flood_reaches_no_server_and_established_calls_end() {
     }
     /// At most this long a flood: it stops when the calls end.
     const FLOOD_FOR: Duration = Duration::from_secs(20);
-    let s = Sip::new();
+    let s = Sip::alone();
     let (gw, peer): (Ipv4Addr, Ipv4Addr) = (GW_V4.parse().unwrap(), PEER_V4.parse().unwrap());
     let invite = |i: u32| {
         let mut m = format!(

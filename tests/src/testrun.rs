@@ -335,23 +335,44 @@ impl TestProgram {
 
     /// Loads the sweep program for [`Hook::Sweep`] (once).
     pub fn load_sweep(&mut self) {
-        self.load_xdp_once(programs::SWEEP);
+        let _ = self.load_xdp_once(programs::SWEEP);
     }
 
-    /// Loads the XDP program `name` of the object unless it is loaded already.
-    fn load_xdp_once(&mut self, name: &str) {
+    /// Loads the XDP program `name` of the object unless it is loaded already; `true` when it
+    /// was loaded now.
+    fn load_xdp_once(&mut self, name: &str) -> bool {
         let p: &mut Xdp = self.ebpf.program_mut(name).unwrap().try_into().unwrap();
-        if p.fd().is_err() {
-            p.load()
-                .unwrap_or_else(|e| panic!("verifier refused {name}: {e:?}"));
+        if p.fd().is_ok() {
+            return false;
         }
+        p.load()
+            .unwrap_or_else(|e| panic!("verifier refused {name}: {e:?}"));
+        true
     }
 
     /// Makes [`Hook::Fresh`] write the run's number into its frame per `mode` (`FRESH_*`) at
     /// `offset`, numbering runs from one again; loads the program on first use (the verifier's
     /// work is spent only by the benchmark that needs it).
     pub fn freshen(&mut self, offset: u16, mode: u8) {
-        self.load_xdp_once(programs::XDP_BENCH_FRESH);
+        if self.load_xdp_once(programs::XDP_BENCH_FRESH) {
+            self.wire_fresh_jump();
+        }
+        let mut map: Array<_, BenchFresh> = Array::try_from(
+            self.ebpf
+                .map_mut(gateway_common::maps::BENCH_FRESH_MAP)
+                .expect("the benchmark's map"),
+        )
+        .unwrap();
+        let fresh = BenchFresh {
+            offset,
+            mode,
+            ..Default::default()
+        };
+        map.set(0, fresh, 0).expect("set BENCH_FRESH");
+    }
+
+    /// Points the fresh-packet program's jump table at the classifier (once, when it loads).
+    fn wire_fresh_jump(&mut self) {
         let xdp: &Xdp = self
             .ebpf
             .program(programs::XDP)
@@ -370,18 +391,6 @@ impl TestProgram {
             .try_into()
             .unwrap();
         jump.set(0, &fd, 0).expect("the jump to the classifier");
-        let mut map: Array<_, BenchFresh> = Array::try_from(
-            self.ebpf
-                .map_mut(gateway_common::maps::BENCH_FRESH_MAP)
-                .expect("the benchmark's map"),
-        )
-        .unwrap();
-        let fresh = BenchFresh {
-            offset,
-            mode,
-            ..Default::default()
-        };
-        map.set(0, fresh, 0).expect("set BENCH_FRESH");
     }
 
     /// Puts every class's next sweep of expired units `ns` from now (`ClassState::sweep_ns`):

@@ -129,52 +129,50 @@ fn uac_in(
     dir: &std::path::Path,
     extra: &[&str],
 ) -> std::collections::HashMap<String, u64> {
-    {
-        let stats = dir.join("uac.csv");
-        let out = Command::new("ip")
-            .args(["netns", "exec", &net.peer_ns, "sipp", "-sn", "uac"])
-            .arg(format!("{GW_V4}:5060"))
-            .args([
-                "-i",
-                PEER_V4,
-                "-p",
-                "5061",
-                "-m",
-                &CALLS.to_string(),
-                "-r",
-                "20",
-                "-l",
-                "1000",
-            ])
-            .args([
-                "-nostdin",
-                "-timeout",
-                "60s",
-                "-trace_stat",
-                "-fd",
-                "1",
-                "-stf",
-            ])
-            .arg(&stats)
-            .args(extra)
-            .current_dir(dir)
-            .output()
-            .expect("sipp uac");
-        // SIPp exits 1 when a call failed (the callers' statistics say which); anything else
-        // is SIPp's own failure.
-        assert!(
-            matches!(out.status.code(), Some(0 | 1)),
-            "sipp uac: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        let text = std::fs::read_to_string(&stats).unwrap();
-        let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split(';').collect()).collect();
-        let (head, last) = (&rows[0], rows.last().unwrap());
-        head.iter()
-            .zip(last.iter())
-            .filter_map(|(k, v)| v.parse().ok().map(|v| (k.to_string(), v)))
-            .collect()
-    }
+    let stats = dir.join("uac.csv");
+    let out = Command::new("ip")
+        .args(["netns", "exec", &net.peer_ns, "sipp", "-sn", "uac"])
+        .arg(format!("{GW_V4}:5060"))
+        .args([
+            "-i",
+            PEER_V4,
+            "-p",
+            "5061",
+            "-m",
+            &CALLS.to_string(),
+            "-r",
+            "20",
+            "-l",
+            "1000",
+        ])
+        .args([
+            "-nostdin",
+            "-timeout",
+            "60s",
+            "-trace_stat",
+            "-fd",
+            "1",
+            "-stf",
+        ])
+        .arg(&stats)
+        .args(extra)
+        .current_dir(dir)
+        .output()
+        .expect("sipp uac");
+    // SIPp exits 1 when a call failed (the callers' statistics say which); anything else
+    // is SIPp's own failure.
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "sipp uac: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let text = std::fs::read_to_string(&stats).unwrap();
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split(';').collect()).collect();
+    let (head, last) = (&rows[0], rows.last().unwrap());
+    head.iter()
+        .zip(last.iter())
+        .filter_map(|(k, v)| v.parse().ok().map(|v| (k.to_string(), v)))
+        .collect()
 }
 
 impl Drop for Sip {
@@ -342,13 +340,17 @@ Content-Type: application/sdp\r\nContent-Length: 600\r\n\r\n",
             .gateway_ok(&["policy", "set", "sip-original", "--rate", "0", "--pin"]);
         let before = received();
         let started = std::time::Instant::now();
+        // At least one round of the flood, then on until the calls end (or FLOOD_FOR): a
+        // machine slow to see the calls up still floods before it looks at them again.
         let sent = s.net.in_peer(|| {
             let mut sent = 0u64;
-            while !done.load(Ordering::Relaxed) && started.elapsed() < FLOOD_FOR {
+            loop {
                 gateway_tests::inject::send_ip(IpAddr::V4(gw), &flood);
                 sent += flood.len() as u64;
+                if done.load(Ordering::Relaxed) || started.elapsed() >= FLOOD_FOR {
+                    break sent;
+                }
             }
-            sent
         });
         let took = started.elapsed();
         let uac = calls.join().unwrap();

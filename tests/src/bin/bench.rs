@@ -867,7 +867,8 @@ fn fresh_costs(r: &mut Report, prog: &mut TestProgram) {
         "| packet | fresh ns | bare XDP_PASS ns | ratio (min..max) | target |"
     );
     say!(r, "|---|---:|---:|---:|---:|");
-    for row in &fresh_rows() {
+    let rows = fresh_rows();
+    for row in &rows {
         let (mut ours, mut bare, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         let mut plain = Vec::new();
         for _ in 0..FRESH_ROUNDS {
@@ -905,7 +906,6 @@ fn fresh_costs(r: &mut Report, prog: &mut TestProgram) {
     // The sweep: one pass over the TLS and SIP unit tables (and the holds), what the first
     // arrival of a class after its sweep is due pays; units held, none expired.
     prog.load_sweep();
-    let rows = fresh_rows();
     fresh_batch(prog, &rows[1], "this build");
     let units = prog.maps.tls_pending().expect("units").len();
     assert_eq!(units, FRESH_BATCH as usize, "the batch's units are held");
@@ -1059,12 +1059,11 @@ fn compare(r: &mut Report, (baseline, name): (&str, &str), this: Option<(&str, &
         Class,
         policy::{MAX_REPLY_RATE, Policy, Refuse},
     };
-    let load = load_object;
     let (this_prog, this_name) = match this {
-        Some((path, other)) => (load(path), other),
+        Some((path, other)) => (load_object(path), other),
         None => (TestProgram::new(), "this build"),
     };
-    let mut progs = [load(baseline), this_prog];
+    let mut progs = [load_object(baseline), this_prog];
     let small_invite =
         b"INVITE sip:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bK1\r\n\
 Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";

@@ -1,4 +1,4 @@
-//! The benchmark's programs, attached nowhere by the daemon: the bare baseline, and the
+//! The benchmark's programs, attached nowhere by the daemon: the bare baselines, and the
 //! classifier on a packet made new for every repeated run.
 
 use aya_ebpf::{
@@ -22,6 +22,13 @@ static BENCH_FRESH: Array<BenchFresh, 1> = Array::new();
 #[xdp]
 pub fn gateway_bare_pass(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
+}
+
+/// A program that drops everything and does nothing else: the baseline of a refusal (the
+/// cheapest drop there is).
+#[xdp]
+pub fn gateway_bare_drop(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_DROP
 }
 
 /// The benchmark's jump to the classifier: slot 0 holds `gateway_xdp` (set by the benchmark;

@@ -16,6 +16,7 @@ pub mod report;
 pub mod sipp;
 pub mod sipserver;
 pub mod testrun;
+pub mod throughput;
 pub mod tls;
 pub mod trickle;
 

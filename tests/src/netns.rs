@@ -113,10 +113,17 @@ pub struct TestNet {
 /// own turns on (on a NIC the frame simply goes out on the wire). On the gateway's end: the
 /// baseline of the throughput benchmark.
 pub fn bare_xdp(ns: &str, ifname: &str) -> aya::Ebpf {
+    bare_program(ns, ifname, gateway_common::maps::programs::XDP_BARE_PASS)
+}
+
+/// Puts the bare program `name` (`XDP_BARE_PASS` or `XDP_BARE_DROP` of
+/// `gateway_common::maps::programs`) on `ifname` in `ns` (native mode) until the returned object
+/// is dropped.
+pub fn bare_program(ns: &str, ifname: &str, name: &str) -> aya::Ebpf {
     in_netns(ns, || {
         let mut ebpf = aya::Ebpf::load(gateway::EBPF_OBJECT).expect("the eBPF object");
         let p: &mut aya::programs::Xdp = ebpf
-            .program_mut(gateway_common::maps::programs::XDP_BARE_PASS)
+            .program_mut(name)
             .expect("the bare program")
             .try_into()
             .expect("an XDP program");

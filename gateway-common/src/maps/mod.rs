@@ -111,6 +111,8 @@ pub mod programs {
 
     /// A bare `XDP_PASS` program, the baseline of the per-packet cost benchmark.
     pub const XDP_BARE_PASS: &str = "gateway_bare_pass";
+    /// A bare `XDP_DROP` program, the baseline of a refusal in the throughput benchmark.
+    pub const XDP_BARE_DROP: &str = "gateway_bare_drop";
     /// The benchmark's fresh-packet program: writes the run's number into its packet
     /// (`BenchFresh`) and jumps to the XDP classifier, so that repeated runs are new
     /// connections or transactions. Attached nowhere.

@@ -459,16 +459,20 @@ const VETH_WARMUP: Duration = Duration::from_millis(300);
 const VETH_WINDOW: Duration = Duration::from_secs(1);
 
 /// What one core takes in through a veth pair (`gateway_tests::throughput`): for each kind of
-/// packet, the receiving core's time per packet with no program, with the bare XDP_PASS
-/// program and with the gateway's, rounds alternating so that all three see the same machine.
+/// packet (other traffic, an admitted connection's segments, spoofed hellos, forged INVITEs),
+/// the receiving core's time per packet with no program, the bare XDP_PASS and XDP_DROP
+/// programs and the gateway's, rounds alternating so that all of them see the same machine.
 fn veth_throughput(r: &mut Report) {
     use gateway_common::maps::programs;
     use gateway_tests::{
-        inject::{PSH_ACK, ipv4_packet, tcp_segment, udp_datagram},
+        inject::{PSH_ACK, ipv4_packet, tcp_next_seqs, tcp_segment, udp_datagram},
         netns::{GW_V4, PEER_V4, class_counter},
         throughput::{Sample, frame, mac, measure, prepare_receiver},
     };
-    use std::net::{IpAddr, Ipv4Addr};
+    use std::{
+        io::{Read, Write},
+        net::{IpAddr, Ipv4Addr},
+    };
     let net = TestNet::new();
     prepare_receiver(&net);
     let (to, from) = (
@@ -490,10 +494,47 @@ fn veth_throughput(r: &mut Report) {
         )
     };
     let hello = HelloBuilder::default().build();
-    let kinds: [(&str, Vec<Vec<u8>>); 3] = [
+    // Behind every port a socket that never reads: the stack's whole way to a server, then
+    // the drop of a full queue.
+    let sockets = net.in_gw(|| {
+        (
+            std::net::UdpSocket::bind((gw, 9999)).unwrap(),
+            std::net::UdpSocket::bind((gw, 5060)).unwrap(),
+            std::net::TcpListener::bind((gw, 443)).unwrap(),
+        )
+    });
+    // One real connection whose hello the server got: copies of that segment are packets of a
+    // connection the kernel has (to it, duplicates it acknowledges again), and, once the
+    // gateway has admitted the first of them as a hello, packets of an admitted connection.
+    let client = net.in_peer(|| std::net::TcpStream::connect((gw, 443)).unwrap());
+    (&client).write_all(&hello).unwrap();
+    let (mut server, _) = sockets.2.accept().unwrap();
+    server
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut got = vec![0u8; hello.len()];
+    server
+        .read_exact(&mut got)
+        .expect("the hello at the server");
+    let (snd, rcv) = tcp_next_seqs(&client);
+    let flow_segment = tcp_segment(
+        peer_ip,
+        gw_ip,
+        client.local_addr().unwrap().port(),
+        443,
+        snd.wrapping_sub(hello.len() as u32),
+        rcv,
+        PSH_ACK,
+        &hello,
+    );
+    let kinds: [(&str, Vec<Vec<u8>>); 4] = [
         (
             "non-service UDP, 64 B frames",
             vec![udp(40000, 9999, &[7u8; 22])],
+        ),
+        (
+            "segment of an admitted connection (tls-flow), 153 B, one connection",
+            vec![frame(to, from, &ipv4_packet(peer, gw, 6, &flow_segment))],
         ),
         (
             "ClientHello, 153 B, of no connection (spoofed: socket lookup, drop), 4,096 ports",
@@ -511,15 +552,6 @@ fn veth_throughput(r: &mut Report) {
                 .collect(),
         ),
     ];
-    // Behind every port a socket that never reads: the stack's whole way to a server, then
-    // the drop of a full queue.
-    let _sockets = net.in_gw(|| {
-        (
-            std::net::UdpSocket::bind((gw, 9999)).unwrap(),
-            std::net::UdpSocket::bind((gw, 5060)).unwrap(),
-            std::net::TcpListener::bind((gw, 443)).unwrap(),
-        )
-    });
     const ENDS: [&str; 4] = [
         "no program",
         "bare XDP_PASS",
@@ -558,7 +590,8 @@ fn veth_throughput(r: &mut Report) {
                     };
                     match k {
                         0 => assert!(grew("other", "packets") >= s.received, "{kind}"),
-                        1 => assert!(tls("no_connection") >= s.received, "{kind}"),
+                        1 => assert!(grew("tls-flow", "packets") >= s.received, "{kind}"),
+                        2 => assert!(tls("no_connection") >= s.received, "{kind}"),
                         _ => {
                             assert!(grew("sip-original", "packets") >= s.received, "{kind}");
                             assert_eq!(grew("sip-original", "admitted"), 0, "{kind}");

@@ -8,6 +8,26 @@ use crate::netns::{GW_V4, PEER_V4, TestNet};
 /// The UAC scenario.
 pub const UAC: &str = include_str!("../sip_uac.xml");
 
+/// The source port of forged INVITE `i` ([`forged_invite`]).
+pub fn forged_port(i: u32) -> u16 {
+    (20_000 + i % 20_000) as u16
+}
+
+/// A forged 1 KB INVITE of transaction `i` from the peer to the gateway's SIP port, as a flood
+/// sends it: a branch, tag and Call-ID of its own, sent from [`forged_port`].
+pub fn forged_invite(i: u32) -> Vec<u8> {
+    let mut m = format!(
+        "INVITE sip:service@{GW_V4}:5060 SIP/2.0\r\nVia: SIP/2.0/UDP {PEER_V4}:{port};branch=z9hG4bK-flood-{i}\r\n\
+From: <sip:flood@{PEER_V4}>;tag=f{i}\r\nTo: <sip:service@{GW_V4}:5060>\r\nCall-ID: flood-{i}@{PEER_V4}\r\n\
+CSeq: 1 INVITE\r\nContact: <sip:flood@{PEER_V4}:{port}>\r\nMax-Forwards: 70\r\n\
+Content-Type: application/sdp\r\nContent-Length: 600\r\n\r\n",
+        port = forged_port(i)
+    )
+    .into_bytes();
+    m.resize(1024, b'v');
+    m
+}
+
 /// What one SIPp run reported.
 #[derive(Debug, Default)]
 pub struct UacRun {

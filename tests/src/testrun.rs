@@ -260,21 +260,9 @@ impl TestProgram {
             ..Default::default()
         };
         let r = if hook == Hook::Tc {
-            let p: &SchedClassifier = self
-                .ebpf
-                .program(programs::TC_INGRESS)
-                .unwrap()
-                .try_into()
-                .unwrap();
-            p.test_run(opts)
+            self.tc(programs::TC_INGRESS).test_run(opts)
         } else {
-            let p: &Xdp = self
-                .ebpf
-                .program(programs::XDP)
-                .unwrap()
-                .try_into()
-                .unwrap();
-            p.test_run(opts)
+            self.xdp(programs::XDP).test_run(opts)
         }
         .expect("test_run");
         out.truncate(r.data_size_out as usize);
@@ -302,8 +290,7 @@ impl TestProgram {
                     Hook::Sweep => programs::SWEEP,
                     _ => programs::XDP_BENCH_FRESH,
                 };
-                let p: &Xdp = self.ebpf.program(name).unwrap().try_into().unwrap();
-                p.test_run(opts)
+                self.xdp(name).test_run(opts)
             }
             Hook::Tc | Hook::TcEgress | Hook::TcFinish => {
                 let name = match hook {
@@ -311,8 +298,7 @@ impl TestProgram {
                     Hook::TcEgress => programs::TC_EGRESS,
                     _ => programs::TC_FINISH,
                 };
-                let p: &SchedClassifier = self.ebpf.program(name).unwrap().try_into().unwrap();
-                p.test_run(opts)
+                self.tc(name).test_run(opts)
             }
         }?;
         Ok((r.return_value, r.duration.as_nanos() as f64))
@@ -326,6 +312,16 @@ impl TestProgram {
         let left = self.maps.tls_flows().expect("flows");
         assert!(left.is_empty(), "flows left after clearing: {left:?}");
         self.try_run(hook, frame, 1)
+    }
+
+    /// The object's XDP program `name`.
+    fn xdp(&self, name: &str) -> &Xdp {
+        self.ebpf.program(name).unwrap().try_into().unwrap()
+    }
+
+    /// The object's TC program `name`.
+    fn tc(&self, name: &str) -> &SchedClassifier {
+        self.ebpf.program(name).unwrap().try_into().unwrap()
     }
 
     /// Whether the object has the benchmark's fresh-packet program (builds before it do not).
@@ -373,13 +369,8 @@ impl TestProgram {
 
     /// Points the fresh-packet program's jump table at the classifier (once, when it loads).
     fn wire_fresh_jump(&mut self) {
-        let xdp: &Xdp = self
-            .ebpf
-            .program(programs::XDP)
-            .unwrap()
-            .try_into()
-            .unwrap();
-        let fd = xdp
+        let fd = self
+            .xdp(programs::XDP)
             .fd()
             .expect("the classifier is loaded")
             .try_clone()

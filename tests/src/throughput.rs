@@ -160,7 +160,7 @@ fn cpu_ns(pid: i32) -> u64 {
         .unwrap_or_else(|| panic!("schedstat of {pid}: {s:?}"))
 }
 
-/// Packets `ifname` received so far, read in namespace `ns`.
+/// Packets the gateway's veth of `net` received so far (read in its namespace).
 fn rx_packets(net: &TestNet) -> u64 {
     let out = net.exec(
         &net.gw_ns,

@@ -13,6 +13,7 @@ use gateway_tests::{
     daemon::Daemon,
     have_root,
     netns::{GW_V4, PEER_V4, TestNet, class_counter},
+    sipp::{forged_invite, forged_port},
     tls::Proc,
 };
 
@@ -295,21 +296,12 @@ fn a_forged_invite_flood_reaches_no_server_and_established_calls_end() {
     let s = Sip::alone();
     let (gw, peer): (Ipv4Addr, Ipv4Addr) = (GW_V4.parse().unwrap(), PEER_V4.parse().unwrap());
     let invite = |i: u32| {
-        let mut m = format!(
-            "INVITE sip:service@{GW_V4}:5060 SIP/2.0\r\nVia: SIP/2.0/UDP {PEER_V4}:{port};branch=z9hG4bK-flood-{i}\r\n\
-From: <sip:flood@{PEER_V4}>;tag=f{i}\r\nTo: <sip:service@{GW_V4}:5060>\r\nCall-ID: flood-{i}@{PEER_V4}\r\n\
-CSeq: 1 INVITE\r\nContact: <sip:flood@{PEER_V4}:{port}>\r\nMax-Forwards: 70\r\n\
-Content-Type: application/sdp\r\nContent-Length: 600\r\n\r\n",
-            port = 20_000 + i % 20_000
-        )
-        .into_bytes();
-        m.resize(1024, b'v');
         let udp = gateway_tests::inject::udp_datagram(
             IpAddr::V4(peer),
             IpAddr::V4(gw),
-            (20_000 + i % 20_000) as u16,
+            forged_port(i),
             5060,
-            &m,
+            &forged_invite(i),
         );
         gateway_tests::inject::ipv4_packet(peer, gw, 17, &udp)
     };

@@ -138,8 +138,7 @@ Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
             bare.push(b);
             ratios.push(o / b);
         }
-        let lo = ratios.iter().copied().fold(f64::MAX, f64::min);
-        let hi = ratios.iter().copied().fold(0.0, f64::max);
+        let (lo, hi) = range(&ratios);
         say!(
             r,
             "| {name} | {:.1} | {:.1} | {:.2}x ({lo:.2}..{hi:.2}) |",
@@ -467,6 +466,7 @@ fn veth_throughput(r: &mut Report) {
     use gateway_tests::{
         inject::{PSH_ACK, ipv4_packet, tcp_next_seqs, tcp_segment, udp_datagram},
         netns::{GW_V4, PEER_V4, class_counter},
+        sipp::{forged_invite, forged_port},
         throughput::{Sample, frame, mac, measure, prepare_receiver},
     };
     use std::{
@@ -548,7 +548,7 @@ fn veth_throughput(r: &mut Report) {
         (
             "SIP INVITE, 1 KB, new transactions, sip-original closed (dropped), 4,096 branches",
             (0..4096u32)
-                .map(|i| udp(20000 + i as u16, 5060, &flood_invite(i)))
+                .map(|i| udp(forged_port(i), 5060, &forged_invite(i)))
                 .collect(),
         ),
     ];
@@ -630,8 +630,7 @@ fn veth_throughput(r: &mut Report) {
             .zip(b)
             .map(|(a, b)| a.ns_per_packet() / b.ns_per_packet())
             .collect();
-        let lo = v.iter().copied().fold(f64::MAX, f64::min);
-        let hi = v.iter().copied().fold(0.0, f64::max);
+        let (lo, hi) = range(&v);
         format!("{:.2}x ({lo:.2}..{hi:.2})", median(v))
     };
     for (k, (kind, _)) in kinds.iter().enumerate() {
@@ -666,21 +665,6 @@ fn veth_throughput(r: &mut Report) {
             );
         }
     }
-}
-
-/// A 1 KB INVITE of transaction `i` from the peer, as a flood sends it.
-fn flood_invite(i: u32) -> Vec<u8> {
-    use gateway_tests::netns::{GW_V4, PEER_V4};
-    let port = 20_000 + i % 20_000;
-    let mut m = format!(
-        "INVITE sip:service@{GW_V4}:5060 SIP/2.0\r\nVia: SIP/2.0/UDP {PEER_V4}:{port};branch=z9hG4bK-flood-{i}\r\n\
-From: <sip:flood@{PEER_V4}>;tag=f{i}\r\nTo: <sip:service@{GW_V4}:5060>\r\nCall-ID: flood-{i}@{PEER_V4}\r\n\
-CSeq: 1 INVITE\r\nContact: <sip:flood@{PEER_V4}:{port}>\r\nMax-Forwards: 70\r\n\
-Content-Type: application/sdp\r\nContent-Length: 600\r\n\r\n"
-    )
-    .into_bytes();
-    m.resize(1024, b'v');
-    m
 }
 
 /// What a spoofed segment costs (the socket lookup that finds no connection, then the drop),
@@ -1034,8 +1018,7 @@ fn fresh_costs(r: &mut Report, prog: &mut TestProgram) {
             bare.push(b);
             ratios.push(o / b);
         }
-        let lo = ratios.iter().copied().fold(f64::MAX, f64::min);
-        let hi = ratios.iter().copied().fold(0.0, f64::max);
+        let (lo, hi) = range(&ratios);
         let o = median(ours);
         say!(
             r,
@@ -1078,6 +1061,14 @@ fn fresh_costs(r: &mut Report, prog: &mut TestProgram) {
 }
 
 /// Nanoseconds per run of `hook` on `frame`, from the wall time of one repeated test run.
+/// The smallest and the largest of `v` (positive figures: ratios, times).
+fn range(v: &[f64]) -> (f64, f64) {
+    (
+        v.iter().copied().fold(f64::MAX, f64::min),
+        v.iter().copied().fold(0.0, f64::max),
+    )
+}
+
 fn timed(prog: &TestProgram, hook: Hook, frame: &[u8]) -> f64 {
     let start = std::time::Instant::now();
     prog.run(hook, frame, REPEAT);
@@ -1383,10 +1374,7 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
         ratios,
     } in rows
     {
-        let (lo, hi) = (
-            ratios.iter().copied().fold(f64::MAX, f64::min),
-            ratios.iter().copied().fold(0.0, f64::max),
-        );
+        let (lo, hi) = range(&ratios);
         say!(
             r,
             "| {row} | {:.0} ({:.1}x) | {:.0} ({:.1}x) | {:.2} ({lo:.2}..{hi:.2}) |",

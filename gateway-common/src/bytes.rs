@@ -25,9 +25,10 @@ pub trait PacketBytes {
     fn read<const N: usize>(&self, offset: usize, out: &mut [u8; N]) -> bool;
 
     /// The eight bytes of the aligned word that holds offset `at` (the word at `at & !7`), as a
-    /// little-endian `u64`; bytes outside the packet read as zero. Word-wide scans
-    /// ([`find_byte`]) look at a packet through it. This default reads byte by byte where the
-    /// word is not whole; the datapath's scratch buffers read the word in one load.
+    /// little-endian `u64`. Bytes past the packet's end are unspecified (this default reads them
+    /// as zero; the datapath's scratch buffers leave what an earlier packet left there, and read
+    /// the word in one load): a caller takes no byte at or past the end for one of the packet's.
+    /// Word-wide scans ([`find_byte`]) look at a packet through it.
     #[inline(always)]
     fn word(&self, at: usize) -> u64 {
         let base = at & !7;
@@ -49,7 +50,7 @@ pub const SCAN_WORDS: usize = 8;
 
 /// Every byte of a word set to `b`.
 #[inline(always)]
-const fn splat(b: u8) -> u64 {
+pub const fn splat(b: u8) -> u64 {
     0x0101_0101_0101_0101 * b as u64
 }
 
@@ -57,7 +58,7 @@ const fn splat(b: u8) -> u64 {
 /// crosses a byte, so unlike the shorter `(x - 0x01..) & !x` form it has no false positives above
 /// a zero byte, which matters once bytes below the start are masked off).
 #[inline(always)]
-const fn zero_bytes(x: u64) -> u64 {
+pub const fn zero_bytes(x: u64) -> u64 {
     let low7 = splat(0x7f);
     !(((x & low7).wrapping_add(low7)) | x | low7)
 }
@@ -65,7 +66,7 @@ const fn zero_bytes(x: u64) -> u64 {
 /// The index (0-7, lowest address first) of the lowest byte flagged in a non-zero
 /// [`zero_bytes`] mask: one multiply, no table and no loop.
 #[inline(always)]
-const fn first_flagged(mask: u64) -> usize {
+pub const fn first_flagged(mask: u64) -> usize {
     let lowest = (mask & mask.wrapping_neg()) >> 7;
     (lowest.wrapping_mul(0x0001_0203_0405_0607) >> 56) as usize
 }
@@ -73,6 +74,9 @@ const fn first_flagged(mask: u64) -> usize {
 /// The offset of the first byte equal to `needle` in `[from, end)`, looking at the aligned
 /// words from the one that holds `from`, at most [`SCAN_WORDS`] of them, eight bytes at a time:
 /// `Ok(offset)`, or `Err(next)`, where a further search would start (`next >= end`: not there).
+/// Bytes from `end` on are not masked off word by word: the first match at or past `from` is
+/// found, and if it is not before `end`, none is (so a byte past the packet's end, whatever
+/// [`PacketBytes::word`] read there, is never taken for a match).
 #[inline(always)]
 pub fn find_byte<B: PacketBytes>(
     b: &B,
@@ -81,24 +85,34 @@ pub fn find_byte<B: PacketBytes>(
     needle: u8,
 ) -> Result<usize, usize> {
     let mut base = from & !7;
-    let mut skip = from - base;
+    // Bytes before `from` are not looked at.
+    let mut from_here = !0u64 << (8 * (from - base));
     for _ in 0..SCAN_WORDS {
         if base >= end {
             return Err(end);
         }
-        let mut mask = zero_bytes(b.word(base) ^ splat(needle));
-        // Bytes before `from` and from `end` on are not looked at.
-        mask &= !0u64 << (8 * skip);
-        if end - base < 8 {
-            mask &= (1u64 << (8 * (end - base))) - 1;
-        }
+        let mask = zero_bytes(b.word(base) ^ splat(needle)) & from_here;
         if mask != 0 {
-            return Ok(base + first_flagged(mask));
+            let at = base + first_flagged(mask);
+            return if at < end { Ok(at) } else { Err(end) };
         }
         base += 8;
-        skip = 0;
+        from_here = !0;
     }
     Err(base)
+}
+
+/// The eight bytes from offset `at`, lowest address first, as a little-endian `u64`, made of
+/// the two aligned words that hold them ([`PacketBytes::word`]): bytes past the packet's end are
+/// unspecified, as there.
+#[inline(always)]
+pub fn bytes_at<B: PacketBytes>(b: &B, at: usize) -> u64 {
+    let shift = 8 * (at & 7) as u32;
+    let low = b.word(at) >> shift;
+    // The next word's bytes above the first one's: shifted by 64 - shift in two steps, so
+    // that for an aligned `at` all of them are shifted out (one shift by 64 would be none).
+    let high = (b.word(at + 8) << (63 - shift)) << 1;
+    low | high
 }
 
 /// [`PacketBytes`] over a byte slice, for userspace tests and fuzzers.
@@ -209,6 +223,19 @@ mod tests {
         let d = *b"a;b;c;d;e;f;g;h;";
         assert_eq!(find_byte(&SliceBytes(&d), 2, 16, b';'), Ok(3));
         assert_eq!(find_byte(&SliceBytes(&d), 2, 3, b';'), Err(3));
+    }
+
+    #[test]
+    fn eight_bytes_from_any_offset() {
+        let data: [u8; 24] = core::array::from_fn(|i| 0xa0 + i as u8);
+        let b = SliceBytes(&data);
+        for at in 0..24 {
+            let mut want = [0u8; 8];
+            for (i, w) in want.iter_mut().enumerate() {
+                *w = data.get(at + i).copied().unwrap_or(0);
+            }
+            assert_eq!(bytes_at(&b, at), u64::from_le_bytes(want), "at {at}");
+        }
     }
 
     #[test]

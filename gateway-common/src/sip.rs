@@ -27,7 +27,7 @@
 
 use crate::{
     Class,
-    bytes::{PacketBytes, find_byte},
+    bytes::{PacketBytes, bytes_at, find_byte, first_flagged, splat, zero_bytes},
 };
 
 pub mod reply;
@@ -414,10 +414,8 @@ pub struct SipState {
     phase: u8,
     /// Bytes of the current token hashed so far.
     token_len: u8,
-    /// Offset of the header's colon in its line.
-    colon: u8,
-    /// Length of the header's name.
-    name_len: u8,
+    /// Padding, zero.
+    pad: [u8; 2],
     /// The needle being searched (`WANT_*`).
     want: u8,
     /// The value being hashed (`TARGET_*`).
@@ -475,10 +473,79 @@ fn starts_ci<B: PacketBytes, const N: usize>(b: &B, at: usize, end: usize, word:
     same
 }
 
-/// Whether `c` ends a token (a Via parameter, a sent-by, a CSeq method, a Call-ID).
+/// A header the parser reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Header {
+    /// Via (`v`).
+    Via,
+    /// CSeq.
+    CSeq,
+    /// Call-ID (`i`).
+    CallId,
+    /// To (`t`).
+    To,
+    /// From (`f`).
+    From,
+}
+
+/// A header name followed at once by its colon, as the first bytes of a line: a word read
+/// there starts with it when `(word | fold) & mask == value` (`fold` lowercases its letters,
+/// and only them: a letter ORed with 0x20 is its lowercase form, and no other byte becomes one).
+#[derive(Clone, Copy)]
+struct NamePattern {
+    value: u64,
+    mask: u64,
+    fold: u64,
+    /// Offset of the colon.
+    colon: u8,
+    header: Header,
+}
+
+/// `text` (a lowercase name and its colon, at most 8 bytes) as a [`NamePattern`].
+const fn name_pattern(text: &[u8], header: Header) -> NamePattern {
+    let (value, mask) = word_prefix(text);
+    let (mut fold, mut i) = (0u64, 0);
+    while i < text.len() {
+        if text[i].is_ascii_lowercase() {
+            fold |= 0x20 << (8 * i);
+        }
+        i += 1;
+    }
+    NamePattern {
+        value,
+        mask,
+        fold,
+        colon: (text.len() - 1) as u8,
+        header,
+    }
+}
+
+/// The names the parser reads, each followed at once by its colon, the most frequent first.
+const NAMES: [NamePattern; 9] = [
+    name_pattern(b"via:", Header::Via),
+    name_pattern(b"from:", Header::From),
+    name_pattern(b"to:", Header::To),
+    name_pattern(b"call-id:", Header::CallId),
+    name_pattern(b"cseq:", Header::CSeq),
+    name_pattern(b"v:", Header::Via),
+    name_pattern(b"f:", Header::From),
+    name_pattern(b"t:", Header::To),
+    name_pattern(b"i:", Header::CallId),
+];
+
+/// Whether a line starting with `first` and `second` may be a header the parser reads: one of
+/// its names, then (after spaces) a colon. Any other line is skipped at once.
 #[inline(always)]
-const fn ends_token(c: u8) -> bool {
-    matches!(c, b';' | b',' | b' ' | b'\t' | b'\r')
+const fn may_name(first: u8, second: u8) -> bool {
+    let compact = matches!(second, b' ' | b'\t' | b':');
+    match first | 0x20 {
+        b'v' => compact || second | 0x20 == b'i',
+        b'c' => matches!(second | 0x20, b'a' | b's'),
+        b'i' => compact,
+        b't' => compact || second | 0x20 == b'o',
+        b'f' => compact || second | 0x20 == b'r',
+        _ => false,
+    }
 }
 
 impl SipState {
@@ -606,11 +673,22 @@ impl SipState {
         self.line_end = content_end as u32;
         self.line_next = (eol + 1) as u32;
         self.lines += 1;
+        // A header line that cannot be one the parser reads is skipped here, by its first two
+        // bytes, without a step of its own.
+        let mut first = [0u8; 2];
+        let _ = b.read(start, &mut first);
+        if self.lines > 1 && content_end > start && !may_name(first[0], first[1]) {
+            return self.next_line();
+        }
         self.phase = Phase::Dispatch as u8;
     }
 
-    /// Looks at a whole line: the start line, the blank line, or a header (where its name ends,
-    /// then [`Self::name`]).
+    /// Looks at a whole line: the start line, the blank line, or a header that may be one the
+    /// parser reads ([`Self::find_eol`] skips the others). A header name written as nearly all
+    /// are, followed at once by its colon, is recognised by one word read ([`NAMES`]); only what
+    /// is left (a name with spaces before its colon, or one that merely starts like a known
+    /// name, or a line too near the end for the word) has its colon searched and its name
+    /// compared.
     #[inline(always)]
     fn dispatch<B: PacketBytes>(&mut self, b: &B) {
         let (start, end) = (self.line_start as usize, self.line_end as usize);
@@ -622,6 +700,16 @@ impl SipState {
             self.phase = Phase::Done as u8;
             return;
         }
+        // The line's first eight bytes (all zero unless the message has eight from here: then
+        // no name is recognised, on either path).
+        let mut head = [0u8; 8];
+        let _ = b.read(start, &mut head);
+        let w = u64::from_le_bytes(head);
+        for name in NAMES {
+            if (w | name.fold) & name.mask == name.value && start + (name.colon as usize) < end {
+                return self.header(b, name.header, name.colon as usize);
+            }
+        }
         // The colon within the name's first 16 bytes.
         let name_end = if end < start + MAX_NAME {
             end
@@ -632,8 +720,7 @@ impl SipState {
             Ok(at) => at - start,
             Err(_) => MAX_NAME,
         };
-        let first = byte(b, start);
-        if colon == MAX_NAME || first == b' ' || first == b'\t' {
+        if colon == MAX_NAME || head[0] == b' ' || head[0] == b'\t' {
             // No name (a folded continuation, or a name too long for us): skip the line.
             return self.next_line();
         }
@@ -644,19 +731,6 @@ impl SipState {
                 name_len -= 1;
             }
         }
-        self.colon = colon as u8;
-        self.name_len = name_len as u8;
-        self.name(b);
-    }
-
-    /// Which header the line is, and where its value starts.
-    #[inline(always)]
-    fn name<B: PacketBytes>(&mut self, b: &B) {
-        let start = self.line_start as usize;
-        let end = self.line_end as usize;
-        let name_len = self.name_len as usize;
-        let mut head = [0u8; 8];
-        let _ = b.read(start, &mut head);
         let name_is = |word: &[u8]| {
             name_len == word.len() && {
                 let mut same = true;
@@ -666,29 +740,54 @@ impl SipState {
                 same
             }
         };
-        let phase = if (name_is(b"via") || name_is(b"v")) && self.info.have & HAVE_VIA == 0 {
-            self.info.have |= HAVE_VIA;
-            self.via_end = end as u32;
-            Phase::ViaProtocol
+        let header = if name_is(b"via") || name_is(b"v") {
+            Header::Via
         } else if name_is(b"cseq") {
-            Phase::CSeqNumber
+            Header::CSeq
         } else if name_is(b"call-id") || name_is(b"i") {
-            self.target = TARGET_CALL_ID;
-            self.scan_end = end as u32;
-            Phase::Hash
+            Header::CallId
         } else if name_is(b"to") || name_is(b"t") {
-            self.want = WANT_TAG;
-            self.scan_end = end as u32;
-            Phase::Semi
+            Header::To
         } else if name_is(b"from") || name_is(b"f") {
-            self.want = WANT_FROM_TAG;
-            self.scan_end = end as u32;
-            Phase::Semi
+            Header::From
         } else {
             return self.next_line();
         };
+        self.header(b, header, colon);
+    }
+
+    /// Starts on the value of a header the parser reads, whose colon is `colon` bytes into the
+    /// line (a Via only when it is the top one).
+    #[inline(always)]
+    fn header<B: PacketBytes>(&mut self, b: &B, header: Header, colon: usize) {
+        let start = self.line_start as usize;
+        let end = self.line_end as usize;
+        let phase = match header {
+            Header::Via if self.info.have & HAVE_VIA == 0 => {
+                self.info.have |= HAVE_VIA;
+                self.via_end = end as u32;
+                Phase::ViaProtocol
+            }
+            Header::Via => return self.next_line(),
+            Header::CSeq => Phase::CSeqNumber,
+            Header::CallId => {
+                self.target = TARGET_CALL_ID;
+                self.scan_end = end as u32;
+                Phase::Hash
+            }
+            Header::To => {
+                self.want = WANT_TAG;
+                self.scan_end = end as u32;
+                Phase::Semi
+            }
+            Header::From => {
+                self.want = WANT_FROM_TAG;
+                self.scan_end = end as u32;
+                Phase::Semi
+            }
+        };
         // The value: after the colon and its spaces (a few; more are caught by the scans).
-        let mut value = start + self.colon as usize + 1;
+        let mut value = start + colon + 1;
         for _ in 0..4 {
             if value < end && matches!(byte(b, value), b' ' | b'\t') {
                 value += 1;
@@ -858,32 +957,53 @@ impl SipState {
         self.phase = Phase::Semi as u8;
     }
 
-    /// Hashes a token from `pos` up to its end (or `end`), up to [`HASH_CHUNK`] bytes a step. Returns
-    /// `true` when the token is complete, or longer than [`MAX_VALUE`] (`token_len` is then
-    /// [`TOO_LONG`]).
+    /// Hashes a token from `pos` up to its end (or `end`), up to [`HASH_CHUNK`] bytes a step,
+    /// looked at as one word: where the token ends in it is found for all eight bytes at once.
+    /// Returns `true` when the token is complete, or longer than [`MAX_VALUE`] (`token_len` is
+    /// then [`TOO_LONG`]).
     #[inline(always)]
     fn hash_token<B: PacketBytes>(&mut self, b: &B, end: usize) -> bool {
         let from = self.pos as usize;
+        let w = bytes_at(b, from);
+        // The first byte that ends the token (a Via parameter, a sent-by, a CSeq method, a
+        // Call-ID, a tag): `;`, `,`, a space, a tab or CR, or `end` (bytes from there on, which
+        // may lie past the packet, are never hashed).
+        let enders = zero_bytes(w ^ splat(b';'))
+            | zero_bytes(w ^ splat(b','))
+            | zero_bytes(w ^ splat(b' '))
+            | zero_bytes(w ^ splat(b'\t'))
+            | zero_bytes(w ^ splat(b'\r'));
+        let mut stop = if enders == 0 {
+            HASH_CHUNK
+        } else {
+            first_flagged(enders)
+        };
+        if from >= end {
+            stop = 0;
+        } else if end - from < stop {
+            stop = end - from;
+        }
+        // Bytes the token may still take before it is too long (more than zero while hashing).
+        let room = MAX_VALUE - self.token_len as usize;
+        if room < stop && room < HASH_CHUNK {
+            // Too long to hash whole: the value counts as absent.
+            self.token_len = TOO_LONG;
+            self.pos = (from + room) as u32;
+            return true;
+        }
         let mut h = self.hash;
         for i in 0..HASH_CHUNK {
-            let at = from + i;
-            if at >= end || ends_token(byte(b, at)) {
-                self.hash = h;
-                self.token_len += i as u8;
-                self.pos = at as u32;
-                return true;
+            if i < stop {
+                h ^= (w >> (8 * i)) & 0xff;
+                h = h.wrapping_mul(FNV_PRIME);
             }
-            if self.token_len as usize + i >= MAX_VALUE {
-                // Too long to hash whole: the value counts as absent.
-                self.token_len = TOO_LONG;
-                self.pos = at as u32;
-                return true;
-            }
-            let c = byte(b, at);
-            h ^= u64::from(c);
-            h = h.wrapping_mul(FNV_PRIME);
         }
         self.hash = h;
+        if stop < HASH_CHUNK {
+            self.token_len += stop as u8;
+            self.pos = (from + stop) as u32;
+            return true;
+        }
         self.token_len += HASH_CHUNK as u8;
         self.pos = (from + HASH_CHUNK) as u32;
         false

@@ -204,22 +204,16 @@ impl<const CAP: usize, const SIZE: usize> PacketBytes for ScratchBytes<'_, CAP, 
 
     #[inline(always)]
     fn word(&self, at: usize) -> u64 {
-        let len = self.len as usize;
-        if at > MAX_READ_OFFSET || at >= len {
+        // No length check: bytes past `len` are whatever an earlier packet left (the trait
+        // allows it; `find_byte` never takes them for the packet's). Past the buffer's first
+        // half, where the mask would wrap, nothing.
+        if at >= CAP {
             return 0;
         }
-        let base = at & !7;
         // Masked behind the barrier, as in `read`; the mask also keeps the word aligned.
-        let masked = opaque(base as u64) as usize & ((CAP - 1) & !7);
+        let masked = opaque(at as u64) as usize & ((CAP - 1) & !7);
         // SAFETY: masked < CAP and is a multiple of 8 in a buffer that starts 8-byte aligned, so
         // the word is aligned and lies in the SIZE = 2 * CAP bytes.
-        let w = u64::from_le(unsafe { *self.buf.as_ptr().add(masked).cast::<u64>() });
-        // Bytes at and past `len` are left over from earlier packets: zero, as past a packet.
-        let valid = len - base;
-        if valid < 8 {
-            w & ((1u64 << (8 * valid)) - 1)
-        } else {
-            w
-        }
+        u64::from_le(unsafe { *self.buf.as_ptr().add(masked).cast::<u64>() })
     }
 }

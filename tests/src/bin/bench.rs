@@ -77,6 +77,12 @@ fn main() {
         veth_throughput(&mut report);
         return;
     }
+    // `bench sip-lines`: what one header line of each kind costs (a section of the full run).
+    if std::env::args().nth(1).as_deref() == Some("sip-lines") {
+        let mut report = Report::new("datapath-sip-lines");
+        sip_line_costs(&mut report, &TestProgram::new());
+        return;
+    }
     // `bench tls`: the TLS hello rows alone (a section of the full run).
     if std::env::args().nth(1).as_deref() == Some("tls") {
         let mut report = Report::new("datapath-tls");
@@ -151,6 +157,7 @@ Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
     fresh_costs(r, &mut TestProgram::new());
     tls_costs(r, &mut TestProgram::new());
     sip_costs(r, &mut TestProgram::new());
+    sip_line_costs(r, &TestProgram::new());
     reply_costs(r, &mut TestProgram::new());
     egress_costs(r, &TestProgram::new());
     program_stats(r, &TestProgram::new());
@@ -311,6 +318,64 @@ Content-Length: 600\r\n\r\n"
         .to_vec();
     invite.resize(1024, b'v');
     invite
+}
+
+/// What one header line of each kind costs the SIP classifier: a retransmitted INVITE with 16
+/// more such lines against the same INVITE without them, over 16, by repeat (the fastest of
+/// [`LINE_ROUNDS`] rounds of each, the two run back to back; a round's time is the kernel's mean
+/// over its runs). The kinds: lines the parser skips by their first bytes, a longer one, and a
+/// From line, which it reads (its tag searched for and hashed).
+fn sip_line_costs(r: &mut Report, prog: &TestProgram) {
+    const LINE_ROUNDS: usize = 40;
+    const LINE_REPEAT: u32 = 20_000;
+    const EXTRA: usize = 16;
+    let message = |line: &str, n: usize| {
+        let mut m = String::from(
+            "INVITE sip:service@10.99.0.1:5060 SIP/2.0\r\n\
+Via: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-4101-1-0\r\n\
+From: sipp <sip:sipp@10.99.0.2:5061>;tag=4101SIPpTag001\r\n\
+To: service <sip:service@10.99.0.1:5060>\r\n\
+Call-ID: 1-4101@10.99.0.2\r\n\
+CSeq: 1 INVITE\r\n",
+        );
+        for _ in 0..n {
+            m.push_str(line);
+        }
+        m.push_str("\r\n");
+        Frame::udp(5060, m.as_bytes()).build()
+    };
+    say!(
+        r,
+        "\n# SIP header lines\n\nWhat one more header line costs the SIP classifier: a \
+         retransmitted INVITE with {EXTRA} more lines of a kind against the same INVITE without \
+         them, over {EXTRA}; the fastest of {LINE_ROUNDS} rounds of {LINE_REPEAT} runs of each \
+         (the kernel's time); the bare XDP_PASS program's fastest round alongside.\n"
+    );
+    say!(r, "| line | ns a line | bare XDP_PASS ns | a line / bare |");
+    say!(r, "|---|---:|---:|---:|");
+    for line in [
+        "Max-Forwards: 70\r\n",
+        "Contact: sip:sipp@10.99.0.2:5061\r\n",
+        "X-A-Much-Longer-Header: 0123456789012345678901234567890123456789\r\n",
+        "From: <sip:a@b>;tag=0123456789\r\n",
+    ] {
+        let (without, with) = (message(line, 0), message(line, EXTRA));
+        // The first run makes the transaction known: the rest are its retransmissions.
+        prog.run(Hook::Xdp, &without, 1);
+        let (mut fewer, mut more, mut bare) = (f64::MAX, f64::MAX, f64::MAX);
+        for _ in 0..LINE_ROUNDS {
+            fewer = fewer.min(prog.run(Hook::Xdp, &without, LINE_REPEAT).1);
+            more = more.min(prog.run(Hook::Xdp, &with, LINE_REPEAT).1);
+            bare = bare.min(prog.run(Hook::BarePass, &without, LINE_REPEAT).1);
+        }
+        let per_line = (more - fewer) / EXTRA as f64;
+        say!(
+            r,
+            "| `{}` | {per_line:.1} | {bare:.1} | {:.1}x |",
+            line.trim_end(),
+            per_line / bare
+        );
+    }
 }
 
 /// The SIP path: a 1 KB INVITE of a new transaction, and its retransmission.

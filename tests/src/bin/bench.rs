@@ -321,9 +321,9 @@ Content-Length: 600\r\n\r\n"
 }
 
 /// What one header line of each kind costs the SIP classifier: a retransmitted INVITE with 16
-/// more such lines against the same INVITE without them, over 16, by repeat (the fastest of
-/// [`LINE_ROUNDS`] rounds of each, the two run back to back; a round's time is the kernel's mean
-/// over its runs). The kinds: lines the parser skips by their first bytes, a longer one, and a
+/// more such lines against the same INVITE without them, over 16, by repeat (in each of 40
+/// rounds the two back to back, then the bare program; a run's time is the kernel's mean over
+/// the round's runs; medians of the rounds, and of the per-round ratios). The kinds: lines the parser skips by their first bytes, a longer one, and a
 /// From line, which it reads (its tag searched for and hashed).
 fn sip_line_costs(r: &mut Report, prog: &TestProgram) {
     const LINE_ROUNDS: usize = 40;
@@ -348,10 +348,14 @@ CSeq: 1 INVITE\r\n",
         r,
         "\n# SIP header lines\n\nWhat one more header line costs the SIP classifier: a \
          retransmitted INVITE with {EXTRA} more lines of a kind against the same INVITE without \
-         them, over {EXTRA}; the fastest of {LINE_ROUNDS} rounds of {LINE_REPEAT} runs of each \
-         (the kernel's time); the bare XDP_PASS program's fastest round alongside.\n"
+         them, over {EXTRA}; {LINE_ROUNDS} rounds of {LINE_REPEAT} runs of each, the two and \
+         the bare XDP_PASS program back to back (the kernel's time); medians, and the ratio is \
+         the median (min..max) of the per-round ratios.\n"
     );
-    say!(r, "| line | ns a line | bare XDP_PASS ns | a line / bare |");
+    say!(
+        r,
+        "| line | ns a line | bare XDP_PASS ns | a line / bare (min..max) |"
+    );
     say!(r, "|---|---:|---:|---:|");
     for line in [
         "Max-Forwards: 70\r\n",
@@ -362,18 +366,24 @@ CSeq: 1 INVITE\r\n",
         let (without, with) = (message(line, 0), message(line, EXTRA));
         // The first run makes the transaction known: the rest are its retransmissions.
         prog.run(Hook::Xdp, &without, 1);
-        let (mut fewer, mut more, mut bare) = (f64::MAX, f64::MAX, f64::MAX);
+        let (mut per_line, mut bare, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..LINE_ROUNDS {
-            fewer = fewer.min(prog.run(Hook::Xdp, &without, LINE_REPEAT).1);
-            more = more.min(prog.run(Hook::Xdp, &with, LINE_REPEAT).1);
-            bare = bare.min(prog.run(Hook::BarePass, &without, LINE_REPEAT).1);
+            let fewer = prog.run(Hook::Xdp, &without, LINE_REPEAT).1;
+            let more = prog.run(Hook::Xdp, &with, LINE_REPEAT).1;
+            let b = prog.run(Hook::BarePass, &without, LINE_REPEAT).1;
+            let line = (more - fewer) / EXTRA as f64;
+            per_line.push(line);
+            bare.push(b);
+            ratios.push(line / b);
         }
-        let per_line = (more - fewer) / EXTRA as f64;
+        let (lo, hi) = range(&ratios);
         say!(
             r,
-            "| `{}` | {per_line:.1} | {bare:.1} | {:.1}x |",
+            "| `{}` | {:.1} | {:.1} | {:.1}x ({lo:.1}..{hi:.1}) |",
             line.trim_end(),
-            per_line / bare
+            median(per_line),
+            median(bare),
+            median(ratios)
         );
     }
 }

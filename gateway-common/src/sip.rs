@@ -459,18 +459,110 @@ const fn lower(c: u8) -> u8 {
     if c.is_ascii_uppercase() { c | 0x20 } else { c }
 }
 
-/// Whether the bytes at `at` (before `end`) are `word`, compared lowercased.
+/// A string the parser looks for where a message has it, its letters in either case (`SIP/2.0`,
+/// parameter names): at most 16 bytes, compared as two words (its first eight bytes and its last
+/// eight, which overlap when it is shorter than 16), each ORed with 0x20 where the string has a
+/// letter (a letter ORed with 0x20 is its lowercase form, and no other byte becomes one) and
+/// compared whole. The same as comparing byte by byte, lowercased, at some 6 instructions a
+/// word instead of 6 a byte.
+struct Literal<const N: usize> {
+    head: u64,
+    head_fold: u64,
+    tail: u64,
+    tail_fold: u64,
+}
+
+/// `text[from..from + n]` as a little-endian word, and the OR that lowercases its letters.
+const fn folded(text: &[u8], from: usize, n: usize) -> (u64, u64) {
+    let (mut value, mut fold, mut i) = (0u64, 0u64, 0);
+    while i < n {
+        let c = text[from + i];
+        value |= (c as u64) << (8 * i);
+        if c.is_ascii_lowercase() {
+            fold |= 0x20 << (8 * i);
+        }
+        i += 1;
+    }
+    (value, fold)
+}
+
+impl<const N: usize> Literal<N> {
+    /// `text`, its letters lowercase.
+    const fn new(text: &[u8; N]) -> Self {
+        assert!(N >= 1 && N <= 16, "a literal of one to sixteen bytes");
+        let (head, head_fold) = folded(text, 0, if N < 8 { N } else { 8 });
+        let (tail, tail_fold) = if N > 8 {
+            folded(text, N - 8, 8)
+        } else {
+            (0, 0)
+        };
+        Literal {
+            head,
+            head_fold,
+            tail,
+            tail_fold,
+        }
+    }
+
+    /// Whether the bytes at `at` (before `end`) are this string, letters in either case.
+    #[inline(always)]
+    fn at<B: PacketBytes>(&self, b: &B, at: usize, end: usize) -> bool {
+        if at + N > end {
+            return false;
+        }
+        if N <= 8 {
+            let mut w = [0u8; 8];
+            // SAFETY: N <= 8: the first N bytes of `w`, as an array of N bytes (alignment 1).
+            let head = unsafe { &mut *w.as_mut_ptr().cast::<[u8; N]>() };
+            b.read(at, head) && u64::from_le_bytes(w) | self.head_fold == self.head
+        } else {
+            let (mut head, mut tail) = ([0u8; 8], [0u8; 8]);
+            b.read(at, &mut head)
+                && b.read(at + N - 8, &mut tail)
+                && u64::from_le_bytes(head) | self.head_fold == self.head
+                && u64::from_le_bytes(tail) | self.tail_fold == self.tail
+        }
+    }
+}
+
+/// The start of a response.
+const RESPONSE: Literal<8> = Literal::new(b"sip/2.0 ");
+/// The end of a request line.
+const VERSION: Literal<8> = Literal::new(b" sip/2.0");
+/// The retransmission marker.
+const MARKER: Literal<13> = Literal::new(b";x-retransmit");
+/// The top Via's branch parameter.
+const BRANCH: Literal<8> = Literal::new(b";branch=");
+/// A tag parameter.
+const TAG: Literal<5> = Literal::new(b";tag=");
+
+/// Bit 7 of each byte of the result is set where that byte of `w` is a space or a tab.
 #[inline(always)]
-fn starts_ci<B: PacketBytes, const N: usize>(b: &B, at: usize, end: usize, word: &[u8; N]) -> bool {
-    let mut got = [0u8; N];
-    if at + N > end || !b.read(at, &mut got) {
-        return false;
+const fn blanks(w: u64) -> u64 {
+    zero_bytes(w ^ splat(b' ')) | zero_bytes(w ^ splat(b'\t'))
+}
+
+/// The index of the first byte flagged in `mask` (a [`zero_bytes`]-style mask), or 8 when none
+/// is.
+#[inline(always)]
+const fn first_or_8(mask: u64) -> usize {
+    if mask == 0 { 8 } else { first_flagged(mask) }
+}
+
+/// Past the spaces and tabs at `at`, at most four and not past `end`: where a value starts.
+#[inline(always)]
+fn skip_blanks<B: PacketBytes>(b: &B, at: usize, end: usize) -> usize {
+    if at >= end {
+        return at;
     }
-    let mut same = true;
-    for i in 0..N {
-        same &= lower(got[i]) == word[i];
+    let mut n = first_or_8(!blanks(bytes_at(b, at)) & splat(0x80));
+    if n > 4 {
+        n = 4;
     }
-    same
+    if n > end - at {
+        n = end - at;
+    }
+    at + n
 }
 
 /// A header the parser reads.
@@ -787,13 +879,7 @@ impl SipState {
             }
         };
         // The value: after the colon and its spaces (a few; more are caught by the scans).
-        let mut value = start + colon + 1;
-        for _ in 0..4 {
-            if value < end && matches!(byte(b, value), b' ' | b'\t') {
-                value += 1;
-            }
-        }
-        self.pos = value as u32;
+        self.pos = skip_blanks(b, start + colon + 1, end) as u32;
         self.hash = FNV_OFFSET;
         self.token_len = 0;
         self.phase = phase as u8;
@@ -801,7 +887,7 @@ impl SipState {
 
     #[inline(always)]
     fn start_line<B: PacketBytes>(&mut self, b: &B, start: usize, end: usize) {
-        if starts_ci(b, start, end, b"sip/2.0 ") {
+        if RESPONSE.at(b, start, end) {
             // A response: its Via and CSeq (copied from the request) name the transaction it
             // answers, so the headers are read too; its status says whether it makes a dialog.
             self.info.kind = MessageKind::Response as u8;
@@ -842,7 +928,7 @@ impl SipState {
             Method::Other
         };
         // The line must end in " SIP/2.0".
-        if end < start + 8 + 2 || !starts_ci(b, end - 8, end, b" sip/2.0") {
+        if end < start + 8 + 2 || !VERSION.at(b, end - 8, end) {
             return self.stop(MessageKind::Malformed);
         }
         self.info.kind = MessageKind::Request as u8;
@@ -877,9 +963,9 @@ impl SipState {
         let at = self.pos as usize;
         let end = self.scan_end as usize;
         let found = match self.want {
-            WANT_MARKER => starts_ci(b, at, end, b";x-retransmit"),
-            WANT_BRANCH => starts_ci(b, at, end, b";branch="),
-            _ => starts_ci(b, at, end, b";tag="),
+            WANT_MARKER => MARKER.at(b, at, end),
+            WANT_BRANCH => BRANCH.at(b, at, end),
+            _ => TAG.at(b, at, end),
         };
         if !found {
             self.pos += 1;
@@ -913,24 +999,16 @@ impl SipState {
     fn via_protocol<B: PacketBytes>(&mut self, b: &B) {
         let from = self.pos as usize;
         let end = self.via_end as usize;
-        for i in 0..CHUNK {
-            let at = from + i;
-            if at >= end {
-                // No sent-by.
-                return self.next_line();
-            }
-            let c = byte(b, at);
-            if c == b' ' || c == b'\t' {
-                // Past the spaces, the sent-by.
-                let mut sb = at + 1;
-                for _ in 0..4 {
-                    if sb < end && matches!(byte(b, sb), b' ' | b'\t') {
-                        sb += 1;
-                    }
-                }
-                self.pos = sb as u32;
-                return self.hash_value(TARGET_SENT_BY, end);
-            }
+        let left = end.saturating_sub(from);
+        let blank = first_or_8(blanks(bytes_at(b, from)));
+        if blank < CHUNK && blank < left {
+            // Past the spaces, the sent-by.
+            self.pos = skip_blanks(b, from + blank + 1, end) as u32;
+            return self.hash_value(TARGET_SENT_BY, end);
+        }
+        if left < CHUNK {
+            // No sent-by.
+            return self.next_line();
         }
         self.pos = (from + CHUNK) as u32;
     }
@@ -941,15 +1019,10 @@ impl SipState {
     fn via_comma<B: PacketBytes>(&mut self, b: &B) {
         let from = self.pos as usize;
         let end = self.via_end as usize;
-        for i in 0..CHUNK {
-            let at = from + i;
-            if at >= end {
-                break;
-            }
-            if byte(b, at) == b',' {
-                self.via_end = at as u32;
-                break;
-            }
+        let left = end.saturating_sub(from);
+        let comma = first_or_8(zero_bytes(bytes_at(b, from) ^ splat(b',')));
+        if comma < CHUNK && comma < left {
+            self.via_end = (from + comma) as u32;
         }
         // (No comma within a chunk of the sent-by: the value is taken to run to the line's end.)
         self.want = WANT_BRANCH;
@@ -1027,13 +1100,8 @@ impl SipState {
         if at == from {
             return self.next_line();
         }
-        for _ in 0..4 {
-            if at < end && matches!(byte(b, at), b' ' | b'\t') {
-                at += 1;
-            }
-        }
         self.info.cseq = n;
-        self.pos = at as u32;
+        self.pos = skip_blanks(b, at, end) as u32;
         self.hash_value(TARGET_CSEQ_METHOD, end);
     }
 }

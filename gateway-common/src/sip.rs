@@ -596,13 +596,7 @@ struct NamePattern {
 /// `text` (a lowercase name and its colon, at most 8 bytes) as a [`NamePattern`].
 const fn name_pattern(text: &[u8], header: Header) -> NamePattern {
     let (value, mask) = word_prefix(text);
-    let (mut fold, mut i) = (0u64, 0);
-    while i < text.len() {
-        if text[i].is_ascii_lowercase() {
-            fold |= 0x20 << (8 * i);
-        }
-        i += 1;
-    }
+    let (_, fold) = folded(text, 0, text.len());
     NamePattern {
         value,
         mask,
@@ -1041,10 +1035,9 @@ impl SipState {
         // The first byte that ends the token (a Via parameter, a sent-by, a CSeq method, a
         // Call-ID, a tag): `;`, `,`, a space, a tab or CR, or `end` (bytes from there on, which
         // may lie past the packet, are never hashed).
-        let enders = zero_bytes(w ^ splat(b';'))
+        let enders = blanks(w)
+            | zero_bytes(w ^ splat(b';'))
             | zero_bytes(w ^ splat(b','))
-            | zero_bytes(w ^ splat(b' '))
-            | zero_bytes(w ^ splat(b'\t'))
             | zero_bytes(w ^ splat(b'\r'));
         let mut stop = if enders == 0 {
             HASH_CHUNK

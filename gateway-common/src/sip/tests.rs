@@ -269,3 +269,42 @@ fn a_fresh_parser_state_is_all_zero() {
     assert_eq!(core::mem::size_of::<SipState>() % 8, 0);
     assert!(core::mem::align_of::<SipState>() >= 8);
 }
+
+/// Bytes of a message, read through `word` as the datapath's scratch buffer reads them: past the
+/// message, whatever an earlier packet left there (here, `fill`), not zeros.
+struct Stale<'a> {
+    msg: &'a [u8],
+    fill: u8,
+}
+
+impl PacketBytes for Stale<'_> {
+    fn read<const N: usize>(&self, offset: usize, out: &mut [u8; N]) -> bool {
+        SliceBytes(self.msg).read(offset, out)
+    }
+
+    fn word(&self, at: usize) -> u64 {
+        let base = at & !7;
+        let bytes: [u8; 8] =
+            core::array::from_fn(|i| self.msg.get(base + i).copied().unwrap_or(self.fill));
+        u64::from_le_bytes(bytes)
+    }
+}
+
+#[test]
+fn bytes_past_the_message_change_nothing() {
+    // Every prefix of messages whose lines and values end at every place, followed by bytes
+    // that would end a line, a value, or start a parameter if the parser took them.
+    let spaced =
+        b"BYE sip:a@b;x-retransmit SIP/2.0\r\nv :  SIP/2.0/UDP h:5060 ;branch=z9hG4bKx, k\r\n\
+f\t: <sip:x@y>;TAG=abc\r\nto: <sip:a@b>;tag=def\r\ni: c@h\r\nCSEQ : 8 BYE\r\n\r\n";
+    for msg in [SIPP_INVITE, &spaced[..]] {
+        for n in 0..=msg.len() {
+            let m = &msg[..n];
+            let clean = parse(m);
+            for fill in [b'\n', b'\r', b';', b',', b' ', b'\t', b':', b'=', 0] {
+                let stale = parse_sip(&Stale { msg: m, fill }, m.len());
+                assert_eq!(stale, clean, "{n} bytes, then {fill:#x}");
+            }
+        }
+    }
+}

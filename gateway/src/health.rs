@@ -3,11 +3,9 @@
 //! interface's program attached in the mode asked for, its maps of this build's layout, every
 //! proxy listener accepting, the controller's last interval recent), else 503 with the reasons.
 
-use std::{
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-    path::Path,
-    sync::Arc,
-};
+use std::{path::Path, sync::Arc};
+
+use crate::bpfsys::{obj_get, obj_info};
 
 /// One readiness check: `Err` says why not, in an operator's words.
 pub type Check = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
@@ -65,7 +63,8 @@ pub fn link_bound(pd: &crate::pins::PinDir) -> Result<(), String> {
 /// this build's layout.
 pub fn attachment_ready(pd: &crate::pins::PinDir) -> Result<(), String> {
     link_bound(pd)?;
-    pd.check_layout().map_err(|e| format!("{}: {e}", pd.iface))
+    pd.check_layout(crate::EBPF_OBJECT)
+        .map_err(|e| format!("{}: {e}", pd.iface))
 }
 
 /// The interface index the BPF link pinned at `pin` is attached to; `Ok(0)` when the link was
@@ -81,55 +80,6 @@ pub fn link_ifindex(pin: &Path) -> std::io::Result<u32> {
         return Err(std::io::Error::other("short bpf_link_info"));
     }
     Ok(info[2] as u32)
-}
-
-const BPF_OBJ_GET: libc::c_long = 7;
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-
-/// `BPF_OBJ_GET`: a descriptor of the object pinned at `pin`.
-fn obj_get(pin: &Path) -> std::io::Result<OwnedFd> {
-    use std::os::unix::ffi::OsStrExt as _;
-    let path = std::ffi::CString::new(pin.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::other("a NUL in the pin path"))?;
-    // union bpf_attr for BPF_OBJ_GET: pathname (u64), bpf_fd (u32), file_flags (u32).
-    let mut attr = [0u64; 16];
-    attr[0] = path.as_ptr() as u64;
-    // SAFETY: bpf(2) reads the attr (a pointer to a NUL-terminated path that outlives the call)
-    // and returns a new descriptor this function owns.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET,
-            attr.as_mut_ptr(),
-            std::mem::size_of_val(&attr),
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor bpf(2) just returned, owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-/// `BPF_OBJ_GET_INFO_BY_FD` into `info`; the length the kernel filled.
-fn obj_info(fd: &OwnedFd, info: &mut [u64; 16]) -> std::io::Result<u32> {
-    // union bpf_attr for the info command: bpf_fd (u32), info_len (u32), info (u64).
-    let mut attr = [0u64; 16];
-    attr[0] = u64::from(fd.as_raw_fd() as u32) | ((std::mem::size_of_val(info) as u64) << 32);
-    attr[1] = info.as_mut_ptr() as u64;
-    // SAFETY: bpf(2) writes at most info_len bytes into `info`, which outlives the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET_INFO_BY_FD,
-            attr.as_mut_ptr(),
-            std::mem::size_of_val(&attr),
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((attr[0] >> 32) as u32)
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@
 pub mod accept;
 pub mod apply;
 pub mod attached;
+pub mod bpfsys;
+pub mod btf;
 pub mod caps;
 pub mod cmd;
 pub mod config;

@@ -188,7 +188,7 @@ pub fn load_pinned_object(
     issued_keys: u32,
     object: &[u8],
 ) -> Result<Ebpf, LoaderError> {
-    pd.check_layout()?;
+    pd.check_layout(object)?;
     let mut loader = EbpfLoader::new();
     for m in gateway_common::maps::all() {
         loader.map_pin_path(m.name, pd.map(m.name));

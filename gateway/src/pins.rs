@@ -7,12 +7,15 @@
 //! ```
 
 use std::{
+    collections::{HashMap, hash_map::Entry},
     fs, io,
     os::fd::AsRawFd as _,
     path::{Path, PathBuf},
 };
 
 use gateway_common::maps;
+
+use crate::{bpfsys, btf};
 use nix::sys::statfs::{BPF_FS_MAGIC, statfs};
 use thiserror::Error;
 
@@ -59,6 +62,19 @@ pub enum PinsError {
         found: String,
         /// This build's.
         expected: String,
+    },
+    /// A pinned map's fields are not this build's, though its sizes are.
+    #[error(
+        "pinned map {map}'s {what} is not this build's: {difference}; detach the interface \
+         first (its counters and policy go with it) to move to this version's maps"
+    )]
+    MapFields {
+        /// Map name.
+        map: &'static str,
+        /// `key` or `value`.
+        what: &'static str,
+        /// The first field that differs, both ways.
+        difference: String,
     },
     /// A filesystem operation failed.
     #[error("{path}: {source}")]
@@ -158,10 +174,15 @@ impl PinDir {
         self.link().exists()
     }
 
-    /// Refuses pinned maps whose layout is not this build's (left by an older or newer gateway):
-    /// aya would adopt them as they are, and the program would then be checked, or worse run,
-    /// against values of another shape. Nothing is touched before the check.
-    pub fn check_layout(&self) -> Result<(), PinsError> {
+    /// Refuses pinned maps whose layout is not that of `object` (this build's eBPF object, or
+    /// the build about to be loaded): left by an older or newer gateway, aya would adopt them as
+    /// they are, and the program would then be checked, or worse run, against values of another
+    /// shape. The key and value sizes are compared, then, where the pinned map has BTF, every
+    /// field (its name, offset and type, `crate::btf`): fields that moved, were renamed or
+    /// changed type within the same sizes are refused too, naming the first one. Nothing is
+    /// touched before the check.
+    pub fn check_layout(&self, object: &[u8]) -> Result<(), PinsError> {
+        let mut fields = Fields::new(object);
         for m in maps::all() {
             let (name, key, value) = (m.name, m.key_size, m.value_size);
             let path = self.map(name);
@@ -182,6 +203,7 @@ impl PinDir {
                     expected,
                 });
             }
+            fields.check(name, &path)?;
         }
         Ok(())
     }
@@ -250,6 +272,69 @@ impl PinDir {
     }
 }
 
+/// The field-by-field half of [`PinDir::check_layout`]: the object's BTF, parsed once, and the
+/// kernel's BTF objects of the pinned maps, each read once (the maps of one load share one).
+struct Fields<'a> {
+    object: &'a [u8],
+    ours: Option<Result<btf::Btf, String>>,
+    theirs: HashMap<u32, btf::Btf>,
+}
+
+impl<'a> Fields<'a> {
+    fn new(object: &'a [u8]) -> Self {
+        Fields {
+            object,
+            ours: None,
+            theirs: HashMap::new(),
+        }
+    }
+
+    /// Compares the fields of the map pinned at `path` (as its BTF says) with those of the map
+    /// `name` of the object. A pinned map without BTF is judged by its sizes alone.
+    fn check(&mut self, name: &'static str, path: &Path) -> Result<(), PinsError> {
+        let unreadable = |e: &dyn std::fmt::Display| PinsError::MapLayout {
+            map: name,
+            found: format!("fields that cannot be read ({e})"),
+            expected: "readable fields".into(),
+        };
+        let fd = bpfsys::obj_get(path).map_err(io_err(path))?;
+        let pinned = bpfsys::map_btf(&fd).map_err(|e| unreadable(&e))?;
+        if pinned.btf_id == 0 {
+            return Ok(());
+        }
+        let theirs = match self.theirs.entry(pinned.btf_id) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let bytes = bpfsys::btf_bytes(pinned.btf_id).map_err(|e| unreadable(&e))?;
+                e.insert(btf::Btf::parse(&bytes).map_err(|e| unreadable(&e))?)
+            }
+        };
+        let object = self.object;
+        let ours = self
+            .ours
+            .get_or_insert_with(|| btf::object_btf(object).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| unreadable(e))?;
+        let (key, value) = ours.map_definition(name).map_err(|e| unreadable(&e))?;
+        let pairs = [
+            ("key", pinned.key_type, key),
+            ("value", pinned.value_type, value),
+        ];
+        for (what, their_type, our_type) in pairs {
+            let found = theirs.fields(their_type).map_err(|e| unreadable(&e))?;
+            let expected = ours.fields(our_type).map_err(|e| unreadable(&e))?;
+            if let Some(difference) = btf::difference(&found, &expected) {
+                return Err(PinsError::MapFields {
+                    map: name,
+                    what,
+                    difference,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Every interface with a pinned link under `root`, sorted by name.
 pub fn attachments(root: &Path) -> Result<Vec<PinDir>, PinsError> {
     let entries = match fs::read_dir(root) {
@@ -296,5 +381,59 @@ pub fn select(root: &Path, iface: Option<&str>) -> Result<PinDir, PinsError> {
                 .collect::<Vec<_>>()
                 .join(", ")
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nix::mount::{MntFlags, MsFlags, mount, umount2};
+
+    use super::*;
+
+    #[test]
+    fn pinned_maps_whose_fields_moved_within_their_sizes_are_refused() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: pinning maps needs root");
+            return;
+        }
+        // A bpffs of the test's own, so nothing else's pins are touched.
+        let root = std::env::temp_dir().join(format!("gateway-pins-{}", std::process::id()));
+        fs::create_dir_all(&root).unwrap();
+        mount(
+            Some("bpf"),
+            &root,
+            Some("bpf"),
+            MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap();
+        let pd = PinDir::new(&root, "test0");
+        pd.create().unwrap();
+        // Every map of this build pinned, as an attach leaves them.
+        drop(crate::loader::load_pinned(&pd, 0, 64).unwrap());
+        let outcome = (
+            pd.check_layout(crate::EBPF_OBJECT),
+            // A build whose ClassPolicy has its first two fields the other way round: the same
+            // sizes, so only the fields tell.
+            pd.check_layout(&crate::btf::swap_fields(
+                crate::EBPF_OBJECT,
+                "ClassPolicy",
+                "backlog_limit",
+                "rate_per_sec",
+            )),
+        );
+        umount2(&root, MntFlags::MNT_DETACH).unwrap();
+        fs::remove_dir(&root).unwrap();
+        outcome.0.expect("this build's own pins pass");
+        let refused = outcome
+            .1
+            .expect_err("the other build's fields are refused")
+            .to_string();
+        assert_eq!(
+            refused,
+            "pinned map CLASS_POLICY's value is not this build's: it has `backlog_limit` at byte 0 \
+             (u64) where this build has `rate_per_sec` at byte 0 (u64); detach the interface \
+             first (its counters and policy go with it) to move to this version's maps"
+        );
     }
 }

@@ -437,7 +437,9 @@ fn readiness_checks(
                     want.name()
                 ));
             }
-            a.pins().check_layout().map_err(|e| format!("{iface}: {e}"))
+            a.pins()
+                .check_layout(crate::EBPF_OBJECT)
+                .map_err(|e| format!("{iface}: {e}"))
         }));
     }
     for p in proxies {

@@ -1,0 +1,108 @@
+//! The few `bpf(2)` commands aya does not expose: open a pinned object, read an object's info
+//! (a link's interface, a map's BTF ids), and read a BTF object's bytes.
+
+use std::{
+    io,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    path::Path,
+};
+
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_BTF_GET_FD_BY_ID: libc::c_long = 19;
+
+/// Runs `bpf(cmd, attr)`; the call's result.
+fn bpf(cmd: libc::c_long, attr: &mut [u64; 16]) -> io::Result<i64> {
+    // SAFETY: every caller passes an attr laid out as `union bpf_attr` for `cmd`, whose pointers
+    // (if any) point to memory that outlives the call and holds what the kernel writes there.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(attr),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r)
+}
+
+/// Wraps a descriptor `bpf(2)` just returned.
+fn owned(fd: i64) -> OwnedFd {
+    // SAFETY: a descriptor bpf(2) just returned, owned by nobody else.
+    unsafe { OwnedFd::from_raw_fd(fd as i32) }
+}
+
+/// `BPF_OBJ_GET`: a descriptor of the object pinned at `pin`.
+pub fn obj_get(pin: &Path) -> io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let path = std::ffi::CString::new(pin.as_os_str().as_bytes())
+        .map_err(|_| io::Error::other("a NUL in the pin path"))?;
+    // union bpf_attr for BPF_OBJ_GET: pathname (u64), bpf_fd (u32), file_flags (u32).
+    let mut attr = [0u64; 16];
+    attr[0] = path.as_ptr() as u64;
+    bpf(BPF_OBJ_GET, &mut attr).map(owned)
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` into `info` (`len` bytes at it); the length the kernel filled.
+fn obj_info_raw(fd: &OwnedFd, info: *mut u8, len: usize) -> io::Result<u32> {
+    // union bpf_attr for the info command: bpf_fd (u32), info_len (u32), info (u64).
+    let mut attr = [0u64; 16];
+    attr[0] = u64::from(fd.as_raw_fd() as u32) | ((len as u64) << 32);
+    attr[1] = info as u64;
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    Ok((attr[0] >> 32) as u32)
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` into `info`; the length the kernel filled.
+pub fn obj_info(fd: &OwnedFd, info: &mut [u64; 16]) -> io::Result<u32> {
+    obj_info_raw(fd, info.as_mut_ptr().cast(), std::mem::size_of_val(info))
+}
+
+/// A map's BTF: the id of its BTF object and of its key's and value's types there (all 0 for
+/// a map made without BTF).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapBtf {
+    /// The BTF object's id.
+    pub btf_id: u32,
+    /// The key's type id.
+    pub key_type: u32,
+    /// The value's type id.
+    pub value_type: u32,
+}
+
+/// The BTF ids of the map `fd`.
+pub fn map_btf(fd: &OwnedFd) -> io::Result<MapBtf> {
+    // struct bpf_map_info: btf_id, btf_key_type_id, btf_value_type_id are the u32s at bytes 64,
+    // 68 and 72.
+    let mut info = [0u64; 16];
+    let len = obj_info(fd, &mut info)?;
+    if len < 76 {
+        return Err(io::Error::other("short bpf_map_info"));
+    }
+    Ok(MapBtf {
+        btf_id: info[8] as u32,
+        key_type: (info[8] >> 32) as u32,
+        value_type: info[9] as u32,
+    })
+}
+
+/// The bytes of the BTF object `id` (as loaded: header, types, strings).
+pub fn btf_bytes(id: u32) -> io::Result<Vec<u8>> {
+    // union bpf_attr for BPF_BTF_GET_FD_BY_ID: btf_id (u32).
+    let mut attr = [0u64; 16];
+    attr[0] = u64::from(id);
+    let fd = bpf(BPF_BTF_GET_FD_BY_ID, &mut attr).map(owned)?;
+    // struct bpf_btf_info: btf (u64 pointer), btf_size (u32), id (u32), then the name's.
+    let mut info = [0u64; 4];
+    obj_info_raw(&fd, info.as_mut_ptr().cast(), std::mem::size_of_val(&info))?;
+    let size = info[1] as u32 as usize;
+    let mut bytes = vec![0u8; size];
+    let mut info = [0u64; 4];
+    info[0] = bytes.as_mut_ptr() as u64;
+    info[1] = size as u64;
+    obj_info_raw(&fd, info.as_mut_ptr().cast(), std::mem::size_of_val(&info))?;
+    Ok(bytes)
+}

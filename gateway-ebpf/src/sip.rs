@@ -13,8 +13,9 @@
 //! `sip-exempt` policy). The request-line marker only demotes. Any other request is keyed by its unit
 //! key (`SipInfo::unit_key`): one whose unit is pending (admitted, unanswered: `SIP_PENDING`, which
 //! nothing evicts) or whose original was admitted (`SIP_TXNS`, an LRU) is a `sip-retransmission`;
-//! a copy of a refused original is judged as an original again; a new one is stored and is
-//! `sip-original`. Anything the parser cannot follow is an original, never exempt;
+//! a copy of a refused original is judged as an original again (copies are counted from a small
+//! table of refused keys, [`refused`], never from `SIP_TXNS`), and so is a new one, stored in
+//! `SIP_TXNS` once admitted. Anything the parser cannot follow is an original, never exempt;
 //! a request with no key at all is refused, since no response could ever complete it.
 //!
 //! An admitted original is a pending unit until the server's first response to it leaves the
@@ -22,6 +23,8 @@
 // Map keys and values go by reference, as in the TLS module: values copied onto the 512-byte BPF
 // stack crowd out the rest of the program.
 #![allow(clippy::needless_borrows_for_generic_args)]
+
+mod refused;
 
 use core::ffi::c_void;
 
@@ -257,6 +260,8 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
         class = earned_exemption(&info);
     }
     let key = info.unit_key();
+    // Whether the transaction table has an entry for it (then its flag is set on admission).
+    let mut seen = false;
     if class == Class::SipOriginal {
         let Some(key) = key else {
             // No response could match it: admitting it would hold a unit until it expires.
@@ -264,32 +269,31 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
             return (class, Action::Drop);
         };
         if let Some(t) = SIP_TXNS.get_ptr_mut(&key) {
+            seen = true;
             // SAFETY: a plain counter and the flags of a live entry; races only undercount it.
             let admitted = unsafe {
                 (*t).requests = (*t).requests.wrapping_add(1);
                 (*t).flags & TXN_ADMITTED != 0
             };
-            // A retransmission is a copy of admitted work. A copy of a refused original asks
-            // for work the server never took on: judged as an original again, under the
-            // originals' limits, so sending every request twice buys nothing.
+            // A retransmission is a copy of admitted work.
             if admitted || SIP_PENDING.get_ptr(&key).is_some() {
                 class = Class::SipRetransmission;
-            } else {
-                count(|c| c.sip_copies_of_refused += 1);
             }
-        } else {
-            // Unseen, or evicted from the LRU while its unit is still pending (which nothing
-            // evicts): then it is a retransmission all the same.
-            let pending = SIP_PENDING.get_ptr(&key).is_some();
+        } else if SIP_PENDING.get_ptr(&key).is_some() {
+            // Evicted from the LRU while its unit is still pending (which nothing evicts): a
+            // retransmission of admitted work all the same.
             let txn = SipTxn {
                 first_ns: now_ns(),
-                requests: if pending { 2 } else { 1 },
-                flags: 0,
+                requests: 2,
+                flags: TXN_ADMITTED,
             };
-            let _ = SIP_TXNS.insert(&key, &txn, 0);
-            if pending {
-                class = Class::SipRetransmission;
-            }
+            let _ = SIP_TXNS.insert(&key, &txn, u64::from(BPF_NOEXIST));
+            class = Class::SipRetransmission;
+        } else if refused::copy_of_refused(key) {
+            // A copy of a refused original asks for work the server never took on: judged as
+            // an original again, under the originals' limits, so sending every request twice
+            // buys nothing.
+            count(|c| c.sip_copies_of_refused += 1);
         }
     }
     // Originals first: each original is held as a pending unit under its class's limits;
@@ -303,6 +307,13 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
         _ => Ok(()),
     };
     if let Err(reason) = admitted {
+        if class == Class::SipOriginal
+            && let Some(key) = key
+        {
+            // Remembered without a transaction entry: a flood of refused originals makes no
+            // LRU insert and evicts no admitted transaction's entry.
+            refused::remember(key);
+        }
         // Responses and ACKs are never answered (RFC 3261 §17); other requests are as their
         // class says.
         let action = if info.kind() == MessageKind::Request && info.method() != Method::Ack {
@@ -315,11 +326,26 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
     }
     if class == Class::SipOriginal
         && let Some(key) = key
-        && let Some(t) = SIP_TXNS.get_ptr_mut(&key)
     {
-        // The server takes it on: its ACK and CANCEL may be exempt from now on.
-        // SAFETY: the flags of this transaction's entry.
-        unsafe { (*t).flags |= TXN_ADMITTED };
+        // The server takes it on: its copies are retransmissions, and its ACK and CANCEL may be
+        // exempt from now on.
+        let entry = if seen {
+            SIP_TXNS.get_ptr_mut(&key)
+        } else {
+            None
+        };
+        match entry {
+            // SAFETY: the flags of this transaction's entry.
+            Some(t) => unsafe { (*t).flags |= TXN_ADMITTED },
+            None => {
+                let txn = SipTxn {
+                    first_ns: now_ns(),
+                    requests: 1,
+                    flags: TXN_ADMITTED,
+                };
+                let _ = SIP_TXNS.insert(&key, &txn, 0);
+            }
+        }
     }
     (class, Action::Pass)
 }

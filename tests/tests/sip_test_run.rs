@@ -743,3 +743,51 @@ fn a_spoofed_flood_gets_replies_at_no_more_than_the_reply_rate() {
     assert_eq!(c.rejected, replies);
     assert_eq!(c.replies_limited, sent - replies);
 }
+
+#[test]
+fn a_flood_of_refused_invites_evicts_no_admitted_transaction() {
+    if !have_root("a_flood_of_refused_invites_evicts_no_admitted_transaction") {
+        return;
+    }
+    use gateway_common::maps::{FRESH_LETTERS, MAX_SIP_TXNS};
+    let mut prog = TestProgram::new();
+    // An INVITE the server took on and answered with 100 Trying: its unit completed, so only its
+    // transaction's entry lets its CANCEL be exempt.
+    assert_eq!(action(&prog, &invite("z9hG4bK-kept", "")), XDP_PASS);
+    let trying = "SIP/2.0 100 Trying\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-kept\r\nCall-ID: 1-z9hG4bK-kept@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
+    let out = Frame::udp(5061, trying.as_bytes()).from_port(5060).build();
+    prog.run(Hook::TcEgress, &out, 1);
+    let state = |p: &TestProgram| p.maps.class_state().unwrap()[Class::SipOriginal.id() as usize];
+    assert_eq!(state(&prog).completed, 1);
+    // sip-original closed; then twice as many distinct INVITEs as the transaction table holds
+    // (two batches of the fresh-packet program, each numbering 65,536 branches), all refused.
+    set(&mut prog, Class::SipOriginal, None, Some(0));
+    let before = prog.counters().classes[Class::SipOriginal.id() as usize];
+    for batch in ["a", "b"] {
+        let flood = Frame::udp(5060, &invite(&format!("z9hG4bK-0000-{batch}"), "")).build();
+        let at = flood.windows(4).position(|w| w == b"0000").unwrap() as u16;
+        prog.freshen(at, FRESH_LETTERS);
+        assert_eq!(prog.run(Hook::Fresh, &flood, MAX_SIP_TXNS).0, XDP_DROP);
+    }
+    let after = prog.counters().classes[Class::SipOriginal.id() as usize];
+    assert_eq!(after.packets - before.packets, 2 * u64::from(MAX_SIP_TXNS));
+    assert_eq!(
+        after.admitted, before.admitted,
+        "the flood admitted nothing"
+    );
+    // The admitted INVITE's CANCEL is still exempt: the refused flood made no transaction
+    // entries, so it evicted none.
+    let cancel = String::from_utf8(invite("z9hG4bK-kept", ""))
+        .unwrap()
+        .replacen("INVITE sip", "CANCEL sip", 1)
+        .replacen("CSeq: 1 INVITE", "CSeq: 1 CANCEL", 1);
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, cancel.as_bytes()),
+        Some(Class::SipExempt)
+    );
+    assert_eq!(
+        prog.maps.sip_txns().unwrap().len(),
+        2,
+        "the INVITE's and its CANCEL's"
+    );
+}

@@ -11,12 +11,14 @@ super::pinned_maps! {
 /// Entries of the SIP transaction table (LRU).
 pub const MAX_SIP_TXNS: u32 = 65536;
 
-/// A SIP transaction the datapath has seen a request of (LRU: it only tells retransmissions
-/// from originals; what the backlog holds is in `SIP_PENDING`, which nothing evicts).
+/// A SIP transaction whose original the datapath admitted, or an exempt request it saw (LRU: it
+/// only tells retransmissions from originals; what the backlog holds is in `SIP_PENDING`, which
+/// nothing evicts). A refused original makes no entry: a flood of them evicts no admitted
+/// transaction's.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SipTxn {
-    /// When its first request was seen, `CLOCK_MONOTONIC` ns.
+    /// When its entry was made (its original admitted), `CLOCK_MONOTONIC` ns.
     pub first_ns: u64,
     /// Requests of it seen (the original and its retransmissions).
     pub requests: u32,

@@ -861,7 +861,9 @@ const FRESH_BATCH_BYE: u32 = 200;
 /// How far a fresh batch puts the classes' sweeps off: past its end (the sweep is measured on
 /// its own, `fresh_costs`).
 const SWEEPS_DEFERRED_NS: u64 = 1_000_000_000;
-/// The XDP action every fresh run must end with.
+/// The XDP action a refusing fresh row's runs end with.
+const XDP_DROP: u32 = 1;
+/// The XDP action every other fresh run must end with.
 const XDP_PASS: u32 = 2;
 /// Batches of each fresh row.
 const FRESH_ROUNDS: usize = 31;
@@ -878,6 +880,8 @@ struct FreshRow {
     before: Box<dyn Fn(&mut TestProgram)>,
     /// Runs in one batch.
     batch: u32,
+    /// Every run is refused (dropped, no reply) rather than admitted.
+    refused: bool,
 }
 
 /// The rows of [`fresh_costs`] (and of `bench compare`, where both objects have the program).
@@ -968,6 +972,7 @@ To: service <sip:service@10.99.0.1:5060>;tag=srv\r\nCall-ID: 1-4101@10.99.0.2\r\
             } else {
                 FRESH_BATCH
             },
+            refused: false,
         };
     vec![
         FreshRow {
@@ -979,6 +984,7 @@ To: service <sip:service@10.99.0.1:5060>;tag=srv\r\nCall-ID: 1-4101@10.99.0.2\r\
             target: "-",
             before: Box::new(|_| {}),
             batch: FRESH_BATCH,
+            refused: false,
         },
         hello(
             "ClientHello, TLS 1.2, 153 B, new connection",
@@ -1010,6 +1016,7 @@ To: service <sip:service@10.99.0.1:5060>;tag=srv\r\nCall-ID: 1-4101@10.99.0.2\r\
             target: "40x",
             before: Box::new(|_| {}),
             batch: FRESH_BATCH,
+            refused: false,
         },
         FreshRow {
             name: "BYE of an established dialog (exempt), new transaction",
@@ -1020,6 +1027,28 @@ To: service <sip:service@10.99.0.1:5060>;tag=srv\r\nCall-ID: 1-4101@10.99.0.2\r\
             target: "30x",
             before: Box::new(establish),
             batch: FRESH_BATCH_BYE,
+            refused: false,
+        },
+        FreshRow {
+            name: "SIP INVITE, 1 KB, new transaction, refused (sip-original closed, no reply)",
+            frame: Frame::udp(5060, &invite_1k()).build(),
+            offset: invite_at,
+            mode: FRESH_LETTERS,
+            class: Class::SipOriginal,
+            target: "-",
+            before: Box::new(|p: &mut TestProgram| {
+                let closed = gateway_common::policy::Policy {
+                    rate: Some(0),
+                    burst: Some(0),
+                    reply_rate: Some(0),
+                    ..Default::default()
+                };
+                p.maps
+                    .set_policy(Class::SipOriginal, closed.to_map())
+                    .unwrap();
+            }),
+            batch: FRESH_BATCH,
+            refused: true,
         },
     ]
 }
@@ -1028,6 +1057,13 @@ To: service <sip:service@10.99.0.1:5060>;tag=srv\r\nCall-ID: 1-4101@10.99.0.2\r\
 /// Panics unless every run got the row's class and was admitted.
 fn fresh_batch(prog: &mut TestProgram, row: &FreshRow, who: &str) -> f64 {
     prog.forget();
+    // Every row starts from open originals (a row that refuses closes them in its `before`).
+    prog.maps
+        .set_policy(
+            gateway_common::Class::SipOriginal,
+            gateway_common::policy::Policy::default().to_map(),
+        )
+        .unwrap();
     (row.before)(prog);
     prog.freshen(row.offset, row.mode);
     prog.defer_sweeps(SWEEPS_DEFERRED_NS);
@@ -1038,11 +1074,17 @@ fn fresh_batch(prog: &mut TestProgram, row: &FreshRow, who: &str) -> f64 {
         before.classes[row.class as usize],
         after.classes[row.class as usize],
     );
-    assert_eq!(action, XDP_PASS, "{}: the last run passed", row.name);
+    let (want_action, admitted) = if row.refused {
+        (XDP_DROP, 0)
+    } else {
+        (XDP_PASS, u64::from(row.batch))
+    };
+    assert_eq!(action, want_action, "{}: the last run's action", row.name);
     assert_eq!(
         (a.packets - b.packets, a.admitted - b.admitted),
-        (u64::from(row.batch), u64::from(row.batch)),
-        "{who}, {}: every run classified {:?} and admitted; before {before:?}, after {after:?}",
+        (u64::from(row.batch), admitted),
+        "{who}, {}: every run classified {:?} and admitted (or, refusing, none); before \
+         {before:?}, after {after:?}",
         row.name,
         row.class
     );

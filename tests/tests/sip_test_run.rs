@@ -24,6 +24,14 @@ Content-Length: 0\r\n\r\n"
     .into_bytes()
 }
 
+/// The CANCEL of [`invite`]`(branch, "")`.
+fn cancel(branch: &str) -> String {
+    String::from_utf8(invite(branch, ""))
+        .unwrap()
+        .replacen("INVITE sip", "CANCEL sip", 1)
+        .replacen("CSeq: 1 INVITE", "CSeq: 1 CANCEL", 1)
+}
+
 fn class_of(prog: &TestProgram, hook: Hook, payload: &[u8]) -> Option<Class> {
     let before = prog.counters();
     prog.run(hook, &Frame::udp(5060, payload).build(), 1);
@@ -163,10 +171,7 @@ fn exemptions_are_earned_from_what_the_server_made() {
             in_dialog("INVITE", branch, 2, "forged"),
             in_dialog("BYE", branch, 3, "forged"),
             in_dialog("ACK", branch, 1, "forged"),
-            String::from_utf8(invite(branch, ""))
-                .unwrap()
-                .replacen("INVITE sip", "CANCEL sip", 1)
-                .replacen("CSeq: 1 INVITE", "CSeq: 1 CANCEL", 1),
+            cancel(branch),
         ]
     };
     for hook in [Hook::Xdp, Hook::Tc] {
@@ -182,12 +187,8 @@ fn exemptions_are_earned_from_what_the_server_made() {
     // An INVITE that was refused (or any request naming CSeq INVITE) buys its CANCEL nothing:
     // only an INVITE the server took on does (found by the mutation campaign).
     assert_eq!(action(&prog, &invite("z9hG4bK-r", "")), XDP_DROP);
-    let cancel = String::from_utf8(invite("z9hG4bK-r", ""))
-        .unwrap()
-        .replacen("INVITE sip", "CANCEL sip", 1)
-        .replacen("CSeq: 1 INVITE", "CSeq: 1 CANCEL", 1);
     assert_eq!(
-        class_of(&prog, Hook::Xdp, cancel.as_bytes()),
+        class_of(&prog, Hook::Xdp, cancel("z9hG4bK-r").as_bytes()),
         Some(Class::SipOriginal)
     );
     let orig = prog.counters().classes[Class::SipOriginal.id() as usize];
@@ -219,12 +220,8 @@ fn exemptions_are_earned_from_what_the_server_made() {
     set(&mut prog, Class::SipOriginal, None, None);
     assert_eq!(action(&prog, &invite("z9hG4bK-c", "")), XDP_PASS);
     set(&mut prog, Class::SipOriginal, None, Some(0));
-    let cancel = String::from_utf8(invite("z9hG4bK-c", ""))
-        .unwrap()
-        .replacen("INVITE sip", "CANCEL sip", 1)
-        .replacen("CSeq: 1 INVITE", "CSeq: 1 CANCEL", 1);
     assert_eq!(
-        class_of(&prog, Hook::Xdp, cancel.as_bytes()),
+        class_of(&prog, Hook::Xdp, cancel("z9hG4bK-c").as_bytes()),
         Some(Class::SipExempt)
     );
 }
@@ -777,12 +774,8 @@ fn a_flood_of_refused_invites_evicts_no_admitted_transaction() {
     );
     // The admitted INVITE's CANCEL is still exempt: the refused flood made no transaction
     // entries, so it evicted none.
-    let cancel = String::from_utf8(invite("z9hG4bK-kept", ""))
-        .unwrap()
-        .replacen("INVITE sip", "CANCEL sip", 1)
-        .replacen("CSeq: 1 INVITE", "CSeq: 1 CANCEL", 1);
     assert_eq!(
-        class_of(&prog, Hook::Xdp, cancel.as_bytes()),
+        class_of(&prog, Hook::Xdp, cancel("z9hG4bK-kept").as_bytes()),
         Some(Class::SipExempt)
     );
     assert_eq!(

@@ -73,19 +73,35 @@ pub struct MapBtf {
     pub value_type: u32,
 }
 
-/// The BTF ids of the map `fd`.
-pub fn map_btf(fd: &OwnedFd) -> io::Result<MapBtf> {
-    // struct bpf_map_info: btf_id, btf_key_type_id, btf_value_type_id are the u32s at bytes 64,
-    // 68 and 72.
+/// What a pinned map is made of: its key and value sizes and its BTF.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapShape {
+    /// Bytes of a key.
+    pub key_size: u32,
+    /// Bytes of a value.
+    pub value_size: u32,
+    /// Its BTF ids.
+    pub btf: MapBtf,
+}
+
+/// The shape of the map pinned at `pin` (one open, one info read).
+pub fn map_shape(pin: &Path) -> io::Result<MapShape> {
+    let fd = obj_get(pin)?;
+    // struct bpf_map_info: key_size and value_size are the u32s at bytes 8 and 12; btf_id,
+    // btf_key_type_id and btf_value_type_id those at bytes 64, 68 and 72.
     let mut info = [0u64; 16];
-    let len = obj_info(fd, &mut info)?;
+    let len = obj_info(&fd, &mut info)?;
     if len < 76 {
         return Err(io::Error::other("short bpf_map_info"));
     }
-    Ok(MapBtf {
-        btf_id: info[8] as u32,
-        key_type: (info[8] >> 32) as u32,
-        value_type: info[9] as u32,
+    Ok(MapShape {
+        key_size: info[1] as u32,
+        value_size: (info[1] >> 32) as u32,
+        btf: MapBtf {
+            btf_id: info[8] as u32,
+            key_type: (info[8] >> 32) as u32,
+            value_type: info[9] as u32,
+        },
     })
 }
 

@@ -220,9 +220,7 @@ impl Btf {
     /// The fields of type `id`, flattened: every member of a struct or union, recursively, as
     /// its path, offset and kind (for any other type, the type itself as one field).
     pub fn fields(&self, id: u32) -> Result<Vec<Field>, BtfError> {
-        let mut out = Vec::new();
-        self.flatten(id, "", 0, 0, &mut out)?;
-        Ok(out)
+        self.fields_at(id, 0)
     }
 
     fn flatten(
@@ -308,11 +306,11 @@ impl Btf {
                 };
                 format!("[{inner}; {n}]")
             }
-            kind::STRUCT | kind::UNION => format!("struct of {} B", t.size_type),
             _ => format!("kind {}", t.kind),
         })
     }
 
+    /// [`Btf::fields`] of a type nested `depth` deep.
     fn fields_at(&self, id: u32, depth: usize) -> Result<Vec<Field>, BtfError> {
         let mut out = Vec::new();
         self.flatten(id, "", 0, depth, &mut out)?;

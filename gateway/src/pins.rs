@@ -191,19 +191,19 @@ impl PinDir {
                 continue;
             }
             let expected = format!("key {key} B, value {value} B");
-            let info = aya::maps::MapInfo::from_pin(&path).map_err(|e| PinsError::MapLayout {
+            let shape = bpfsys::map_shape(&path).map_err(|e| PinsError::MapLayout {
                 map: name,
                 found: format!("an unreadable layout ({e})"),
                 expected: expected.clone(),
             })?;
-            if info.key_size() as usize != key || info.value_size() as usize != value {
+            if shape.key_size as usize != key || shape.value_size as usize != value {
                 return Err(PinsError::MapLayout {
                     map: name,
-                    found: format!("key {} B, value {} B", info.key_size(), info.value_size()),
+                    found: format!("key {} B, value {} B", shape.key_size, shape.value_size),
                     expected,
                 });
             }
-            fields.check(name, &path)?;
+            fields.check(name, &shape.btf)?;
         }
         Ok(())
     }
@@ -289,16 +289,14 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// Compares the fields of the map pinned at `path` (as its BTF says) with those of the map
-    /// `name` of the object. A pinned map without BTF is judged by its sizes alone.
-    fn check(&mut self, name: &'static str, path: &Path) -> Result<(), PinsError> {
+    /// Compares the fields of the pinned map `name`, as its BTF (`pinned`) says, with those of
+    /// the map `name` of the object. A pinned map without BTF is judged by its sizes alone.
+    fn check(&mut self, name: &'static str, pinned: &bpfsys::MapBtf) -> Result<(), PinsError> {
         let unreadable = |e: &dyn std::fmt::Display| PinsError::MapLayout {
             map: name,
             found: format!("fields that cannot be read ({e})"),
             expected: "readable fields".into(),
         };
-        let fd = bpfsys::obj_get(path).map_err(io_err(path))?;
-        let pinned = bpfsys::map_btf(&fd).map_err(|e| unreadable(&e))?;
         if pinned.btf_id == 0 {
             return Ok(());
         }

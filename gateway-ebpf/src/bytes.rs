@@ -161,6 +161,33 @@ pub unsafe fn copy<T: Copy>(dst: *mut T, src: *const T) {
     }
 }
 
+/// Whether `*a` and `*b` have the same bytes, compared a word at a time (a derived `==` on byte
+/// arrays compiles to a call of `memcmp`). The reads are plain, not volatile as [`copy`]'s: so
+/// LLVM compares each pair as it loads it, rather than loading all of them first in order and
+/// spilling them to the stack.
+///
+/// # Safety
+///
+/// `a` and `b` are valid for reads and aligned, and `T` has no padding bytes.
+#[inline(always)]
+pub unsafe fn equal<T: Copy>(a: *const T, b: *const T) -> bool {
+    let mut differ = 0u64;
+    if const { wide::<T>() } {
+        let (a, b) = (a.cast::<u64>(), b.cast::<u64>());
+        for i in 0..size_of::<T>() / 8 {
+            // SAFETY: within *a and *b, aligned (the caller's promise).
+            differ |= unsafe { a.add(i).read() ^ b.add(i).read() };
+        }
+    } else {
+        let (a, b) = (a.cast::<u32>(), b.cast::<u32>());
+        for i in 0..size_of::<T>() / 4 {
+            // SAFETY: as above.
+            differ |= u64::from(unsafe { a.add(i).read() ^ b.add(i).read() });
+        }
+    }
+    differ == 0
+}
+
 /// Whether `T` goes in 8-byte words (else in 4-byte words; a `T` that fits neither is refused
 /// at compile time).
 const fn wide<T>() -> bool {

@@ -20,7 +20,10 @@
 //!   first flight (a handshake or alert record) or its close, seen by the egress program
 //!   ([`tls_answer`]). Nothing the client sends completes it; unanswered, it expires.
 //! - Later packets of a decided connection cost one flow-table lookup: `tls-flow` when admitted,
-//!   dropped when rejected.
+//!   dropped (or answered) when rejected. A connection refused on its first segment makes no
+//!   flow entry: it is remembered in a direct-mapped table ([`refused`]) until a later refusal
+//!   takes its slot, so a flood of refused hellos costs no LRU insert and evicts no admitted
+//!   connection's entry.
 //! - A SYN on a 4-tuple the table knows ends the old entry, so the new connection is judged
 //!   afresh, once the kernel holds no live connection there (the client reused its port); while
 //!   it does, a SYN (spoofed, or a retransmission) changes nothing. Data in a SYN (TCP Fast
@@ -35,6 +38,8 @@
 //!   segment that is not TLS (SSLv2, HTTP, garbage) is a malformed hello and judged as
 //!   `tls-new`; one that starts with application data passes as `tls-flow`, being most likely a
 //!   connection whose entry the LRU evicted.
+
+mod refused;
 
 use core::ffi::c_void;
 
@@ -331,6 +336,10 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     let mut flow = TLS_FLOWS.get_ptr_mut(&s.key).map(|f| unsafe { &mut *f });
     let syn = t.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN && !pkt.fragmented;
     if syn {
+        if flow.is_none() && refused::holds(&s.key) {
+            // A connection refused on its first segment has no entry; its slot may remember it.
+            return refused_syn::<C, B>(ctx, s, v4, payload_len);
+        }
         if flow.is_some() {
             // While the kernel holds a live connection on this 4-tuple, a SYN changes nothing
             // there (it gets a challenge ACK, RFC 5961), and nothing here either: a spoofed SYN
@@ -354,14 +363,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     if let Some(f) = flow {
         match f.state {
             FLOW_ADMITTED => return (Class::TlsFlow, Action::Pass),
-            FLOW_REJECTED => {
-                // The client's own reset ends the server's socket too: it passes.
-                if t.tcp_flags & TCP_RST != 0 {
-                    return (Class::TlsFlow, Action::Pass);
-                }
-                count(|c| c.rejected_flow_packets += 1);
-                return (Class::TlsFlow, answer(Class::TlsFlow));
-            }
+            FLOW_REJECTED => return rejected_packet(t.tcp_flags),
             _ => {}
         }
         // Pending: a later segment of the hello.
@@ -403,6 +405,10 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
             return (Class::TlsFlow, Action::Pass);
         }
         return decide::<C>(&s.key, f, true);
+    }
+    // A connection refused on its first segment has no entry; its slot may remember it.
+    if refused::holds(&s.key) {
+        return rejected_packet(t.tcp_flags);
     }
     // A connection we do not know. Without payload (the TCP handshake, bare ACKs) it passes;
     // a fragment never does (what it carries comes with fragments nobody judges).
@@ -470,8 +476,48 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
         // segment only partly seen), and so is a SYN (the kernel holds nothing to reset).
         decide::<C>(&s.key, &mut s.flow, !pkt.fragmented && !syn)
     };
-    let _ = TLS_FLOWS.insert(&s.key, &s.flow, 0);
+    if s.flow.state == FLOW_REJECTED {
+        // Refused at once: remembered in its slot, not in the flow table (no LRU insert, and no
+        // other connection's entry evicted for it).
+        refused::remember(&s.key);
+    } else {
+        let _ = TLS_FLOWS.insert(&s.key, &s.flow, 0);
+    }
     result
+}
+
+/// A SYN on the 4-tuple of a connection [`refused`] remembers (in `s.key`): nothing changes
+/// while the kernel holds a live connection there (as on a known connection); otherwise the
+/// client reused its port for a new connection, which is forgotten as refused so that its hello
+/// is judged afresh. A SYN carrying data (TCP Fast Open) is then dropped once, unjudged: its
+/// retransmission is judged as any first segment.
+#[inline(always)]
+fn refused_syn<C: ConnectionLookup, B: PacketBytes>(
+    ctx: &C,
+    s: &mut Scratch,
+    v4: bool,
+    payload_len: u32,
+) -> (Class, Action) {
+    if kernel_has_live_connection::<C, B>(ctx, s, v4) {
+        return (Class::TlsFlow, Action::Pass);
+    }
+    refused::forget(&s.key);
+    if payload_len == 0 {
+        (Class::TlsFlow, Action::Pass)
+    } else {
+        (Class::TlsFlow, Action::Drop)
+    }
+}
+
+/// A later packet of a refused connection: answered like the refusal (within the reply
+/// rate), except the client's own reset, which ends the server's socket too and passes.
+#[inline(always)]
+fn rejected_packet(tcp_flags: u8) -> (Class, Action) {
+    if tcp_flags & TCP_RST != 0 {
+        return (Class::TlsFlow, Action::Pass);
+    }
+    count(|c| c.rejected_flow_packets += 1);
+    (Class::TlsFlow, answer(Class::TlsFlow))
 }
 
 /// Decides the complete hello in `f`: its class, then admission against the class's limits.

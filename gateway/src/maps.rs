@@ -5,8 +5,8 @@ use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
         ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
-        IssuedValue, LatencyHistogram, Pending, ServiceKey, ServiceValue, SipTxn, TlsCounters,
-        TlsFlow, TlsHold, names,
+        IssuedValue, LatencyHistogram, Pending, ServiceKey, ServiceValue, SipTxn,
+        TLS_REFUSED_SLOTS, TlsCounters, TlsFlow, TlsHold, names,
     },
 };
 use thiserror::Error;
@@ -44,6 +44,14 @@ pub enum MapsError {
     /// The services map is full.
     #[error("the services map is full ({0} entries)")]
     ServicesFull(u32),
+    /// A map could not be mapped into this process.
+    #[error("map {map}: cannot map it into memory: {source}")]
+    Mmap {
+        /// Map name.
+        map: &'static str,
+        /// The error.
+        source: nix::Error,
+    },
 }
 
 impl MapsError {
@@ -122,6 +130,51 @@ fn clear<K: aya::Pod, V: aya::Pod>(
     Ok(())
 }
 
+/// Runs `f` on the slots of the `TLS_REFUSED` pinned in `pins`, mapped into this process (the
+/// array is `BPF_F_MMAPABLE`: reading or clearing its 4,096 slots takes no syscall per slot,
+/// which tests that forget every connection between two frames would otherwise pay). `None`
+/// when it is not pinned (a datapath pinned by a build before the table).
+fn refused_slots<T>(
+    pins: &PinDir,
+    f: impl FnOnce(*mut FlowKey, usize) -> T,
+) -> Result<Option<T>, MapsError> {
+    use std::{num::NonZeroUsize, os::fd::AsFd};
+
+    use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
+
+    let path = pins.map(names::TLS_REFUSED);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let data = MapData::from_pin(&path).map_err(|source| MapsError::Open {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let n = TLS_REFUSED_SLOTS as usize;
+    let len = NonZeroUsize::new(n * size_of::<FlowKey>()).expect("a table of slots");
+    let err = |source| MapsError::Mmap {
+        map: names::TLS_REFUSED,
+        source,
+    };
+    // SAFETY: a shared mapping of the array's values, which the kernel sizes to its elements
+    // (40-byte keys, a multiple of 8, so no gaps); unmapped below before `data` closes.
+    let base = unsafe {
+        mmap(
+            None,
+            len,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_SHARED,
+            data.fd().as_fd(),
+            0,
+        )
+    }
+    .map_err(err)?;
+    let out = f(base.as_ptr().cast::<FlowKey>(), n);
+    // SAFETY: the mapping made above, of `len` bytes, no longer used.
+    unsafe { munmap(base, len.get()) }.map_err(err)?;
+    Ok(Some(out))
+}
+
 /// Handles to every gateway map of one interface.
 pub struct Maps {
     stats: PerCpuArray<MapData, ClassStats>,
@@ -139,6 +192,8 @@ pub struct Maps {
     tls_pending: HashMap<MapData, FlowKey, Pending>,
     sip_pending: HashMap<MapData, u64, Pending>,
     tls_holds: HashMap<MapData, FlowKey, TlsHold>,
+    /// Where they are pinned (for the maps opened when asked).
+    pins: PinDir,
 }
 
 /// Opens the map `name` pinned in `pins` as the typed map `T`.
@@ -185,6 +240,7 @@ impl Maps {
             tls_pending: open_as(pins, names::TLS_PENDING)?,
             sip_pending: open_as(pins, names::SIP_PENDING)?,
             tls_holds: open_as(pins, names::TLS_HOLDS)?,
+            pins: pins.clone(),
         })
     }
 
@@ -420,9 +476,27 @@ impl Maps {
             .map_err(op(names::TLS_FLOWS))
     }
 
-    /// Forgets every tracked TLS connection.
+    /// Forgets every tracked TLS connection, the refused ones in `TLS_REFUSED` too.
     pub fn clear_tls_flows(&mut self) -> Result<(), MapsError> {
-        clear(&mut self.tls_flows, names::TLS_FLOWS)
+        clear(&mut self.tls_flows, names::TLS_FLOWS)?;
+        refused_slots(&self.pins, |slots, n| {
+            // SAFETY: `n` slots of the mapped array; all-zero is an empty slot.
+            unsafe { std::ptr::write_bytes(slots, 0, n) }
+        })?;
+        Ok(())
+    }
+
+    /// The connections `TLS_REFUSED` remembers as refused on their first segment (none, for a
+    /// datapath pinned by a build before the table).
+    pub fn tls_refused(&self) -> Result<Vec<FlowKey>, MapsError> {
+        let keys = refused_slots(&self.pins, |slots, n| {
+            (0..n)
+                // SAFETY: slot `i < n` of the mapped array, aligned (8-byte elements).
+                .map(|i| unsafe { slots.add(i).read_volatile() })
+                .filter(|k| *k != FlowKey::default())
+                .collect()
+        })?;
+        Ok(keys.unwrap_or_default())
     }
 
     /// Every SIP transaction seen (key, state).

@@ -1133,3 +1133,87 @@ fn a_refused_hello_is_answered_with_a_reset_from_the_nic() {
         );
     }
 }
+
+/// A flood of refused hellos (tls-new closed, refusals dropped) makes no flow entry: each is
+/// remembered in its slot of `TLS_REFUSED` instead of an LRU insert, so an admitted connection's
+/// entry is not evicted by twice as many refused connections as the flow table holds, and the
+/// refused ones' retransmissions are still refused.
+#[test]
+fn a_flood_of_refused_hellos_evicts_no_admitted_connection() {
+    if !have_root("a_flood_of_refused_hellos_evicts_no_admitted_connection") {
+        return;
+    }
+    use gateway_common::maps::{FRESH_PORT, MAX_TLS_FLOWS, TLS_REFUSED_SLOTS};
+    let mut prog = TestProgram::new();
+    let hello = HelloBuilder::default().build();
+    // An admitted connection, over IPv6 (the flood's source ports cover every IPv4 one).
+    let admitted = Frame::tcp(443, &hello)
+        .ipv6(&[])
+        .from_port(7)
+        .seq(1)
+        .build();
+    assert_eq!(prog.run(Hook::Xdp, &admitted, 1).0, XDP_PASS);
+    assert_eq!(prog.maps.tls_flows().unwrap().len(), 1);
+    set_policy(
+        &mut prog,
+        Class::TlsNew,
+        gateway_common::policy::Policy {
+            rate: Some(0),
+            burst: Some(0),
+            refuse: Some(gateway_common::policy::Refuse::Drop),
+            ..Default::default()
+        },
+    );
+    let c = Class::TlsNew.id() as usize;
+    let before = prog.counters();
+    // Twice as many distinct connections as the flow table holds: every source port, from two
+    // client addresses.
+    for client in [2u8, 3] {
+        let mut flood = Frame::tcp(443, &hello).seq(1).build();
+        // The IPv4 source address's last byte (no checksum is checked).
+        flood[14 + 15] = client;
+        prog.freshen(14 + 20, FRESH_PORT);
+        assert_eq!(prog.run(Hook::Fresh, &flood, MAX_TLS_FLOWS).0, XDP_DROP);
+    }
+    let after = prog.counters();
+    assert_eq!(
+        after.classes[c].packets - before.classes[c].packets,
+        2 * u64::from(MAX_TLS_FLOWS)
+    );
+    assert_eq!(
+        (
+            after.classes[c].admitted - before.classes[c].admitted,
+            after.classes[c].dropped_rate - before.classes[c].dropped_rate
+        ),
+        (0, 2 * u64::from(MAX_TLS_FLOWS)),
+        "every hello of the flood was refused by the rate limit"
+    );
+    // The admitted connection's entry is the only one: the flood made none, so evicted none.
+    let flows = prog.maps.tls_flows().unwrap();
+    assert_eq!(flows.len(), 1, "{} flow entries", flows.len());
+    assert_eq!(flows[0].0.sport, 7);
+    // The refused connections are remembered by slot, as many as there are slots at most.
+    let remembered = prog.maps.tls_refused().unwrap();
+    assert!(
+        remembered.len() > TLS_REFUSED_SLOTS as usize / 2
+            && remembered.len() <= TLS_REFUSED_SLOTS as usize,
+        "{} refused connections remembered",
+        remembered.len()
+    );
+    // A remembered one's retransmission is refused again by its slot (answered as tls-flow
+    // refusals are: reset), not judged afresh.
+    let last = remembered[0];
+    let mut again = Frame::tcp(443, &hello).from_port(last.sport).seq(1).build();
+    again[14 + 15] = last.saddr[15];
+    let judged = prog.counters();
+    assert_eq!(prog.run(Hook::Xdp, &again, 1).0, XDP_REFUSED);
+    let now = prog.counters();
+    assert_eq!(
+        now.tls.rejected_flow_packets,
+        judged.tls.rejected_flow_packets + 1
+    );
+    assert_eq!(
+        now.classes[c].packets, judged.classes[c].packets,
+        "not judged again"
+    );
+}

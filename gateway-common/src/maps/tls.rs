@@ -1,4 +1,4 @@
-//! TLS at the NIC: flows (`TLS_FLOWS`), issued keys and their places (`TLS_ISSUED`,
+//! TLS at the NIC: flows (`TLS_FLOWS`, `TLS_REFUSED`), issued keys and their places (`TLS_ISSUED`,
 //! `TLS_HOLDS`), counters (`TLS_COUNTERS`) and reject events (`TLS_REJECTS`).
 
 use super::SWEEP_INTERVAL_NS;
@@ -15,6 +15,9 @@ super::pinned_maps! {
     /// Resumed TLS connections the server answered that are still open, each holding a place
     /// of its issued key until it ends ([`crate::maps::FlowKey`] to [`crate::maps::TlsHold`]): not LRU.
     TLS_HOLDS: FlowKey => TlsHold,
+    /// Connections refused on their first segment, by slot ([`FlowKey::refused_slot`]):
+    /// a direct-mapped table of [`crate::maps::FlowKey`], all-zero where empty.
+    TLS_REFUSED: u32 => FlowKey,
 }
 
 /// Entries of the TLS flow table (LRU: the least recently used flow is evicted when full).
@@ -46,11 +49,34 @@ pub struct FlowKey {
     pub pad: u32,
 }
 
+/// Slots of `TLS_REFUSED` (a power of two): a connection refused on its first segment is
+/// remembered there, in the slot of its key, until a later refusal takes the slot. 160 KiB.
+pub const TLS_REFUSED_SLOTS: u32 = 4096;
+
+impl FlowKey {
+    /// The key's slot in `TLS_REFUSED`: its ten 32-bit words folded by multiplication (a key
+    /// all of whose words are zero is never a connection's: an IPv4 key has its `ffff` marks,
+    /// an IPv6 one a server address).
+    #[inline(always)]
+    pub fn refused_slot(&self) -> u32 {
+        const WORDS: usize = size_of::<FlowKey>() / 4;
+        const { assert!(WORDS * 4 == size_of::<FlowKey>() && align_of::<FlowKey>() >= 4) };
+        let words = (self as *const FlowKey).cast::<u32>();
+        let mut h = 0u32;
+        for i in 0..WORDS {
+            // SAFETY: word `i` of the key, which is ten aligned words of integers (no padding).
+            h = (h ^ unsafe { words.add(i).read() }).wrapping_mul(0x9e37_79b1);
+        }
+        h >> (32 - TLS_REFUSED_SLOTS.trailing_zeros())
+    }
+}
+
 /// [`TlsFlow::state`]: the ClientHello is still arriving.
 pub const FLOW_PENDING: u8 = 0;
 /// [`TlsFlow::state`]: admitted; later packets are `tls-flow`.
 pub const FLOW_ADMITTED: u8 = 1;
-/// [`TlsFlow::state`]: rejected; later packets are dropped.
+/// [`TlsFlow::state`]: rejected; later packets are dropped (or answered). A connection refused
+/// on its first segment has no flow entry: it is remembered in `TLS_REFUSED` instead.
 pub const FLOW_REJECTED: u8 = 2;
 
 /// State of one TLS connection.
@@ -256,4 +282,49 @@ pub struct RejectEvent {
     pub reason: u8,
     /// Padding, zero.
     pub pad: [u8; 6],
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::{vec, vec::Vec};
+
+    use super::*;
+
+    fn v4_key(client: [u8; 4], port: u16) -> FlowKey {
+        let mut key = FlowKey {
+            sport: port,
+            dport: 443,
+            ..Default::default()
+        };
+        key.saddr[10..12].copy_from_slice(&[0xff, 0xff]);
+        key.saddr[12..].copy_from_slice(&client);
+        key.daddr[10..12].copy_from_slice(&[0xff, 0xff]);
+        key.daddr[12..].copy_from_slice(&[10, 99, 0, 1]);
+        key
+    }
+
+    /// The slots of one client's consecutive ports, and of one port's neighbouring clients,
+    /// spread over the table: a flood from one address does not crowd into a few slots.
+    #[test]
+    fn refused_slots_spread_over_the_table() {
+        let n = TLS_REFUSED_SLOTS as usize;
+        for keys in [
+            (0..n as u16)
+                .map(|p| v4_key([10, 99, 0, 2], 1024 + p))
+                .collect::<Vec<_>>(),
+            (0..n as u32)
+                .map(|c| v4_key((0x0a00_0000 + c).to_be_bytes(), 5555))
+                .collect(),
+        ] {
+            let mut used = vec![false; n];
+            for k in &keys {
+                let slot = k.refused_slot() as usize;
+                assert!(slot < n, "slot {slot} out of the table");
+                used[slot] = true;
+            }
+            let distinct = used.iter().filter(|u| **u).count();
+            // Uniform hashing of n keys into n slots fills about 63% of them.
+            assert!(distinct > n / 2, "{distinct} of {n} slots used");
+        }
+    }
 }

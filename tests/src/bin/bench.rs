@@ -993,6 +993,21 @@ To: service <sip:service@10.99.0.1:5060>;tag=srv\r\nCall-ID: 1-4101@10.99.0.2\r\
             "20x",
             Box::new(|_| {}),
         ),
+        FreshRow {
+            name: "ClientHello, TLS 1.2, 153 B, new connection, refused (tls-new closed, no reply)",
+            refused: true,
+            target: "-",
+            before: Box::new(|p: &mut TestProgram| {
+                let closed = gateway_common::policy::Policy {
+                    rate: Some(0),
+                    burst: Some(0),
+                    refuse: Some(gateway_common::policy::Refuse::Drop),
+                    ..Default::default()
+                };
+                p.maps.set_policy(Class::TlsNew, closed.to_map()).unwrap();
+            }),
+            ..hello("", &plain, Class::TlsNew, "-", Box::new(|_| {}))
+        },
         hello(
             "ClientHello, TLS 1.3 + ML-KEM share, 1.4 KB, new connection",
             &pq,
@@ -1057,13 +1072,15 @@ To: service <sip:service@10.99.0.1:5060>;tag=srv\r\nCall-ID: 1-4101@10.99.0.2\r\
 /// Panics unless every run got the row's class and was admitted.
 fn fresh_batch(prog: &mut TestProgram, row: &FreshRow, who: &str) -> f64 {
     prog.forget();
-    // Every row starts from open originals (a row that refuses closes them in its `before`).
-    prog.maps
-        .set_policy(
-            gateway_common::Class::SipOriginal,
-            gateway_common::policy::Policy::default().to_map(),
-        )
-        .unwrap();
+    // Every row starts from open classes (a row that refuses closes its class in its `before`).
+    for class in [
+        gateway_common::Class::SipOriginal,
+        gateway_common::Class::TlsNew,
+    ] {
+        prog.maps
+            .set_policy(class, gateway_common::policy::Policy::default().to_map())
+            .unwrap();
+    }
     (row.before)(prog);
     prog.freshen(row.offset, row.mode);
     prog.defer_sweeps(SWEEPS_DEFERRED_NS);

@@ -151,6 +151,7 @@ fn bpftool_map_dump_shows_field_names() {
         ("SERVICE_PORTS", &["key", "value"]),
         ("DP_COUNTERS", &["truncated", "fragments", "unparseable"]),
         ("DP_CONFIG", &["flags", "attach_mode", "ifindex"]),
+        ("TLS_REFUSED", &["saddr", "daddr", "sport", "dport"]),
     ] {
         let pin = net.pin_dir().join(map);
         let out = sh(

@@ -652,6 +652,46 @@ fn a_reused_client_port_starts_afresh() {
     assert_eq!((st.backlog(), st.expired), (1, 1));
 }
 
+/// A hello in a SYN (TCP Fast Open) refused on a port the client then reuses: the refused
+/// connection is remembered without a flow entry, the next SYN forgets it and is dropped once
+/// unjudged (its data came with a SYN the kernel holds nothing for), and the one after is judged
+/// afresh.
+#[test]
+fn a_refused_fast_open_hello_is_forgotten_by_the_next_syn() {
+    if !have_root("a_refused_fast_open_hello_is_forgotten_by_the_next_syn") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    let hello = HelloBuilder::default().build();
+    let closed = gateway_common::policy::Policy {
+        backlog: Some(0),
+        ..Default::default()
+    };
+    set_policy(&mut prog, Class::TlsNew, closed);
+    let fast_open = Frame::tcp(443, &hello)
+        .from_port(9)
+        .seq(1)
+        .flags(0x02)
+        .build();
+    // Refused, and without a reset (a SYN's connection is nothing the kernel holds yet).
+    let before = prog.counters();
+    assert_eq!(prog.run(Hook::Xdp, &fast_open, 1).0, XDP_DROP);
+    assert_eq!(prog.counters().class_since(&before), Some(Class::TlsNew));
+    assert!(prog.maps.tls_flows().unwrap().is_empty());
+    assert_eq!(prog.maps.tls_refused().unwrap().len(), 1);
+    // Sent again: forgotten as refused, dropped unjudged.
+    set_policy(&mut prog, Class::TlsNew, Default::default());
+    let before = prog.counters();
+    assert_eq!(prog.run(Hook::Xdp, &fast_open, 1).0, XDP_DROP);
+    assert_eq!(prog.counters().class_since(&before), Some(Class::TlsFlow));
+    assert!(prog.maps.tls_refused().unwrap().is_empty());
+    // Once more: judged afresh, and admitted now that tls-new is open.
+    let before = prog.counters();
+    assert_eq!(prog.run(Hook::Xdp, &fast_open, 1).0, XDP_PASS);
+    assert_eq!(prog.counters().class_since(&before), Some(Class::TlsNew));
+    assert_eq!(backlog(&prog), 1);
+}
+
 #[test]
 fn an_alert_in_front_of_a_hello_does_not_hide_it() {
     if !have_root("an_alert_in_front_of_a_hello") {

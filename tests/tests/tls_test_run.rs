@@ -1257,3 +1257,59 @@ fn a_flood_of_refused_hellos_evicts_no_admitted_connection() {
         "not judged again"
     );
 }
+
+/// Issue 26's upgrades, for a release that adds a map: this build starts on the maps pinned by
+/// a build before `TLS_REFUSED` (simulated by removing that one pin), adopting every other map
+/// with what it holds (an admitted connection's entry) and creating the added one, which its
+/// program then uses.
+#[test]
+fn a_build_that_adds_a_map_adopts_a_datapath_pinned_without_it() {
+    if !have_root("a_build_that_adds_a_map_adopts_a_datapath_pinned_without_it") {
+        return;
+    }
+    use aya::programs::{TestRun, TestRunOptions, Xdp};
+    use gateway_common::maps::{DEFAULT_TLS_ISSUED, FLOW_ADMITTED, names, programs};
+    let mut prog = TestProgram::new();
+    let hello = HelloBuilder::default().build();
+    let admitted = Frame::tcp(443, &hello).from_port(5).seq(1).build();
+    assert_eq!(prog.run(Hook::Xdp, &admitted, 1).0, XDP_PASS);
+    let added = prog.pins.map(names::TLS_REFUSED);
+    std::fs::remove_file(&added).unwrap();
+    let mut ebpf = gateway::loader::load_pinned_object(
+        &prog.pins,
+        0,
+        DEFAULT_TLS_ISSUED,
+        gateway::EBPF_OBJECT,
+    )
+    .expect("this build adopts the older pins");
+    assert!(added.exists(), "the added map is pinned");
+    let flows = prog.maps.tls_flows().unwrap();
+    assert_eq!(flows.len(), 1, "the admitted connection's entry is kept");
+    assert_eq!((flows[0].0.sport, flows[0].1.state), (5, FLOW_ADMITTED));
+    assert!(prog.maps.tls_refused().unwrap().is_empty());
+    // The new program refuses a hello (tls-new closed, refusals dropped: no jump to the reply
+    // program, which this load did not wire) into the added map.
+    set_policy(
+        &mut prog,
+        Class::TlsNew,
+        gateway_common::policy::Policy {
+            backlog: Some(0),
+            refuse: Some(gateway_common::policy::Refuse::Drop),
+            ..Default::default()
+        },
+    );
+    let xdp: &mut Xdp = ebpf.program_mut(programs::XDP).unwrap().try_into().unwrap();
+    xdp.load().unwrap();
+    let refused = Frame::tcp(443, &hello).from_port(6).seq(1).build();
+    let r = xdp
+        .test_run(TestRunOptions {
+            data_in: Some(&refused),
+            repeat: 1,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(r.return_value, XDP_DROP);
+    let remembered = prog.maps.tls_refused().unwrap();
+    assert_eq!(remembered.len(), 1);
+    assert_eq!(remembered[0].sport, 6);
+}

@@ -406,10 +406,6 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
         }
         return decide::<C>(&s.key, f, true);
     }
-    // A connection refused on its first segment has no entry; its slot may remember it.
-    if refused::holds(&s.key) {
-        return rejected_packet(t.tcp_flags);
-    }
     // A connection we do not know. Without payload (the TCP handshake, bare ACKs) it passes;
     // a fragment never does (what it carries comes with fragments nobody judges).
     if payload_len == 0 && !pkt.fragmented {
@@ -426,6 +422,13 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     if !kernel_has(ctx, b, pkt, s, wanted) {
         count(|c| c.no_connection += 1);
         return (Class::TlsFlow, Action::Drop);
+    }
+    // A connection refused on its first segment has no entry; its slot may remember it. Asked
+    // after the socket lookup, so that a flood of spoofed segments does not pay for it (and a
+    // refused connection whose socket the refusal ended is dropped there, unanswered: its client
+    // had its reset).
+    if refused::holds(&s.key) {
+        return rejected_packet(t.tcp_flags);
     }
     // A SYN's data starts one past its sequence number.
     let data_seq = if syn { t.seq.wrapping_add(1) } else { t.seq };

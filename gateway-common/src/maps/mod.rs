@@ -134,8 +134,9 @@ mod tests {
         seen.sort_unstable();
         seen.dedup();
         assert_eq!(seen.len(), n, "a map name is declared twice");
-        assert_eq!(n, 19);
+        assert_eq!(n, 20);
         assert!(seen.contains(&super::names::TLS_HOLDS));
+        assert!(seen.contains(&super::names::TLS_REFUSED));
         // Only the ring buffer has no key and value.
         let empty: alloc::vec::Vec<_> = super::all()
             .filter(|m| (m.key_size, m.value_size) == (0, 0))

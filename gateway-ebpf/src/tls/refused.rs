@@ -3,11 +3,11 @@
 //!
 //! A refusal made no `TLS_FLOWS` entry: under a flood of refused hellos, an LRU insert each
 //! cost about a microsecond, and every one of them evicted some other connection's entry (an
-//! admitted connection's among them). Here the refused connection's later segments (a
-//! retransmitted hello, data sent blind) are answered like the refusal for as long as its slot
-//! remembers it; once a later refusal took the slot they are judged as any segment of a
-//! connection the table does not know: without a connection in the kernel (the refusal's
-//! resets end it) they are dropped, and a hello is judged afresh against the limits.
+//! admitted connection's among them). Here the refused connection's later segments with
+//! payload (a retransmitted hello, data sent blind) are answered like the refusal while the
+//! kernel holds its socket and its slot remembers it; without a connection in the kernel (the
+//! refusal's resets end it) they are dropped, and once a later refusal took the slot, a hello
+//! is judged afresh against the limits.
 
 use aya_ebpf::{btf_maps::Array, macros::btf_map};
 use gateway_common::maps::{FlowKey, TLS_REFUSED_SLOTS};

@@ -1,7 +1,8 @@
 //! A bounded SIP message parser: what the datapath needs to know of a datagram to a SIP port.
 //!
-//! A [`SipState::step`] runs at most one bounded scan of 64 bytes (finding a line's end, searching
-//! a parameter, hashing a token) or looks at a line through fixed-size reads; the state machine
+//! A [`SipState::step`] runs at most two bounded scans of 64 bytes (finding a line's end, the
+//! next one's when the first is skipped or longer), one of 64 bytes searching a parameter, or
+//! hashes up to two words of a token, or looks at a line through fixed-size reads; the state machine
 //! carries positions between steps. A message gets at most [`MAX_STEPS`] steps, lines of at most
 //! [`MAX_LINE`] bytes, at most [`MAX_LINES`] lines, and only its first [`MAX_SCAN`] bytes are
 //! looked at. In eBPF each step is one `bpf_loop` callback. Everything the parser learns is in a
@@ -386,8 +387,8 @@ const HASH_CHUNK: usize = 8;
 pub const MAX_STEPS: usize = 1024;
 
 /// The parser's state between steps. In eBPF it lives in map memory, and each step (one
-/// `bpf_loop` callback) runs at most one bounded scan (of [`CHUNK`] bytes, [`HASH_CHUNK`] bytes or
-/// eight words) and leaves its results
+/// `bpf_loop` callback) runs at most one or two bounded scans (of [`CHUNK`] bytes, twice
+/// [`HASH_CHUNK`] bytes, or eight words, twice when looking for line ends) and leaves its results
 /// here. Positions read back from map memory are unknown to the verifier, so the positions one
 /// scan could end at do not multiply into the next scan's states, as they did when a whole line
 /// was handled in one step.
@@ -641,12 +642,21 @@ impl SipState {
         let end = if len < MAX_SCAN { len } else { MAX_SCAN };
         match Phase::from_u8(self.phase) {
             Phase::Done => return true,
-            Phase::FindEol => self.find_eol(b, end),
+            Phase::FindEol => {
+                // Lines the parser skips, and lines longer than one scan, take one step each;
+                // two such steps run here back to back.
+                self.find_eol(b, end);
+                if self.phase == Phase::FindEol as u8 {
+                    self.find_eol(b, end);
+                }
+            }
             Phase::Dispatch => self.dispatch(b),
             Phase::Semi => self.semi(b),
             Phase::ViaProtocol => self.via_protocol(b),
             Phase::Hash => {
-                if self.hash_token(b, self.scan_end as usize) {
+                // Up to two words of the value.
+                let end = self.scan_end as usize;
+                if self.hash_token(b, end) || self.hash_token(b, end) {
                     self.hashed();
                 }
             }

@@ -95,12 +95,10 @@ pub struct Scratch {
 
 /// One line, as a `bpf_loop` callback: returns 1 to stop.
 #[inline(never)]
-extern "C" fn sip_step(_index: u64, _ctx: *mut c_void) -> i64 {
-    let Some(s) = SIP_SCRATCH.get_ptr_mut(0) else {
-        return 1;
-    };
-    // SAFETY: per-CPU slot, used only by this program run.
-    let s = unsafe { &mut *s };
+extern "C" fn sip_step(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` points at the caller's pointer to its per-CPU scratch slot, used only by this
+    // program run.
+    let s = unsafe { &mut **ctx.cast::<*mut Scratch>() };
     let bytes = ScratchBytes::<MAX_SCAN, { 2 * MAX_SCAN }> {
         buf: &s.buf,
         len: s.len,
@@ -111,12 +109,10 @@ extern "C" fn sip_step(_index: u64, _ctx: *mut c_void) -> i64 {
 
 /// One step of a 503, as a `bpf_loop` callback: returns 1 to stop.
 #[inline(never)]
-extern "C" fn reply_step(_index: u64, _ctx: *mut c_void) -> i64 {
-    let Some(s) = SIP_SCRATCH.get_ptr_mut(0) else {
-        return 1;
-    };
-    // SAFETY: per-CPU slot, used only by this program run.
-    let s = unsafe { &mut *s };
+extern "C" fn reply_step(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` points at the caller's pointer to its per-CPU scratch slot, used only by this
+    // program run.
+    let s = unsafe { &mut **ctx.cast::<*mut Scratch>() };
     let bytes = ScratchBytes::<MAX_SCAN, { 2 * MAX_SCAN }> {
         buf: &s.buf,
         len: s.len,
@@ -137,12 +133,14 @@ pub fn compose_reply() -> Option<Payload> {
         return None;
     }
     s.reply_ready = 0;
-    // SAFETY: reply_step is a static subprogram with the callback signature bpf_loop expects.
+    let mut scratch: *mut Scratch = s;
+    // SAFETY: reply_step is a static subprogram with the callback signature bpf_loop expects, and
+    // its context is the scratch pointer on this frame.
     unsafe {
         bpf_loop(
             MAX_REPLY_STEPS as u32,
             reply_step as *mut c_void,
-            core::ptr::null_mut(),
+            (&raw mut scratch).cast(),
             0,
         );
     }
@@ -212,12 +210,15 @@ fn parse_payload<C: CopyOut>(ctx: &C, pkt: &Packet) -> Option<SipInfo> {
     // SipState::default() is all zero (and 8-aligned): written a word at a time.
     // SAFETY: the scratch's own field.
     unsafe { zero(&raw mut s.state) };
-    // SAFETY: sip_step is a static subprogram with the callback signature bpf_loop expects.
+    // The callback gets the scratch by pointer rather than looking it up at each step.
+    let mut scratch: *mut Scratch = s;
+    // SAFETY: sip_step is a static subprogram with the callback signature bpf_loop expects, and
+    // its context is the scratch pointer on this frame.
     unsafe {
         bpf_loop(
             MAX_STEPS as u32,
             sip_step as *mut c_void,
-            core::ptr::null_mut(),
+            (&raw mut scratch).cast(),
             0,
         );
     }

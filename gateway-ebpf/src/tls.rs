@@ -203,12 +203,10 @@ fn lookup<C: ConnectionLookup, B: PacketBytes>(
 
 /// One parser step, as a `bpf_loop` callback: returns 1 to stop.
 #[inline(never)]
-extern "C" fn hello_step(_index: u64, _ctx: *mut c_void) -> i64 {
-    let Some(s) = TLS_SCRATCH.get_ptr_mut(0) else {
-        return 1;
-    };
-    // SAFETY: per-CPU slot, used only by this program run.
-    let s = unsafe { &mut *s };
+extern "C" fn hello_step(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` points at the caller's pointer to its per-CPU scratch slot, used only by this
+    // program run.
+    let s = unsafe { &mut **ctx.cast::<*mut Scratch>() };
     let seg = Segment {
         offset: 0,
         len: s.len,
@@ -259,12 +257,15 @@ fn parse_segment<C: CopyOut>(
         }
         s.len = len as u32;
         s.stream_offset = win.stream_offset;
-        // SAFETY: hello_step is a static subprogram with the callback signature bpf_loop expects.
+        // The callback gets the scratch by pointer rather than looking it up at each step.
+        let mut scratch: *mut Scratch = s;
+        // SAFETY: hello_step is a static subprogram with the callback signature bpf_loop expects,
+        // and its context is the scratch pointer on this frame.
         unsafe {
             bpf_loop(
                 MAX_STEPS as u32,
                 hello_step as *mut c_void,
-                core::ptr::null_mut(),
+                (&raw mut scratch).cast(),
                 0,
             );
         }

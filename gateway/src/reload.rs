@@ -1,7 +1,8 @@
 //! Reloading the daemon's config (SIGHUP, `gateway reload`), all or nothing: the new config is
 //! read and checked, and everything it needs is built (its TLS configurations), before anything
 //! changes. What cannot change while running (interfaces, bpffs, the number of listeners and
-//! their addresses and listen queues, the metrics address, workers) makes the reload refuse,
+//! their addresses and listen queues, the metrics address, workers, the node's name) makes the
+//! reload refuse,
 //! saying what to restart for. A listener's backends, weights, limits, timeouts and TLS change
 //! without dropping a connection.
 
@@ -50,6 +51,9 @@ pub fn prepare(
     }
     if cfg.workers != current.workers {
         return restart("workers");
+    }
+    if cfg.node() != current.node() {
+        return restart("node");
     }
     if cfg.datapath.issued_keys != current.datapath.issued_keys {
         return restart("datapath.issued_keys (the table's size)");

@@ -713,6 +713,13 @@ fn the_metrics_endpoint_answers_as_scrapers_expect() {
     ] {
         assert!(text.contains(series), "{series} missing:\n{text}");
     }
+    // Which node of a fleet these figures are from: the host's name, as no `node` is set.
+    let node = format!("node=\"{}\"", gateway::config::NodeName::this_host());
+    let build = text.lines().find(|l| l.starts_with("gateway_build_info{"));
+    assert!(
+        build.is_some_and(|l| l.contains(&node)),
+        "{node} missing from {build:?}"
+    );
     // The same series in the same order at every scrape.
     let names = |t: &str| -> Vec<String> {
         t.lines()

@@ -8,6 +8,7 @@
 mod controller;
 mod datapath;
 mod interfaces;
+mod node;
 mod policy;
 mod services;
 mod unique;
@@ -24,6 +25,7 @@ use thiserror::Error;
 pub use controller::{ClassControl, ControllerConfig, DEFAULT_RESUMED_WAIT, Mode};
 pub use datapath::{Datapath, EbpfLogLevel, OnExit, PassDrop};
 pub use interfaces::{Interface, Interfaces, ModeRequest};
+pub use node::NodeName;
 pub use policy::{Policies, PolicyConfig, unknown_class, unlimitable_class};
 pub use services::{Port, Proto, Service, ServiceKind, Services};
 
@@ -131,6 +133,9 @@ pub struct Config {
     /// The adaptive controller: which classes it moves, and how.
     #[serde(default)]
     pub controller: ControllerConfig,
+    /// This node's name in a fleet (`gateway_build_info`'s `node` label); absent: the host name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<NodeName>,
 }
 
 fn default_bpffs() -> PathBuf {
@@ -138,6 +143,11 @@ fn default_bpffs() -> PathBuf {
 }
 
 impl Config {
+    /// This node's name: the configured one, else the host's ([`NodeName::this_host`]).
+    pub fn node(&self) -> NodeName {
+        self.node.clone().unwrap_or_else(NodeName::this_host)
+    }
+
     /// Parses YAML; `origin` names the source in errors.
     pub fn parse(yaml: &str, origin: &str) -> Result<Self, ConfigError> {
         let invalid = |source| ConfigError::Invalid {
@@ -301,6 +311,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.policy.of(Class::SipOriginal).backlog, Some(500));
+        assert_eq!(c.node().as_str(), "gw-eu-1");
+    }
+
+    #[test]
+    fn a_bad_node_name_is_refused_naming_the_field_and_an_absent_one_is_the_hosts() {
+        let e = err("node: gw a\n");
+        assert!(e.contains("node: \"gw a\" has ' '"), "{e}");
+        let c = Config::parse("{}", "test").unwrap();
+        assert_eq!(c.node(), NodeName::this_host());
     }
 
     #[test]

@@ -266,10 +266,11 @@ async fn serve(
         let mut registry = Registry::default();
         registry.register(
             "gateway_build",
-            "The running build: its version and the hash of the eBPF sources its program was built from",
-            prometheus_client::metrics::info::Info::new([
-                ("version", env!("CARGO_PKG_VERSION")),
-                ("ebpf_sources", &env!("GATEWAY_EBPF_SOURCES")[..12]),
+            "The running build: its version and the hash of the eBPF sources its program was built from, on this node (`node`, to tell one node's figures from another's)",
+            prometheus_client::metrics::info::Info::new(vec![
+                ("version", env!("CARGO_PKG_VERSION").to_owned()),
+                ("ebpf_sources", env!("GATEWAY_EBPF_SOURCES")[..12].to_owned()),
+                ("node", cfg.node().to_string()),
             ]),
         );
         registry.register(

@@ -138,6 +138,18 @@ fn a_bad_config_changes_nothing_and_a_good_one_is_applied_whole_with_new_certifi
     let line = daemon.wait_for("reload refused", Duration::from_secs(5));
     assert!(line.contains("metrics changed"), "{line}");
     assert_eq!(backlog_limit(&net, "sip-original"), 30);
+    // So is another name for the node (the metrics' `node` label is the running daemon's).
+    write(&config(
+        &net,
+        &new_cert,
+        &backend,
+        "  sip-original: {backlog: 40}\n",
+        "node: another-name\n",
+    ));
+    assert_eq!(net.gateway(&["reload"]).status.code(), Some(2));
+    let line = daemon.wait_for("reload refused", Duration::from_secs(5));
+    assert!(line.contains("node changed"), "{line}");
+    assert_eq!(backlog_limit(&net, "sip-original"), 30);
 
     // A good one: policies, services, certificates and session terms, all at once.
     let limits_before = issued_limits(&net);

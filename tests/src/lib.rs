@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod daemon;
+pub mod fleet;
 pub mod frames;
 pub mod inject;
 pub mod kamailio;

@@ -24,7 +24,7 @@ pub const PEER_V6: &str = "fd00:99::2";
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
-fn unique() -> String {
+pub(crate) fn unique() -> String {
     format!(
         "{}x{}",
         std::process::id() % 100_000,

@@ -352,12 +352,21 @@ pub fn rustls_fetch(
     config: &std::sync::Arc<rustls::ClientConfig>,
     addr: &str,
 ) -> std::io::Result<(rustls::HandshakeKind, String)> {
+    rustls_fetch_within(config, addr, Duration::from_secs(10))
+}
+
+/// [`rustls_fetch`], waiting at most `wait` for each read (an answer a backend holds).
+pub fn rustls_fetch_within(
+    config: &std::sync::Arc<rustls::ClientConfig>,
+    addr: &str,
+    wait: Duration,
+) -> std::io::Result<(rustls::HandshakeKind, String)> {
     use std::io::Write as _;
     let name = rustls::pki_types::ServerName::try_from("gateway-test").unwrap();
     let conn =
         rustls::ClientConnection::new(config.clone(), name).map_err(std::io::Error::other)?;
     let sock = TcpStream::connect(addr)?;
-    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    sock.set_read_timeout(Some(wait))?;
     // As browsers do: the client's Finished and its request are separate writes, which Nagle
     // would hold behind the server's delayed acknowledgement (40 ms).
     sock.set_nodelay(true)?;

@@ -1,0 +1,207 @@
+//! Two gateway nodes behind an ECMP route (issue 26): each node is a [`TestNet`] (its gateway
+//! namespace, where a daemon attaches, and its peer namespace, here a link router), and a router
+//! namespace, where clients run, reaches a service address both nodes hold (`VIP`) through a
+//! resilient nexthop group over the two links, its flows spread by their 5-tuple.
+//!
+//! ```text
+//!   router (CLIENT, clients)  --10.90.1.0/24--  peer A  --10.99.0.0/24--  gw A (VIP on lo)
+//!      nexthop group 1/2      --10.90.2.0/24--  peer B  --10.99.0.0/24--  gw B (VIP on lo)
+//! ```
+
+use crate::netns::{GW_V4, PEER_V4, TestNet, in_netns, must, sh, unique};
+
+/// The address both nodes serve (on their loopback).
+pub const VIP: &str = "10.97.0.1";
+/// The clients' address (on the router's loopback).
+pub const CLIENT: &str = "10.90.0.1";
+/// Nexthop group id of the route to [`VIP`].
+const GROUP: &str = "10";
+/// Buckets of the resilient group.
+const BUCKETS: &str = "64";
+/// Seconds a bucket must be idle before a member that joins may take it: longer than any test
+/// holds a connection, so that a joining node takes no live flow of the other's.
+const IDLE_TIMER: &str = "120";
+
+/// The two nodes and the router.
+pub struct Fleet {
+    /// The nodes: their gateway namespaces and veths, as single-node tests know them.
+    pub nodes: [TestNet; 2],
+    /// Where the clients run.
+    pub router_ns: String,
+}
+
+impl Fleet {
+    /// Builds the namespaces, links and routes, with both nodes in the group.
+    pub fn new() -> Self {
+        let fleet = Fleet {
+            nodes: [TestNet::new(), TestNet::new()],
+            router_ns: format!("gwt{}r", unique()),
+        };
+        let r = fleet.router_ns.as_str();
+        must("ip", &["netns", "add", r]);
+        must("ip", &["-n", r, "link", "set", "lo", "up"]);
+        must(
+            "ip",
+            &["-n", r, "addr", "add", &format!("{CLIENT}/32"), "dev", "lo"],
+        );
+        // Flows spread by their ports too, as a balancer's L4 hash does.
+        in_router(
+            r,
+            "sysctl",
+            &["-qw", "net.ipv4.fib_multipath_hash_policy=1"],
+        );
+        for (i, node) in fleet.nodes.iter().enumerate() {
+            let n = i + 1;
+            let (r_if, p_if) = (format!("{r}l{n}"), format!("{}l{n}", node.peer_ns));
+            let (r_ip, p_ip) = (format!("10.90.{n}.1"), format!("10.90.{n}.2"));
+            must(
+                "ip",
+                &[
+                    "link",
+                    "add",
+                    &r_if,
+                    "netns",
+                    r,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    &p_if,
+                    "netns",
+                    &node.peer_ns,
+                ],
+            );
+            let p = node.peer_ns.as_str();
+            must(
+                "ip",
+                &["-n", r, "addr", "add", &format!("{r_ip}/24"), "dev", &r_if],
+            );
+            must("ip", &["-n", r, "link", "set", &r_if, "up"]);
+            must(
+                "ip",
+                &["-n", p, "addr", "add", &format!("{p_ip}/24"), "dev", &p_if],
+            );
+            must("ip", &["-n", p, "link", "set", &p_if, "up"]);
+            in_router(p, "sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
+            must(
+                "ip",
+                &[
+                    "-n",
+                    p,
+                    "route",
+                    "add",
+                    &format!("{CLIENT}/32"),
+                    "via",
+                    &r_ip,
+                ],
+            );
+            must(
+                "ip",
+                &["-n", p, "route", "add", &format!("{VIP}/32"), "via", GW_V4],
+            );
+            let g = node.gw_ns.as_str();
+            must(
+                "ip",
+                &["-n", g, "addr", "add", &format!("{VIP}/32"), "dev", "lo"],
+            );
+            must(
+                "ip",
+                &[
+                    "-n",
+                    g,
+                    "route",
+                    "add",
+                    &format!("{CLIENT}/32"),
+                    "via",
+                    PEER_V4,
+                ],
+            );
+            must(
+                "ip",
+                &[
+                    "-n",
+                    r,
+                    "nexthop",
+                    "add",
+                    "id",
+                    &n.to_string(),
+                    "via",
+                    &p_ip,
+                    "dev",
+                    &r_if,
+                ],
+            );
+        }
+        fleet.group(&[0, 1], "add");
+        must(
+            "ip",
+            &[
+                "-n",
+                r,
+                "route",
+                "add",
+                &format!("{VIP}/32"),
+                "nhid",
+                GROUP,
+                "src",
+                CLIENT,
+            ],
+        );
+        fleet
+    }
+
+    /// Makes the group the nodes `members` (indexes into [`Fleet::nodes`]): a node left out
+    /// leaves it (its buckets go to the others at once), a node put back joins it (it takes
+    /// buckets only as they fall idle).
+    pub fn set_members(&self, members: &[usize]) {
+        self.group(members, "replace");
+    }
+
+    fn group(&self, members: &[usize], verb: &str) {
+        let ids: Vec<String> = members.iter().map(|i| (i + 1).to_string()).collect();
+        must(
+            "ip",
+            &[
+                "-n",
+                &self.router_ns,
+                "nexthop",
+                verb,
+                "id",
+                GROUP,
+                "group",
+                &ids.join("/"),
+                "type",
+                "resilient",
+                "buckets",
+                BUCKETS,
+                "idle_timer",
+                IDLE_TIMER,
+            ],
+        );
+    }
+
+    /// Runs `f` in the router namespace (where clients run).
+    pub fn in_router<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        in_netns(&self.router_ns, f)
+    }
+}
+
+impl Default for Fleet {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// `ip netns exec NS PROGRAM ARGS`, which must succeed.
+fn in_router(ns: &str, program: &str, args: &[&str]) {
+    let mut all = vec!["netns", "exec", ns, program];
+    all.extend_from_slice(args);
+    must("ip", &all);
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        // The nodes' namespaces go with their TestNets (and the links with them).
+        let _ = sh("ip", &["netns", "del", &self.router_ns]);
+    }
+}

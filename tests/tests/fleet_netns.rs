@@ -29,6 +29,17 @@ struct Node {
     backend: Backend,
 }
 
+/// A fleet with a daemon on each node (see [`start`]). Bound as `let (cert, fleet, nodes)`,
+/// the daemons are dropped first, then the namespaces.
+fn setup(mode: Mode) -> (Cert, Fleet, Vec<Node>) {
+    let fleet = Fleet::new();
+    let cert = Cert::new();
+    let dir: PathBuf = cert.file("fleet");
+    std::fs::create_dir_all(&dir).unwrap();
+    let nodes = start(&fleet, &cert, &dir, mode);
+    (cert, fleet, nodes)
+}
+
 /// Starts a daemon on every node of `fleet`, each proxying `VIP:PORT` to a backend of its own
 /// that answers with the node's name (in `mode`), with one ticket secret.
 fn start(fleet: &Fleet, cert: &Cert, dir: &std::path::Path, mode: Mode) -> Vec<Node> {
@@ -95,11 +106,7 @@ fn a_node_leaves_and_rejoins_and_no_client_of_the_other_notices() {
     if !have_root("a_node_leaves_and_rejoins_and_no_client_of_the_other_notices") {
         return;
     }
-    let fleet = Fleet::new();
-    let cert = Cert::new();
-    let dir: PathBuf = cert.file("fleet");
-    std::fs::create_dir_all(&dir).unwrap();
-    let nodes = start(&fleet, &cert, &dir, Mode::Hold);
+    let (cert, fleet, nodes) = setup(Mode::Hold);
     let config = rustls_config(&cert);
     let addr = format!("{VIP}:{PORT}");
     let (a, b) = (&nodes[0], &nodes[1]);
@@ -188,11 +195,7 @@ fn a_ticket_one_node_issued_resumes_on_the_other() {
     if !have_root("a_ticket_one_node_issued_resumes_on_the_other") {
         return;
     }
-    let fleet = Fleet::new();
-    let cert = Cert::new();
-    let dir: PathBuf = cert.file("fleet");
-    std::fs::create_dir_all(&dir).unwrap();
-    let nodes = start(&fleet, &cert, &dir, Mode::Answer);
+    let (cert, fleet, _nodes) = setup(Mode::Answer);
     let addr = format!("{VIP}:{PORT}");
     // The first connection that reaches node a: a full handshake, and a's tickets. A fresh
     // client config per try until then, so that it holds only a's tickets after.
@@ -238,7 +241,6 @@ fn a_ticket_one_node_issued_resumes_on_the_other() {
         class_counter(&stats, "tls-resumed", "packets") - resumed_before,
         class_counter(&stats, "tls-new", "packets") - new_before
     );
-    drop(nodes);
 }
 
 /// The end of a backend's answer, by its name.

@@ -110,6 +110,15 @@ fn holds_three_times_capacity_and_relaxes_after(
         retrans["backlog_limit"].as_u64().unwrap() < now.max(1),
         "retransmissions strictly below originals: {retrans}"
     );
+    // Its bounds are the ones its limit moves between: half the originals'.
+    let originals = policy(net, "sip-original");
+    for bound in ["bound_min", "bound_max"] {
+        assert_eq!(
+            retrans[bound].as_u64(),
+            originals[bound].as_u64().map(|b| b / 2),
+            "{bound}: {retrans} against {originals}"
+        );
+    }
     // With the load gone, it relaxes.
     wait_policy(net, "sip-original", "relaxed", |r| {
         r["backlog_limit"].as_u64().unwrap() >= 4 * limit.max(1) && r["reason"] == "headroom"

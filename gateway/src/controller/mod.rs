@@ -691,8 +691,9 @@ fn current(law: &Law, c: &crate::config::ClassControl) -> (u64, (u64, u64)) {
     (law.limit(), (c.min, c.max))
 }
 
-/// Writes `limit` into `class`'s policy (and, for SIP, half of it into the retransmissions'),
-/// as the controller's, keeping every other field.
+/// Writes `limit` into `class`'s policy (and, for SIP, half of it into the retransmissions',
+/// with half the bounds, the ones that limit moves between), as the controller's, keeping
+/// every other field.
 fn write(
     maps: &mut Maps,
     class: Class,
@@ -718,7 +719,12 @@ fn write(
             let mut r = maps.policy(Class::SipRetransmission)?;
             if !r.pinned() {
                 r.limit_backlog(limit / 2);
-                maps.set_policy(Class::SipRetransmission, stamp(r))?;
+                let halved = ClassPolicy {
+                    bound_min: min / 2,
+                    bound_max: max / 2,
+                    ..stamp(r)
+                };
+                maps.set_policy(Class::SipRetransmission, halved)?;
             }
         }
         Law::Tls(_) => {

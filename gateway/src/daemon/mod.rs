@@ -243,8 +243,8 @@ async fn serve(
     let costs: CostSource = Arc::new(move || {
         measured.iter().find_map(|p| {
             Some(HandshakeCosts {
-                full: p.stats().mean_handshake_cpu(HandshakeKind::Full)?,
-                resumed: p.stats().mean_handshake_cpu(HandshakeKind::Resumed)?,
+                full: p.stats().handshake_cost(HandshakeKind::Full)?,
+                resumed: p.stats().handshake_cost(HandshakeKind::Resumed)?,
             })
         })
     });

@@ -321,6 +321,10 @@ impl ProxyStats {
     }
 }
 
+/// Handshakes of a kind measured before their mean is the controller's cost figure
+/// ([`ListenerStats::handshake_cost`]).
+pub const MIN_COST_SAMPLES: u64 = 16;
+
 /// One listener's series (handles onto the families of [`ProxyStats`]).
 pub struct ListenerStats {
     /// Connections open now.
@@ -350,6 +354,19 @@ impl ListenerStats {
         (n > 0).then(|| Duration::from_secs_f64(secs.get() / n as f64))
     }
 
+    /// The controller's cost figure for `kind`: the mean CPU time of its handshakes so far, once
+    /// [`MIN_COST_SAMPLES`] of them were measured (`None` before). A node's first handshakes
+    /// can cost many times the later ones (measured: a node's first interval gave its budget a
+    /// full handshake of about 39 ms, where later ones took under 1 ms), and a budget divided
+    /// by such a figure shut tls-new on a quiet node within 100 ms of its start.
+    pub fn handshake_cost(&self, kind: HandshakeKind) -> Option<Duration> {
+        let (n, _) = &self.handshakes[kind as usize];
+        if n.get() < MIN_COST_SAMPLES {
+            return None;
+        }
+        self.mean_handshake_cpu(kind)
+    }
+
     /// Counts a first flight computed `on` the worker or a flight thread.
     pub fn first_flight(&self, on: FlightOn) {
         self.first_flights[on as usize].inc();
@@ -374,6 +391,26 @@ impl ListenerStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cost_figure_waits_for_enough_handshakes() {
+        let stats = ProxyStats::default();
+        let l = stats.listener("127.0.0.1:8443");
+        // A first, costly handshake alone is not the cost.
+        l.handshake(HandshakeKind::Full, Duration::from_millis(40));
+        for _ in 1..MIN_COST_SAMPLES - 1 {
+            l.handshake(HandshakeKind::Full, Duration::from_millis(1));
+        }
+        assert_eq!(l.handshake_cost(HandshakeKind::Full), None);
+        assert!(l.mean_handshake_cpu(HandshakeKind::Full).is_some());
+        l.handshake(HandshakeKind::Full, Duration::from_millis(1));
+        let cost = l.handshake_cost(HandshakeKind::Full).unwrap();
+        assert!(
+            (3.4..3.5).contains(&(cost.as_secs_f64() * 1e3)),
+            "{cost:?}: the mean of 40 ms and fifteen of 1 ms"
+        );
+        assert_eq!(l.handshake_cost(HandshakeKind::Resumed), None);
+    }
 
     #[test]
     fn a_listener_counts_into_the_shared_families() {

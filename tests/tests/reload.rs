@@ -126,30 +126,24 @@ fn a_bad_config_changes_nothing_and_a_good_one_is_applied_whole_with_new_certifi
         verifies(&net, &old_cert),
         "the certificates changed on a refused reload"
     );
-    // What needs a restart is refused too, and says so.
-    write(&config(
-        &net,
-        &new_cert,
-        &backend,
-        "  sip-original: {backlog: 40}\n",
-        "metrics: 127.0.0.1:9555\n",
-    ));
-    assert_eq!(net.gateway(&["reload"]).status.code(), Some(2));
-    let line = daemon.wait_for("reload refused", Duration::from_secs(5));
-    assert!(line.contains("metrics changed"), "{line}");
-    assert_eq!(backlog_limit(&net, "sip-original"), 30);
-    // So is another name for the node (the metrics' `node` label is the running daemon's).
-    write(&config(
-        &net,
-        &new_cert,
-        &backend,
-        "  sip-original: {backlog: 40}\n",
-        "node: another-name\n",
-    ));
-    assert_eq!(net.gateway(&["reload"]).status.code(), Some(2));
-    let line = daemon.wait_for("reload refused", Duration::from_secs(5));
-    assert!(line.contains("node changed"), "{line}");
-    assert_eq!(backlog_limit(&net, "sip-original"), 30);
+    // What needs a restart is refused too, and says so: the metrics address, and another name
+    // for the node (the metrics' `node` label is the running daemon's).
+    for (extra, said) in [
+        ("metrics: 127.0.0.1:9555\n", "metrics changed"),
+        ("node: another-name\n", "node changed"),
+    ] {
+        write(&config(
+            &net,
+            &new_cert,
+            &backend,
+            "  sip-original: {backlog: 40}\n",
+            extra,
+        ));
+        assert_eq!(net.gateway(&["reload"]).status.code(), Some(2));
+        let line = daemon.wait_for("reload refused", Duration::from_secs(5));
+        assert!(line.contains(said), "{line}");
+        assert_eq!(backlog_limit(&net, "sip-original"), 30);
+    }
 
     // A good one: policies, services, certificates and session terms, all at once.
     let limits_before = issued_limits(&net);

@@ -359,6 +359,15 @@ fn set_policy(prog: &mut TestProgram, class: Class, p: gateway_common::policy::P
     prog.maps.set_policy(class, p.to_map()).unwrap();
 }
 
+/// Closes tls-new: its backlog limit zero.
+fn close_tls_new(prog: &mut TestProgram) {
+    let closed = gateway_common::policy::Policy {
+        backlog: Some(0),
+        ..Default::default()
+    };
+    set_policy(prog, Class::TlsNew, closed);
+}
+
 #[test]
 fn over_its_limits_a_new_connection_is_rejected_and_remembered() {
     if !have_root("over_its_limits_a_new_connection_is_rejected") {
@@ -373,15 +382,8 @@ fn over_its_limits_a_new_connection_is_rejected_and_remembered() {
     }
     .build();
     publish(&mut prog, &resumable);
-    // tls-new closed: backlog limit zero.
-    set_policy(
-        &mut prog,
-        Class::TlsNew,
-        gateway_common::policy::Policy {
-            backlog: Some(0),
-            ..Default::default()
-        },
-    );
+    // tls-new closed.
+    close_tls_new(&mut prog);
     // TC passes the frame on, turned into the server's reset (see the reset test below).
     for (hook, port, drop) in [(Hook::Xdp, 100u16, XDP_REFUSED), (Hook::Tc, 101, TC_RESET)] {
         let f = Frame::tcp(443, &hello).from_port(port).seq(1).build();
@@ -625,11 +627,7 @@ fn a_reused_client_port_starts_afresh() {
     }
     let mut prog = TestProgram::new();
     let hello = HelloBuilder::default().build();
-    let closed = gateway_common::policy::Policy {
-        backlog: Some(0),
-        ..Default::default()
-    };
-    set_policy(&mut prog, Class::TlsNew, closed);
+    close_tls_new(&mut prog);
     let from = |port: u16| Frame::tcp(443, &hello).from_port(port).seq(1).build();
     let syn = |port: u16| Frame::tcp(443, &[]).from_port(port).flags(0x02).build();
     // Rejected; its entry drops every later packet of that connection.
@@ -663,11 +661,7 @@ fn a_refused_fast_open_hello_is_forgotten_by_the_next_syn() {
     }
     let mut prog = TestProgram::new();
     let hello = HelloBuilder::default().build();
-    let closed = gateway_common::policy::Policy {
-        backlog: Some(0),
-        ..Default::default()
-    };
-    set_policy(&mut prog, Class::TlsNew, closed);
+    close_tls_new(&mut prog);
     let fast_open = Frame::tcp(443, &hello)
         .from_port(9)
         .seq(1)
@@ -704,11 +698,7 @@ fn an_alert_in_front_of_a_hello_does_not_hide_it() {
     }
     .build();
     publish(&mut prog, &resumable);
-    let closed = gateway_common::policy::Policy {
-        backlog: Some(0),
-        ..Default::default()
-    };
-    set_policy(&mut prog, Class::TlsNew, closed);
+    close_tls_new(&mut prog);
     let alert = [21u8, 3, 3, 0, 2, 1, 0];
     let ccs = [20u8, 3, 3, 0, 1, 1];
     let hello = HelloBuilder::default().build();
@@ -993,14 +983,7 @@ fn a_refused_hello_is_answered_with_a_reset_from_the_nic() {
         return;
     }
     let mut prog = TestProgram::new();
-    set_policy(
-        &mut prog,
-        Class::TlsNew,
-        gateway_common::policy::Policy {
-            backlog: Some(0),
-            ..Default::default()
-        },
-    );
+    close_tls_new(&mut prog);
     let hello = HelloBuilder::default().build();
     const XDP_TX: u32 = XDP_REFUSED;
     for (i, (name, frame)) in [

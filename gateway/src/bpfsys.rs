@@ -1,5 +1,6 @@
 //! The few `bpf(2)` commands aya does not expose: open a pinned object, read an object's info
-//! (a link's interface, a map's BTF ids), and read a BTF object's bytes.
+//! (a link's interface, a map's BTF ids), read a BTF object's bytes, and the element commands
+//! on maps whose key and value types this build does not have (an older build's layout).
 
 use std::{
     io,
@@ -7,6 +8,10 @@ use std::{
     path::Path,
 };
 
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_BTF_GET_FD_BY_ID: libc::c_long = 19;
@@ -73,9 +78,13 @@ pub struct MapBtf {
     pub value_type: u32,
 }
 
-/// What a pinned map is made of: its key and value sizes and its BTF.
+/// What a pinned map is made of: its type, key and value sizes, entries and BTF.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapShape {
+    /// Its `BPF_MAP_TYPE_*`.
+    pub map_type: u32,
+    /// Its entries.
+    pub max_entries: u32,
     /// Bytes of a key.
     pub key_size: u32,
     /// Bytes of a value.
@@ -87,14 +96,17 @@ pub struct MapShape {
 /// The shape of the map pinned at `pin` (one open, one info read).
 pub fn map_shape(pin: &Path) -> io::Result<MapShape> {
     let fd = obj_get(pin)?;
-    // struct bpf_map_info: key_size and value_size are the u32s at bytes 8 and 12; btf_id,
-    // btf_key_type_id and btf_value_type_id those at bytes 64, 68 and 72.
+    // struct bpf_map_info: type is the u32 at byte 0; key_size, value_size and max_entries
+    // those at bytes 8, 12 and 16; btf_id, btf_key_type_id and btf_value_type_id those at
+    // bytes 64, 68 and 72.
     let mut info = [0u64; 16];
     let len = obj_info(&fd, &mut info)?;
     if len < 76 {
         return Err(io::Error::other("short bpf_map_info"));
     }
     Ok(MapShape {
+        map_type: info[0] as u32,
+        max_entries: info[2] as u32,
         key_size: info[1] as u32,
         value_size: (info[1] >> 32) as u32,
         btf: MapBtf {
@@ -121,4 +133,64 @@ pub fn btf_bytes(id: u32) -> io::Result<Vec<u8>> {
     info[1] = size as u64;
     obj_info_raw(&fd, info.as_mut_ptr().cast(), std::mem::size_of_val(&info))?;
     Ok(bytes)
+}
+
+/// `BPF_MAP_TYPE_*` ids of the per-CPU maps (a value per possible CPU).
+pub const PER_CPU_MAP_TYPES: [u32; 3] = [5, 6, 10];
+/// `BPF_MAP_TYPE_*` ids of the arrays (every key in range exists; none can be deleted).
+pub const ARRAY_MAP_TYPES: [u32; 2] = [2, 6];
+
+/// The element commands' `union bpf_attr`: map_fd (u32), key (u64), value or next_key (u64),
+/// flags (u64).
+fn elem_attr(map: &OwnedFd, key: *const u8, value: *const u8, flags: u64) -> [u64; 16] {
+    let mut attr = [0u64; 16];
+    attr[0] = u64::from(map.as_raw_fd() as u32);
+    attr[1] = key as u64;
+    attr[2] = value as u64;
+    attr[3] = flags;
+    attr
+}
+
+/// Whether `e` says there is no such entry.
+fn absent(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENOENT)
+}
+
+/// `BPF_MAP_LOOKUP_ELEM`: the value of `key` into `value` (sized for the map: a per-CPU map's
+/// holds one value per possible CPU, each rounded up to 8 bytes); whether the key is there.
+pub fn map_lookup(map: &OwnedFd, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
+    let mut attr = elem_attr(map, key.as_ptr(), value.as_mut_ptr(), 0);
+    match bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) {
+        Ok(_) => Ok(true),
+        Err(e) if absent(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// `BPF_MAP_UPDATE_ELEM` with `flags` (`BPF_ANY` 0, `BPF_NOEXIST` 1, `BPF_EXIST` 2).
+pub fn map_update(map: &OwnedFd, key: &[u8], value: &[u8], flags: u64) -> io::Result<()> {
+    let mut attr = elem_attr(map, key.as_ptr(), value.as_ptr(), flags);
+    bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
+}
+
+/// `BPF_MAP_DELETE_ELEM`; whether the key was there.
+pub fn map_delete(map: &OwnedFd, key: &[u8]) -> io::Result<bool> {
+    let mut attr = elem_attr(map, key.as_ptr(), std::ptr::null(), 0);
+    match bpf(BPF_MAP_DELETE_ELEM, &mut attr) {
+        Ok(_) => Ok(true),
+        Err(e) if absent(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// `BPF_MAP_GET_NEXT_KEY`: the key after `key` (the first with `None`) into `next`; false at
+/// the end.
+pub fn map_next_key(map: &OwnedFd, key: Option<&[u8]>, next: &mut [u8]) -> io::Result<bool> {
+    let key = key.map_or(std::ptr::null(), <[u8]>::as_ptr);
+    let mut attr = elem_attr(map, key, next.as_mut_ptr(), 0);
+    match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
+        Ok(_) => Ok(true),
+        Err(e) if absent(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
 }

@@ -94,6 +94,10 @@ pub struct Field {
     pub offset: String,
     /// What it is: `u32`, `[u8; 16]`, `ptr`, `enum u8`.
     pub kind: String,
+    /// Its offset in bytes, `None` for a bitfield (what [`Field::offset`] says, as a number).
+    pub byte: Option<u32>,
+    /// Its size in bytes (0 for a bitfield).
+    pub size: u32,
 }
 
 impl fmt::Display for Field {
@@ -261,6 +265,8 @@ impl Btf {
                         ),
                         kind: format!("{bitfield}-bit field"),
                         path,
+                        byte: None,
+                        size: 0,
                     });
                 } else {
                     self.flatten(member, &path, bits + offset, depth + 1, out)?;
@@ -272,8 +278,28 @@ impl Btf {
             path: path.to_owned(),
             offset: format!("byte {}", bits / 8),
             kind: self.kind_of(id, depth)?,
+            byte: Some(bits / 8),
+            size: self.size_of(id, depth)?,
         });
         Ok(())
+    }
+
+    /// The size in bytes of type `id`.
+    fn size_of(&self, id: u32, depth: usize) -> Result<u32, BtfError> {
+        if depth > MAX_DEPTH {
+            return Err(BtfError::TooDeep(id));
+        }
+        let id = self.resolve(id)?;
+        let t = self.ty(id)?;
+        Ok(match t.kind {
+            kind::PTR => 8,
+            kind::ARRAY => {
+                let (elem, n) = (self.extra(&t, 0), self.extra(&t, 2));
+                n.saturating_mul(self.size_of(elem, depth + 1)?)
+            }
+            // Ints, floats, enums, structs and unions carry their size.
+            _ => t.size_type,
+        })
     }
 
     /// What a type that is not a struct or union is, in words that differ whenever its layout
@@ -440,16 +466,13 @@ mod tests {
                 let plain = |k: &str| k.starts_with('u') || k.starts_with('i') || k == "pointer";
                 let leaf = f.kind.trim_start_matches('[').split(';').next().unwrap();
                 assert!(plain(leaf) || f.kind.starts_with("[{"), "{}: {f}", m.name);
-                let byte: usize = f.offset["byte ".len()..]
-                    .split(' ')
-                    .next()
-                    .unwrap()
-                    .parse()
-                    .unwrap();
+                let byte = f.byte.expect("no bitfields") as usize;
+                assert!(f.size > 0, "{}: {f}", m.name);
                 assert!(
-                    value_size == 0 || byte < value_size,
-                    "{}: {f} past {value_size} B",
-                    m.name
+                    value_size == 0 || byte + f.size as usize <= value_size,
+                    "{}: {f} of {} B past {value_size} B",
+                    m.name,
+                    f.size
                 );
             }
             btf.fields(key).unwrap();
@@ -468,6 +491,7 @@ mod tests {
         assert_eq!(need.kind, "u32");
         let acc = fields.iter().find(|f| f.path == "hello.acc").unwrap();
         assert_eq!(acc.kind, "[u8; 16]");
+        assert_eq!((need.size, acc.size), (4, 16));
     }
 
     #[test]
@@ -476,6 +500,8 @@ mod tests {
             path: path.into(),
             offset: offset.into(),
             kind: kind.into(),
+            byte: offset["byte ".len()..].parse().ok(),
+            size: 4,
         };
         let a = [field("a", "byte 0", "u32"), field("b", "byte 4", "u32")];
         let b = [field("b", "byte 0", "u32"), field("a", "byte 4", "u32")];

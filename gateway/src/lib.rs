@@ -8,6 +8,7 @@ pub mod attached;
 pub mod bpfsys;
 pub mod btf;
 pub mod caps;
+pub mod carry;
 pub mod cmd;
 pub mod config;
 pub mod controller;

@@ -20,9 +20,7 @@ use aya::{
     },
 };
 use gateway_common::{
-    maps::{
-        AttachMode, DatapathConfig, FINISHER_ATTACHED, FINISHER_SENDS_REPLIES, names, programs,
-    },
+    maps::{AttachMode, FINISHER_ATTACHED, FINISHER_SENDS_REPLIES, names, programs},
     reasons::Jump,
 };
 use serde::Serialize;
@@ -31,9 +29,10 @@ use thiserror::Error;
 use crate::{
     EBPF_OBJECT,
     caps::{self, CapsError, Need},
+    carry::{Carried, Carry, CarryError},
     config::ModeRequest,
     ethtool,
-    maps::{Maps, MapsError},
+    maps::{self, MapsError},
     pins::{self, PinDir, PinsError},
 };
 
@@ -81,6 +80,9 @@ pub enum LoaderError {
     /// Map access failed.
     #[error(transparent)]
     Maps(#[from] MapsError),
+    /// A map could not be carried over to this build's layout.
+    #[error(transparent)]
+    Carry(#[from] CarryError),
 }
 
 impl LoaderError {
@@ -91,6 +93,7 @@ impl LoaderError {
             | LoaderError::Caps(_)
             | LoaderError::ModeMismatch { .. } => true,
             LoaderError::Pins(p) => !matches!(p, PinsError::Io { .. }),
+            LoaderError::Carry(c) => matches!(c, CarryError::MapType { .. }),
             _ => false,
         }
     }
@@ -130,6 +133,8 @@ pub struct AttachOutcome {
     pub replaced: bool,
     /// Why native XDP was refused, when `auto` fell back to generic XDP.
     pub fallback_reason: Option<String>,
+    /// The maps a replacement carried over to this build's layout (`crate::carry`).
+    pub carried: Vec<Carried>,
     /// The loaded object (its maps are pinned; keep it for aya-log).
     pub ebpf: Ebpf,
 }
@@ -154,7 +159,25 @@ pub fn attach(opts: &AttachOptions) -> Result<AttachOutcome, LoaderError> {
     // Nothing was attached here (no link pinned): what a failed attach pinned goes, and what
     // was there before (a map another version left, say) stays as it was.
     let before = pd.entries();
-    fresh(&pd, ifindex, opts).inspect_err(|_| pd.remove_new(&before))
+    fresh(&pd, ifindex, opts, EBPF_OBJECT).inspect_err(|_| pd.remove_new(&before))
+}
+
+/// [`attach`] of another build of the object (`object`: an older release's, say) to an
+/// interface nothing is attached to yet: for tests that upgrade a datapath pinned by it.
+pub fn attach_object(opts: &AttachOptions, object: &[u8]) -> Result<AttachOutcome, LoaderError> {
+    let ifindex = ifindex(&opts.iface)?;
+    caps::require(Need::Attach)?;
+    let pd = PinDir::new(&opts.root, &opts.iface);
+    if pd.is_attached() {
+        return Err(PinsError::Ambiguous(format!(
+            "interface '{}' is attached already: another build is attached only afresh",
+            opts.iface
+        ))
+        .into());
+    }
+    pd.create()?;
+    let before = pd.entries();
+    fresh(&pd, ifindex, opts, object).inspect_err(|_| pd.remove_new(&before))
 }
 
 /// Removes the attachment of `iface`: unpins the link (which detaches the program) and the maps.
@@ -189,9 +212,23 @@ pub fn load_pinned_object(
     object: &[u8],
 ) -> Result<Ebpf, LoaderError> {
     pd.check_layout(object)?;
+    load_object(pd, log_level, issued_keys, object, None)
+}
+
+/// Loads `object` on the maps pinned in `pd`, those `carry` carries over at their staging pins.
+fn load_object(
+    pd: &PinDir,
+    log_level: u8,
+    issued_keys: u32,
+    object: &[u8],
+    carry: Option<&Carry>,
+) -> Result<Ebpf, LoaderError> {
     let mut loader = EbpfLoader::new();
     for m in gateway_common::maps::all() {
         loader.map_pin_path(m.name, pd.map(m.name));
+    }
+    for (name, staging) in carry.into_iter().flat_map(Carry::staging_pins) {
+        loader.map_pin_path(name, staging);
     }
     loader.map_max_entries(names::TLS_ISSUED, issued_keys);
     loader.override_global("AYA_LOG_LEVEL", &log_level, false);
@@ -350,9 +387,7 @@ fn attach_finisher(
     if mode == AttachMode::Native && ethtool::xdp_tx_may_vanish(iface) {
         finisher |= FINISHER_SENDS_REPLIES;
     }
-    let mut maps = Maps::open(pd)?;
-    let cfg = maps.config()?;
-    maps.set_config(DatapathConfig { finisher, ..cfg })?;
+    maps::change_config(pd, |cfg| cfg.finisher = finisher)?;
     Ok(())
 }
 
@@ -391,8 +426,13 @@ fn attach_tcx(
     Ok(())
 }
 
-fn fresh(pd: &PinDir, ifindex: u32, opts: &AttachOptions) -> Result<AttachOutcome, LoaderError> {
-    let mut ebpf = load_pinned(pd, opts.ebpf_log_level, opts.issued_keys)?;
+fn fresh(
+    pd: &PinDir,
+    ifindex: u32,
+    opts: &AttachOptions,
+    object: &[u8],
+) -> Result<AttachOutcome, LoaderError> {
+    let mut ebpf = load_pinned_object(pd, opts.ebpf_log_level, opts.issued_keys, object)?;
     wire_tail_calls(&mut ebpf)?;
     let iface = &opts.iface;
     let mut fallback_reason = None;
@@ -460,12 +500,17 @@ fn fresh(pd: &PinDir, ifindex: u32, opts: &AttachOptions) -> Result<AttachOutcom
         program_id: info.program_id(),
         replaced: false,
         fallback_reason,
+        carried: Vec::new(),
         ebpf,
     })
 }
 
+/// Replaces the programs of the attachment pinned in `pd` with this build's, through their
+/// links. A map whose value this build lays out otherwise is carried over (`crate::carry`):
+/// this build's copy is made and filled beside it before the programs are replaced, and takes
+/// its pin once the older programs' last runs ended.
 fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderError> {
-    let recorded = AttachMode::from_id(Maps::open(pd)?.config()?.attach_mode);
+    let recorded = AttachMode::from_id(maps::read_config(pd)?.attach_mode);
     if let Some(requested) = opts.mode.exact()
         && requested != recorded
     {
@@ -476,7 +521,15 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderErr
         });
     }
     let link: FdLink = PinnedLink::from_pin(pd.link())?.into();
-    let mut ebpf = load_pinned(pd, opts.ebpf_log_level, opts.issued_keys)?;
+    let mut carry = Carry::begin(pd, pd.layout(EBPF_OBJECT)?)?;
+    let mut ebpf = load_object(
+        pd,
+        opts.ebpf_log_level,
+        opts.issued_keys,
+        EBPF_OBJECT,
+        Some(&carry),
+    )?;
+    carry.copy()?;
     wire_tail_calls(&mut ebpf)?;
     let what = format!("replacing the program on {} through its link", opts.iface);
     match recorded {
@@ -499,6 +552,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderErr
     if recorded != AttachMode::Tc {
         attach_finisher(&mut ebpf, pd, &opts.iface, recorded)?;
     }
+    let carried = carry.finish()?;
     let info = FdLink::from(PinnedLink::from_pin(pd.link())?).info()?;
     Ok(AttachOutcome {
         iface: opts.iface.clone(),
@@ -507,17 +561,15 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderErr
         program_id: info.program_id(),
         replaced: true,
         fallback_reason: None,
+        carried,
         ebpf,
     })
 }
 
 fn record_mode(pd: &PinDir, mode: AttachMode, ifindex: u32) -> Result<(), LoaderError> {
-    let mut maps = Maps::open(pd)?;
-    let cfg = maps.config()?;
-    maps.set_config(DatapathConfig {
-        attach_mode: mode as u32,
-        ifindex,
-        ..cfg
+    maps::change_config(pd, |cfg| {
+        cfg.attach_mode = mode as u32;
+        cfg.ifindex = ifindex;
     })?;
     Ok(())
 }
@@ -558,7 +610,7 @@ fn pinned_link_id(path: &std::path::Path) -> Option<u32> {
 
 /// Reads the facts of the attachment pinned in `pd`.
 pub fn info(pd: &PinDir) -> Result<AttachmentStatus, LoaderError> {
-    let cfg = Maps::open(pd)?.config()?;
+    let cfg = maps::read_config(pd)?;
     let info = FdLink::from(PinnedLink::from_pin(pd.link())?).info()?;
     Ok(AttachmentStatus {
         iface: pd.iface.clone(),

@@ -213,6 +213,25 @@ pub fn open_as<T: TryFrom<Map, Error = MapError>>(
         .map_err(op(name))
 }
 
+/// The datapath-wide settings of the maps pinned in `pins`, read from `DP_CONFIG` alone:
+/// attaching reads and writes them whatever layout the other maps have (an older build's being
+/// carried over, `crate::carry`).
+pub fn read_config(pins: &PinDir) -> Result<DatapathConfig, MapsError> {
+    let config: Array<MapData, DatapathConfig> = open_as(pins, names::DP_CONFIG)?;
+    config.get(&0, 0).map_err(op(names::DP_CONFIG))
+}
+
+/// Changes the datapath-wide settings pinned in `pins` by `change` ([`read_config`]'s map).
+pub fn change_config(
+    pins: &PinDir,
+    change: impl FnOnce(&mut DatapathConfig),
+) -> Result<(), MapsError> {
+    let mut config: Array<MapData, DatapathConfig> = open_as(pins, names::DP_CONFIG)?;
+    let mut value = config.get(&0, 0).map_err(op(names::DP_CONFIG))?;
+    change(&mut value);
+    config.set(0, value, 0).map_err(op(names::DP_CONFIG))
+}
+
 /// `CLOCK_MONOTONIC` in nanoseconds, the clock of `bpf_ktime_get_ns` (for
 /// [`IssuedValue::issued_ns`]).
 pub fn monotonic_ns() -> u64 {

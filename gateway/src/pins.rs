@@ -15,7 +15,7 @@ use std::{
 
 use gateway_common::maps;
 
-use crate::{bpfsys, btf};
+use crate::{bpfsys, btf, carry};
 use nix::sys::statfs::{BPF_FS_MAGIC, statfs};
 use thiserror::Error;
 
@@ -182,7 +182,22 @@ impl PinDir {
     /// changed type within the same sizes are refused too, naming the first one. Nothing is
     /// touched before the check.
     pub fn check_layout(&self, object: &[u8]) -> Result<(), PinsError> {
+        self.compare(object, false).map(drop)
+    }
+
+    /// [`PinDir::check_layout`] for a build that carries state over (`crate::carry`): the
+    /// pinned maps whose value this build lays out otherwise but holds every field of (a
+    /// release added fields, or moved them), with how their values convert. Refused as by
+    /// `check_layout`, naming the map and the field: a key whose layout changed, a value field
+    /// this build does not have or has as another type, a map pinned without BTF whose sizes
+    /// differ, and a per-CPU map whose fields are not 64-bit counters.
+    pub fn layout(&self, object: &[u8]) -> Result<Vec<carry::Grown>, PinsError> {
+        self.compare(object, true)
+    }
+
+    fn compare(&self, object: &[u8], carry: bool) -> Result<Vec<carry::Grown>, PinsError> {
         let mut fields = Fields::new(object);
+        let mut grown = Vec::new();
         for m in maps::all() {
             let (name, key, value) = (m.name, m.key_size, m.value_size);
             let path = self.map(name);
@@ -196,16 +211,58 @@ impl PinDir {
                 found: format!("an unreadable layout ({e})"),
                 expected: expected.clone(),
             })?;
-            if shape.key_size as usize != key || shape.value_size as usize != value {
-                return Err(PinsError::MapLayout {
-                    map: name,
-                    found: format!("key {} B, value {} B", shape.key_size, shape.value_size),
-                    expected,
-                });
+            let sizes = PinsError::MapLayout {
+                map: name,
+                found: format!("key {} B, value {} B", shape.key_size, shape.value_size),
+                expected,
+            };
+            let same_sizes = shape.key_size as usize == key && shape.value_size as usize == value;
+            if !same_sizes && (!carry || shape.key_size as usize != key) {
+                return Err(sizes);
             }
-            fields.check(name, &shape.btf)?;
+            let Some(layouts) = fields.layouts(name, &shape.btf)? else {
+                // Without BTF only the sizes tell.
+                if same_sizes {
+                    continue;
+                }
+                return Err(sizes);
+            };
+            let refuse = |what, difference| PinsError::MapFields {
+                map: name,
+                what,
+                difference,
+            };
+            if let Some(d) = btf::difference(&layouts.key.0, &layouts.key.1) {
+                return Err(refuse("key", d));
+            }
+            let Some(d) = btf::difference(&layouts.value.0, &layouts.value.1) else {
+                continue;
+            };
+            if !carry {
+                return Err(refuse("value", d));
+            }
+            let conversion = carry::Conversion::plan(
+                &layouts.value.0,
+                &layouts.value.1,
+                shape.value_size as usize,
+                value,
+            )
+            .map_err(|d| refuse("value", d))?;
+            if bpfsys::PER_CPU_MAP_TYPES.contains(&shape.map_type)
+                && !carry::per_cpu_carries(&conversion)
+            {
+                return Err(refuse(
+                    "value",
+                    format!("{d}, and its per-CPU fields are not all 64-bit counters"),
+                ));
+            }
+            grown.push(carry::Grown {
+                map: name,
+                key_size: key,
+                conversion,
+            });
         }
-        Ok(())
+        Ok(grown)
     }
 
     /// Creates the directory; returns whether it had to be created.
@@ -289,16 +346,20 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// Compares the fields of the pinned map `name`, as its BTF (`pinned`) says, with those of
-    /// the map `name` of the object. A pinned map without BTF is judged by its sizes alone.
-    fn check(&mut self, name: &'static str, pinned: &bpfsys::MapBtf) -> Result<(), PinsError> {
+    /// The fields of the pinned map `name`'s key and value, as its BTF (`pinned`) says, each
+    /// beside those of the map `name` of the object; `None` for a map pinned without BTF.
+    fn layouts(
+        &mut self,
+        name: &'static str,
+        pinned: &bpfsys::MapBtf,
+    ) -> Result<Option<Layouts>, PinsError> {
         let unreadable = |e: &dyn std::fmt::Display| PinsError::MapLayout {
             map: name,
             found: format!("fields that cannot be read ({e})"),
             expected: "readable fields".into(),
         };
         if pinned.btf_id == 0 {
-            return Ok(());
+            return Ok(None);
         }
         let theirs = match self.theirs.entry(pinned.btf_id) {
             Entry::Occupied(e) => e.into_mut(),
@@ -314,23 +375,23 @@ impl<'a> Fields<'a> {
             .as_ref()
             .map_err(|e| unreadable(e))?;
         let (key, value) = ours.map_definition(name).map_err(|e| unreadable(&e))?;
-        let pairs = [
-            ("key", pinned.key_type, key),
-            ("value", pinned.value_type, value),
-        ];
-        for (what, their_type, our_type) in pairs {
-            let found = theirs.fields(their_type).map_err(|e| unreadable(&e))?;
-            let expected = ours.fields(our_type).map_err(|e| unreadable(&e))?;
-            if let Some(difference) = btf::difference(&found, &expected) {
-                return Err(PinsError::MapFields {
-                    map: name,
-                    what,
-                    difference,
-                });
-            }
-        }
-        Ok(())
+        let both = |their_type, our_type| -> Result<_, PinsError> {
+            Ok((
+                theirs.fields(their_type).map_err(|e| unreadable(&e))?,
+                ours.fields(our_type).map_err(|e| unreadable(&e))?,
+            ))
+        };
+        Ok(Some(Layouts {
+            key: both(pinned.key_type, key)?,
+            value: both(pinned.value_type, value)?,
+        }))
     }
+}
+
+/// A pinned map's key and value fields, each beside this build's.
+struct Layouts {
+    key: (Vec<btf::Field>, Vec<btf::Field>),
+    value: (Vec<btf::Field>, Vec<btf::Field>),
 }
 
 /// Every interface with a pinned link under `root`, sorted by name.
@@ -409,16 +470,24 @@ mod tests {
         pd.create().unwrap();
         // Every map of this build pinned, as an attach leaves them.
         drop(crate::loader::load_pinned(&pd, 0, 64).unwrap());
+        // A build whose ClassPolicy has its first two fields the other way round: the same
+        // sizes, so only the fields tell.
+        let swapped = crate::btf::swap_fields(
+            crate::EBPF_OBJECT,
+            "ClassPolicy",
+            "backlog_limit",
+            "rate_per_sec",
+        );
         let outcome = (
             pd.check_layout(crate::EBPF_OBJECT),
-            // A build whose ClassPolicy has its first two fields the other way round: the same
-            // sizes, so only the fields tell.
-            pd.check_layout(&crate::btf::swap_fields(
-                crate::EBPF_OBJECT,
-                "ClassPolicy",
-                "backlog_limit",
-                "rate_per_sec",
-            )),
+            pd.check_layout(&swapped),
+            pd.layout(crate::EBPF_OBJECT).map(|g| g.len()),
+            // Carried over, each field by its name.
+            pd.layout(&swapped).map(|g| {
+                g.iter()
+                    .map(|g| (g.map, g.conversion.added().len()))
+                    .collect()
+            }),
         );
         umount2(&root, MntFlags::MNT_DETACH).unwrap();
         fs::remove_dir(&root).unwrap();
@@ -433,5 +502,12 @@ mod tests {
              (u64) where this build has `rate_per_sec` at byte 0 (u64); detach the interface \
              first (its counters and policy go with it) to move to this version's maps"
         );
+        assert_eq!(
+            outcome.2.unwrap(),
+            0,
+            "nothing to carry over to its own build"
+        );
+        let carried: Vec<(&str, usize)> = outcome.3.expect("a build that moved fields carries");
+        assert_eq!(carried, [(maps::names::CLASS_POLICY, 0)]);
     }
 }

@@ -47,6 +47,9 @@ pub fn attach(root: &Path, args: AttachArgs) -> Result<(), CommandError> {
             a.iface
         );
     }
+    for c in &a.carried {
+        println!("{c}");
+    }
     println!(
         "{} {} in {} mode (link {}, program {})",
         if a.replaced {

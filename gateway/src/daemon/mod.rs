@@ -117,6 +117,9 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
                 if let Some(reason) = &a.fallback_reason {
                     warn!(iface = %a.iface, %reason, "native XDP refused; using generic XDP");
                 }
+                for c in &a.carried {
+                    info!(iface = %a.iface, "{c}");
+                }
                 info!(
                     iface = %a.iface, mode = a.mode.name(), link_id = a.link_id,
                     program_id = a.program_id, replaced = a.replaced,

@@ -147,9 +147,12 @@ const DECREMENT_TRIES: usize = 16;
 
 /// The resumed connection `flow` was answered by the server (its unit completed): the place its
 /// unit held of the issued key `offer` becomes a hold until the connection ends. With no room
-/// for the hold (the table is full), the place is simply given back, as before holds.
+/// for the hold (the table is full), the place is simply given back, as before holds. Returns
+/// false only then: the key was still published and the hold found no room (the caller counts
+/// it, `TlsCounters::holds_full`).
 #[inline(always)]
-pub fn hold_open(flow: &FlowKey, offer: &[u8; KEY_LEN]) {
+pub fn hold_open(flow: &FlowKey, offer: &[u8; KEY_LEN]) -> bool {
+    let mut held = true;
     if let Some(v) = TLS_ISSUED.get_ptr_mut(issued(offer)) {
         // A hold left on this 4-tuple by an earlier connection (the client reused its port)
         // ends first.
@@ -167,9 +170,12 @@ pub fn hold_open(flow: &FlowKey, offer: &[u8; KEY_LEN]) {
             // SAFETY: a field of a live map value, only changed by atomic operations. Counted
             // open before the unit's place goes, so the key is never briefly under-counted.
             unsafe { atomic_add(&raw mut (*v).open, 1) };
+        } else {
+            held = false;
         }
     }
     give_back(offer);
+    held
 }
 
 /// The connection `flow` ended (the server's FIN or RST left): its hold, if any, gives its place

@@ -647,7 +647,9 @@ pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
                 // Answered with its first flight and not closing: the connection goes on
                 // and holds its key's place until it ends. Otherwise the place goes now.
                 if !closing && first[0] == 22 {
-                    resume::hold_open(key, &unit.offer);
+                    if !resume::hold_open(key, &unit.offer) {
+                        count(|c| c.holds_full += 1);
+                    }
                 } else {
                     resume::give_back(&unit.offer);
                 }

@@ -1296,3 +1296,58 @@ fn a_build_that_adds_a_map_adopts_a_datapath_pinned_without_it() {
     assert_eq!(remembered.len(), 1);
     assert_eq!(remembered[0].sport, 6);
 }
+
+/// A resumed connection the server answered while the holds table is full takes no hold: its
+/// key's place is given back at once (so the next offer of the key finds it free) and the
+/// datapath counts it (`holds_full`), where it used to go uncounted.
+#[test]
+fn a_full_holds_table_gives_the_place_back_and_counts_it() {
+    if !have_root("a_full_holds_table_gives_the_place_back_and_counts_it") {
+        return;
+    }
+    use aya::maps::{HashMap, MapData};
+    use gateway_common::maps::{FlowKey, MAX_PENDING, TlsHold, names};
+    let mut prog = TestProgram::new();
+    let (hello, _) = published_session(
+        &mut prog,
+        13,
+        IssuedValue {
+            limit: 1,
+            per_minute: u32::MAX,
+            ..Default::default()
+        },
+    );
+    // Every place of the table taken by other connections, none of them old enough to end.
+    let mut holds: HashMap<MapData, FlowKey, TlsHold> =
+        gateway::maps::open_as(&prog.pins, names::TLS_HOLDS).unwrap();
+    let since_ns = gateway::maps::monotonic_ns();
+    for i in 0..MAX_PENDING {
+        let mut saddr = [0u8; 16];
+        saddr[..4].copy_from_slice(&i.to_be_bytes());
+        let flow = FlowKey {
+            saddr,
+            sport: 9,
+            dport: 443,
+            ..Default::default()
+        };
+        let hold = TlsHold {
+            since_ns,
+            ..Default::default()
+        };
+        holds.insert(flow, hold, 0).unwrap();
+    }
+    let from = |port: u16| Frame::tcp(443, &hello).from_port(port).seq(1).build();
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, &from(1)),
+        Some(Class::TlsResumed)
+    );
+    prog.run(Hook::TcEgress, &server_hello_to(1), 1);
+    let c = prog.maps.tls_counters().unwrap();
+    assert_eq!((c.completions, c.holds_full), (1, 1), "{c:?}");
+    assert_eq!(prog.maps.tls_holds().unwrap().len(), MAX_PENDING as usize);
+    // The key's one place was given back: the next offer is resumed too.
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, &from(2)),
+        Some(Class::TlsResumed)
+    );
+}

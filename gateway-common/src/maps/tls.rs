@@ -263,6 +263,10 @@ crate::counters! {
         /// Offers of an issued key faster than its resumption rate allows (one client's worth,
         /// [`IssuedValue::per_minute`]): classed tls-new.
         pub resumptions_too_fast: u64,
+        /// Resumed connections the server answered that found the holds table (`TLS_HOLDS`)
+        /// full: their key's place was given back at once, so they no longer count against its
+        /// limit of connections at a time.
+        pub holds_full: u64,
     }
 }
 

@@ -179,7 +179,7 @@ fn truncated(msg: &str) -> bool {
 
 /// A response copying the request's Via, From, To (with a tag added when asked), Call-ID and
 /// CSeq.
-fn respond(req: &str, status: &str, add_tag: bool) -> String {
+pub fn respond(req: &str, status: &str, add_tag: bool) -> String {
     let mut out = format!("SIP/2.0 {status}\r\n");
     for line in req.split("\r\n") {
         let lower = line.to_ascii_lowercase();

@@ -13,6 +13,7 @@ const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_BTF_GET_FD_BY_ID: libc::c_long = 19;
 
@@ -83,6 +84,8 @@ pub struct MapBtf {
 pub struct MapShape {
     /// Its `BPF_MAP_TYPE_*`.
     pub map_type: u32,
+    /// Its kernel id.
+    pub id: u32,
     /// Its entries.
     pub max_entries: u32,
     /// Bytes of a key.
@@ -96,7 +99,7 @@ pub struct MapShape {
 /// The shape of the map pinned at `pin` (one open, one info read).
 pub fn map_shape(pin: &Path) -> io::Result<MapShape> {
     let fd = obj_get(pin)?;
-    // struct bpf_map_info: type is the u32 at byte 0; key_size, value_size and max_entries
+    // struct bpf_map_info: type and id are the u32s at bytes 0 and 4; key_size, value_size and max_entries
     // those at bytes 8, 12 and 16; btf_id, btf_key_type_id and btf_value_type_id those at
     // bytes 64, 68 and 72.
     let mut info = [0u64; 16];
@@ -106,6 +109,7 @@ pub fn map_shape(pin: &Path) -> io::Result<MapShape> {
     }
     Ok(MapShape {
         map_type: info[0] as u32,
+        id: (info[0] >> 32) as u32,
         max_entries: info[2] as u32,
         key_size: info[1] as u32,
         value_size: (info[1] >> 32) as u32,
@@ -193,4 +197,37 @@ pub fn map_next_key(map: &OwnedFd, key: Option<&[u8]>, next: &mut [u8]) -> io::R
         Err(e) if absent(&e) => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// The id of the program the link pinned at `pin` runs.
+pub fn link_program(pin: &Path) -> io::Result<u32> {
+    let fd = obj_get(pin)?;
+    // struct bpf_link_info: type, id, prog_id (u32 each).
+    let mut info = [0u64; 16];
+    if obj_info(&fd, &mut info)? < 12 {
+        return Err(io::Error::other("short bpf_link_info"));
+    }
+    Ok(info[1] as u32)
+}
+
+/// The ids of the maps the program `id` uses.
+pub fn program_maps(id: u32) -> io::Result<Vec<u32>> {
+    // union bpf_attr for BPF_PROG_GET_FD_BY_ID: prog_id (u32).
+    let mut attr = [0u64; 16];
+    attr[0] = u64::from(id);
+    let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr).map(owned)?;
+    // struct bpf_prog_info: nr_map_ids is the u32 at byte 52, map_ids the pointer at byte 56.
+    let mut info = [0u64; 16];
+    if obj_info(&fd, &mut info)? < 64 {
+        return Err(io::Error::other("short bpf_prog_info"));
+    }
+    let n = (info[6] >> 32) as usize;
+    let mut ids = vec![0u32; n];
+    let mut info = [0u64; 16];
+    info[6] = (n as u64) << 32;
+    info[7] = ids.as_mut_ptr() as u64;
+    obj_info(&fd, &mut info)?;
+    // The kernel writes at most the count it was given; a program's maps do not change.
+    ids.truncate(((info[6] >> 32) as usize).min(n));
+    Ok(ids)
 }

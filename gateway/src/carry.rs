@@ -350,6 +350,64 @@ impl Drop for Carry {
     }
 }
 
+/// Finishes or clears what an interrupted carry-over left in `pd` (a start stopped between the
+/// programs' switch and the rename): a staging pin whose map an attached program uses is the
+/// map the datapath runs on, so it takes its pin's name now (the older map there is read by no
+/// program any more); any other staging pin is from an attempt that never switched, and goes.
+/// The names of the maps whose carry-over this finished.
+pub fn recover(pd: &PinDir) -> Result<Vec<&'static str>, CarryError> {
+    let staged: Vec<_> = gateway_common::maps::all()
+        .map(|m| (m.name, pd.map(&format!("{STAGING_PREFIX}{}", m.name))))
+        .filter(|(_, staging)| staging.exists())
+        .collect();
+    if staged.is_empty() {
+        return Ok(Vec::new());
+    }
+    let in_use = maps_in_use(pd).map_err(io_err("every map", "reading the attached programs"))?;
+    let mut finished = Vec::new();
+    for (map, staging) in staged {
+        let shape = bpfsys::map_shape(&staging).map_err(io_err(map, "reading its new copy"))?;
+        if in_use.contains(&shape.id) {
+            std::fs::rename(&staging, pd.map(map)).map_err(io_err(map, "pinning its new copy"))?;
+            finished.push(map);
+        } else {
+            std::fs::remove_file(&staging).map_err(io_err(map, "removing a stale copy"))?;
+        }
+    }
+    Ok(finished)
+}
+
+/// The ids of the maps the programs attached in `pd` use: those of its links, and those in its
+/// jump tables.
+fn maps_in_use(pd: &PinDir) -> io::Result<HashSet<u32>> {
+    use gateway_common::maps::names;
+    let mut programs = Vec::new();
+    for link in [pd.link(), pd.egress_link(), pd.finish_link()] {
+        if link.exists() {
+            programs.push(bpfsys::link_program(&link)?);
+        }
+    }
+    for table in [names::XDP_JUMP, names::TC_JUMP] {
+        let pin = pd.map(table);
+        if !pin.exists() {
+            continue;
+        }
+        let fd = bpfsys::obj_get(&pin)?;
+        let slots = bpfsys::map_shape(&pin)?.max_entries;
+        for slot in 0..slots {
+            let mut id = [0u8; 4];
+            if bpfsys::map_lookup(&fd, &slot.to_ne_bytes(), &mut id)? {
+                programs.push(u32::from_ne_bytes(id));
+            }
+        }
+    }
+    let mut maps = HashSet::new();
+    for id in programs {
+        maps.extend(bpfsys::program_maps(id)?);
+    }
+    Ok(maps)
+}
+
 /// Converts one raw value (per CPU for a per-CPU map) into `out`.
 fn convert(conv: &Conversion, per_cpu: bool, cpus: usize, old: &[u8], out: &mut [u8]) {
     if !per_cpu {

@@ -29,7 +29,7 @@ use thiserror::Error;
 use crate::{
     EBPF_OBJECT,
     caps::{self, CapsError, Need},
-    carry::{Carried, Carry, CarryError},
+    carry::{self, Carried, Carry, CarryError},
     config::ModeRequest,
     ethtool,
     maps::{self, MapsError},
@@ -135,6 +135,9 @@ pub struct AttachOutcome {
     pub fallback_reason: Option<String>,
     /// The maps a replacement carried over to this build's layout (`crate::carry`).
     pub carried: Vec<Carried>,
+    /// The maps whose carry-over an earlier start left unfinished (stopped between the switch
+    /// and the rename), finished by this one (`crate::carry::recover`).
+    pub finished: Vec<&'static str>,
     /// The loaded object (its maps are pinned; keep it for aya-log).
     pub ebpf: Ebpf,
 }
@@ -501,6 +504,7 @@ fn fresh(
         replaced: false,
         fallback_reason,
         carried: Vec::new(),
+        finished: Vec::new(),
         ebpf,
     })
 }
@@ -521,6 +525,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderErr
         });
     }
     let link: FdLink = PinnedLink::from_pin(pd.link())?.into();
+    let finished = carry::recover(pd)?;
     let mut carry = Carry::begin(pd, pd.layout(EBPF_OBJECT)?)?;
     let mut ebpf = load_object(
         pd,
@@ -562,6 +567,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderErr
         replaced: true,
         fallback_reason: None,
         carried,
+        finished,
         ebpf,
     })
 }

@@ -317,3 +317,69 @@ fn tempdir() -> std::path::PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// A start stopped between the switch and the rename leaves the datapath running on the map at
+/// its staging pin, with the older map still under the pin's name. The next start finishes the
+/// carry-over: the map the programs use takes its name (what they counted is kept), and a
+/// staging pin no program uses (from an attempt that never switched) goes.
+#[test]
+fn a_carry_over_a_stopped_start_left_unfinished_is_finished_by_the_next() {
+    if !have_root("a_carry_over_a_stopped_start_left_unfinished_is_finished") {
+        return;
+    }
+    let net = TestNet::new();
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    net.gateway_ok(&["service", "add", "sip", &SIP_PORT.to_string()]);
+    net.in_peer(|| {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        for _ in 0..3 {
+            s.send_to(b"OPTIONS sip:x SIP/2.0\r\n\r\n", (GW_V4, SIP_PORT))
+                .unwrap();
+        }
+    });
+    assert_eq!(class_counter(&net.stats(), "sip-original", "packets"), 3);
+    let pd = PinDir::new(&net.root(), &net.gw_if);
+    let (running, stale) = (pd.map(names::CLASS_STATS), pd.map("carry-DP_COUNTERS"));
+    let staging = pd.map("carry-CLASS_STATS");
+    let shape = gateway::bpfsys::map_shape(&running).unwrap();
+    std::fs::rename(&running, &staging).unwrap();
+    // The older map under the pin's name, and a copy an attempt made but never switched to.
+    for (pin, entries) in [(&running, shape.max_entries), (&stale, 1)] {
+        let out = sh(
+            "bpftool",
+            &[
+                "map",
+                "create",
+                pin.to_str().unwrap(),
+                "type",
+                "percpu_array",
+                "key",
+                "4",
+                "value",
+                &shape.value_size.to_string(),
+                "entries",
+                &entries.to_string(),
+                "name",
+                "older",
+            ],
+        );
+        assert!(out.status.success(), "{out:?}");
+    }
+    let said = net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    assert!(
+        said.contains("finished carrying CLASS_STATS over"),
+        "{said}"
+    );
+    assert!(!staging.exists() && !stale.exists(), "no staging pin left");
+    assert_eq!(
+        gateway::bpfsys::map_shape(&running).unwrap().id,
+        shape.id,
+        "the map the datapath ran on has its name back"
+    );
+    assert_eq!(
+        class_counter(&net.stats(), "sip-original", "packets"),
+        3,
+        "what it counted is kept"
+    );
+    net.gateway_ok(&["detach", "--iface", &net.gw_if]);
+}

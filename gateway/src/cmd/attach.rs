@@ -47,6 +47,9 @@ pub fn attach(root: &Path, args: AttachArgs) -> Result<(), CommandError> {
             a.iface
         );
     }
+    for map in &a.finished {
+        println!("finished carrying {map} over, which an earlier start left unfinished");
+    }
     for c in &a.carried {
         println!("{c}");
     }

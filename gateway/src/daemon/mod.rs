@@ -117,6 +117,9 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
                 if let Some(reason) = &a.fallback_reason {
                     warn!(iface = %a.iface, %reason, "native XDP refused; using generic XDP");
                 }
+                for map in &a.finished {
+                    warn!(iface = %a.iface, map, "finished carrying a map over that an earlier start left unfinished");
+                }
                 for c in &a.carried {
                     info!(iface = %a.iface, "{c}");
                 }

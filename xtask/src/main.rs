@@ -449,6 +449,36 @@ fn bench_bin(bin: &str) -> Command {
     c
 }
 
+/// What starts each benchmark's section of `docs/benchmarks.md`, before its summary's directory
+/// and ` -->`: an HTML comment, so the document reads the same.
+const SECTION_MARK: &str = "<!-- bench: ";
+
+/// The sections of a `docs/benchmarks.md` by their benchmark's summary directory, each as the
+/// lines after its mark up to the next one (or the end), ending in one newline.
+fn sections_by_bench(doc: &str) -> std::collections::HashMap<String, String> {
+    let mut out = std::collections::HashMap::new();
+    let mut current: Option<(String, String)> = None;
+    for line in doc.lines() {
+        if let Some(dir) = line
+            .strip_prefix(SECTION_MARK)
+            .and_then(|rest| rest.strip_suffix(" -->"))
+        {
+            out.extend(current.take());
+            current = Some((dir.to_owned(), String::new()));
+        } else if let Some((_, text)) = &mut current {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    out.extend(current);
+    for text in out.values_mut() {
+        let end = text.trim_end().len();
+        text.truncate(end);
+        text.push('\n');
+    }
+    out
+}
+
 /// `docs/benchmarks.md`: the machine, the commands, and the latest summary of each benchmark
 /// (headings one level down), in the order of [`BENCHES`].
 fn write_benchmarks_doc() -> Result<()> {
@@ -487,11 +517,17 @@ fn write_benchmarks_doc() -> Result<()> {
         "tls-overload-rsa",
         "probe",
     ];
+    // A benchmark not run on this machine keeps its section from the document as it was.
+    let previous = std::fs::read_to_string(root.join("docs/benchmarks.md")).unwrap_or_default();
+    let kept = sections_by_bench(&previous);
     for dir in dirs {
         let Ok(summary) = std::fs::read_to_string(out.join(dir).join("summary.md")) else {
+            if let Some(section) = kept.get(dir) {
+                doc += &format!("\n{}{dir} -->\n{section}", SECTION_MARK);
+            }
             continue;
         };
-        doc += "\n";
+        doc += &format!("\n{}{dir} -->\n", SECTION_MARK);
         let mut fenced = false;
         for line in summary.lines() {
             if line.starts_with("```") {
@@ -523,4 +559,25 @@ fn write_benchmarks_doc() -> Result<()> {
     std::fs::write(&path, doc)?;
     eprintln!("xtask: wrote {}", path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_benchmarks_section_is_found_by_its_mark() {
+        let doc = format!(
+            "# Benchmarks\n\nMachine: x.\n\n{SECTION_MARK}datapath -->\n## Datapath\n\n| a |\n\n\
+             Measured at commit 1.\n\n{SECTION_MARK}tls-overload-rsa -->\n## TLS overload\n\ntext\n"
+        );
+        let kept = sections_by_bench(&doc);
+        assert_eq!(kept.len(), 2);
+        assert_eq!(
+            kept["datapath"],
+            "## Datapath\n\n| a |\n\nMeasured at commit 1.\n"
+        );
+        assert_eq!(kept["tls-overload-rsa"], "## TLS overload\n\ntext\n");
+        assert!(sections_by_bench("# Benchmarks\n\n## Unmarked\n").is_empty());
+    }
 }

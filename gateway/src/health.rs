@@ -60,11 +60,24 @@ pub fn link_bound(pd: &crate::pins::PinDir) -> Result<(), String> {
 }
 
 /// An attachment's own readiness (what `gateway status` checks): its link bound, its maps of
-/// this build's layout.
+/// this build's layout. Maps another build laid out that this one carries over on its start
+/// are named as such (the datapath runs the other build until then).
 pub fn attachment_ready(pd: &crate::pins::PinDir) -> Result<(), String> {
     link_bound(pd)?;
-    pd.check_layout(crate::EBPF_OBJECT)
-        .map_err(|e| format!("{}: {e}", pd.iface))
+    let grown = pd
+        .layout(crate::EBPF_OBJECT)
+        .map_err(|e| format!("{}: {e}", pd.iface))?;
+    if grown.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = grown.iter().map(|g| g.map).collect();
+    Err(format!(
+        "{}: {} laid out by another build: this build's start (gateway run, gateway attach) \
+         carries {} over",
+        pd.iface,
+        names.join(", "),
+        if names.len() == 1 { "it" } else { "them" }
+    ))
 }
 
 /// The interface index the BPF link pinned at `pin` is attached to; `Ok(0)` when the link was

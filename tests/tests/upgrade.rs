@@ -176,6 +176,15 @@ fn a_build_whose_map_layout_differs_takes_over_under_traffic_and_loses_nothing()
         net.in_gw(|| loader::info(&pd).expect("status").link_id) as u64
     };
     let link = link_id(&net);
+    // This build's status names the map its start will carry over.
+    let status = net.gateway(&["status"]);
+    assert!(!status.status.success(), "not this build's datapath yet");
+    let said = String::from_utf8_lossy(&status.stderr).into_owned()
+        + &String::from_utf8_lossy(&status.stdout);
+    assert!(
+        said.contains("TLS_COUNTERS laid out by another build") && said.contains("carries it over"),
+        "{said}"
+    );
 
     // The connections keep exchanging records while this build's daemon takes over.
     let stop = Arc::new(AtomicBool::new(false));

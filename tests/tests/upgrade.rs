@@ -186,23 +186,31 @@ fn a_build_whose_map_layout_differs_takes_over_under_traffic_and_loses_nothing()
         "{said}"
     );
 
-    // The connections keep exchanging records while this build's daemon takes over.
-    let stop = Arc::new(AtomicBool::new(false));
+    // The connections keep exchanging records while this build's daemon takes over; once
+    // told the start is done, each makes exactly AFTER more rounds, then the traffic stops.
+    const AFTER: usize = 3;
+    let switched = Arc::new(AtomicBool::new(false));
     let rounds = Arc::new(AtomicUsize::new(0));
     let traffic = {
-        let (stop, rounds) = (stop.clone(), rounds.clone());
+        let (switched, rounds) = (switched.clone(), rounds.clone());
         std::thread::spawn(move || {
             let started = Instant::now();
             let mut round = 1;
-            // Bounded by count and time: the daemon's start is far shorter than either.
-            while !stop.load(Ordering::Relaxed) && round < 100_000 && started.elapsed() < STARTUP {
+            let mut left_after = AFTER;
+            // Bounded by time (the start's own bound and then some) and by a count no
+            // start reaches within that time.
+            while left_after > 0 && round < 50_000_000 && started.elapsed() < STARTUP + WAIT {
+                let after = switched.load(Ordering::Acquire);
                 for s in clients.iter_mut() {
                     exchange(s, round).unwrap_or_else(|e| panic!("round {round}: {e}"));
                 }
                 rounds.fetch_add(1, Ordering::Relaxed);
                 round += 1;
+                if after {
+                    left_after -= 1;
+                }
             }
-            clients
+            (clients, left_after)
         })
     };
     let dir = tempdir();
@@ -231,15 +239,11 @@ fn a_build_whose_map_layout_differs_takes_over_under_traffic_and_loses_nothing()
     );
     // Some rounds after the switch too, then the traffic stops.
     let after_start = rounds.load(Ordering::Relaxed);
-    let deadline = Instant::now() + WAIT;
-    while rounds.load(Ordering::Relaxed) < after_start + 3 && Instant::now() < deadline {
-        std::thread::yield_now();
-    }
-    stop.store(true, Ordering::Relaxed);
-    let mut clients = traffic.join().expect("no connection lost a record");
+    switched.store(true, Ordering::Release);
+    let (mut clients, left_after) = traffic.join().expect("no connection lost a record");
     let total = rounds.load(Ordering::Relaxed);
-    assert!(
-        total >= after_start + 3,
+    assert_eq!(
+        left_after, 0,
         "the connections went on after the switch ({before_start} rounds before the start, \
          {after_start} by its end, {total} in all)"
     );

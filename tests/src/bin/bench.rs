@@ -71,6 +71,32 @@ fn main() {
         fresh_costs(&mut report, &mut TestProgram::new());
         return;
     }
+    // `bench profile FILTER SECONDS`: the fresh row whose name contains FILTER, batch after
+    // batch for SECONDS, for a profiler to sample (prints nothing to docs/benchmarks.md).
+    if std::env::args().nth(1).as_deref() == Some("profile") {
+        let filter = std::env::args()
+            .nth(2)
+            .expect("usage: bench profile FILTER SECONDS");
+        let seconds: u64 = std::env::args()
+            .nth(3)
+            .and_then(|s| s.parse().ok())
+            .expect("usage: bench profile FILTER SECONDS");
+        let rows = fresh_rows();
+        let row = rows
+            .iter()
+            .find(|r| r.name.contains(filter.as_str()))
+            .unwrap_or_else(|| panic!("no fresh row's name contains {filter:?}"));
+        let mut prog = TestProgram::new();
+        eprintln!("profiling {}", row.name);
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+        let mut batches = 0u64;
+        while std::time::Instant::now() < until {
+            fresh_batch(&mut prog, row, "this build");
+            batches += 1;
+        }
+        eprintln!("{batches} batches");
+        return;
+    }
     // `bench throughput`: through a veth pair alone (a section of the full run).
     if std::env::args().nth(1).as_deref() == Some("throughput") {
         let mut report = Report::new("datapath-throughput");

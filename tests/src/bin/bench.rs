@@ -71,8 +71,9 @@ fn main() {
         fresh_costs(&mut report, &mut TestProgram::new());
         return;
     }
-    // `bench profile FILTER SECONDS`: the fresh row whose name contains FILTER, batch after
-    // batch for SECONDS, for a profiler to sample (prints nothing to docs/benchmarks.md).
+    // `bench profile FILTER SECONDS`: the fresh row whose name contains FILTER (or, for
+    // `repeat:FILTER`, the per-packet row), batch after batch for SECONDS, for a profiler to
+    // sample (prints nothing to docs/benchmarks.md).
     if std::env::args().nth(1).as_deref() == Some("profile") {
         let filter = std::env::args()
             .nth(2)
@@ -81,18 +82,32 @@ fn main() {
             .nth(3)
             .and_then(|s| s.parse().ok())
             .expect("usage: bench profile FILTER SECONDS");
-        let rows = fresh_rows();
-        let row = rows
-            .iter()
-            .find(|r| r.name.contains(filter.as_str()))
-            .unwrap_or_else(|| panic!("no fresh row's name contains {filter:?}"));
-        let mut prog = TestProgram::new();
-        eprintln!("profiling {}", row.name);
         let until = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+        let mut prog = TestProgram::new();
         let mut batches = 0u64;
-        while std::time::Instant::now() < until {
-            fresh_batch(&mut prog, row, "this build");
-            batches += 1;
+        // A packet of the per-packet section first (`repeat:` before its name), by repeat.
+        if let Some(name) = filter.strip_prefix("repeat:") {
+            let cases = repeat_cases();
+            let (name, frame) = cases
+                .iter()
+                .find(|(n, _)| n.contains(name))
+                .unwrap_or_else(|| panic!("no per-packet row's name contains {name:?}"));
+            eprintln!("profiling {name}");
+            while std::time::Instant::now() < until {
+                timed(&prog, Hook::Xdp, frame);
+                batches += 1;
+            }
+        } else {
+            let rows = fresh_rows();
+            let row = rows
+                .iter()
+                .find(|r| r.name.contains(filter.as_str()))
+                .unwrap_or_else(|| panic!("no fresh row's name contains {filter:?}"));
+            eprintln!("profiling {}", row.name);
+            while std::time::Instant::now() < until {
+                fresh_batch(&mut prog, row, "this build");
+                batches += 1;
+            }
         }
         eprintln!("{batches} batches");
         return;
@@ -118,38 +133,7 @@ fn main() {
     let mut report = Report::new("datapath");
     let r = &mut report;
     let prog = TestProgram::new();
-    // Keyed (branch, Call-ID, CSeq): repeated runs after the first are its retransmissions.
-    let invite =
-        b"INVITE sip:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bK1\r\n\
-Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
-    let cases = [
-        ("non-service UDP (other)", Frame::udp(9999, invite).build()),
-        (
-            "non-service TCP (other)",
-            Frame::tcp(80, &[0u8; 64]).build(),
-        ),
-        (
-            "SIP INVITE (sip-original)",
-            Frame::udp(5060, invite).build(),
-        ),
-        // A SIPp-sized request parsed whole (its 11 header lines) on every run.
-        (
-            "SIP INVITE, 1 KB, retransmission (sip-retransmission)",
-            Frame::udp(5060, &invite_1k()).build(),
-        ),
-        (
-            "TLS ClientHello (tls-new)",
-            Frame::tcp(443, &client_hello_head()).build(),
-        ),
-        (
-            "TLS segment (tls-flow)",
-            Frame::tcp(443, &[23u8, 3, 3, 0, 64]).build(),
-        ),
-        (
-            "IPv6 + 2 ext headers, other",
-            Frame::udp(9999, invite).ipv6(&[(0, 8), (60, 8)]).build(),
-        ),
-    ];
+    let cases = repeat_cases();
     say!(
         r,
         "# Datapath cost per packet\n\nBPF_PROG_TEST_RUN with repeat {REPEAT}, wall time of the \
@@ -908,6 +892,43 @@ struct FreshRow {
     batch: u32,
     /// Every run is refused (dropped, no reply) rather than admitted.
     refused: bool,
+}
+
+/// The packets of the per-packet section, each run by repeat (after its first run, the same
+/// packet again: the INVITE a retransmission, the hello's segment a known flow's).
+fn repeat_cases() -> Vec<(&'static str, Vec<u8>)> {
+    // Keyed (branch, Call-ID, CSeq): repeated runs after the first are its retransmissions.
+    let invite =
+        b"INVITE sip:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bK1\r\n\
+Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
+    vec![
+        ("non-service UDP (other)", Frame::udp(9999, invite).build()),
+        (
+            "non-service TCP (other)",
+            Frame::tcp(80, &[0u8; 64]).build(),
+        ),
+        (
+            "SIP INVITE (sip-original)",
+            Frame::udp(5060, invite).build(),
+        ),
+        // A SIPp-sized request parsed whole (its 11 header lines) on every run.
+        (
+            "SIP INVITE, 1 KB, retransmission (sip-retransmission)",
+            Frame::udp(5060, &invite_1k()).build(),
+        ),
+        (
+            "TLS ClientHello (tls-new)",
+            Frame::tcp(443, &client_hello_head()).build(),
+        ),
+        (
+            "TLS segment (tls-flow)",
+            Frame::tcp(443, &[23u8, 3, 3, 0, 64]).build(),
+        ),
+        (
+            "IPv6 + 2 ext headers, other",
+            Frame::udp(9999, invite).ipv6(&[(0, 8), (60, 8)]).build(),
+        ),
+    ]
 }
 
 /// The rows of [`fresh_costs`] (and of `bench compare`, where both objects have the program).

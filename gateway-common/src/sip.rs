@@ -338,9 +338,10 @@ const fn mix(h: u64, v: u64) -> u64 {
 }
 
 /// What the next step does.
+/// What a step of the parser does next ([`SipState::phase`]).
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-enum Phase {
+pub enum Phase {
     /// Look for the end of the line starting at `line_start`, from `pos`.
     #[default]
     FindEol = 0,
@@ -639,8 +640,21 @@ impl SipState {
     /// One step over the message held in `b` at `[0, len)`. Returns `true` when parsing is over.
     #[inline(always)]
     pub fn step<B: PacketBytes>(&mut self, b: &B, len: usize) -> bool {
+        self.step_in(self.phase(), b, len)
+    }
+
+    /// What the next step does.
+    #[inline(always)]
+    pub fn phase(&self) -> Phase {
+        Phase::from_u8(self.phase)
+    }
+
+    /// One step, which must be of `phase` (`self.phase()`, read before): the datapath runs each
+    /// phase's step in a function of its own, so that the verifier checks each once.
+    #[inline(always)]
+    pub fn step_in<B: PacketBytes>(&mut self, phase: Phase, b: &B, len: usize) -> bool {
         let end = if len < MAX_SCAN { len } else { MAX_SCAN };
-        match Phase::from_u8(self.phase) {
+        match phase {
             Phase::Done => return true,
             Phase::FindEol => {
                 // Lines the parser skips, and lines longer than one scan, take one step each;

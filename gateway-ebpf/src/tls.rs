@@ -219,6 +219,33 @@ extern "C" fn hello_step(_index: u64, ctx: *mut c_void) -> i64 {
     i64::from(s.state.step(&bytes, &seg))
 }
 
+/// Runs the parser's steps over the window in this CPU's scratch (`bpf_loop`, [`hello_step`]).
+///
+/// A global function: the verifier checks it once, on its own, with nothing of its caller's
+/// state, and each call of it as one instruction that returns an unknown number. A static
+/// function (or the loop inlined) is checked again for every state its call is reached in: the
+/// path through the headers, the window, what the flow entry said.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn gateway_hello_steps() -> i32 {
+    let Some(s) = TLS_SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    // The callback gets the scratch by pointer rather than looking it up at each step.
+    let mut scratch: *mut Scratch = s;
+    // SAFETY: hello_step is a static subprogram with the callback signature bpf_loop expects,
+    // and its context is the scratch pointer on this frame.
+    unsafe {
+        bpf_loop(
+            MAX_STEPS as u32,
+            hello_step as *mut c_void,
+            (&raw mut scratch).cast(),
+            0,
+        );
+    }
+    0
+}
+
 /// Runs the parser over one segment's payload, window by window (`gateway_common::tls::WINDOW`
 /// bytes copied to scratch at a time), continuing from `s.state` (which it updates). Returns
 /// `false` when the payload could not be copied.
@@ -257,18 +284,7 @@ fn parse_segment<C: CopyOut>(
         }
         s.len = len as u32;
         s.stream_offset = win.stream_offset;
-        // The callback gets the scratch by pointer rather than looking it up at each step.
-        let mut scratch: *mut Scratch = s;
-        // SAFETY: hello_step is a static subprogram with the callback signature bpf_loop expects,
-        // and its context is the scratch pointer on this frame.
-        unsafe {
-            bpf_loop(
-                MAX_STEPS as u32,
-                hello_step as *mut c_void,
-                (&raw mut scratch).cast(),
-                0,
-            );
-        }
+        gateway_hello_steps();
     }
     s.state.end_segment(&seg);
     true

@@ -32,7 +32,9 @@ use gateway_tests::{
     sipserver::respond,
 };
 
-/// The eBPF object of the release before this one (main at ec0acef), as it was committed.
+/// The eBPF object of the release before this one (main at ec0acef, rebuilt with the verifier
+/// change in `tests/fixtures/ec0acef-verifier.patch`, which today's kernels need: see
+/// `tests/fixtures/README.md`).
 const PREVIOUS: &[u8] = include_bytes!("../fixtures/gateway-ec0acef.bpf.o");
 
 const TLS_PORT: u16 = 8443;

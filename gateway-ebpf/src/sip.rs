@@ -93,29 +93,43 @@ pub struct Scratch {
     out: [u8; REPLY_BUF],
 }
 
-/// One step, as a `bpf_loop` callback: returns 1 to stop. The step of each phase is a global
-/// function of its own ([`phase_steps`]), which the verifier checks once, on its own: a step's
-/// paths do not multiply with another phase's, nor with the caller's.
+/// Steps one `bpf_loop` callback runs (the loop runs `MAX_STEPS / STEPS_PER_CALL` of them:
+/// a message gets exactly `MAX_STEPS` steps, as the parser's own loop gives it).
+const STEPS_PER_CALL: usize = 16;
+const _: () = assert!(
+    MAX_STEPS.is_multiple_of(STEPS_PER_CALL) && MAX_REPLY_STEPS.is_multiple_of(STEPS_PER_CALL)
+);
+
+/// [`STEPS_PER_CALL`] steps, as a `bpf_loop` callback: returns 1 to stop. The step of each
+/// phase is a global function of its own ([`phase_steps`]), which the verifier checks once, on
+/// its own: a step's paths do not multiply with another phase's, nor with the caller's, and
+/// this callback is a few calls.
 #[inline(never)]
 extern "C" fn sip_step(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `ctx` points at the caller's pointer to its per-CPU scratch slot, used only by this
     // program run.
     let s = unsafe { *ctx.cast::<*mut Scratch>() };
-    // SAFETY: as above.
-    let phase = unsafe { (*s).state.phase() };
-    let done = match phase {
-        Phase::Done => 1,
-        Phase::FindEol => gateway_sip_find_eol(s),
-        Phase::Dispatch => gateway_sip_dispatch(s),
-        Phase::Semi => gateway_sip_semi(s),
-        Phase::ViaProtocol => gateway_sip_via_protocol(s),
-        Phase::Hash => gateway_sip_hash(s),
-        Phase::ViaComma => gateway_sip_via_comma(s),
-        Phase::CSeqNumber => gateway_sip_cseq_number(s),
-    };
-    // The verifier wants a callback's return in [0, 1], and takes a global function's for any
-    // number: the test stays behind the barrier (LLVM knows the functions return 0 or 1).
-    i64::from(opaque(done as u64) != 0)
+    for _ in 0..STEPS_PER_CALL {
+        // SAFETY: as above.
+        let phase = unsafe { (*s).state.phase() };
+        let done = match phase {
+            Phase::Done => 1,
+            Phase::FindEol => gateway_sip_find_eol(s),
+            Phase::Dispatch => gateway_sip_dispatch(s),
+            Phase::Semi => gateway_sip_semi(s),
+            Phase::ViaProtocol => gateway_sip_via_protocol(s),
+            Phase::Hash => gateway_sip_hash(s),
+            Phase::ViaComma => gateway_sip_via_comma(s),
+            Phase::CSeqNumber => gateway_sip_cseq_number(s),
+        };
+        // The verifier wants a callback's return in [0, 1], and takes a global function's for
+        // any number: the test stays behind the barrier (LLVM knows the functions return 0 or
+        // 1).
+        if opaque(done as u64) != 0 {
+            return 1;
+        }
+    }
+    0
 }
 
 /// The step of one phase over the datagram in `s`: 1 when parsing is over. The pointer is
@@ -157,18 +171,36 @@ phase_steps! {
     gateway_sip_cseq_number => CSeqNumber,
 }
 
-/// One step of a 503, as a `bpf_loop` callback: returns 1 to stop.
+/// [`STEPS_PER_CALL`] steps of a 503, as a `bpf_loop` callback: returns 1 to stop. The step
+/// is a global function ([`gateway_sip_reply_step`]), checked once by the verifier.
 #[inline(never)]
 extern "C" fn reply_step(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `ctx` points at the caller's pointer to its per-CPU scratch slot, used only by this
     // program run.
-    let s = unsafe { &mut **ctx.cast::<*mut Scratch>() };
+    let s = unsafe { *ctx.cast::<*mut Scratch>() };
+    for _ in 0..STEPS_PER_CALL {
+        // As in `sip_step`: the verifier wants the callback's return in [0, 1].
+        if opaque(gateway_sip_reply_step(s) as u64) != 0 {
+            return 1;
+        }
+    }
+    0
+}
+
+/// One step of the 503 in `s` (the caller's scratch slot): 1 when it is built or cannot be.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn gateway_sip_reply_step(s: *mut Scratch) -> i32 {
+    // SAFETY: the caller's per-CPU scratch slot, used only by this program run.
+    let Some(s) = (unsafe { s.as_mut() }) else {
+        return 1;
+    };
     let bytes = ScratchBytes::<MAX_SCAN, { 2 * MAX_SCAN }> {
         buf: &s.buf,
         len: s.len,
     };
     let len = s.len as usize;
-    i64::from(s.reply.step(&bytes, len, &mut s.out))
+    i32::from(s.reply.step(&bytes, len, &mut s.out))
 }
 
 /// Runs `callback` over this CPU's scratch, `steps` times at most (`bpf_loop`).
@@ -193,7 +225,7 @@ fn run_steps(steps: u32, callback: extern "C" fn(u64, *mut c_void) -> i64) {
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn gateway_sip_steps() -> i32 {
-    run_steps(MAX_STEPS as u32, sip_step);
+    run_steps((MAX_STEPS / STEPS_PER_CALL) as u32, sip_step);
     0
 }
 
@@ -202,7 +234,7 @@ pub extern "C" fn gateway_sip_steps() -> i32 {
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn gateway_sip_reply_steps() -> i32 {
-    run_steps(MAX_REPLY_STEPS as u32, reply_step);
+    run_steps((MAX_REPLY_STEPS / STEPS_PER_CALL) as u32, reply_step);
     0
 }
 

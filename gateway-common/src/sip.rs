@@ -337,7 +337,6 @@ const fn mix(h: u64, v: u64) -> u64 {
     h
 }
 
-/// What the next step does.
 /// What a step of the parser does next ([`SipState::phase`]).
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

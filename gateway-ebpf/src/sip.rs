@@ -203,14 +203,15 @@ pub extern "C" fn gateway_sip_reply_step(s: *mut Scratch) -> i32 {
     i32::from(s.reply.step(&bytes, len, &mut s.out))
 }
 
-/// Runs `callback` over this CPU's scratch, `steps` times at most (`bpf_loop`).
+/// Runs `callback` over the scratch slot `s`, `steps` times at most (`bpf_loop`).
 #[inline(always)]
-fn run_steps(steps: u32, callback: extern "C" fn(u64, *mut c_void) -> i64) {
-    let Some(s) = SIP_SCRATCH.get_ptr_mut(0) else {
+fn run_steps(s: *mut Scratch, steps: u32, callback: extern "C" fn(u64, *mut c_void) -> i64) {
+    // A global function's pointer may be null to the verifier.
+    if s.is_null() {
         return;
-    };
+    }
     // The callback gets the scratch by pointer rather than looking it up at each step.
-    let mut scratch: *mut Scratch = s;
+    let mut scratch = s;
     // SAFETY: `callback` is a static subprogram with the callback signature bpf_loop expects,
     // and its context is the scratch pointer on this frame.
     unsafe {
@@ -218,23 +219,23 @@ fn run_steps(steps: u32, callback: extern "C" fn(u64, *mut c_void) -> i64) {
     }
 }
 
-/// Parses the datagram in this CPU's scratch ([`sip_step`] by `bpf_loop`).
+/// Parses the datagram in the scratch slot `s` ([`sip_step`] by `bpf_loop`).
 ///
 /// A global function, as `tls::gateway_hello_steps`: the verifier checks it once, on its own,
 /// not again for every state its call is reached in.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn gateway_sip_steps() -> i32 {
-    run_steps((MAX_STEPS / STEPS_PER_CALL) as u32, sip_step);
+pub extern "C" fn gateway_sip_steps(s: *mut Scratch) -> i32 {
+    run_steps(s, (MAX_STEPS / STEPS_PER_CALL) as u32, sip_step);
     0
 }
 
-/// Builds the 503 set up in this CPU's scratch ([`reply_step`] by `bpf_loop`); a global
+/// Builds the 503 set up in the scratch slot `s` ([`reply_step`] by `bpf_loop`); a global
 /// function, as [`gateway_sip_steps`].
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn gateway_sip_reply_steps() -> i32 {
-    run_steps((MAX_REPLY_STEPS / STEPS_PER_CALL) as u32, reply_step);
+pub extern "C" fn gateway_sip_reply_steps(s: *mut Scratch) -> i32 {
+    run_steps(s, (MAX_REPLY_STEPS / STEPS_PER_CALL) as u32, reply_step);
     0
 }
 
@@ -250,7 +251,7 @@ pub fn compose_reply() -> Option<Payload> {
         return None;
     }
     s.reply_ready = 0;
-    gateway_sip_reply_steps();
+    gateway_sip_reply_steps(s);
     if !s.reply.done() {
         return None;
     }
@@ -317,7 +318,7 @@ fn parse_payload<C: CopyOut>(ctx: &C, pkt: &Packet) -> Option<SipInfo> {
     // SipState::default() is all zero (and 8-aligned): written a word at a time.
     // SAFETY: the scratch's own field.
     unsafe { zero(&raw mut s.state) };
-    gateway_sip_steps();
+    gateway_sip_steps(s);
     Some(s.state.finish())
 }
 

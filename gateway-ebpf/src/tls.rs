@@ -219,7 +219,7 @@ extern "C" fn hello_step(_index: u64, ctx: *mut c_void) -> i64 {
     i64::from(s.state.step(&bytes, &seg))
 }
 
-/// Runs the parser's steps over the window in this CPU's scratch (`bpf_loop`, [`hello_step`]).
+/// Runs the parser's steps over the window in the scratch slot `s` (`bpf_loop`, [`hello_step`]).
 ///
 /// A global function: the verifier checks it once, on its own, with nothing of its caller's
 /// state, and each call of it as one instruction that returns an unknown number. A static
@@ -227,12 +227,13 @@ extern "C" fn hello_step(_index: u64, ctx: *mut c_void) -> i64 {
 /// path through the headers, the window, what the flow entry said.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn gateway_hello_steps() -> i32 {
-    let Some(s) = TLS_SCRATCH.get_ptr_mut(0) else {
+pub extern "C" fn gateway_hello_steps(s: *mut Scratch) -> i32 {
+    // A global function's pointer may be null to the verifier.
+    if s.is_null() {
         return 0;
-    };
+    }
     // The callback gets the scratch by pointer rather than looking it up at each step.
-    let mut scratch: *mut Scratch = s;
+    let mut scratch = s;
     // SAFETY: hello_step is a static subprogram with the callback signature bpf_loop expects,
     // and its context is the scratch pointer on this frame.
     unsafe {
@@ -284,7 +285,7 @@ fn parse_segment<C: CopyOut>(
         }
         s.len = len as u32;
         s.stream_offset = win.stream_offset;
-        gateway_hello_steps();
+        gateway_hello_steps(s);
     }
     s.state.end_segment(&seg);
     true

@@ -2,8 +2,8 @@
 
 use crate::maps::{
     BenchFresh, ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey,
-    IssuedKey, IssuedValue, LatencyHistogram, Pending, RejectEvent, ServiceKey, ServiceValue,
-    SipDialog, SipTxn, TlsCounters, TlsFlow, TlsHold,
+    FlowKey4, IssuedKey, IssuedValue, LatencyHistogram, Pending, RejectEvent, ServiceKey,
+    ServiceValue, SipDialog, SipTxn, TlsCounters, TlsFlow, TlsHold,
 };
 
 // SAFETY: every type is #[repr(C)], Copy, made only of integers, and has no implicit padding
@@ -17,6 +17,7 @@ unsafe impl aya::Pod for ServiceValue {}
 unsafe impl aya::Pod for DatapathConfig {}
 unsafe impl aya::Pod for DatapathCounters {}
 unsafe impl aya::Pod for FlowKey {}
+unsafe impl aya::Pod for FlowKey4 {}
 unsafe impl aya::Pod for TlsFlow {}
 unsafe impl aya::Pod for IssuedKey {}
 unsafe impl aya::Pod for IssuedValue {}

@@ -39,12 +39,13 @@
 //!   `tls-new`; one that starts with application data passes as `tls-flow`, being most likely a
 //!   connection whose entry the LRU evicted.
 
+mod flows;
 mod refused;
 
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    btf_maps::{LruHashMap, PerCpuArray, RingBuf},
+    btf_maps::{PerCpuArray, RingBuf},
     helpers::generated::bpf_loop,
     macros::btf_map,
 };
@@ -53,7 +54,7 @@ use gateway_common::{
     bytes::PacketBytes,
     maps::{
         CONFIG_TRUST_UNCONNECTED, FINISHER_ATTACHED, FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED,
-        FlowKey, MAX_TLS_FLOWS, RejectEvent, TLS_REJECTS_BYTES, TlsCounters, TlsFlow,
+        FlowKey, FlowKey4, RejectEvent, TLS_REJECTS_BYTES, TlsCounters, TlsFlow,
     },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     reasons::Refusal,
@@ -71,10 +72,6 @@ use crate::{
     pending::{self, TLS_PENDING},
     resume::{self, Place},
 };
-
-/// TLS connections by 4-tuple: hello parse state while pending, then the decision.
-#[btf_map]
-pub static TLS_FLOWS: LruHashMap<FlowKey, TlsFlow, { MAX_TLS_FLOWS as usize }> = LruHashMap::new();
 
 /// TLS counters, per CPU.
 #[btf_map]
@@ -108,6 +105,8 @@ pub struct Scratch {
     state: HelloState,
     /// The packet's connection.
     key: FlowKey,
+    /// The same, an IPv4 connection's, as the IPv4 flow table's key (`flows::get`).
+    key4: FlowKey4,
     /// A flow record being created.
     flow: TlsFlow,
     /// The socket lookup's tuple (`bpf_sock_tuple`: IPv4 in its first 12 bytes, IPv6 in 36).
@@ -351,7 +350,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     }
     let v4 = pkt.ip_version == 4;
     // SAFETY: the flow entry is only touched by packets of its own connection.
-    let mut flow = TLS_FLOWS.get_ptr_mut(&s.key).map(|f| unsafe { &mut *f });
+    let mut flow = flows::get(s, v4).map(|f| unsafe { &mut *f });
     let syn = t.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN && !pkt.fragmented;
     if syn {
         if flow.is_none() && refused::holds(&s.key) {
@@ -368,7 +367,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
             if kernel_has_live_connection::<C, B>(ctx, s, v4) {
                 return (Class::TlsFlow, Action::Pass);
             }
-            let _ = TLS_FLOWS.remove(&s.key);
+            flows::remove(s, v4);
             flow = None;
         }
         if payload_len == 0 {
@@ -502,7 +501,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
         // other connection's entry evicted for it).
         refused::remember(&s.key);
     } else {
-        let _ = TLS_FLOWS.insert(&s.key, &s.flow, 0);
+        flows::insert(s, v4);
     }
     result
 }

@@ -424,29 +424,39 @@ fn convert(conv: &Conversion, per_cpu: bool, cpus: usize, old: &[u8], out: &mut 
 }
 
 /// A map entry as the element commands pass it: its key's bytes and its value's.
-type Entry = (Vec<u8>, Vec<u8>);
+pub(crate) type Entry = (Vec<u8>, Vec<u8>);
 
-/// Every entry of `m`'s older map, raw. Bounded: a hash map changing under the walk may
-/// send it back to its start, so it stops after twice its entries.
+/// Every entry of `m`'s older map, raw.
 fn entries(m: &InFlight, cpus: usize) -> Result<Vec<Entry>, CarryError> {
-    let map = m.grown.map;
     let per_cpu = bpfsys::PER_CPU_MAP_TYPES.contains(&m.old_type);
-    let size = value_bytes(m.grown.conversion.old_size, per_cpu, cpus);
+    walk(
+        &m.old,
+        m.grown.key_size,
+        value_bytes(m.grown.conversion.old_size, per_cpu, cpus),
+        m.max_entries,
+    )
+    .map_err(io_err(m.grown.map, "walking its entries"))
+}
+
+/// Every entry of the map `fd` (keys of `key_size` bytes, values as the element commands pass
+/// them, `value_size` bytes), raw. Bounded: a hash map changing under the walk may send it
+/// back to its start, so it stops after twice its `max_entries`.
+pub(crate) fn walk(
+    fd: &OwnedFd,
+    key_size: usize,
+    value_size: usize,
+    max_entries: u32,
+) -> io::Result<Vec<Entry>> {
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     let mut key: Option<Vec<u8>> = None;
-    let mut next = vec![0u8; m.grown.key_size];
-    for _ in 0..2 * (m.max_entries as usize) + 1 {
-        if !bpfsys::map_next_key(&m.old, key.as_deref(), &mut next)
-            .map_err(io_err(map, "walking its entries"))?
-        {
+    let mut next = vec![0u8; key_size];
+    for _ in 0..2 * (max_entries as usize) + 1 {
+        if !bpfsys::map_next_key(fd, key.as_deref(), &mut next)? {
             break;
         }
-        let mut value = vec![0u8; size];
-        if seen.insert(next.clone())
-            && bpfsys::map_lookup(&m.old, &next, &mut value)
-                .map_err(io_err(map, "reading an entry"))?
-        {
+        let mut value = vec![0u8; value_size];
+        if seen.insert(next.clone()) && bpfsys::map_lookup(fd, &next, &mut value)? {
             out.push((next.clone(), value));
         }
         key = Some(next.clone());
@@ -540,7 +550,7 @@ fn second_pass(m: &InFlight, new: &OwnedFd, cpus: usize) -> Result<(usize, usize
 /// Waits until every run of a BPF program begun before now has ended: an RCU grace period
 /// (`membarrier(MEMBARRIER_CMD_GLOBAL)`, which is `synchronize_rcu`), under which XDP and TC
 /// programs run.
-fn synchronize() -> io::Result<()> {
+pub(crate) fn synchronize() -> io::Result<()> {
     const MEMBARRIER_CMD_GLOBAL: libc::c_long = 1;
     // SAFETY: membarrier takes no pointers.
     let r = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };

@@ -26,6 +26,7 @@ pub mod pins;
 pub mod plot;
 pub mod probe;
 pub mod proxy;
+pub mod rekey;
 pub mod reload;
 pub mod sockdiag;
 pub mod tls;

@@ -34,6 +34,7 @@ use crate::{
     ethtool,
     maps::{self, MapsError},
     pins::{self, PinDir, PinsError},
+    rekey::{Moved, Moving, RekeyError},
 };
 
 /// Errors of loading, attaching and detaching.
@@ -83,6 +84,9 @@ pub enum LoaderError {
     /// A map could not be carried over to this build's layout.
     #[error(transparent)]
     Carry(#[from] CarryError),
+    /// A map's entries could not be moved to where this build keeps them.
+    #[error(transparent)]
+    Rekey(#[from] RekeyError),
 }
 
 impl LoaderError {
@@ -138,6 +142,8 @@ pub struct AttachOutcome {
     /// The maps whose carry-over an earlier start left unfinished (stopped between the switch
     /// and the rename), finished by this one (`crate::carry::recover`).
     pub finished: Vec<&'static str>,
+    /// The entries an older build kept in another map, moved to this build's (`crate::rekey`).
+    pub moved: Vec<Moved>,
     /// The loaded object (its maps are pinned; keep it for aya-log).
     pub ebpf: Ebpf,
 }
@@ -436,6 +442,8 @@ fn fresh(
     object: &[u8],
 ) -> Result<AttachOutcome, LoaderError> {
     let mut ebpf = load_pinned_object(pd, opts.ebpf_log_level, opts.issued_keys, object)?;
+    // Maps an older build pinned without a program on them: nothing changes them meanwhile.
+    let moving = Moving::begin(pd)?;
     wire_tail_calls(&mut ebpf)?;
     let iface = &opts.iface;
     let mut fallback_reason = None;
@@ -496,6 +504,7 @@ fn fresh(
     if mode != AttachMode::Tc {
         attach_finisher(&mut ebpf, pd, iface, mode)?;
     }
+    let moved = moving.finish()?;
     Ok(AttachOutcome {
         iface: iface.clone(),
         mode,
@@ -505,6 +514,7 @@ fn fresh(
         fallback_reason,
         carried: Vec::new(),
         finished: Vec::new(),
+        moved,
         ebpf,
     })
 }
@@ -535,6 +545,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderErr
         Some(&carry),
     )?;
     carry.copy()?;
+    let moving = Moving::begin(pd)?;
     wire_tail_calls(&mut ebpf)?;
     let what = format!("replacing the program on {} through its link", opts.iface);
     match recorded {
@@ -558,6 +569,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderErr
         attach_finisher(&mut ebpf, pd, &opts.iface, recorded)?;
     }
     let carried = carry.finish()?;
+    let moved = moving.finish()?;
     let info = FdLink::from(PinnedLink::from_pin(pd.link())?).info()?;
     Ok(AttachOutcome {
         iface: opts.iface.clone(),
@@ -568,6 +580,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderErr
         fallback_reason: None,
         carried,
         finished,
+        moved,
         ebpf,
     })
 }

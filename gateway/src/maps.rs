@@ -4,8 +4,8 @@ use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
-        ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, IssuedKey,
-        IssuedValue, LatencyHistogram, Pending, ServiceKey, ServiceValue, SipTxn,
+        ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, FlowKey4,
+        IssuedKey, IssuedValue, LatencyHistogram, Pending, ServiceKey, ServiceValue, SipTxn,
         TLS_REFUSED_SLOTS, TlsCounters, TlsFlow, TlsHold, names,
     },
 };
@@ -487,17 +487,37 @@ impl Maps {
         }
     }
 
-    /// Every tracked TLS connection.
+    /// Every tracked TLS connection, IPv4 ones (`TLS_FLOWS4`) by their IPv4-mapped key.
     pub fn tls_flows(&self) -> Result<Vec<(FlowKey, TlsFlow)>, MapsError> {
-        self.tls_flows
+        let mut flows = self
+            .tls_flows
             .iter()
             .collect::<Result<Vec<_>, _>>()
-            .map_err(op(names::TLS_FLOWS))
+            .map_err(op(names::TLS_FLOWS))?;
+        if let Some(v4) = self.tls_flows4()? {
+            for entry in v4.iter() {
+                let (key, flow) = entry.map_err(op(names::TLS_FLOWS4))?;
+                flows.push((key.mapped(), flow));
+            }
+        }
+        Ok(flows)
+    }
+
+    /// The IPv4 flow table; `None` when it is not pinned (a datapath pinned by a build before
+    /// it, whose IPv4 connections are in `TLS_FLOWS` until the next attach moves them).
+    fn tls_flows4(&self) -> Result<Option<HashMap<MapData, FlowKey4, TlsFlow>>, MapsError> {
+        if !self.pins.map(names::TLS_FLOWS4).exists() {
+            return Ok(None);
+        }
+        open_as(&self.pins, names::TLS_FLOWS4).map(Some)
     }
 
     /// Forgets every tracked TLS connection, the refused ones in `TLS_REFUSED` too.
     pub fn clear_tls_flows(&mut self) -> Result<(), MapsError> {
         clear(&mut self.tls_flows, names::TLS_FLOWS)?;
+        if let Some(mut v4) = self.tls_flows4()? {
+            clear(&mut v4, names::TLS_FLOWS4)?;
+        }
         refused_slots(&self.pins, |slots, n| {
             // SAFETY: `n` slots of the mapped array; all-zero is an empty slot.
             unsafe { std::ptr::write_bytes(slots, 0, n) }

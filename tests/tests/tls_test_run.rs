@@ -1351,3 +1351,85 @@ fn a_full_holds_table_gives_the_place_back_and_counts_it() {
         Some(Class::TlsResumed)
     );
 }
+
+/// Issue 25's IPv4 flow table under issue 26's upgrades: the IPv4 connections a build before
+/// `TLS_FLOWS4` kept in `TLS_FLOWS` (by their IPv4-mapped keys) are moved to `TLS_FLOWS4`,
+/// where this build's program goes on with them: a hello half parsed under the older build is
+/// decided by its second segment (resumed), not judged afresh. IPv6 connections stay where they
+/// are. An IPv4 entry left in `TLS_FLOWS` is one this build's program never reads.
+#[test]
+fn an_upgrade_moves_the_ipv4_flows_an_older_build_kept_beside_the_ipv6_ones() {
+    if !have_root("an_upgrade_moves_the_ipv4_flows_an_older_build_kept") {
+        return;
+    }
+    use aya::maps::{HashMap, MapData};
+    use gateway::{maps::open_as, rekey::Moving};
+    use gateway_common::maps::{FLOW_ADMITTED, FLOW_PENDING, FlowKey, FlowKey4, TlsFlow, names};
+    let mut prog = TestProgram::new();
+    let (hello, cut) = split_hello();
+    publish(&mut prog, &hello);
+    let mut v4: HashMap<MapData, FlowKey4, TlsFlow> =
+        open_as(&prog.pins, names::TLS_FLOWS4).unwrap();
+    let mut v6: HashMap<MapData, FlowKey, TlsFlow> = open_as(&prog.pins, names::TLS_FLOWS).unwrap();
+    // The hello's first segment under "the older build": its pending flow where that build
+    // kept it.
+    let as_older_build_kept = |v4: &mut HashMap<MapData, FlowKey4, TlsFlow>,
+                               v6: &mut HashMap<MapData, FlowKey, TlsFlow>,
+                               first: &[u8],
+                               port: u16| {
+        assert_eq!(class_of(&prog, Hook::Xdp, first), Some(Class::TlsFlow));
+        let entries: Vec<_> = v4
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap()
+            .into_iter()
+            .filter(|(k, _)| k.sport == port)
+            .collect();
+        assert_eq!(
+            entries.len(),
+            1,
+            "the pending hello's flow is in TLS_FLOWS4"
+        );
+        let (key, flow) = entries[0];
+        assert_eq!(flow.state, FLOW_PENDING);
+        v4.remove(&key).unwrap();
+        v6.insert(key.mapped(), flow, 0).unwrap();
+        key
+    };
+    let (first, second) = split_frames(&hello, cut, 40003, 7000, 0);
+    let key = as_older_build_kept(&mut v4, &mut v6, &first, 40003);
+    // An admitted IPv6 connection, which stays.
+    let ipv6 = Frame::tcp(443, &HelloBuilder::default().build())
+        .ipv6(&[])
+        .from_port(41)
+        .seq(1)
+        .build();
+    assert_eq!(class_of(&prog, Hook::Xdp, &ipv6), Some(Class::TlsNew));
+
+    let moved = Moving::begin(&prog.pins).unwrap().finish().unwrap();
+    assert_eq!(moved.len(), 1);
+    assert_eq!(
+        (moved[0].from, moved[0].to, moved[0].entries),
+        (names::TLS_FLOWS, names::TLS_FLOWS4, 1)
+    );
+    let left: Vec<FlowKey> = v6.keys().collect::<Result<_, _>>().unwrap();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!((left[0].v4(), left[0].sport), (None, 41), "the IPv6 one");
+    assert_eq!(v4.get(&key, 0).unwrap().state, FLOW_PENDING);
+    let before = prog.counters();
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, &second),
+        Some(Class::TlsResumed),
+        "the moved hello goes on where the older build left it"
+    );
+    assert_eq!(prog.counters().tls.malformed, before.tls.malformed);
+    assert_eq!(v4.get(&key, 0).unwrap().state, FLOW_ADMITTED);
+
+    // Not moved, the same hello's second segment is judged afresh, as a connection this
+    // build's program does not know: a malformed hello, never resumed.
+    let (first, second) = split_frames(&hello, cut, 40004, 9000, 0);
+    as_older_build_kept(&mut v4, &mut v6, &first, 40004);
+    let before = prog.counters();
+    assert_eq!(class_of(&prog, Hook::Xdp, &second), Some(Class::TlsNew));
+    assert_eq!(prog.counters().tls.malformed, before.tls.malformed + 1);
+}

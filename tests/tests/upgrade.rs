@@ -21,8 +21,8 @@ use gateway::{
     pins::PinDir,
 };
 use gateway_common::maps::{
-    DEFAULT_TLS_ISSUED, IPPROTO_TCP, IPPROTO_UDP, ServiceKey, ServiceKind, ServiceValue, names,
-    service_port_index,
+    DEFAULT_TLS_ISSUED, FlowKey, FlowKey4, IPPROTO_TCP, IPPROTO_UDP, ServiceKey, ServiceKind,
+    ServiceValue, TlsFlow, names, service_port_index,
 };
 use gateway_tests::{
     daemon::{Daemon, STARTUP},
@@ -234,6 +234,16 @@ fn a_build_whose_map_layout_differs_takes_over_under_traffic_and_loses_nothing()
         .find(|l| l.contains("carried TLS_COUNTERS over"))
         .unwrap_or_else(|| panic!("the changed map is carried over: {:?}", daemon.log));
     assert!(carried.contains("holds_full added at zero"), "{carried}");
+    // The previous build kept IPv4 connections in TLS_FLOWS; this one keeps them in TLS_FLOWS4.
+    let moved = daemon
+        .log
+        .iter()
+        .find(|l| l.contains("of TLS_FLOWS to TLS_FLOWS4"))
+        .unwrap_or_else(|| panic!("the IPv4 connections are moved: {:?}", daemon.log));
+    assert!(
+        moved.contains(&format!("moved {CONNECTIONS} entries")),
+        "{moved}"
+    );
     assert!(
         daemon.log.iter().any(|l| l.contains("adopted attachment")),
         "{:?}",
@@ -275,6 +285,14 @@ fn a_build_whose_map_layout_differs_takes_over_under_traffic_and_loses_nothing()
     let pd = PinDir::new(&net.root(), &net.gw_if);
     let maps = gateway::maps::Maps::open(&pd).expect("every map in this build's layout");
     assert_eq!(maps.tls_flows().unwrap().len(), CONNECTIONS);
+    let v4: HashMap<MapData, FlowKey4, TlsFlow> = open_as(&pd, names::TLS_FLOWS4).unwrap();
+    assert_eq!(v4.keys().count(), CONNECTIONS, "in this build's IPv4 table");
+    let older: HashMap<MapData, FlowKey, TlsFlow> = open_as(&pd, names::TLS_FLOWS).unwrap();
+    assert_eq!(
+        older.keys().count(),
+        0,
+        "none left where the previous build kept them"
+    );
     assert_eq!(class_counter(&s, "tls-new", "admitted"), CONNECTIONS as u64);
     assert_eq!(class_counter(&s, "tls-new", "backlog"), 0, "all answered");
 

@@ -134,9 +134,10 @@ mod tests {
         seen.sort_unstable();
         seen.dedup();
         assert_eq!(seen.len(), n, "a map name is declared twice");
-        assert_eq!(n, 20);
+        assert_eq!(n, 21);
         assert!(seen.contains(&super::names::TLS_HOLDS));
         assert!(seen.contains(&super::names::TLS_REFUSED));
+        assert!(seen.contains(&super::names::TLS_FLOWS4));
         // Only the ring buffer has no key and value.
         let empty: alloc::vec::Vec<_> = super::all()
             .filter(|m| (m.key_size, m.value_size) == (0, 0))
@@ -195,6 +196,7 @@ mod tests {
         assert_eq!(size_of::<DatapathCounters>(), 18 * 8);
         assert_eq!(size_of::<SipDialog>(), 8 + 8 + 4 + 4);
         assert_eq!(size_of::<FlowKey>(), 16 + 16 + 2 + 2 + 4);
+        assert_eq!(size_of::<FlowKey4>(), 4 + 4 + 2 + 2);
         assert_eq!(
             size_of::<crate::tls::HelloState>(),
             4 * 4 + 2 + 6 + 2 + 2 + 4 + 3 * 16 + 2 * 8

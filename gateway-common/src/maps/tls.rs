@@ -1,10 +1,15 @@
-//! TLS at the NIC: flows (`TLS_FLOWS`, `TLS_REFUSED`), issued keys and their places (`TLS_ISSUED`,
+//! TLS at the NIC: flows (`TLS_FLOWS4`, `TLS_FLOWS`, `TLS_REFUSED`), issued keys and their places (`TLS_ISSUED`,
 //! `TLS_HOLDS`), counters (`TLS_COUNTERS`) and reject events (`TLS_REJECTS`).
 
 use super::SWEEP_INTERVAL_NS;
 
 super::pinned_maps! {
-    /// TLS connections by 4-tuple ([`crate::maps::FlowKey`] to [`crate::maps::TlsFlow`]).
+    /// IPv4 TLS connections by 4-tuple ([`crate::maps::FlowKey4`] to [`crate::maps::TlsFlow`]):
+    /// a 12-byte key, which the kernel hashes in one round where an IPv6 key takes four.
+    TLS_FLOWS4: FlowKey4 => TlsFlow,
+    /// IPv6 TLS connections by 4-tuple ([`crate::maps::FlowKey`] to [`crate::maps::TlsFlow`]).
+    /// Builds before `TLS_FLOWS4` kept IPv4 connections here too, by their IPv4-mapped
+    /// addresses; an upgrade moves them over.
     TLS_FLOWS: FlowKey => TlsFlow,
     /// Keys of the sessions the server issued ([`crate::maps::IssuedKey`] to [`crate::maps::IssuedValue`]).
     TLS_ISSUED: IssuedKey => IssuedValue,
@@ -20,7 +25,8 @@ super::pinned_maps! {
     TLS_REFUSED: u32 => FlowKey,
 }
 
-/// Entries of the TLS flow table (LRU: the least recently used flow is evicted when full).
+/// Entries of each TLS flow table, IPv4's and IPv6's (LRU: the least recently used flow is
+/// evicted when full).
 pub const MAX_TLS_FLOWS: u32 = 65536;
 /// Entries of the issued-sessions table unless configured (`datapath.issued_keys`): a hash map,
 /// not an LRU, so that load never evicts a key its session still needs; when it is full, a new
@@ -49,11 +55,61 @@ pub struct FlowKey {
     pub pad: u32,
 }
 
+/// An IPv4 TCP connection as seen from its client: the key of `TLS_FLOWS4`. Its addresses are
+/// a [`FlowKey`]'s last four bytes, its ports the same ([`FlowKey::v4`], [`FlowKey4::mapped`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKey4 {
+    /// Client address, network order.
+    pub saddr: [u8; 4],
+    /// Server address, network order.
+    pub daddr: [u8; 4],
+    /// Client port, host order.
+    pub sport: u16,
+    /// Server port, host order.
+    pub dport: u16,
+}
+
+/// The twelve bytes in front of an IPv4 address mapped into IPv6 (`::ffff:a.b.c.d`).
+const V4_MAPPED: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+
+impl FlowKey4 {
+    /// The same connection as a [`FlowKey`] (IPv4-mapped addresses).
+    pub fn mapped(&self) -> FlowKey {
+        let mut key = FlowKey {
+            sport: self.sport,
+            dport: self.dport,
+            ..FlowKey::default()
+        };
+        key.saddr[..12].copy_from_slice(&V4_MAPPED);
+        key.saddr[12..].copy_from_slice(&self.saddr);
+        key.daddr[..12].copy_from_slice(&V4_MAPPED);
+        key.daddr[12..].copy_from_slice(&self.daddr);
+        key
+    }
+}
+
 /// Slots of `TLS_REFUSED` (a power of two): a connection refused on its first segment is
 /// remembered there, in the slot of its key, until a later refusal takes the slot. 160 KiB.
 pub const TLS_REFUSED_SLOTS: u32 = 4096;
 
 impl FlowKey {
+    /// The key of an IPv4 connection (both addresses IPv4-mapped, no padding set) as a
+    /// [`FlowKey4`]; `None` for any other key.
+    pub fn v4(&self) -> Option<FlowKey4> {
+        if self.saddr[..12] != V4_MAPPED || self.daddr[..12] != V4_MAPPED || self.pad != 0 {
+            return None;
+        }
+        let mut key = FlowKey4 {
+            sport: self.sport,
+            dport: self.dport,
+            ..FlowKey4::default()
+        };
+        key.saddr.copy_from_slice(&self.saddr[12..]);
+        key.daddr.copy_from_slice(&self.daddr[12..]);
+        Some(key)
+    }
+
     /// The key's slot in `TLS_REFUSED`: its ten 32-bit words folded by multiplication (a key
     /// all of whose words are zero is never a connection's: an IPv4 key has its `ffff` marks,
     /// an IPv6 one a server address).
@@ -305,6 +361,25 @@ mod tests {
         key.daddr[10..12].copy_from_slice(&[0xff, 0xff]);
         key.daddr[12..].copy_from_slice(&[10, 99, 0, 1]);
         key
+    }
+
+    /// An IPv4 key goes to a `FlowKey4` and back unchanged; an IPv6 key (even one of the
+    /// IPv4-mapped addresses on one side only) has none.
+    #[test]
+    fn v4_keys_convert_both_ways() {
+        let key = v4_key([10, 99, 0, 2], 40000);
+        let short = key.v4().expect("an IPv4 key");
+        assert_eq!(short.saddr, [10, 99, 0, 2]);
+        assert_eq!(short.daddr, [10, 99, 0, 1]);
+        assert_eq!((short.sport, short.dport), (40000, 443));
+        assert_eq!(short.mapped(), key);
+        let mut v6 = key;
+        v6.saddr[10] = 0;
+        assert_eq!(v6.v4(), None);
+        let mut v6 = key;
+        v6.daddr[0] = 0x20;
+        assert_eq!(v6.v4(), None);
+        assert_eq!(FlowKey::default().v4(), None);
     }
 
     /// The slots of one client's consecutive ports, and of one port's neighbouring clients,

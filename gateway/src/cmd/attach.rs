@@ -53,6 +53,9 @@ pub fn attach(root: &Path, args: AttachArgs) -> Result<(), CommandError> {
     for c in &a.carried {
         println!("{c}");
     }
+    for m in &a.moved {
+        println!("{m}");
+    }
     println!(
         "{} {} in {} mode (link {}, program {})",
         if a.replaced {

@@ -123,6 +123,9 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
                 for c in &a.carried {
                     info!(iface = %a.iface, "{c}");
                 }
+                for m in &a.moved {
+                    info!(iface = %a.iface, "{m}");
+                }
                 info!(
                     iface = %a.iface, mode = a.mode.name(), link_id = a.link_id,
                     program_id = a.program_id, replaced = a.replaced,

@@ -1402,10 +1402,21 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
         .from_port(1)
         .seq(1 + plain.len() as u32)
         .build();
+    let flow_hello6 = Frame::tcp(443, &plain)
+        .ipv6(&[])
+        .from_port(2)
+        .seq(1)
+        .build();
+    let flow_data6 = Frame::tcp(443, &[23, 3, 3, 0, 32])
+        .ipv6(&[])
+        .from_port(2)
+        .seq(1 + plain.len() as u32)
+        .build();
     for p in &progs {
         p.run(Hook::Xdp, &flow_hello, 1);
+        p.run(Hook::Xdp, &flow_hello6, 1);
     }
-    let repeated: [(&str, Hook, Vec<u8>); 7] = [
+    let repeated: [(&str, Hook, Vec<u8>); 8] = [
         (
             "non-service UDP",
             Hook::Xdp,
@@ -1424,6 +1435,7 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
                 .build(),
         ),
         ("admitted connection (tls-flow)", Hook::Xdp, flow_data),
+        ("admitted IPv6 connection (tls-flow)", Hook::Xdp, flow_data6),
         (
             "SIP INVITE, 4 headers, retransmission",
             Hook::Xdp,
@@ -1468,9 +1480,17 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
     } else {
         Vec::new()
     };
+    // A segment of no connection, judged as attached (the socket lookup, no trust).
+    let spoofed = (
+        "spoofed segment (no connection: socket lookup, drop)",
+        Frame::tcp(443, &[0xde, 0xad, 0xbe, 0xef, 0, 1, 2, 3])
+            .from_port(7)
+            .build(),
+    );
     let mut rows: Vec<Compared> = repeated
         .iter()
         .map(|r| r.0)
+        .chain([spoofed.0])
         .chain(single.iter().map(|r| r.0))
         .chain(fresh.iter().map(|r| r.name))
         .map(Compared::new)
@@ -1484,6 +1504,16 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
             }
             rows[i].add(t);
         }
+        let mut t = [0.0; 2];
+        for (k, p) in progs.iter_mut().enumerate() {
+            let trusting = p.maps.config().unwrap();
+            p.maps
+                .set_config(gateway_common::maps::DatapathConfig::default())
+                .unwrap();
+            t[k] = p.run(Hook::Xdp, &spoofed.1, COMPARE_REPEAT).1;
+            p.maps.set_config(trusting).unwrap();
+        }
+        rows[repeated.len()].add(t);
         bare.push(
             progs[1]
                 .run(Hook::BarePass, &repeated[0].2, COMPARE_REPEAT)
@@ -1517,7 +1547,7 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
                         .unwrap();
                 }
             }
-            rows[repeated.len() + i].add(t);
+            rows[repeated.len() + 1 + i].add(t);
         }
         for (i, row) in fresh.iter().enumerate() {
             let mut t = [0.0; 2];
@@ -1528,7 +1558,7 @@ Call-ID: 1-4101@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
                         .collect(),
                 );
             }
-            rows[repeated.len() + single.len() + i].add(t);
+            rows[repeated.len() + 1 + single.len() + i].add(t);
         }
     }
     let bare = bare.iter().copied().fold(f64::MAX, f64::min);

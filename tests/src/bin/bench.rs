@@ -790,12 +790,14 @@ fn spoofed_costs(r: &mut Report) {
     );
     say!(
         r,
-        "\n| pending table (65,536 entries, preallocated) | kernel memory (bpftool memlock) |"
+        "\n| table (65,536 entries, preallocated) | kernel memory (bpftool memlock) |"
     );
     say!(r, "|---|---:|");
     for name in [
         gateway_common::maps::names::TLS_PENDING,
         gateway_common::maps::names::SIP_PENDING,
+        gateway_common::maps::names::TLS_FLOWS4,
+        gateway_common::maps::names::TLS_FLOWS,
     ] {
         let out = std::process::Command::new("bpftool")
             .args(["-j", "map", "show", "pinned"])

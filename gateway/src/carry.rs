@@ -379,7 +379,7 @@ pub fn recover(pd: &PinDir) -> Result<Vec<&'static str>, CarryError> {
 
 /// The ids of the maps the programs attached in `pd` use: those of its links, and those in its
 /// jump tables.
-fn maps_in_use(pd: &PinDir) -> io::Result<HashSet<u32>> {
+pub(crate) fn maps_in_use(pd: &PinDir) -> io::Result<HashSet<u32>> {
     use gateway_common::maps::names;
     let mut programs = Vec::new();
     for link in [pd.link(), pd.egress_link(), pd.finish_link()] {

@@ -4,11 +4,16 @@
 //!
 //! Two passes around the programs' switch, as for a map carried over to a grown layout
 //! (`crate::carry`): [`Moving::begin`], once this build's maps are pinned and before the
-//! switch, copies every entry to move into this build's map (where it has none); the older
-//! programs go on changing the older map until the switch. [`Moving::finish`], once no run of
-//! them is left (an RCU grace period), brings in what they changed since (an entry this build's
-//! programs changed meanwhile keeps what they wrote, counted as a conflict), and removes every
-//! moved entry from the older map, where no program of this build looks for it.
+//! switch, copies every entry to move into this build's map; the older programs go on changing
+//! the older map until the switch. [`Moving::finish`], once no run of them is left (an RCU
+//! grace period), brings in what they changed since (an entry this build's programs changed
+//! meanwhile keeps what they wrote, counted as a conflict), and removes every moved entry from
+//! the older map, where no program of this build looks for it.
+//!
+//! Which map holds the truth is told by the programs attached: while none of them uses this
+//! build's map, the older map does, and a copy an earlier, failed attempt left in this build's
+//! map is overwritten; once one does (a start switched and stopped before removing what it
+//! moved), this build's map does, and what is left in the older map is only removed.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -24,9 +29,6 @@ use crate::{
     carry::{self, Entry},
     pins::PinDir,
 };
-
-/// `BPF_NOEXIST`: an update that leaves an existing entry as it is.
-const BPF_NOEXIST: u64 = 1;
 
 /// Errors of moving entries.
 #[derive(Debug, Error)]
@@ -109,6 +111,8 @@ struct InMove {
     old: OwnedFd,
     new: OwnedFd,
     max_entries: u32,
+    /// An attached program uses this build's map already: what the older map holds is stale.
+    switched: bool,
     /// The entries the first pass copied: the older map's key, its new key, and its value.
     first: HashMap<Vec<u8>, (Vec<u8>, Vec<u8>)>,
 }
@@ -148,9 +152,10 @@ impl InMove {
 
 impl Moving {
     /// The first pass, once this build's maps are pinned in `pd`: every entry to move, copied
-    /// into this build's map where it has none.
+    /// into this build's map, unless an attached program uses that map already.
     pub fn begin(pd: &PinDir) -> Result<Moving, RekeyError> {
         let mut maps = Vec::new();
+        let mut in_use = None;
         for rekey in &REKEYS {
             let (from, to) = (pd.map(rekey.from), pd.map(rekey.to));
             if !from.exists() || !to.exists() {
@@ -169,21 +174,27 @@ impl Moving {
             let max_entries = bpfsys::map_shape(&from)
                 .map_err(err("reading the shape of the map they leave"))?
                 .max_entries;
+            let to_id = bpfsys::map_shape(&to)
+                .map_err(err("reading the shape of the map they go to"))?
+                .id;
+            let in_use = match &in_use {
+                Some(ids) => ids,
+                None => in_use
+                    .insert(carry::maps_in_use(pd).map_err(err("reading the attached programs"))?),
+            };
             let mut m = InMove {
                 rekey,
                 old,
                 new,
                 max_entries,
+                switched: in_use.contains(&to_id),
                 first: HashMap::new(),
             };
-            for ((key, value), new_key) in m.to_move()? {
-                match bpfsys::map_update(&m.new, &new_key, &value, BPF_NOEXIST) {
-                    Ok(()) => {
-                        m.first.insert(key, (new_key, value));
-                    }
-                    // This build's programs wrote it already (an earlier start switched).
-                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
-                    Err(e) => return Err(m.err("writing an entry")(e)),
+            if !m.switched {
+                for ((key, value), new_key) in m.to_move()? {
+                    bpfsys::map_update(&m.new, &new_key, &value, 0)
+                        .map_err(m.err("writing an entry"))?;
+                    m.first.insert(key, (new_key, value));
                 }
             }
             maps.push(m);
@@ -206,9 +217,17 @@ impl Moving {
         })?;
         let mut report = Vec::with_capacity(self.maps.len());
         for m in &self.maps {
+            let now = m.to_move()?;
+            if m.switched {
+                // Stale: this build's programs keep these entries in the other map already.
+                for ((key, _), _) in &now {
+                    bpfsys::map_delete(&m.old, key)
+                        .map_err(m.err("removing a stale entry from the map they leave"))?;
+                }
+                continue;
+            }
             let (mut changed, mut conflicts) = (0, 0);
             let mut current = vec![0u8; m.rekey.value_size];
-            let now = m.to_move()?;
             let still: HashSet<&[u8]> = now.iter().map(|((k, _), _)| k.as_slice()).collect();
             for ((key, value), new_key) in &now {
                 let before = m.first.get(key);

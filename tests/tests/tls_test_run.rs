@@ -1364,7 +1364,9 @@ fn an_upgrade_moves_the_ipv4_flows_an_older_build_kept_beside_the_ipv6_ones() {
     }
     use aya::maps::{HashMap, MapData};
     use gateway::{maps::open_as, rekey::Moving};
-    use gateway_common::maps::{FLOW_ADMITTED, FLOW_PENDING, FlowKey, FlowKey4, TlsFlow, names};
+    use gateway_common::maps::{
+        FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED, FlowKey, FlowKey4, TlsFlow, names,
+    };
     let mut prog = TestProgram::new();
     let (hello, cut) = split_hello();
     publish(&mut prog, &hello);
@@ -1405,6 +1407,14 @@ fn an_upgrade_moves_the_ipv4_flows_an_older_build_kept_beside_the_ipv6_ones() {
         .seq(1)
         .build();
     assert_eq!(class_of(&prog, Hook::Xdp, &ipv6), Some(Class::TlsNew));
+
+    // A copy an earlier, failed start left in TLS_FLOWS4 (no program of this build ran on it),
+    // older than what the older build's map holds now: the older map's value wins.
+    let stale = TlsFlow {
+        state: FLOW_REJECTED,
+        ..v6.get(&key.mapped(), 0).unwrap()
+    };
+    v4.insert(key, stale, 0).unwrap();
 
     let moved = Moving::begin(&prog.pins).unwrap().finish().unwrap();
     assert_eq!(moved.len(), 1);

@@ -214,6 +214,51 @@ fn reattach_replaces_the_program_through_the_same_link_and_keeps_the_maps() {
     });
 }
 
+/// A start of this build that switched the programs and stopped before removing the IPv4
+/// flows it moved leaves them in `TLS_FLOWS` as well as in `TLS_FLOWS4`, where the attached
+/// program keeps them: the next attach removes what is left in `TLS_FLOWS` and keeps what the
+/// program wrote in `TLS_FLOWS4` (the older copy never comes back over it).
+#[test]
+fn reattach_removes_ipv4_flows_a_stopped_start_left_behind_and_keeps_the_programs() {
+    if !have_root("reattach_removes_ipv4_flows_a_stopped_start_left_behind") {
+        return;
+    }
+    use aya::maps::{HashMap, MapData};
+    use gateway::{maps::open_as, pins::PinDir};
+    use gateway_common::maps::{FLOW_ADMITTED, FLOW_PENDING, FlowKey, FlowKey4, TlsFlow, names};
+    let net = TestNet::new();
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    let pd = PinDir::new(&net.root(), &net.gw_if);
+    let mut v4: HashMap<MapData, FlowKey4, TlsFlow> = open_as(&pd, names::TLS_FLOWS4).unwrap();
+    let mut v6: HashMap<MapData, FlowKey, TlsFlow> = open_as(&pd, names::TLS_FLOWS).unwrap();
+    let key = FlowKey4 {
+        saddr: [10, 99, 0, 2],
+        daddr: [10, 99, 0, 1],
+        sport: 40000,
+        dport: 443,
+    };
+    let kept = TlsFlow {
+        state: FLOW_ADMITTED,
+        ..Default::default()
+    };
+    let left = TlsFlow {
+        state: FLOW_PENDING,
+        ..Default::default()
+    };
+    v4.insert(key, kept, 0).unwrap();
+    v6.insert(key.mapped(), left, 0).unwrap();
+
+    let out = net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    assert!(out.starts_with("replaced program"), "{out}");
+    assert!(!out.contains("moved"), "nothing to move: {out}");
+    assert_eq!(v6.keys().count(), 0, "the leftover is removed");
+    assert_eq!(
+        v4.get(&key, 0).unwrap(),
+        kept,
+        "the program's entry is kept"
+    );
+}
+
 /// Polls `cond` until it holds, for at most five seconds (kernel objects are freed after an RCU
 /// grace period, not synchronously).
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {

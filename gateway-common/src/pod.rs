@@ -28,3 +28,4 @@ unsafe impl aya::Pod for LatencyHistogram {}
 unsafe impl aya::Pod for Pending {}
 unsafe impl aya::Pod for TlsHold {}
 unsafe impl aya::Pod for SipDialog {}
+unsafe impl aya::Pod for crate::syncookie::CookieKey {}

@@ -30,6 +30,11 @@ pub enum Action {
     Reject,
     /// Send the (rewritten) frame back out of the interface it came in on.
     Tx,
+    /// Let it through to the kernel's listener with the request socket made for it: the first
+    /// data segment of a connection the NIC answered with a SYN cookie, its hello admitted (or
+    /// pending). XDP hands it to the finishing program at TC ingress ([`HANDOFF`]), which makes
+    /// the socket; TC makes it at once (`crate::handoff`).
+    Handoff,
 }
 
 impl Action {
@@ -37,7 +42,7 @@ impl Action {
     #[inline(always)]
     pub fn xdp(self) -> u32 {
         match self {
-            Action::Pass => xdp_action::XDP_PASS,
+            Action::Pass | Action::Handoff => xdp_action::XDP_PASS,
             Action::Drop | Action::Reject => xdp_action::XDP_DROP,
             Action::Tx => xdp_action::XDP_TX,
         }
@@ -48,7 +53,7 @@ impl Action {
     #[inline(always)]
     pub fn tc(self, ctx: &TcContext) -> i32 {
         match self {
-            Action::Pass => TC_ACT_OK,
+            Action::Pass | Action::Handoff => TC_ACT_OK,
             Action::Drop | Action::Reject => TC_ACT_SHOT,
             // SAFETY: a plain helper call on the program's own device.
             Action::Tx => unsafe { bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32 },
@@ -58,6 +63,9 @@ impl Action {
 
 /// Rewriting a frame into a reply, for either hook (`crate::reply`).
 pub trait Rewrite {
+    /// Sets the frame's length to `len` bytes, shorter or longer; whether it could.
+    fn resize(&self, len: usize) -> bool;
+
     /// Whether the hook can also hand the local stack a frame (a reset for the server's socket)
     /// after sending a copy out with [`Rewrite::send_copy`].
     const SENDS_COPIES: bool;
@@ -88,6 +96,9 @@ pub const HANDED_OVER: u32 = u32::from_be_bytes(*b"GWRS");
 /// The metadata tag of a reply the XDP reply program hands to the finishing program to send out
 /// of the device (`b"GWTX"`), where XDP_TX may not deliver.
 pub const SEND_OUT: u32 = u32::from_be_bytes(*b"GWTX");
+/// The metadata tag of a first data segment the XDP program checked the SYN cookie of and
+/// admitted (`b"GWHO"`): the finishing program hands it to the listener ([`Action::Handoff`]).
+pub const HANDOFF: u32 = u32::from_be_bytes(*b"GWHO");
 
 impl Rewrite for XdpContext {
     const SENDS_COPIES: bool = false;
@@ -97,6 +108,14 @@ impl Rewrite for XdpContext {
         let cut = (self.data_end() - self.data()) as i64 - len as i64;
         // SAFETY: shrinking the frame by what lies past `len`.
         cut >= 0 && (cut == 0 || unsafe { bpf_xdp_adjust_tail(self.ctx, -(cut as i32)) } == 0)
+    }
+
+    #[inline(always)]
+    fn resize(&self, len: usize) -> bool {
+        let delta = len as i64 - (self.data_end() - self.data()) as i64;
+        // SAFETY: moving the frame's end by `delta` bytes (the helper refuses what the buffer
+        // cannot take).
+        delta == 0 || unsafe { bpf_xdp_adjust_tail(self.ctx, delta as i32) } == 0
     }
 
     #[inline(always)]
@@ -141,6 +160,11 @@ impl Rewrite for TcContext {
     fn truncate(&self, len: usize) -> bool {
         // SAFETY: plain helper calls on the program's own skb.
         unsafe { bpf_skb_change_tail(self.skb.skb, len as u32, 0) == 0 }
+    }
+
+    #[inline(always)]
+    fn resize(&self, len: usize) -> bool {
+        self.truncate(len)
     }
 
     #[inline(always)]
@@ -191,7 +215,7 @@ pub fn handed_over(ctx: &TcContext) -> Option<(u32, u32)> {
         }
         let tag = u32::from_ne_bytes(*(meta as *const [u8; 4]));
         let value = u32::from_ne_bytes(*((meta + 4) as *const [u8; 4]));
-        (tag == HANDED_OVER || tag == SEND_OUT).then_some((tag, value))
+        (tag == HANDED_OVER || tag == SEND_OUT || tag == HANDOFF).then_some((tag, value))
     }
 }
 
@@ -259,7 +283,7 @@ pub trait ConnectionLookup {
 /// request socket awaiting the handshake's last ACK (SYN_RECV, NEW_SYN_RECV).
 const TCP_ESTABLISHED: u32 = 1;
 const TCP_SYN_RECV: u32 = 3;
-const TCP_LISTEN: u32 = 10;
+pub const TCP_LISTEN: u32 = 10;
 const TCP_NEW_SYN_RECV: u32 = 12;
 
 #[inline(always)]

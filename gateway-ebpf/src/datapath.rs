@@ -6,7 +6,10 @@ use aya_log_ebpf::debug;
 use gateway_common::{
     Class,
     bytes::PacketBytes,
-    maps::{CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, IPPROTO_TCP, IPPROTO_UDP, ServiceKind},
+    maps::{
+        CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, IPPROTO_TCP, IPPROTO_UDP, ServiceKind,
+        port_kind, port_syn_cookies,
+    },
     packet::{Packet, PacketKind, parse},
     reasons::Jump,
 };
@@ -14,7 +17,7 @@ use gateway_common::{
 use crate::{
     admission::count_class,
     context::{Action, ConnectionLookup, CopyOut, Rewrite, TailCall},
-    maps::{count, service_kind, setting},
+    maps::{count, service_byte, setting},
     reply::{reset, sip_503},
     sip::{compose_reply, sip_packet},
     tls::{self, tls_packet},
@@ -60,9 +63,10 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + TailCall + Rewrite,
     let (class, verdict) = match pkt.kind {
         PacketKind::Transport => {
             let t = &pkt.transport;
-            match service_kind(t.proto, t.dst_port) {
+            let byte = service_byte(t.proto, t.dst_port).unwrap_or(0);
+            match port_kind(byte) {
                 Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => {
-                    match tls_packet(ctx, b, &pkt) {
+                    match tls_packet(ctx, b, &pkt, port_syn_cookies(byte)) {
                         (class, Action::Reject) => {
                             // Counted here; the reply program (its own, verified on its own)
                             // answers the sender and counts the reset.
@@ -129,7 +133,11 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + TailCall + Rewrite,
             }
         }
     };
-    count_class(class, verdict == Action::Pass, len);
+    count_class(
+        class,
+        matches!(verdict, Action::Pass | Action::Handoff),
+        len,
+    );
     verdict
 }
 

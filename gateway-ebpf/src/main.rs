@@ -14,6 +14,7 @@ mod bench;
 mod bytes;
 mod context;
 mod datapath;
+mod handoff;
 mod maps;
 mod pending;
 mod reply;

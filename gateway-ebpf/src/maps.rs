@@ -36,9 +36,16 @@ pub static DP_CONFIG: Array<DatapathConfig, 1> = Array::new();
 /// The kind of service protected on (`proto`, `port`), if any: one inlined array lookup.
 #[inline(always)]
 pub fn service_kind(proto: u8, port: u16) -> Option<ServiceKind> {
+    service_byte(proto, port).and_then(port_kind)
+}
+
+/// The `SERVICE_PORTS` byte of (`proto`, `port`): its kind and mode bits
+/// (`gateway_common::maps::port_kind`, `port_syn_cookies`).
+#[inline(always)]
+pub fn service_byte(proto: u8, port: u16) -> Option<u8> {
     service_port_index(proto, port)
         .and_then(|i| SERVICE_PORTS.get(i))
-        .and_then(|k| port_kind(*k))
+        .copied()
 }
 
 /// Whether the settings have `flag` (`CONFIG_*`) set.

@@ -18,6 +18,7 @@
 use gateway_common::{
     maps::{FINISHER_ATTACHED, FINISHER_SENDS_REPLIES, IPPROTO_TCP, IPPROTO_UDP},
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    syncookie::SYNACK_WINDOW,
 };
 
 use crate::{
@@ -271,6 +272,56 @@ pub fn reset<R: Rewrite>(ctx: &R, pkt: &Packet, frame_len: usize) -> Option<Acti
     // SAFETY: as above.
     unsafe { write_reset(tcp, pseudo, seq, ack, true) };
     Some(Action::Pass)
+}
+
+/// Answers the SYN `pkt` with the NIC's SYN-ACK (`crate::tls::cookie`): `cookie` as its
+/// sequence number, acknowledging the SYN alone (data in it, TCP Fast Open, is not taken: the
+/// client sends it again once connected), with the first `opts_len` bytes of `opts` (a multiple
+/// of four, at most 20; the rest zero) as its options. The frame is cut or grown to fit.
+/// `None` when the headers are not ones this answers, or the frame could not be rewritten.
+#[inline(always)]
+pub fn syn_ack<R: Rewrite>(
+    ctx: &R,
+    pkt: &Packet,
+    cookie: u32,
+    opts: &[u8; 20],
+    opts_len: usize,
+) -> Option<Action> {
+    let h = Headers::of(pkt, IPPROTO_TCP)?;
+    let n = opts_len & 0x1c;
+    if n == 0 || n > 20 {
+        return None;
+    }
+    let isn = pkt.transport.seq;
+    let tcp_len = 20 + n;
+    if !ctx.resize(h.l4() + tcp_len) || !ctx.store((h.l4() + 20) as u32, opts.as_ptr(), n as u32) {
+        return None;
+    }
+    let (tcp, pseudo) = h.rewrite(ctx, tcp_len as u16, IPPROTO_TCP, true)?;
+    // SAFETY: rewrite checked 20 transport bytes; the options were stored above, and are summed
+    // from their copy (zero past `n`, so the whole copy sums to theirs).
+    unsafe {
+        swap(tcp, tcp.add(2), 2);
+        let s = cookie.to_be_bytes();
+        let a = isn.wrapping_add(1).to_be_bytes();
+        for i in 0..4 {
+            *tcp.add(4 + i) = s[i];
+            *tcp.add(8 + i) = a[i];
+        }
+        *tcp.add(12) = ((tcp_len / 4) as u8) << 4;
+        *tcp.add(13) = TCP_SYN | TCP_ACK;
+        put16(tcp.add(14), SYNACK_WINDOW);
+        put16(tcp.add(16), 0);
+        put16(tcp.add(18), 0);
+        put16(
+            tcp.add(16),
+            fold(pseudo + sum16(tcp, 20) + sum16(opts.as_ptr(), 20)),
+        );
+    }
+    if !R::SENDS_COPIES && finisher_sends_replies() {
+        return ctx.hand_over(SEND_OUT, 0).then_some(Action::Pass);
+    }
+    Some(Action::Tx)
 }
 
 /// Whether the finishing program is attached at this XDP attachment's TC ingress.

@@ -9,8 +9,9 @@ use gateway_common::{
 
 use crate::{
     bytes::SkbBytes,
-    context::{Action, SEND_OUT, handed_over},
+    context::{Action, HANDOFF, SEND_OUT, handed_over},
     datapath::{process, process_reply, process_sip},
+    handoff::handoff,
     maps::service_kind,
     reply::finish,
     sip::sip_response,
@@ -21,7 +22,11 @@ use crate::{
 #[classifier]
 pub fn gateway_tc_ingress(ctx: TcContext) -> i32 {
     let len = u64::from(ctx.len());
-    process(&ctx, &SkbBytes::new(&ctx), len).tc(&ctx)
+    let action = process(&ctx, &SkbBytes::new(&ctx), len);
+    if action == Action::Handoff {
+        handoff(&ctx);
+    }
+    action.tc(&ctx)
 }
 
 /// The SIP classifier, reached from `gateway_tc_ingress` by tail call.
@@ -44,7 +49,8 @@ pub fn gateway_tc_reply(ctx: TcContext) -> i32 {
 /// handed over (the server's reset of a refused connection) gets the client's reset sent as a
 /// copy, and goes on to the stack; a reply handed over to be sent (a 503, where XDP_TX may not
 /// deliver) goes out of the device. Every other frame passes untouched, after one metadata
-/// check.
+/// check. A first data segment the XDP program admitted on its SYN cookie is handed to its
+/// listener (`crate::handoff`).
 #[classifier]
 pub fn gateway_tc_finish(ctx: TcContext) -> i32 {
     let Some((tag, client_ack)) = handed_over(&ctx) else {
@@ -52,6 +58,10 @@ pub fn gateway_tc_finish(ctx: TcContext) -> i32 {
     };
     if tag == SEND_OUT {
         return Action::Tx.tc(&ctx);
+    }
+    if tag == HANDOFF {
+        handoff(&ctx);
+        return TC_ACT_OK;
     }
     let pkt = parse(&SkbBytes::new(&ctx));
     if pkt.kind != PacketKind::Transport || !finish(&ctx, &pkt, client_ack) {

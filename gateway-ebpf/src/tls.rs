@@ -39,6 +39,7 @@
 //!   `tls-new`; one that starts with application data passes as `tls-flow`, being most likely a
 //!   connection whose entry the LRU evicted.
 
+pub mod cookie;
 mod flows;
 mod refused;
 
@@ -104,17 +105,23 @@ pub struct Scratch {
     /// The parser.
     state: HelloState,
     /// The packet's connection.
-    key: FlowKey,
+    pub(crate) key: FlowKey,
     /// The same, an IPv4 connection's, as the IPv4 flow table's key (`flows::get`).
     key4: FlowKey4,
     /// A flow record being created.
     flow: TlsFlow,
     /// The socket lookup's tuple (`bpf_sock_tuple`: IPv4 in its first 12 bytes, IPv6 in 36).
-    tuple: [u8; 40],
+    pub(crate) tuple: [u8; 40],
     /// A copy of the segment's IP header, for the SYN-cookie check (IPv4 in its first 20 bytes).
     iph: [u8; 40],
     /// A copy of the segment's TCP header's first 20 bytes, likewise.
     th: [u8; 20],
+    /// The SYN cookie's work ([`cookie`]), handed to its global functions.
+    pub(crate) cookie: cookie::CookieScratch,
+    /// 1 when the segment being judged starts its connection by a good cookie (handed to the
+    /// kernel unless refused). In scratch rather than a local, so that the verifier does not
+    /// follow the hello's judgment once for each value.
+    handoff: u32,
 }
 
 /// Whether the datapath config says to trust that segments have connections (test fixtures
@@ -159,22 +166,8 @@ fn lookup<C: ConnectionLookup, B: PacketBytes>(
     v4: bool,
     wanted: Wanted,
 ) -> bool {
-    let k = &s.key;
-    let t = &mut s.tuple;
-    let size = if v4 {
-        t[0..4].copy_from_slice(&k.saddr[12..16]);
-        t[4..8].copy_from_slice(&k.daddr[12..16]);
-        t[8..10].copy_from_slice(&k.sport.to_be_bytes());
-        t[10..12].copy_from_slice(&k.dport.to_be_bytes());
-        12
-    } else {
-        t[0..16].copy_from_slice(&k.saddr);
-        t[16..32].copy_from_slice(&k.daddr);
-        t[32..34].copy_from_slice(&k.sport.to_be_bytes());
-        t[34..36].copy_from_slice(&k.dport.to_be_bytes());
-        36
-    };
-    let tuple = t.as_mut_ptr();
+    let size = fill_tuple(&s.key, &mut s.tuple, v4);
+    let tuple = s.tuple.as_mut_ptr();
     let (iph, th) = (&mut s.iph, &mut s.th);
     ctx.has(tuple, size, wanted, || {
         let (b, pkt) = segment?;
@@ -198,6 +191,25 @@ fn lookup<C: ConnectionLookup, B: PacketBytes>(
             th: th.as_mut_ptr(),
         })
     })
+}
+
+/// Writes the socket lookup's tuple (`bpf_sock_tuple`, the packet's direction) of the
+/// connection `k` into `t`; its size.
+#[inline(always)]
+pub fn fill_tuple(k: &FlowKey, t: &mut [u8; 40], v4: bool) -> u32 {
+    if v4 {
+        t[0..4].copy_from_slice(&k.saddr[12..16]);
+        t[4..8].copy_from_slice(&k.daddr[12..16]);
+        t[8..10].copy_from_slice(&k.sport.to_be_bytes());
+        t[10..12].copy_from_slice(&k.dport.to_be_bytes());
+        12
+    } else {
+        t[0..16].copy_from_slice(&k.saddr);
+        t[16..32].copy_from_slice(&k.daddr);
+        t[32..34].copy_from_slice(&k.sport.to_be_bytes());
+        t[34..36].copy_from_slice(&k.dport.to_be_bytes());
+        36
+    }
 }
 
 /// One parser step, as a `bpf_loop` callback: returns 1 to stop.
@@ -302,7 +314,7 @@ pub fn count(f: impl FnOnce(&mut TlsCounters)) {
 /// Writes the connection's key, client first, into `key`: the packet's source is the client
 /// unless `from_server`.
 #[inline(always)]
-fn flow_key<B: PacketBytes>(b: &B, pkt: &Packet, key: &mut FlowKey, from_server: bool) -> bool {
+pub fn flow_key<B: PacketBytes>(b: &B, pkt: &Packet, key: &mut FlowKey, from_server: bool) -> bool {
     let (src, dst) = (pkt.transport.src_port, pkt.transport.dst_port);
     // SAFETY: a FlowKey of integers, aligned.
     unsafe { zero(key) };
@@ -331,12 +343,16 @@ fn flow_key<B: PacketBytes>(b: &B, pkt: &Packet, key: &mut FlowKey, from_server:
     }
 }
 
-/// Classifies a TCP packet to a TLS port.
+/// Classifies a TCP packet to a TLS port; `cookies`: the port is in SYN-cookie mode
+/// ([`cookie`]): its SYNs are answered here, and a connection's first data segment that
+/// acknowledges a good cookie is judged here, then handed to the kernel ([`Action::Handoff`])
+/// unless refused.
 #[inline(always)]
 pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     ctx: &C,
     b: &B,
     pkt: &Packet,
+    cookies: bool,
 ) -> (Class, Action) {
     let t = &pkt.transport;
     let payload_len = u32::from(pkt.payload_len());
@@ -355,9 +371,15 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     if syn {
         if flow.is_none() && refused::holds(&s.key) {
             // A connection refused on its first segment has no entry; its slot may remember it.
-            return refused_syn::<C, B>(ctx, s, v4, payload_len);
-        }
-        if flow.is_some() {
+            if !cookies {
+                return refused_syn::<C, B>(ctx, s, v4, payload_len);
+            }
+            if kernel_has_live_connection::<C, B>(ctx, s, v4) {
+                return (Class::TlsFlow, Action::Pass);
+            }
+            // The client reused its port: forgotten, and answered below.
+            refused::forget(&s.key);
+        } else if flow.is_some() {
             // While the kernel holds a live connection on this 4-tuple, a SYN changes nothing
             // there (it gets a challenge ACK, RFC 5961), and nothing here either: a spoofed SYN
             // must not end an admitted connection's entry. Otherwise the client reused its
@@ -369,6 +391,11 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
             }
             flows::remove(s, v4);
             flow = None;
+        }
+        if cookies {
+            // Answered from the NIC, data and all (TCP Fast Open's data is sent again once the
+            // client is connected): nothing kept, nothing in the kernel.
+            return cookie::answer_syn(ctx, pkt, s);
         }
         if payload_len == 0 {
             return (Class::TlsFlow, Action::Pass);
@@ -423,6 +450,23 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
         }
         return decide::<C>(&s.key, f, true);
     }
+    // A connection we do not know, in SYN-cookie mode: an acknowledgement of a good cookie is
+    // the handshake's end (dropped: nothing is kept, and the kernel would answer it with a
+    // reset) or the connection's first data segment, judged here before the kernel hears of it.
+    s.handoff = 0;
+    if cookies
+        && !syn
+        && !pkt.fragmented
+        && t.tcp_flags & (TCP_ACK | TCP_SYN | TCP_RST | TCP_FIN) == TCP_ACK
+        && cookie::check(ctx, pkt, s)
+    {
+        if payload_len == 0 {
+            count(|c| c.cookie_acks += 1);
+            return (Class::TlsFlow, Action::Drop);
+        }
+        count(|c| c.cookie_hellos += 1);
+        s.handoff = 1;
+    }
     // A connection we do not know. Without payload (the TCP handshake, bare ACKs) it passes;
     // a fragment never does (what it carries comes with fragments nobody judges).
     if payload_len == 0 && !pkt.fragmented {
@@ -436,7 +480,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     } else {
         Wanted::Connection
     };
-    if !kernel_has(ctx, b, pkt, s, wanted) {
+    if s.handoff == 0 && !kernel_has(ctx, b, pkt, s, wanted) {
         count(|c| c.no_connection += 1);
         return (Class::TlsFlow, Action::Drop);
     }
@@ -463,15 +507,25 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
         FIRST_HELLO => {
             let at = u32::from(t.payload_offset) + skip;
             if !parse_segment(ctx, s, at, payload_len - skip, 0) {
-                return (Class::TlsFlow, Action::Pass);
+                // Unreadable: a connection the kernel has goes on; one that starts here by its
+                // cookie does not (its client sends the segment again).
+                let action = if s.handoff != 0 {
+                    Action::Drop
+                } else {
+                    Action::Pass
+                };
+                return (Class::TlsFlow, action);
             }
         }
         // Application data or a later handshake message on a connection the kernel has: one
         // whose flow entry the LRU evicted (or an error the server ends the connection on at
         // once); a SYN's data never continues anything. Or records that servers ignore, with
         // the hello still to come (its segment is judged as a first one).
-        FIRST_CONTINUES if !syn => return (Class::TlsFlow, Action::Pass),
-        FIRST_NO_HELLO_YET => return (Class::TlsFlow, Action::Pass),
+        // Not for a connection that starts here by its cookie: it has no hello yet to have been
+        // evicted after, and must not get a socket for records in front of one (judged as a
+        // malformed hello below).
+        FIRST_CONTINUES if !syn && s.handoff == 0 => return (Class::TlsFlow, Action::Pass),
+        FIRST_NO_HELLO_YET if s.handoff == 0 => return (Class::TlsFlow, Action::Pass),
         // Anything else (an SSLv2 hello, plain HTTP, garbage, a record cut short) where a
         // ClientHello must be: a malformed hello, judged as tls-new, so no bytes bypass
         // admission.
@@ -503,7 +557,11 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     } else {
         flows::insert(s, v4);
     }
-    result
+    match result {
+        // Admitted, or its hello pending: the kernel makes the connection from this segment.
+        (class, Action::Pass) if s.handoff != 0 => (class, Action::Handoff),
+        other => other,
+    }
 }
 
 /// A SYN on the 4-tuple of a connection [`refused`] remembers (in `s.key`): nothing changes

@@ -6,15 +6,23 @@ use gateway_common::Class;
 
 use crate::{
     bytes::XdpBytes,
+    context::{Action, HANDOFF, Rewrite},
     datapath::{process, process_reply, process_sip},
     pending::sweep_now,
+    tls,
 };
 
 /// The ingress classifier at the NIC.
 #[xdp]
 pub fn gateway_xdp(ctx: XdpContext) -> u32 {
     let bytes = XdpBytes::new(&ctx);
-    process(&ctx, &bytes, bytes.len()).xdp()
+    let action = process(&ctx, &bytes, bytes.len());
+    // A connection's first segment to hand to its listener: the finishing program at TC
+    // ingress makes its socket (kfuncs that make one run at TC only).
+    if action == Action::Handoff && !ctx.hand_over(HANDOFF, 0) {
+        tls::count(|c| c.handoffs_failed += 1);
+    }
+    action.xdp()
 }
 
 /// The SIP classifier, reached from `gateway_xdp` by tail call.

@@ -187,6 +187,15 @@ impl Btf {
         })
     }
 
+    /// The id of the function (`BTF_KIND_FUNC`) named `name`, if there is one: how a kfunc
+    /// call names its target (`crate::kfunc`).
+    pub fn func_id(&self, name: &str) -> Option<u32> {
+        self.types
+            .iter()
+            .position(|t| t.kind == kind::FUNC && self.name(t.name_off) == name)
+            .map(|i| i as u32 + 1)
+    }
+
     /// Type `id` (ids start at 1; 0 is void).
     fn ty(&self, id: u32) -> Result<Type, BtfError> {
         id.checked_sub(1)

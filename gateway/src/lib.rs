@@ -18,6 +18,7 @@ pub mod datapath_metrics;
 pub mod ethtool;
 pub mod health;
 pub mod issued;
+pub mod kfunc;
 pub mod loader;
 pub mod maps;
 pub mod metrics;

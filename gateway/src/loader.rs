@@ -87,6 +87,9 @@ pub enum LoaderError {
     /// A map's entries could not be moved to where this build keeps them.
     #[error(transparent)]
     Rekey(#[from] RekeyError),
+    /// The object's kfunc calls could not be resolved.
+    #[error(transparent)]
+    Kfunc(#[from] crate::kfunc::KfuncError),
 }
 
 impl LoaderError {
@@ -241,7 +244,8 @@ fn load_object(
     }
     loader.map_max_entries(names::TLS_ISSUED, issued_keys);
     loader.override_global("AYA_LOG_LEVEL", &log_level, false);
-    Ok(loader.load(object)?)
+    let object = crate::kfunc::resolve(object)?;
+    Ok(loader.load(&object)?)
 }
 
 /// An attachment's sweep program (`programs::SWEEP`), loaded against its pinned maps and

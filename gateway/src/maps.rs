@@ -5,9 +5,10 @@ use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
         ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, FlowKey4,
-        IssuedKey, IssuedValue, LatencyHistogram, Pending, ServiceKey, ServiceValue, SipTxn,
-        TLS_REFUSED_SLOTS, TlsCounters, TlsFlow, TlsHold, names,
+        IPPROTO_TCP, IssuedKey, IssuedValue, LatencyHistogram, Pending, SERVICE_SYN_COOKIES,
+        ServiceKey, ServiceValue, SipTxn, TLS_REFUSED_SLOTS, TlsCounters, TlsFlow, TlsHold, names,
     },
+    syncookie::CookieKey,
 };
 use thiserror::Error;
 
@@ -52,6 +53,19 @@ pub enum MapsError {
         /// The error.
         source: nix::Error,
     },
+    /// SYN-cookie mode asked of a service that cannot have it.
+    #[error("service {proto}/{port}: syn_cookies: {why}")]
+    SynCookies {
+        /// IP protocol number.
+        proto: u8,
+        /// Port.
+        port: u16,
+        /// Why not.
+        why: &'static str,
+    },
+    /// The cookies' secret could not be drawn.
+    #[error("drawing the SYN cookies' secret: no randomness")]
+    Random,
 }
 
 impl MapsError {
@@ -174,6 +188,30 @@ fn refused_slots<T>(
     unsafe { munmap(base, len.get()) }.map_err(err)?;
     Ok(Some(out))
 }
+
+/// Whether the service `key` can be in SYN-cookie mode here: TLS over TCP, on a kernel that hands
+/// connections to listeners from BPF (`bpf_sk_assign_tcp_reqsk`, 6.9 and later).
+fn syn_cookies_possible(key: ServiceKey, value: ServiceValue) -> Result<(), MapsError> {
+    let refuse = |why| MapsError::SynCookies {
+        proto: key.proto,
+        port: key.port,
+        why,
+    };
+    if value.kind != gateway_common::maps::ServiceKind::Tls as u32 || key.proto != IPPROTO_TCP {
+        return Err(refuse(
+            "only a TLS service over TCP can answer SYNs with cookies",
+        ));
+    }
+    if !crate::kfunc::available(HANDOFF_KFUNC) {
+        return Err(refuse(
+            "this kernel has no bpf_sk_assign_tcp_reqsk (Linux 6.9 and later, CONFIG_SYN_COOKIES) to hand connections to the listener",
+        ));
+    }
+    Ok(())
+}
+
+/// The kfunc that hands a connection answered with a SYN cookie to its listener.
+pub const HANDOFF_KFUNC: &str = "bpf_sk_assign_tcp_reqsk";
 
 /// Handles to every gateway map of one interface.
 pub struct Maps {
@@ -318,6 +356,10 @@ impl Maps {
     /// where a full map is refused), then in the datapath's port index.
     pub fn add_service(&mut self, key: ServiceKey, value: ServiceValue) -> Result<(), MapsError> {
         let index = service_port_index(key.proto).ok_or(MapsError::Protocol(key.proto))?;
+        if value.flags & SERVICE_SYN_COOKIES != 0 {
+            syn_cookies_possible(key, value)?;
+            self.ensure_cookie_key()?;
+        }
         self.services.insert(key, value, 0).map_err(|e| match e {
             MapError::SyscallError(ref s) if s.io_error.raw_os_error() == Some(libc::E2BIG) => {
                 MapsError::ServicesFull(gateway_common::maps::MAX_SERVICES)
@@ -327,6 +369,22 @@ impl Maps {
         self.service_ports
             .set(index(key.port), value.port_byte(), 0)
             .map_err(op(names::SERVICE_PORTS))
+    }
+
+    /// Sets the SYN cookies' secret (`SYN_COOKIE_KEY`) to a random key unless it is set: once per
+    /// attachment, kept across restarts and upgrades so that cookies in flight stay good.
+    pub fn ensure_cookie_key(&mut self) -> Result<(), MapsError> {
+        let mut map: Array<MapData, CookieKey> = open_as(&self.pins, names::SYN_COOKIE_KEY)?;
+        if map.get(&0, 0).map_err(op(names::SYN_COOKIE_KEY))?.is_set() {
+            return Ok(());
+        }
+        let mut bytes = [0u8; 16];
+        aws_lc_rs::rand::fill(&mut bytes).map_err(|_| MapsError::Random)?;
+        let key = CookieKey {
+            k0: u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")),
+            k1: u64::from_le_bytes(bytes[8..].try_into().expect("8 bytes")),
+        };
+        map.set(0, key, 0).map_err(op(names::SYN_COOKIE_KEY))
     }
 
     /// Removes a service (from the datapath's port index first); returns whether it was there.

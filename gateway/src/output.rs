@@ -337,16 +337,26 @@ pub fn services(rows: &[(ServiceKey, ServiceValue)], as_json: bool) -> String {
         gateway_common::maps::ServiceKind::from_id(v.kind).map_or("unknown", |k| k.name())
     };
     let proto = |k: &ServiceKey| Proto::from_number(k.proto).map_or("?", Proto::name);
+    // Who answers the service's SYNs: the NIC with cookies, or the kernel.
+    let cookies = |v: &ServiceValue| v.flags & gateway_common::maps::SERVICE_SYN_COOKIES != 0;
     if as_json {
         let v: Vec<Value> = rows
             .iter()
-            .map(|(k, v)| json!({"kind": kind(v), "proto": proto(k), "port": k.port}))
+            .map(|(k, v)| {
+                json!({
+                    "kind": kind(v),
+                    "proto": proto(k),
+                    "port": k.port,
+                    "syn_cookies": cookies(v),
+                })
+            })
             .collect();
         return Value::Array(v).to_string();
     }
-    let mut out = format!("{:<6}{:<6}{:>6}\n", "kind", "proto", "port");
+    let mut out = format!("{:<6}{:<6}{:>6}  {}\n", "kind", "proto", "port", "syn");
     for (k, v) in rows {
-        out += &format!("{:<6}{:<6}{:>6}\n", kind(v), proto(k), k.port);
+        let syn = if cookies(v) { "cookies" } else { "kernel" };
+        out += &format!("{:<6}{:<6}{:>6}  {syn}\n", kind(v), proto(k), k.port);
     }
     out
 }

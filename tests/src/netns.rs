@@ -121,7 +121,8 @@ pub fn bare_xdp(ns: &str, ifname: &str) -> aya::Ebpf {
 /// is dropped.
 pub fn bare_program(ns: &str, ifname: &str, name: &str) -> aya::Ebpf {
     in_netns(ns, || {
-        let mut ebpf = aya::Ebpf::load(gateway::EBPF_OBJECT).expect("the eBPF object");
+        let object = gateway::kfunc::resolve(gateway::EBPF_OBJECT).expect("the eBPF object");
+        let mut ebpf = aya::Ebpf::load(&object).expect("the eBPF object");
         let p: &mut aya::programs::Xdp = ebpf
             .program_mut(name)
             .expect("the bare program")

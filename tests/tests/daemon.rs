@@ -48,8 +48,8 @@ fn run_applies_the_config_and_detaches_on_sigterm() {
     assert_eq!(
         services,
         serde_json::json!([
-            {"kind": "sip", "proto": "udp", "port": 5062},
-            {"kind": "tls", "proto": "tcp", "port": 8443},
+            {"kind": "sip", "proto": "udp", "port": 5062, "syn_cookies": false},
+            {"kind": "tls", "proto": "tcp", "port": 8443, "syn_cookies": false},
         ]),
         "exactly the config's services, sorted by port"
     );

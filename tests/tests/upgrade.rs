@@ -233,7 +233,11 @@ fn a_build_whose_map_layout_differs_takes_over_under_traffic_and_loses_nothing()
         .iter()
         .find(|l| l.contains("carried TLS_COUNTERS over"))
         .unwrap_or_else(|| panic!("the changed map is carried over: {:?}", daemon.log));
-    assert!(carried.contains("holds_full added at zero"), "{carried}");
+    // The fields this build added since the previous release, each at zero.
+    assert!(
+        carried.contains("with holds_full, cookies_sent, cookie_acks, cookie_hellos, handoffs, handoffs_failed added at zero"),
+        "{carried}"
+    );
     // The previous build kept IPv4 connections in TLS_FLOWS; this one keeps them in TLS_FLOWS4.
     let moved = daemon
         .log

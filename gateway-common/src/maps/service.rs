@@ -99,15 +99,34 @@ pub struct ServiceValue {
 /// proxy listener). Informational: completions are counted the same way for every service.
 pub const SERVICE_TERMINATED: u32 = 1 << 0;
 
+/// [`ServiceValue::flags`]: the NIC answers this (TLS) service's SYNs with SYN cookies and
+/// judges each new connection's hello before the kernel holds anything for it
+/// (`crate::syncookie`).
+pub const SERVICE_SYN_COOKIES: u32 = 1 << 1;
+
+/// The bit of a `SERVICE_PORTS` byte that says [`SERVICE_SYN_COOKIES`].
+pub const PORT_SYN_COOKIES: u8 = 0x80;
+
 impl ServiceValue {
-    /// The service's byte in the `SERVICE_PORTS` array: its [`ServiceKind`] id.
+    /// The service's byte in the `SERVICE_PORTS` array: its [`ServiceKind`] id, with
+    /// [`PORT_SYN_COOKIES`] when in SYN-cookie mode.
     pub const fn port_byte(&self) -> u8 {
-        self.kind as u8
+        if self.flags & SERVICE_SYN_COOKIES != 0 {
+            self.kind as u8 | PORT_SYN_COOKIES
+        } else {
+            self.kind as u8
+        }
     }
 }
 
 /// The service kind a `SERVICE_PORTS` byte carries (`None`: not protected).
 #[inline(always)]
 pub const fn port_kind(byte: u8) -> Option<ServiceKind> {
-    ServiceKind::from_id(byte as u32)
+    ServiceKind::from_id((byte & !PORT_SYN_COOKIES) as u32)
+}
+
+/// Whether a `SERVICE_PORTS` byte says SYN-cookie mode ([`SERVICE_SYN_COOKIES`]).
+#[inline(always)]
+pub const fn port_syn_cookies(byte: u8) -> bool {
+    byte & PORT_SYN_COOKIES != 0
 }

@@ -23,6 +23,9 @@ super::pinned_maps! {
     /// Connections refused on their first segment, by slot ([`FlowKey::refused_slot`]):
     /// a direct-mapped table of [`crate::maps::FlowKey`], all-zero where empty.
     TLS_REFUSED: u32 => FlowKey,
+    /// The SYN cookies' secret ([`crate::syncookie::CookieKey`]), one entry: written once by
+    /// the daemon, kept across restarts and upgrades so that cookies in flight stay good.
+    SYN_COOKIE_KEY: u32 => crate::syncookie::CookieKey,
 }
 
 /// Entries of each TLS flow table, IPv4's and IPv6's (LRU: the least recently used flow is
@@ -323,6 +326,21 @@ crate::counters! {
         /// full: their key's place was given back at once, so they no longer count against its
         /// limit of connections at a time.
         pub holds_full: u64,
+        /// SYNs to a port in SYN-cookie mode answered from the NIC with a cookie (no socket, no
+        /// place in any queue of the kernel).
+        pub cookies_sent: u64,
+        /// Handshake-ending ACKs (no data) that carried a good cookie: dropped, nothing kept
+        /// (the first data segment carries the cookie again).
+        pub cookie_acks: u64,
+        /// First data segments whose cookie checked: their hello judged before the kernel heard
+        /// of the connection.
+        pub cookie_hellos: u64,
+        /// Connections handed to the kernel's listener with the socket made for them
+        /// (`bpf_sk_assign_tcp_reqsk`): admitted, or pending a hello's later segments.
+        pub handoffs: u64,
+        /// Handoffs that failed (no listener, or the kernel refused): the kernel then answers
+        /// the segment with a reset.
+        pub handoffs_failed: u64,
     }
 }
 

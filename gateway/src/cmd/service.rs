@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use clap::Subcommand;
-use gateway_common::maps::{ServiceKey, ServiceValue};
+use gateway_common::maps::{SERVICE_SYN_COOKIES, ServiceKey, ServiceValue};
 
 use super::{CommandError, Target, open};
 use crate::{
@@ -25,6 +25,10 @@ pub enum ServiceAction {
         /// Transport [default: tcp for tls, udp for sip].
         #[arg(long, value_enum)]
         proto: Option<Proto>,
+        /// TLS over TCP: answer SYNs from the NIC with SYN cookies and judge each new
+        /// connection's hello before the kernel holds anything for it (Linux 6.9 and later).
+        #[arg(long)]
+        syn_cookies: bool,
         /// Which attachment.
         #[command(flatten)]
         target: Target,
@@ -59,22 +63,29 @@ pub fn run(root: &Path, action: ServiceAction) -> Result<(), CommandError> {
             kind,
             port,
             proto,
+            syn_cookies,
             target,
         } => {
             let (pd, mut maps) = open(root, target.iface.as_deref())?;
             let proto = proto.unwrap_or(kind.default_proto());
+            let flags = if syn_cookies { SERVICE_SYN_COOKIES } else { 0 };
             maps.add_service(
                 ServiceKey::new(proto.number(), port),
                 ServiceValue {
                     kind: kind.service_kind() as u32,
-                    flags: 0,
+                    flags,
                 },
             )?;
             println!(
-                "{} {}/{port} protected on {}",
+                "{} {}/{port} protected on {}{}",
                 kind.service_kind().name(),
                 proto.name(),
-                pd.iface
+                pd.iface,
+                if syn_cookies {
+                    ", SYNs answered with cookies from the NIC"
+                } else {
+                    ""
+                }
             );
         }
         ServiceAction::Del {

@@ -17,7 +17,7 @@ use std::{collections::BTreeSet, fmt, path::PathBuf};
 
 use gateway_common::{
     Class,
-    maps::{self, IPPROTO_TCP, SERVICE_TERMINATED, ServiceKey, ServiceValue},
+    maps::{self, IPPROTO_TCP, SERVICE_SYN_COOKIES, SERVICE_TERMINATED, ServiceKey, ServiceValue},
 };
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -190,8 +190,16 @@ impl Config {
         Self::parse(&yaml, &path.display().to_string())
     }
 
-    /// Proxy listeners must not share an address, nor take a port the services list gives to SIP.
+    /// Proxy listeners must not share an address, nor take a port the services list gives to SIP;
+    /// SYN cookies are for TLS over TCP only.
     fn check_proxies(&self) -> Result<(), String> {
+        for (i, s) in self.services.0.iter().enumerate() {
+            if s.syn_cookies && (s.kind != ServiceKind::Tls || s.proto() != services::Proto::Tcp) {
+                return Err(format!(
+                    "services[{i}].syn_cookies: only a tls service over tcp answers SYNs with cookies"
+                ));
+            }
+        }
         for (i, p) in self.proxies.iter().enumerate() {
             if let Some(j) = self.proxies[..i].iter().position(|q| q.listen == p.listen) {
                 return Err(format!(
@@ -228,11 +236,14 @@ impl Config {
             .0
             .iter()
             .map(|s| {
-                let flags = if terminated.contains(&s.key()) {
+                let mut flags = if terminated.contains(&s.key()) {
                     SERVICE_TERMINATED
                 } else {
                     0
                 };
+                if s.syn_cookies {
+                    flags |= SERVICE_SYN_COOKIES;
+                }
                 let kind = s.kind.service_kind() as u32;
                 (s.key(), ServiceValue { kind, flags })
             })

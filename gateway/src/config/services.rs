@@ -95,6 +95,11 @@ pub struct Service {
     /// Transport; defaults per kind.
     #[serde(default)]
     pub proto: Option<Proto>,
+    /// TLS over TCP only: the NIC answers SYNs with SYN cookies and judges each new
+    /// connection's hello before the kernel holds anything for it (a socket, a place in its
+    /// queues); only admitted connections are handed to the listener. Needs Linux 6.9 or later.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub syn_cookies: bool,
 }
 
 impl Service {

@@ -49,6 +49,11 @@ const OFF: &str = "controller:\n  enabled: false\n";
 const BUDGET_ONLY: &str = "controller, CPU budget alone (resumed_wait 100)";
 /// tls-new at a trickle (enough for the sessions' first full handshakes, 5% of the proxy's
 /// CPU), so that the flood costs its generator's core and almost none of the proxy's.
+/// The proxy's port in SYN-cookie mode (issue 31).
+const COOKIES: &str = "services:\n  - {kind: tls, port: 8443, syn_cookies: true}\n";
+const QUARTER_KERNEL: &str = "tls-new at a quarter of capacity, the kernel answering SYNs";
+const QUARTER_COOKIES: &str = "tls-new at a quarter of capacity, SYN cookies at the NIC";
+const CONTROLLER_COOKIES: &str = "controller (mode tls, cpu_target 0.8), SYN cookies at the NIC";
 const TRICKLE: &str = "tls-new at a twentieth of capacity (control: the generator's cost alone)";
 
 /// The resumed-session clients.
@@ -241,10 +246,15 @@ fn main() {
     // shares one core of a small machine with the clients (it reached 3.7x with RSA-2048 and
     // 4.7x with RSA-3072: about 1,400 connections/s).
     let rsa = std::env::args().any(|a| a == "rsa");
-    let (cert, key_name, bench) = if rsa {
-        (Cert::rsa(4096), "RSA-4096", "tls-overload-rsa")
-    } else {
-        (Cert::new(), "P-256", "tls-overload")
+    // `syn-cookies` (issue 31): the same policies with the kernel answering SYNs and with the
+    // NIC answering them with cookies (`syn_cookies: true`), in one run.
+    let cookies = std::env::args().any(|a| a == "syn-cookies");
+    let one_segment = std::env::args().any(|a| a == "one-segment");
+    let (cert, key_name, bench) = match (rsa, cookies, one_segment) {
+        (true, _, _) => (Cert::rsa(4096), "RSA-4096", "tls-overload-rsa"),
+        (false, true, false) => (Cert::new(), "P-256", "tls-syn-cookies"),
+        (false, true, true) => (Cert::new(), "P-256", "tls-syn-cookies-one-segment"),
+        (false, false, _) => (Cert::new(), "P-256", "tls-overload"),
     };
     let backend = Backend::start(
         net.in_gw(|| TcpListener::bind("127.0.0.1:0").unwrap()),
@@ -255,7 +265,6 @@ fn main() {
     // One real hello replayed by the flood: rustls's own (a post-quantum hybrid key share, two
     // segments), or with `one-segment` rustls's with X25519 alone (the cheapest hello a flood
     // can send that still costs a full handshake, and the cheapest for the proxy to refuse).
-    let one_segment = std::env::args().any(|a| a == "one-segment");
     let (flood_config, flood_hello) = if one_segment {
         (
             rustls_config_classic(&cert),
@@ -294,30 +303,39 @@ fn main() {
         BACK_TO_BACK.clients,
         hello.len(),
     ));
-    refusal_cost(
-        &mut report,
-        &net,
-        &cert,
-        &backend,
-        (&format!("the flood's hello ({flood_hello})"), &hello),
-        capacity,
-    );
     let classic = gateway_common::testing::HelloBuilder::default().build();
-    refusal_cost(
-        &mut report,
-        &net,
-        &cert,
-        &backend,
-        ("a one-segment hello (TLS 1.2, 153 B)", &classic),
-        capacity,
-    );
+    let flood_what = format!("the flood's hello ({flood_hello})");
+    let modes: &[(&str, &str)] = if cookies {
+        &[
+            ("", ", the kernel answering SYNs"),
+            (COOKIES, ", SYN cookies at the NIC"),
+        ]
+    } else {
+        &[("", "")]
+    };
+    for (extra, mode) in modes {
+        for (what, h) in [
+            (flood_what.as_str(), hello.as_slice()),
+            ("a one-segment hello (TLS 1.2, 153 B)", classic.as_slice()),
+        ] {
+            refusal_cost(
+                &mut report,
+                &net,
+                &cert,
+                &backend,
+                (&format!("{what}{mode}"), h),
+                capacity,
+                extra,
+            );
+        }
+    }
     if std::env::args().any(|a| a == "refusal") {
         return;
     }
     report.say(
         "| gateway | clients | flood | flood sent/s | new hellos admitted/s | resumed/s | share of unloaded | resumed p99 ms | fetches not resumed |\n|---|---|---|---:|---:|---:|---:|---:|---:|",
     );
-    let (mut rows, mut lines) = (Vec::new(), Vec::new());
+    let (mut rows, mut lines, mut after) = (Vec::new(), Vec::new(), Vec::new());
     let trickle = (capacity / 20.0).round().max(5.0);
     // The hand-set policy the refusal-path figures of issue 13 were taken with: tls-new at a
     // quarter of the proxy's capacity.
@@ -375,14 +393,27 @@ fn main() {
             line.points.push((m, row(m, got)));
         }
         lines.push(line);
+        // New clients right after the 5x flood: full handshakes, each a client of its own.
+        if gateway {
+            let served = (0..19)
+                .filter(|_| {
+                    let fresh = rustls_config(&cert);
+                    matches!(
+                        net.in_peer(|| rustls_fetch(&fresh, &addr)),
+                        Ok((rustls::HandshakeKind::Full, _))
+                    )
+                })
+                .count();
+            after.push(format!("{name}, {who}: {served}/19"));
+        }
     };
     let controlled = "controller:\n  classes:\n    tls-new: {mode: tls, cpu_target: 0.8, min: 1}\n";
-    for (name, extra, sessions) in [
+    let all_rows = [
         ("no limit", OFF.to_string(), THINKING),
         (DEFAULT, String::new(), THINKING),
         (
             "tls-new at a quarter of capacity (hand-set)",
-            quarter,
+            quarter.clone(),
             THINKING,
         ),
         (CONTROLLER, controlled.to_string(), THINKING),
@@ -397,7 +428,25 @@ fn main() {
             format!("policy:\n  tls-new: {{rate: {trickle}, burst: 20}}\n"),
             THINKING,
         ),
-    ] {
+    ];
+    // With `syn-cookies`: the hand-set quarter and the controller, each with the kernel
+    // answering SYNs and with the NIC answering them with cookies.
+    let cookie_rows = [
+        (QUARTER_KERNEL, quarter.clone(), THINKING),
+        (QUARTER_COOKIES, format!("{COOKIES}{quarter}"), THINKING),
+        (CONTROLLER, controlled.to_string(), THINKING),
+        (
+            CONTROLLER_COOKIES,
+            format!("{COOKIES}{controlled}"),
+            THINKING,
+        ),
+    ];
+    let chosen: Vec<(&str, String, Sessions)> = if cookies {
+        cookie_rows.to_vec()
+    } else {
+        all_rows.to_vec()
+    };
+    for (name, extra, sessions) in chosen {
         let daemon = start(&net, &cert, &backend, &extra);
         // Warm up the cost figures the controller reads (a full and a resumed handshake).
         let _ = net.in_peer(|| rustls_fetch(&config, &addr));
@@ -406,7 +455,7 @@ fn main() {
         let _ = daemon.terminate(Duration::from_secs(20));
     }
     // The peer: nginx terminating the same certificate on the same core, no gateway in front.
-    {
+    if !cookies {
         let (c, k) = (cert.cert(), cert.key());
         let nginx = Nginx::start(
             &["ip", "netns", "exec", &net.gw_ns, "taskset", "-c", "0"],
@@ -423,6 +472,39 @@ fn main() {
         wait_listening(|| net.in_peer(|| TcpStream::connect((GW_V4, 8443)).is_ok()));
         curve("nginx, no gateway", THINKING, false);
         drop(nginx);
+    }
+    report.say(format!(
+        "\nNew clients served right after the 5x phase (19 full handshakes, each a new \
+         client): {}.",
+        after.join("; ")
+    ));
+    if cookies {
+        cookie_summary(&mut report, &rows);
+        report.csv(
+            "resumed.csv",
+            &[
+                "gateway",
+                "clients",
+                "flood_x_capacity",
+                "flood_sent_per_s",
+                "new_hellos_admitted_per_s",
+                "resumed_per_s",
+                "share_of_unloaded_pct",
+                "resumed_p99_ms",
+                "fetches_not_resumed",
+            ],
+            &rows,
+        );
+        report.chart(
+            "resumed.png",
+            "Resumed sessions under a flood of new handshakes: SYNs from the kernel or from the NIC",
+            (
+                "flood of new hellos (x the proxy's full-handshake capacity)",
+                "resumed clients' rate (% of unloaded)",
+            ),
+            &lines,
+        );
+        return;
     }
     report.csv(
         "resumed.csv",
@@ -534,9 +616,15 @@ fn refusal_cost(
     backend: &Backend,
     (what, hello): (&str, &[u8]),
     capacity: f64,
+    extra: &str,
 ) {
     use gateway_tests::procfs::{cpu_busy_seconds, cpu_seconds};
-    let daemon = start(net, cert, backend, "policy:\n  tls-new: {backlog: 0}\n");
+    let daemon = start(
+        net,
+        cert,
+        backend,
+        &format!("{extra}policy:\n  tls-new: {{backlog: 0}}\n"),
+    );
     let refused = |net: &TestNet| {
         gateway_tests::netns::class_counter(&net.stats(), "tls-new", "dropped_backlog") as f64
     };
@@ -586,4 +674,35 @@ fn refusal_cost(
         (c1b - c1) * 1e6 / n,
     ));
     let _ = daemon.terminate(Duration::from_secs(10));
+}
+
+/// The SYN-cookie run's summary: each policy's share at 2x and 5x with the kernel answering
+/// SYNs and with cookies at the NIC (issue 31's targets: at least 90% at 2x and 50% at 5x).
+fn cookie_summary(report: &mut Report, rows: &[Vec<String>]) {
+    let share = |name: &str, m: &str| {
+        rows.iter()
+            .find(|r| r[0] == name && r[2] == m)
+            .and_then(|r| r[6].parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    for (kernel, nic) in [
+        (QUARTER_KERNEL, QUARTER_COOKIES),
+        (CONTROLLER, CONTROLLER_COOKIES),
+    ] {
+        let (k2, k5, c2, c5) = (
+            share(kernel, "2"),
+            share(kernel, "5"),
+            share(nic, "2"),
+            share(nic, "5"),
+        );
+        report.say(format!(
+            "{nic}: resumed sessions keep {c2:.0}% at 2x and {c5:.0}% at 5x (targets 90% and \
+             50%: {}), against {k2:.0}% and {k5:.0}% with the kernel answering SYNs.",
+            if c2 >= 90.0 && c5 >= 50.0 {
+                "met"
+            } else {
+                "not met"
+            }
+        ));
+    }
 }

@@ -1,0 +1,417 @@
+//! SYN-cookie mode (issue 31) through the attached datapath, with real clients and a real
+//! server: the NIC answers SYNs with cookies, judges each new connection's hello on its first
+//! data segment, and hands only admitted connections to the kernel's listener.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
+
+use gateway_tests::{
+    daemon::Daemon,
+    have_root,
+    netns::{GW_V4, GW_V6, TestNet, class_counter},
+    tls::{
+        Cert, Proc, RustlsServer, rustls_config, rustls_get, s_client_input, s_server, session_key,
+        wait_listening,
+    },
+};
+
+const GET: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
+
+/// The services a test's daemon protects: tcp/`port` as TLS, in SYN-cookie mode.
+fn cookie_service(port: u16) -> String {
+    format!("services:\n  - {{kind: tls, port: {port}, syn_cookies: true}}\n")
+}
+
+struct Setup {
+    net: TestNet,
+    cert: Cert,
+    _server: Proc,
+    daemon: Option<Daemon>,
+}
+
+impl Setup {
+    /// Namespaces, an s_server on 443 behind the gateway, and `gateway run` with 443 in
+    /// SYN-cookie mode.
+    fn new() -> Self {
+        let net = TestNet::new();
+        let cert = Cert::new();
+        let server = s_server(&["ip", "netns", "exec", &net.gw_ns], &cert, 443, &[]);
+        wait_listening(|| net.in_gw(|| TcpStream::connect(("127.0.0.1", 443)).is_ok()));
+        let daemon = Daemon::start_config(&net, &cert.file(""), &cookie_service(443));
+        Setup {
+            net,
+            cert,
+            _server: server,
+            daemon: Some(daemon),
+        }
+    }
+
+    fn client(&self, args: &[&str]) -> String {
+        s_client_input(
+            &["ip", "netns", "exec", &self.net.peer_ns],
+            &format!("{GW_V4}:443"),
+            args,
+            GET,
+        )
+    }
+
+    fn tls(&self, field: &str) -> u64 {
+        self.net.stats()["tls"][field].as_u64().unwrap()
+    }
+
+    fn counter(&self, class: &str, field: &str) -> u64 {
+        class_counter(&self.net.stats(), class, field)
+    }
+}
+
+/// Connections the calling thread's namespace made from a SYN or a cookie (`PassiveOpens` of
+/// `/proc/thread-self/net/snmp`).
+fn passive_opens() -> u64 {
+    let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").expect("/proc net/snmp");
+    let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+    let (names, values) = (
+        tcp.next().expect("Tcp names"),
+        tcp.next().expect("Tcp values"),
+    );
+    let at = names
+        .split_whitespace()
+        .position(|n| n == "PassiveOpens")
+        .expect("PassiveOpens");
+    values.split_whitespace().nth(at).unwrap().parse().unwrap()
+}
+
+/// The TCP sockets of the calling thread's namespace on local port 443, listeners aside: each
+/// as its peer's address and port and its state (`/proc/thread-self/net/tcp`, read in well
+/// under a millisecond, so that a flood is sampled often).
+fn sockets_on_443() -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/thread-self/net/tcp").expect("/proc net/tcp");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (local, remote, state) = (f.get(1)?, f.get(2)?, f.get(3)?);
+            (local.ends_with(":01BB") && *state != "0A").then(|| format!("{remote} {state}"))
+        })
+        .collect()
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if let Some(d) = self.daemon.take() {
+            let (status, log) = d.terminate(Duration::from_secs(10));
+            if !std::thread::panicking() {
+                assert!(status.success(), "{log:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn with_syn_cookies_openssl_clients_of_both_versions_connect_transfer_and_resume() {
+    if !have_root("with_syn_cookies_openssl_clients") {
+        return;
+    }
+    let s = Setup::new();
+    let sess = s.cert.file("sess.pem");
+    let sess = sess.to_str().unwrap();
+    for version in ["-tls1_2", "-tls1_3"] {
+        let out = s.client(&[version, "-sess_out", sess, "-ign_eof"]);
+        assert!(out.contains("New,"), "{version}: {out}");
+        // s_server -www answered the GET: the page came through the handed-over connection.
+        assert!(out.contains("HTTP/1.0 200 ok"), "{version}: {out}");
+    }
+    // Every SYN was answered from the NIC, every connection handed over from its hello.
+    assert_eq!(s.tls("cookies_sent"), 2);
+    assert_eq!(s.tls("cookie_hellos"), 2);
+    assert_eq!(s.tls("handoffs"), 2);
+    assert_eq!(s.tls("handoffs_failed"), 0);
+    assert_eq!(s.counter("tls-new", "admitted"), 2);
+    // A resumption, its key published: tls-resumed, judged on the cookie's first segment.
+    let key = session_key(std::path::Path::new(sess));
+    s.net
+        .gateway_ok(&["tls", "issued", "add", &key, "--kind", "psk"]);
+    let out = s.client(&["-tls1_3", "-sess_in", sess, "-ign_eof"]);
+    assert!(out.contains("Reused,"), "{out}");
+    assert!(out.contains("HTTP/1.0 200 ok"), "{out}");
+    assert_eq!(s.counter("tls-resumed", "admitted"), 1);
+    assert_eq!(s.tls("handoffs"), 3);
+    // The services list says who answers SYNs.
+    let list = s.net.gateway_ok(&["service", "list", "--json"]);
+    assert!(list.contains("\"syn_cookies\":true"), "{list}");
+}
+
+#[test]
+fn with_syn_cookies_and_tls_new_closed_refused_clients_leave_no_socket_and_resumed_ones_connect() {
+    if !have_root("with_syn_cookies_and_tls_new_closed") {
+        return;
+    }
+    let s = Setup::new();
+    let sess = s.cert.file("sess.pem");
+    let sess = sess.to_str().unwrap();
+    let out = s.client(&["-tls1_3", "-sess_out", sess, "-ign_eof"]);
+    assert!(out.contains("New,"), "{out}");
+    let key = session_key(std::path::Path::new(sess));
+    s.net
+        .gateway_ok(&["tls", "issued", "add", &key, "--kind", "psk"]);
+    s.net
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
+    let handed_before = s.tls("handoffs");
+    // A flood of new connections, each sending a new hello, while the server's namespace is
+    // sampled: none of them may ever hold a socket there.
+    const FLOOD: usize = 300;
+    let hello = gateway_common::testing::HelloBuilder::default().build();
+    let done = AtomicBool::new(false);
+    let opens_before = s.net.in_gw(passive_opens);
+    // What the server held before (the first client's connection, in TIME_WAIT).
+    let before: Vec<String> = s.net.in_gw(sockets_on_443);
+    let (reset, new_sockets) = std::thread::scope(|scope| {
+        let flood = scope.spawn(|| {
+            let mut reset = 0;
+            s.net.in_peer(|| {
+                for _ in 0..FLOOD {
+                    let mut c = TcpStream::connect((GW_V4, 443)).expect("connect (cookie)");
+                    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                    c.write_all(&hello).expect("hello");
+                    let mut b = [0u8; 1];
+                    match c.read(&mut b) {
+                        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => reset += 1,
+                        other => panic!("a refused client got {other:?}"),
+                    }
+                }
+            });
+            done.store(true, Ordering::SeqCst);
+            reset
+        });
+        let (samples, seen) = s.net.in_gw(|| {
+            let mut seen: Vec<String> = Vec::new();
+            let mut samples = 0;
+            while !done.load(Ordering::SeqCst) {
+                for sock in sockets_on_443() {
+                    if !before.contains(&sock) && !seen.contains(&sock) {
+                        seen.push(sock);
+                    }
+                }
+                samples += 1;
+            }
+            (samples, seen)
+        });
+        eprintln!("{samples} samples of the server's sockets during the flood");
+        (flood.join().unwrap(), seen)
+    });
+    assert_eq!(reset, FLOOD, "every refused client got its reset at once");
+    assert!(
+        new_sockets.is_empty(),
+        "refused connections held sockets: {new_sockets:?}"
+    );
+    assert_eq!(
+        s.tls("handoffs"),
+        handed_before,
+        "no refused connection handed over"
+    );
+    assert_eq!(s.counter("tls-new", "dropped_backlog"), FLOOD as u64);
+    // The kernel made no connection for any of them: not one passive open in the flood.
+    assert_eq!(s.net.in_gw(passive_opens), opens_before);
+    // Resumed clients are served.
+    for _ in 0..3 {
+        let out = s.client(&["-tls1_3", "-sess_in", sess, "-ign_eof"]);
+        assert!(out.contains("Reused,"), "{out}");
+    }
+    assert_eq!(s.counter("tls-resumed", "admitted"), 3);
+    assert_eq!(s.tls("handoffs"), handed_before + 3);
+    assert_eq!(s.net.in_gw(passive_opens), opens_before + 3);
+}
+
+#[test]
+fn with_syn_cookies_a_post_quantum_rustls_resumption_spans_two_segments_and_is_verified() {
+    if !have_root("with_syn_cookies_a_post_quantum_rustls_resumption") {
+        return;
+    }
+    let net = TestNet::new();
+    let cert = Cert::new();
+    let listener = net.in_gw(|| std::net::TcpListener::bind("0.0.0.0:8443").unwrap());
+    let server = RustlsServer::start(&cert, listener);
+    let daemon = Daemon::start_config(&net, &cert.file(""), &cookie_service(8443));
+    let config = rustls_config(&cert);
+    let addr = format!("{GW_V4}:8443");
+    let tls = |field: &str| net.stats()["tls"][field].as_u64().unwrap();
+    assert_eq!(
+        net.in_peer(|| rustls_get(&config, &addr)).unwrap(),
+        rustls::HandshakeKind::Full
+    );
+    for key in &server.issued_keys() {
+        net.gateway_ok(&["tls", "issued", "add", key, "--kind", "psk"]);
+    }
+    let before = tls("multi_segment");
+    assert_eq!(
+        net.in_peer(|| rustls_get(&config, &addr)).unwrap(),
+        rustls::HandshakeKind::Resumed
+    );
+    assert!(tls("multi_segment") > before, "two segments");
+    assert_eq!(class_counter(&net.stats(), "tls-resumed", "admitted"), 1);
+    assert_eq!(tls("handoffs"), 2);
+    assert_eq!(tls("handoffs_failed"), 0);
+    let (status, log) = daemon.terminate(Duration::from_secs(10));
+    assert!(status.success(), "{log:?}");
+}
+
+/// Drops every hundredth packet the peer namespace sends and every hundredth it receives
+/// (nftables' counter, so that the loss is the same on every run; this kernel has no netem).
+fn lossy_peer(net: &TestNet) {
+    let rules = "table inet loss {\n\
+        chain out { type filter hook output priority 0; numgen inc mod 100 == 50 counter drop; }\n\
+        chain in { type filter hook input priority 0; numgen inc mod 100 == 50 counter drop; }\n\
+        }\n";
+    let file = std::env::temp_dir().join(format!("gateway-loss-{}.nft", net.peer_ns));
+    std::fs::write(&file, rules).expect("nft rules");
+    let out = net.exec(&net.peer_ns, "nft", &["-f", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_file(file);
+}
+
+/// Packets the rules of [`lossy_peer`] dropped so far.
+fn dropped(net: &TestNet) -> u64 {
+    let out = net.exec(&net.peer_ns, "nft", &["list", "table", "inet", "loss"]);
+    String::from_utf8_lossy(&out.stdout)
+        .split("packets ")
+        .skip(1)
+        .filter_map(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn with_syn_cookies_every_kind_of_client_connects_over_a_link_that_loses_one_packet_in_a_hundred() {
+    if !have_root("with_syn_cookies_every_kind_of_client_connects_over_a_lossy_link") {
+        return;
+    }
+    let s = Setup::new();
+    lossy_peer(&s.net);
+    let cacert = s.cert.cert();
+    let curl = |extra: &[&str]| {
+        let mut args = vec![
+            "-sS",
+            "--max-time",
+            "30",
+            "--cacert",
+            cacert.to_str().unwrap(),
+            "--resolve",
+        ];
+        let resolve = format!("gateway-test:443:{GW_V4}");
+        args.push(&resolve);
+        args.extend_from_slice(extra);
+        args.push("https://gateway-test:443/");
+        let out = s.net.exec(&s.net.peer_ns, "curl", &args);
+        let body = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            body.contains("s_server"),
+            "curl {extra:?}: {body} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let addr = format!("{GW_V4}:443");
+    let mut connections = 0;
+    for _ in 0..8 {
+        curl(&["--tlsv1.3"]);
+        curl(&["--tlsv1.2", "--tls-max", "1.2"]);
+        for version in ["-tls1_2", "-tls1_3"] {
+            let out = s.client(&[version, "-ign_eof"]);
+            assert!(out.contains("HTTP/1.0 200 ok"), "{version}: {out}");
+        }
+        // rustls's hello: a post-quantum key share, two segments (a client of its own each
+        // time: one that met the server before offers only the group it chose).
+        let config = rustls_config(&s.cert);
+        assert_eq!(
+            s.net.in_peer(|| rustls_get(&config, &addr)).unwrap(),
+            rustls::HandshakeKind::Full
+        );
+        connections += 5;
+    }
+    let lost = dropped(&s.net);
+    eprintln!("{connections} connections, {lost} packets dropped on the link");
+    assert!(lost >= 3, "the link lost packets ({lost})");
+    assert!(s.tls("handoffs") >= connections);
+    assert_eq!(s.tls("handoffs_failed"), 0);
+    assert!(
+        s.tls("multi_segment") >= 8,
+        "rustls's hellos took two segments"
+    );
+}
+
+/// With no daemon: `gateway attach` (`attach_args`: XDP, or the TC fallback) and tcp/443 in
+/// SYN-cookie mode from the CLI. rustls clients over IPv4 and IPv6 are answered from the NIC and
+/// handed over; with tls-new closed, new clients of both families get a reset from the NIC and
+/// the kernel makes no connection for any of them.
+fn cookies_attached_by_hand(attach_args: &[&str]) {
+    let net = TestNet::new();
+    let cert = Cert::new();
+    let v4 = net.in_gw(|| std::net::TcpListener::bind((GW_V4, 443)).expect("bind"));
+    let v6 = net.in_gw(|| std::net::TcpListener::bind(format!("[{GW_V6}]:443")).expect("bind"));
+    let _servers = (
+        RustlsServer::start(&cert, v4),
+        RustlsServer::start(&cert, v6),
+    );
+    let mut attach = vec!["attach", "--iface", &net.gw_if];
+    attach.extend_from_slice(attach_args);
+    net.gateway_ok(&attach);
+    let added = net.gateway_ok(&["service", "add", "tls", "443", "--syn-cookies"]);
+    assert!(added.contains("cookies"), "{added}");
+    let tls = |field: &str| net.stats()["tls"][field].as_u64().unwrap();
+    let addrs = [format!("{GW_V4}:443"), format!("[{GW_V6}]:443")];
+    for addr in &addrs {
+        let config = rustls_config(&cert);
+        assert_eq!(
+            net.in_peer(|| rustls_get(&config, addr)).unwrap(),
+            rustls::HandshakeKind::Full,
+            "{addr}"
+        );
+    }
+    assert_eq!(tls("cookies_sent"), 2);
+    assert_eq!(tls("handoffs"), 2);
+    assert_eq!(tls("handoffs_failed"), 0);
+    net.gateway_ok(&["policy", "set", "tls-new", "--backlog", "0"]);
+    let opens = net.in_gw(passive_opens);
+    let hello = gateway_common::testing::HelloBuilder::default().build();
+    for addr in &addrs {
+        for _ in 0..5 {
+            let got = net.in_peer(|| {
+                let mut c = TcpStream::connect(addr.as_str()).expect("connect (cookie)");
+                c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                c.write_all(&hello).expect("hello");
+                let mut b = [0u8; 1];
+                c.read(&mut b).map_err(|e| e.kind())
+            });
+            assert_eq!(got, Err(std::io::ErrorKind::ConnectionReset), "{addr}");
+        }
+    }
+    assert_eq!(
+        net.in_gw(passive_opens),
+        opens,
+        "no connection made for a refused client"
+    );
+    assert_eq!(tls("handoffs"), 2);
+    net.gateway_ok(&["detach", "--iface", &net.gw_if]);
+}
+
+#[test]
+fn syn_cookies_at_the_xdp_hook_serve_both_address_families() {
+    if !have_root("syn_cookies_at_the_xdp_hook") {
+        return;
+    }
+    cookies_attached_by_hand(&[]);
+}
+
+#[test]
+fn syn_cookies_through_the_tc_fallback_serve_both_address_families() {
+    if !have_root("syn_cookies_through_the_tc_fallback") {
+        return;
+    }
+    cookies_attached_by_hand(&["--mode", "tc"]);
+}

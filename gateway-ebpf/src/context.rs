@@ -249,6 +249,9 @@ pub enum Wanted {
     Connection,
     /// A listener that takes a new connection on the tuple's port.
     Listener,
+    /// Any socket of the tuple's own but a listener: a connection in any state, TIME_WAIT
+    /// included (a SYN there is the kernel's to answer: it ends the TIME_WAIT first).
+    Socket,
 }
 
 /// Copies of a segment's IP and TCP headers, for the kernel's SYN-cookie check
@@ -327,6 +330,7 @@ fn lookup<C: EbpfContext>(
                     }))
         }
         Wanted::Listener => state == TCP_LISTEN,
+        Wanted::Socket => state != TCP_LISTEN,
     };
     // SAFETY: the reference taken above, released once.
     unsafe { bpf_sk_release(sk.cast()) };

@@ -393,6 +393,14 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
             flow = None;
         }
         if cookies {
+            // A 4-tuple the kernel still holds a socket for (TIME_WAIT: the client reused its
+            // port): the kernel's to answer, which ends that socket first; the NIC's cookie would
+            // leave it in the way of the connection handed over. The hello is judged as any
+            // connection's the kernel has.
+            if !trusting() && lookup::<C, B>(ctx, None, s, v4, Wanted::Socket) {
+                count(|c| c.cookies_declined += 1);
+                return (Class::TlsFlow, Action::Pass);
+            }
             // Answered from the NIC, data and all (TCP Fast Open's data is sent again once the
             // client is connected): nothing kept, nothing in the kernel.
             return cookie::answer_syn(ctx, pkt, s);

@@ -68,6 +68,55 @@ impl Setup {
     }
 }
 
+/// A TCP connection to `to` from local port `port` (SO_REUSEADDR, bound before connecting).
+fn connect_from(port: u16, to: (&str, u16)) -> TcpStream {
+    use std::os::fd::FromRawFd as _;
+    let ip: std::net::Ipv4Addr = to.0.parse().unwrap();
+    // SAFETY: plain socket calls on a descriptor made here and handed to TcpStream once connected.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0);
+        let one: libc::c_int = 1;
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&raw const one).cast(),
+            size_of::<libc::c_int>() as u32,
+        );
+        let mut local: libc::sockaddr_in = std::mem::zeroed();
+        local.sin_family = libc::AF_INET as u16;
+        local.sin_port = port.to_be();
+        assert_eq!(
+            libc::bind(
+                fd,
+                (&raw const local).cast(),
+                size_of::<libc::sockaddr_in>() as u32
+            ),
+            0,
+            "bind to port {port}"
+        );
+        let mut remote: libc::sockaddr_in = std::mem::zeroed();
+        remote.sin_family = libc::AF_INET as u16;
+        remote.sin_port = to.1.to_be();
+        remote.sin_addr.s_addr = u32::from(ip).to_be();
+        assert_eq!(
+            libc::connect(
+                fd,
+                (&raw const remote).cast(),
+                size_of::<libc::sockaddr_in>() as u32
+            ),
+            0,
+            "connect from port {port}: {}",
+            std::io::Error::last_os_error()
+        );
+        let sock = TcpStream::from_raw_fd(fd);
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        sock
+    }
+}
+
 /// Connections the calling thread's namespace made from a SYN or a cookie (`PassiveOpens` of
 /// `/proc/thread-self/net/snmp`).
 fn passive_opens() -> u64 {
@@ -414,4 +463,50 @@ fn syn_cookies_through_the_tc_fallback_serve_both_address_families() {
         return;
     }
     cookies_attached_by_hand(&["--mode", "tc"]);
+}
+
+#[test]
+fn with_syn_cookies_a_client_reusing_its_port_while_the_server_holds_it_in_time_wait_connects() {
+    if !have_root("with_syn_cookies_a_client_reusing_its_port") {
+        return;
+    }
+    let net = TestNet::new();
+    let cert = Cert::new();
+    // The rustls server closes first: its end of each connection stays in TIME_WAIT, and the
+    // client's next connection from the same port arrives on that 4-tuple.
+    let listener = net.in_gw(|| std::net::TcpListener::bind((GW_V4, 443)).expect("bind"));
+    let _server = RustlsServer::start(&cert, listener);
+    let daemon = Daemon::start_config(&net, &cert.file(""), &cookie_service(443));
+    let config = rustls_config(&cert);
+    // rustls from port 40404 each time: a GET, the answer read to its end (the server closes).
+    let fetch = || {
+        let answer = net.in_peer(|| {
+            let sock = connect_from(40404, (GW_V4, 443));
+            let name = rustls::pki_types::ServerName::try_from("gateway-test").unwrap();
+            let conn = rustls::ClientConnection::new(config.clone(), name).unwrap();
+            let mut tls = rustls::StreamOwned::new(conn, sock);
+            tls.write_all(GET).expect("request");
+            let mut body = Vec::new();
+            let _ = tls.read_to_end(&mut body);
+            String::from_utf8_lossy(&body).to_string()
+        });
+        assert!(answer.ends_with("hello\n"), "{answer}");
+    };
+    fetch();
+    assert!(
+        net.in_gw(sockets_on_443).iter().any(|l| l.ends_with(" 06")),
+        "the server holds the first connection in TIME_WAIT"
+    );
+    for _ in 0..3 {
+        fetch();
+    }
+    // The SYNs on the TIME_WAIT 4-tuple were the kernel's; every hello was judged all the same.
+    let tls = |field: &str| net.stats()["tls"][field].as_u64().unwrap();
+    assert_eq!(tls("cookies_sent"), 1);
+    assert_eq!(tls("cookies_declined"), 3);
+    assert_eq!(tls("handoffs"), 1);
+    assert_eq!(tls("handoffs_failed"), 0);
+    assert_eq!(class_counter(&net.stats(), "tls-new", "admitted"), 4);
+    let (status, log) = daemon.terminate(Duration::from_secs(10));
+    assert!(status.success(), "{log:?}");
 }

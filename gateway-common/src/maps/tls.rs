@@ -341,6 +341,9 @@ crate::counters! {
         /// Handoffs that failed (no listener, or the kernel refused): the kernel then answers
         /// the segment with a reset.
         pub handoffs_failed: u64,
+        /// SYNs in SYN-cookie mode left to the kernel: their 4-tuple still had a socket there
+        /// (TIME_WAIT, a client reusing its port), which the kernel ends before it answers.
+        pub cookies_declined: u64,
     }
 }
 

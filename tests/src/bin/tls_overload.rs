@@ -296,7 +296,12 @@ fn main() {
     let _ = daemon.terminate(Duration::from_secs(10));
     let mut report = Report::new(bench);
     report.say(format!(
-        "# TLS overload (seed 000), {key_name} certificate\n\nProxy: one thread on core 0; a full handshake costs {:.0} µs of its CPU, so its capacity is {capacity:.0} full handshakes/s. Resumed-session clients (rustls, a GET each, a closed loop: {} sessions thinking {:?} between fetches as in seed 000's evaluation, and {} back to back), the flood and the backend are pinned to core 1. Flood: one recorded ClientHello ({flood_hello}, {} B) replayed per connection. {PHASE:?} per phase.\n",
+        "# {}, {key_name} certificate\n\nProxy: one thread on core 0; a full handshake costs {:.0} µs of its CPU, so its capacity is {capacity:.0} full handshakes/s. Resumed-session clients (rustls, a GET each, a closed loop: {} sessions thinking {:?} between fetches as in seed 000's evaluation, and {} back to back), the flood and the backend are pinned to core 1. Flood: one recorded ClientHello ({flood_hello}, {} B) replayed per connection. {PHASE:?} per phase.\n",
+        if cookies {
+            "SYN cookies at the NIC against the kernel's handshake (issue 31)"
+        } else {
+            "TLS overload (seed 000)"
+        },
         cost * 1e6,
         THINKING.clients,
         THINKING.think,

@@ -244,13 +244,23 @@ pub fn capture_hello(client: impl FnOnce(String) + Send) -> Vec<u8> {
     })
 }
 
-/// A free loopback TCP port (bound and released).
+/// A free loopback TCP port (bound and released) below the kernel's ephemeral range, for a
+/// server started after this returns. A port the kernel picked for a bind to port 0 (as this did
+/// before) may be handed out again to the next such bind, a test's own listener or a client's
+/// connection, before the server takes it: two tests running at once met on one port and waited
+/// on each other for good.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    // Ports 20000..32000, from a place of this process's own, each offered once per process.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20000 + (std::process::id() % 1000) as u16 * 12;
+    for _ in 0..12000 {
+        let port = 20000 + (base - 20000 + NEXT.fetch_add(1, Ordering::Relaxed)) % 12000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 20000..32000");
 }
 
 /// Whether something accepts on 127.0.0.1:`port`.

@@ -365,6 +365,42 @@ pub fn synack_options(o: &TcpOptions, mss: u16, tsval: u32) -> ([u8; 20], usize)
     (out, n)
 }
 
+/// The options of the NIC's acknowledgement to a later segment of a held hello (its sequence
+/// number `seq`, `len` bytes, options `o`): timestamps when the connection has them (TSval
+/// `tsval`, echoing the segment's), then, when `sack`, a SACK block of that segment, so that the
+/// client sends its first segment again at once (RACK: a later segment was acknowledged) rather
+/// than at its retransmission timer. The bytes (a multiple of four) and how many.
+#[inline(always)]
+pub fn held_ack_options(
+    o: &TcpOptions,
+    sack: bool,
+    seq: u32,
+    len: u32,
+    tsval: u32,
+) -> ([u8; 24], usize) {
+    let mut out = [0u8; 24];
+    let mut n = 0;
+    if o.ts {
+        out[0] = 1;
+        out[1] = 1;
+        out[2] = 8;
+        out[3] = 10;
+        out[4..8].copy_from_slice(&tsval.to_be_bytes());
+        out[8..12].copy_from_slice(&o.tsval.to_be_bytes());
+        n = 12;
+    }
+    if sack {
+        out[n] = 1;
+        out[n + 1] = 1;
+        out[n + 2] = 5;
+        out[n + 3] = 10;
+        out[n + 4..n + 8].copy_from_slice(&seq.to_be_bytes());
+        out[n + 8..n + 12].copy_from_slice(&seq.wrapping_add(len).to_be_bytes());
+        n += 12;
+    }
+    (out, n)
+}
+
 /// The TSval of the NIC's SYN-ACK at time `now_ns`: milliseconds, offset per connection by the
 /// cookie's hash (as the kernel offsets each connection's clock), which the kernel's socket
 /// then goes on from.

@@ -91,18 +91,8 @@ pub fn admission(policy_of: Class, backlog_of: Class, now: u64) -> Result<(), Re
         // Not reached: every class has its entries in these arrays.
         return Ok(());
     };
-    if let Some(limit) = p.backlog_in_force() {
-        // SAFETY: reads of counters other CPUs add to atomically.
-        let held = unsafe {
-            backlog(
-                core::ptr::read_volatile(&raw const (*st).admitted),
-                core::ptr::read_volatile(&raw const (*st).completed),
-                core::ptr::read_volatile(&raw const (*st).expired),
-            )
-        };
-        if held >= limit {
-            return Err(Refusal::Backlog);
-        }
+    if backlog_full(st, p) {
+        return Err(Refusal::Backlog);
     }
     if let Some(rate) = p.rate_in_force() {
         if rate == 0 {
@@ -123,6 +113,53 @@ pub fn admission(policy_of: Class, backlog_of: Class, now: u64) -> Result<(), Re
         }
     }
     Ok(())
+}
+
+/// Whether the backlog of the class whose state is `st` is at the limit its policy `p` sets.
+#[inline(always)]
+fn backlog_full(st: *mut ClassState, p: &ClassPolicy) -> bool {
+    let Some(limit) = p.backlog_in_force() else {
+        return false;
+    };
+    // SAFETY: reads of counters other CPUs add to atomically, in a live map value.
+    let held = unsafe {
+        backlog(
+            core::ptr::read_volatile(&raw const (*st).admitted),
+            core::ptr::read_volatile(&raw const (*st).completed),
+            core::ptr::read_volatile(&raw const (*st).expired),
+        )
+    };
+    held >= limit
+}
+
+/// Whether `class` refuses an arrival at `now`, as [`admission`] would judge it, without taking
+/// anything: its backlog at its limit, or its rate with no room.
+#[inline(always)]
+pub fn refusing(class: Class, now: u64) -> bool {
+    let (Some(st), Some(p)) = (state(class.id()), policy(class)) else {
+        return false;
+    };
+    if backlog_full(st, p) {
+        return true;
+    }
+    if let Some(rate) = p.rate_in_force() {
+        if rate == 0 {
+            return true;
+        }
+        let interval = 1_000_000_000 / rate;
+        let burst = if p.burst > MAX_BURST {
+            MAX_BURST
+        } else {
+            p.burst
+        };
+        // SAFETY: a field of a live map value.
+        let tat = unsafe { core::ptr::read_volatile(&raw const (*st).gcra_tat_ns) };
+        // The GCRA's test (`crate::sync::gcra`) without its advance.
+        if tat > now && tat - now > burst * interval {
+            return true;
+        }
+    }
+    false
 }
 
 /// How a refusal of `class` (for `reason`) ends: [`Action::Reject`] when the

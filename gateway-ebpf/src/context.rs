@@ -35,6 +35,14 @@ pub enum Action {
     /// pending). XDP hands it to the finishing program at TC ingress ([`HANDOFF`]), which makes
     /// the socket; TC makes it at once (`crate::handoff`).
     Handoff,
+    /// Answered from the NIC with the segment `crate::tls::cookie` prepared in scratch (a
+    /// SYN-ACK carrying a cookie), by the reply program.
+    Answer,
+    /// The same, counted as admitted: the segment that admitted a held hello, answered with the
+    /// acknowledgement that asks the client for its first segment again
+    /// (`crate::tls::cookie::answer_held`). The segment itself comes again once the kernel has
+    /// the connection.
+    Hold,
 }
 
 impl Action {
@@ -43,7 +51,8 @@ impl Action {
     pub fn xdp(self) -> u32 {
         match self {
             Action::Pass | Action::Handoff => xdp_action::XDP_PASS,
-            Action::Drop | Action::Reject => xdp_action::XDP_DROP,
+            // Answer and Hold reach a hook only when the reply program could not be jumped to.
+            Action::Drop | Action::Reject | Action::Answer | Action::Hold => xdp_action::XDP_DROP,
             Action::Tx => xdp_action::XDP_TX,
         }
     }
@@ -54,7 +63,7 @@ impl Action {
     pub fn tc(self, ctx: &TcContext) -> i32 {
         match self {
             Action::Pass | Action::Handoff => TC_ACT_OK,
-            Action::Drop | Action::Reject => TC_ACT_SHOT,
+            Action::Drop | Action::Reject | Action::Answer | Action::Hold => TC_ACT_SHOT,
             // SAFETY: a plain helper call on the program's own device.
             Action::Tx => unsafe { bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32 },
         }

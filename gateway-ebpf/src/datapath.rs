@@ -76,6 +76,14 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + TailCall + Rewrite,
                             tls::count(|c| c.resets_withheld += 1);
                             return Action::Drop;
                         }
+                        (class, verdict @ (Action::Answer | Action::Hold)) => {
+                            // The reply program sends what `tls::cookie` prepared.
+                            count_class(class, verdict == Action::Hold, len);
+                            ctx.jump(Jump::Reply);
+                            // Only when the jump table is empty.
+                            tls::cookie::forget_answer();
+                            return Action::Drop;
+                        }
                         decided => decided,
                     }
                 }
@@ -177,13 +185,17 @@ fn may_reach_a_service(pkt: &Packet) -> bool {
 /// The reply program's body: the frame (a refused TLS segment or SIP request) parsed again and
 /// answered (`crate::reply`); else dropped. Counted either way.
 #[inline(always)]
-pub fn process_reply<R: Rewrite, B: PacketBytes>(ctx: &R, b: &B, len: u64) -> Action {
+pub fn process_reply<R: Rewrite + CopyOut, B: PacketBytes>(ctx: &R, b: &B, len: u64) -> Action {
     let pkt = parse(b);
     if pkt.kind != PacketKind::Transport {
         return Action::Drop;
     }
     let len = len as usize;
     if pkt.transport.proto == IPPROTO_TCP {
+        // A SYN-ACK or a held hello's acknowledgement, prepared by the classifier.
+        if let Some(answered) = tls::cookie::send_answer(ctx, &pkt) {
+            return answered;
+        }
         let answered = reset(ctx, &pkt, len);
         tls::count(|c| {
             if answered.is_some() {

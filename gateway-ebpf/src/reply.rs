@@ -18,7 +18,6 @@
 use gateway_common::{
     maps::{FINISHER_ATTACHED, FINISHER_SENDS_REPLIES, IPPROTO_TCP, IPPROTO_UDP},
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
-    syncookie::SYNACK_WINDOW,
 };
 
 use crate::{
@@ -274,27 +273,36 @@ pub fn reset<R: Rewrite>(ctx: &R, pkt: &Packet, frame_len: usize) -> Option<Acti
     Some(Action::Pass)
 }
 
-/// Answers the SYN `pkt` with the NIC's SYN-ACK (`crate::tls::cookie`): `cookie` as its
-/// sequence number, acknowledging the SYN alone (data in it, TCP Fast Open, is not taken: the
-/// client sends it again once connected), with the first `opts_len` bytes of `opts` (a multiple
-/// of four, at most 20; the rest zero) as its options. The frame is cut or grown to fit.
-/// `None` when the headers are not ones this answers, or the frame could not be rewritten.
+/// Whether [`answer_tcp`] answers the TCP segment `pkt`: plain headers (IPv4 without options,
+/// IPv6 without extension headers).
 #[inline(always)]
-pub fn syn_ack<R: Rewrite>(
+pub fn answerable(pkt: &Packet) -> bool {
+    Headers::of(pkt, IPPROTO_TCP).is_some()
+}
+
+/// Answers the TCP segment `pkt` with a segment of the NIC's own back to its sender: `seq`,
+/// `ack`, `flags` and `window`, with the first `opts_len` bytes of `opts` (a multiple of four, at
+/// most 24; the rest zero) as its options and no payload. The frame is cut or grown to fit. The
+/// SYN-ACK of a SYN cookie, and the acknowledgement of a held hello's later segment
+/// (`crate::tls::cookie`). `None` when the headers are not ones this answers, or the frame could
+/// not be rewritten.
+#[inline(always)]
+pub fn answer_tcp<R: Rewrite>(
     ctx: &R,
     pkt: &Packet,
-    cookie: u32,
-    opts: &[u8; 20],
+    (seq, ack, flags, window): (u32, u32, u8, u16),
+    opts: &[u8; 24],
     opts_len: usize,
 ) -> Option<Action> {
     let h = Headers::of(pkt, IPPROTO_TCP)?;
-    let n = opts_len & 0x1c;
-    if n == 0 || n > 20 {
+    let n = opts_len & 0x3c;
+    if n != opts_len || n > 24 {
         return None;
     }
-    let isn = pkt.transport.seq;
     let tcp_len = 20 + n;
-    if !ctx.resize(h.l4() + tcp_len) || !ctx.store((h.l4() + 20) as u32, opts.as_ptr(), n as u32) {
+    if !ctx.resize(h.l4() + tcp_len)
+        || (n > 0 && !ctx.store((h.l4() + 20) as u32, opts.as_ptr(), n as u32))
+    {
         return None;
     }
     let (tcp, pseudo) = h.rewrite(ctx, tcp_len as u16, IPPROTO_TCP, true)?;
@@ -302,20 +310,20 @@ pub fn syn_ack<R: Rewrite>(
     // from their copy (zero past `n`, so the whole copy sums to theirs).
     unsafe {
         swap(tcp, tcp.add(2), 2);
-        let s = cookie.to_be_bytes();
-        let a = isn.wrapping_add(1).to_be_bytes();
+        let s = seq.to_be_bytes();
+        let a = ack.to_be_bytes();
         for i in 0..4 {
             *tcp.add(4 + i) = s[i];
             *tcp.add(8 + i) = a[i];
         }
         *tcp.add(12) = ((tcp_len / 4) as u8) << 4;
-        *tcp.add(13) = TCP_SYN | TCP_ACK;
-        put16(tcp.add(14), SYNACK_WINDOW);
+        *tcp.add(13) = flags;
+        put16(tcp.add(14), window);
         put16(tcp.add(16), 0);
         put16(tcp.add(18), 0);
         put16(
             tcp.add(16),
-            fold(pseudo + sum16(tcp, 20) + sum16(opts.as_ptr(), 20)),
+            fold(pseudo + sum16(tcp, 20) + sum16(opts.as_ptr(), 24)),
         );
     }
     if !R::SENDS_COPIES && finisher_sends_replies() {

@@ -54,8 +54,9 @@ use gateway_common::{
     Class,
     bytes::PacketBytes,
     maps::{
-        CONFIG_TRUST_UNCONNECTED, FINISHER_ATTACHED, FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED,
-        FlowKey, FlowKey4, RejectEvent, TLS_REJECTS_BYTES, TlsCounters, TlsFlow,
+        CONFIG_TRUST_UNCONNECTED, FINISHER_ATTACHED, FLOW_ADMITTED, FLOW_AWAITING_FIRST, FLOW_HELD,
+        FLOW_PENDING, FLOW_REJECTED, FlowKey, FlowKey4, RejectEvent, TLS_REJECTS_BYTES,
+        TlsCounters, TlsFlow,
     },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     reasons::Refusal,
@@ -66,12 +67,13 @@ use gateway_common::{
 };
 
 use crate::{
-    admission::{answer, count_refusal, refusal},
+    admission::{answer, count_refusal, refusal, refusing},
     bytes::{ScratchBytes, copy, opaque, zero},
     context::{Action, ConnectionLookup, CookieAck, CopyOut, Rewrite, Wanted},
     maps::{finisher, setting},
     pending::{self, TLS_PENDING},
     resume::{self, Place},
+    sync::now_ns,
 };
 
 /// TLS counters, per CPU.
@@ -122,6 +124,8 @@ pub struct Scratch {
     /// kernel unless refused). In scratch rather than a local, so that the verifier does not
     /// follow the hello's judgment once for each value.
     handoff: u32,
+    /// 1 while a held hello's segment is judged (likewise).
+    held: u32,
 }
 
 /// Whether the datapath config says to trust that segments have connections (test fixtures
@@ -416,47 +420,31 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
         match f.state {
             FLOW_ADMITTED => return (Class::TlsFlow, Action::Pass),
             FLOW_REJECTED => return rejected_packet(t.tcp_flags),
+            FLOW_AWAITING_FIRST => return awaiting_first(ctx, pkt, s, payload_len),
+            // Its first segment held back: the kernel has nothing of this connection, so
+            // nothing goes on until the hello is judged. A segment other than the next one (the
+            // held one again, one past a loss) waits for the client to send it again.
+            FLOW_HELD if t.seq != f.next_seq || payload_len == 0 => {
+                return (Class::TlsFlow, Action::Drop);
+            }
             _ => {}
         }
-        // Pending: a later segment of the hello.
-        if pkt.fragmented {
-            // An IP-fragmented segment: the kernel reassembles it from fragments that carry no
-            // ports, so the hello cannot be followed to its end. Decided now as malformed:
-            // tls-new, never resumed, whatever this fragment holds (even nothing).
-            count(|c| c.fragmented_hellos += 1);
-            f.hello.verdict = Verdict::Malformed as u8;
-            return decide::<C>(&s.key, f, false);
+        // In scratch rather than a local, so that the verifier does not follow the parse once
+        // for each value.
+        s.held = u32::from(f.state == FLOW_HELD);
+        let first_seq = f.hello_seq;
+        let result = pending_segment::<C>(ctx, pkt, s, f, payload_len);
+        if s.held == 0 {
+            return result;
         }
-        if payload_len == 0 {
-            return (Class::TlsFlow, Action::Pass);
+        if f.state != FLOW_ADMITTED {
+            return after_hold(f, result);
         }
-        f.segments = f.segments.saturating_add(1);
-        // SAFETY: the flow's parser state into scratch, both aligned.
-        unsafe { copy(&raw mut s.state, &raw const f.hello) };
-        let in_order = t.seq == f.next_seq;
-        if !in_order {
-            count(|c| c.out_of_order += 1);
-        }
-        if !in_order
-            || !parse_segment(
-                ctx,
-                s,
-                u32::from(t.payload_offset),
-                payload_len,
-                t.seq.wrapping_sub(f.hello_seq),
-            )
-        {
-            // Out of order or unreadable: decided as a new session.
-            f.hello.verdict = Verdict::New as u8;
-            return decide::<C>(&s.key, f, true);
-        }
-        // SAFETY: back, as above.
-        unsafe { copy(&raw mut f.hello, &raw const s.state) };
-        f.next_seq = t.seq.wrapping_add(payload_len);
-        if f.hello.verdict() == Verdict::Pending {
-            return (Class::TlsFlow, Action::Pass);
-        }
-        return decide::<C>(&s.key, f, true);
+        // A held hello admitted: the client is told at once to send its first segment again
+        // (by the reply program).
+        f.state = FLOW_AWAITING_FIRST;
+        cookie::hold(s, first_seq);
+        return (result.0, Action::Hold);
     }
     // A connection we do not know, in SYN-cookie mode: an acknowledgement of a good cookie is
     // the handshake's end (dropped: nothing is kept, and the kernel would answer it with a
@@ -552,7 +540,17 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     flow.reserved = 0;
     let result = if s.flow.hello.verdict() == Verdict::Pending {
         count(|c| c.multi_segment += 1);
-        (Class::TlsFlow, Action::Pass)
+        if s.handoff != 0 && skip == 0 && refusing(Class::TlsNew, now_ns()) {
+            // A connection that starts here by its cookie, while tls-new refuses: its first
+            // segment is held back (dropped, its bytes parsed), so that the kernel makes no
+            // connection before the hello is judged. Admitted, it is handed over when the
+            // client sends that segment again (its retransmission timer: about 200 ms).
+            s.flow.state = FLOW_HELD;
+            count(|c| c.hellos_held += 1);
+            (Class::TlsFlow, Action::Drop)
+        } else {
+            (Class::TlsFlow, Action::Pass)
+        }
     } else {
         // A fragment is refused without a reset (its sequence numbers would come from a
         // segment only partly seen), and so is a SYN (the kernel holds nothing to reset).
@@ -570,6 +568,96 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
         (class, Action::Pass) if s.handoff != 0 => (class, Action::Handoff),
         other => other,
     }
+}
+
+/// A later segment of a pending hello (`f`, the flow entry of `s.key`): parsed from where the
+/// last one left off, and the hello decided once complete.
+#[inline(always)]
+fn pending_segment<C: CopyOut + Rewrite>(
+    ctx: &C,
+    pkt: &Packet,
+    s: &mut Scratch,
+    f: &mut TlsFlow,
+    payload_len: u32,
+) -> (Class, Action) {
+    let t = &pkt.transport;
+    if pkt.fragmented {
+        // An IP-fragmented segment: the kernel reassembles it from fragments that carry no
+        // ports, so the hello cannot be followed to its end. Decided now as malformed:
+        // tls-new, never resumed, whatever this fragment holds (even nothing).
+        count(|c| c.fragmented_hellos += 1);
+        f.hello.verdict = Verdict::Malformed as u8;
+        return decide::<C>(&s.key, f, false);
+    }
+    if payload_len == 0 {
+        return (Class::TlsFlow, Action::Pass);
+    }
+    f.segments = f.segments.saturating_add(1);
+    // SAFETY: the flow's parser state into scratch, both aligned.
+    unsafe { copy(&raw mut s.state, &raw const f.hello) };
+    let in_order = t.seq == f.next_seq;
+    if !in_order {
+        count(|c| c.out_of_order += 1);
+    }
+    if !in_order
+        || !parse_segment(
+            ctx,
+            s,
+            u32::from(t.payload_offset),
+            payload_len,
+            t.seq.wrapping_sub(f.hello_seq),
+        )
+    {
+        // Out of order or unreadable: decided as a new session.
+        f.hello.verdict = Verdict::New as u8;
+        return decide::<C>(&s.key, f, true);
+    }
+    // SAFETY: back, as above.
+    unsafe { copy(&raw mut f.hello, &raw const s.state) };
+    f.next_seq = t.seq.wrapping_add(payload_len);
+    if f.hello.verdict() == Verdict::Pending {
+        return (Class::TlsFlow, Action::Pass);
+    }
+    decide::<C>(&s.key, f, true)
+}
+
+/// What becomes of a held hello's segment that did not admit it (`result`, from
+/// [`pending_segment`]): still pending, dropped; refused, as decided (a reset from the NIC: the
+/// kernel never had the connection).
+#[inline(always)]
+fn after_hold(f: &TlsFlow, result: (Class, Action)) -> (Class, Action) {
+    if f.state == FLOW_REJECTED {
+        result
+    } else {
+        (Class::TlsFlow, Action::Drop)
+    }
+}
+
+/// A segment of a held hello's connection, admitted and waiting for its first segment
+/// ([`FLOW_AWAITING_FIRST`]): that segment (its cookie checks again) is handed to the listener
+/// now, and the connection is admitted as any other; the client's reset passes; anything else
+/// is dropped, to come again once the kernel has the connection.
+#[inline(always)]
+fn awaiting_first<C: CopyOut>(
+    ctx: &C,
+    pkt: &Packet,
+    s: &mut Scratch,
+    payload_len: u32,
+) -> (Class, Action) {
+    let t = &pkt.transport;
+    if t.tcp_flags & TCP_RST != 0 {
+        return (Class::TlsFlow, Action::Pass);
+    }
+    if payload_len == 0 || !cookie::check(ctx, pkt, s) {
+        return (Class::TlsFlow, Action::Drop);
+    }
+    let v4 = pkt.ip_version == 4;
+    if let Some(f) = flows::get(s, v4) {
+        // SAFETY: the entry of this connection, touched only by its packets.
+        unsafe { (*f).state = FLOW_ADMITTED };
+    }
+    count(|c| c.held_handoffs += 1);
+    (Class::TlsFlow, Action::Handoff)
 }
 
 /// A SYN on the 4-tuple of a connection [`refused`] remembers (in `s.key`): nothing changes

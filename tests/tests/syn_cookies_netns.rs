@@ -510,3 +510,75 @@ fn with_syn_cookies_a_client_reusing_its_port_while_the_server_holds_it_in_time_
     let (status, log) = daemon.terminate(Duration::from_secs(10));
     assert!(status.success(), "{log:?}");
 }
+
+#[test]
+fn with_syn_cookies_and_tls_new_closed_two_segment_hellos_make_no_connection_and_resumed_ones_connect()
+ {
+    if !have_root("with_syn_cookies_and_tls_new_closed_two_segment_hellos") {
+        return;
+    }
+    let net = TestNet::new();
+    let cert = Cert::new();
+    let listener = net.in_gw(|| std::net::TcpListener::bind((GW_V4, 8443)).expect("bind"));
+    let server = RustlsServer::start(&cert, listener);
+    let daemon = Daemon::start_config(&net, &cert.file(""), &cookie_service(8443));
+    let addr = format!("{GW_V4}:8443");
+    let tls = |field: &str| net.stats()["tls"][field].as_u64().unwrap();
+    // A session for the resumed clients, its tickets published.
+    let config = rustls_config(&cert);
+    assert_eq!(
+        net.in_peer(|| rustls_get(&config, &addr)).unwrap(),
+        rustls::HandshakeKind::Full
+    );
+    for key in &server.issued_keys() {
+        net.gateway_ok(&["tls", "issued", "add", key, "--kind", "psk"]);
+    }
+    net.gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
+    // rustls's own new hello: a post-quantum key share, two segments.
+    let hello = gateway_tests::tls::capture_hello(|a| {
+        let _ = rustls_get(&rustls_config(&cert), &a);
+    });
+    assert!(hello.len() > 1460, "two segments: {} bytes", hello.len());
+    let opens = net.in_gw(passive_opens);
+    const FLOOD: u64 = 50;
+    net.in_peer(|| {
+        for _ in 0..FLOOD {
+            let mut c = TcpStream::connect(addr.as_str()).expect("connect (cookie)");
+            c.set_nodelay(true).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            c.write_all(&hello).expect("hello");
+            let mut b = [0u8; 1];
+            match c.read(&mut b) {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+                other => panic!("a refused client got {other:?}"),
+            }
+        }
+    });
+    assert_eq!(
+        net.in_gw(passive_opens),
+        opens,
+        "the kernel made no connection for a refused two-segment hello"
+    );
+    assert_eq!(tls("hellos_held"), FLOOD);
+    // Resumed clients are served: held too, admitted, handed over when their first segment
+    // comes again. (Each resumption spends its ticket and gets new ones: published before the
+    // next, as the TLS proxy does.)
+    for _ in 0..3 {
+        for key in &server.issued_keys() {
+            net.gateway_ok(&["tls", "issued", "add", key, "--kind", "psk"]);
+        }
+        let started = std::time::Instant::now();
+        let got = net.in_peer(|| rustls_get(&config, &addr));
+        eprintln!("a resumed client, held: {:?}", started.elapsed());
+        assert!(
+            matches!(got, Ok(rustls::HandshakeKind::Resumed)),
+            "{got:?} {}",
+            net.stats()
+        );
+    }
+    assert_eq!(tls("held_handoffs"), 3);
+    assert_eq!(net.in_gw(passive_opens), opens + 3);
+    assert_eq!(class_counter(&net.stats(), "tls-resumed", "admitted"), 3);
+    let (status, log) = daemon.terminate(Duration::from_secs(10));
+    assert!(status.success(), "{log:?}");
+}

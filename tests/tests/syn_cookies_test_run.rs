@@ -92,6 +92,20 @@ fn cookie_program() -> TestProgram {
     prog
 }
 
+/// Closes tls-new (a backlog of 0).
+fn close_tls_new(prog: &mut TestProgram) {
+    prog.maps
+        .set_policy(
+            Class::TlsNew,
+            gateway_common::policy::Policy {
+                backlog: Some(0),
+                ..Default::default()
+            }
+            .to_map(),
+        )
+        .unwrap();
+}
+
 /// A SYN-ACK checked as a reply to `syn`: its sequence number (the cookie), its options.
 fn syn_ack_of(syn: &[u8], out: &[u8], isn: u32) -> (u32, gateway_common::syncookie::TcpOptions) {
     let r = check_rewritten(syn, out, true).expect("a well-formed reply");
@@ -209,16 +223,7 @@ fn a_refused_hello_on_its_cookie_gets_a_reset_and_leaves_no_flow() {
         return;
     }
     let mut prog = cookie_program();
-    prog.maps
-        .set_policy(
-            Class::TlsNew,
-            gateway_common::policy::Policy {
-                backlog: Some(0),
-                ..Default::default()
-            }
-            .to_map(),
-        )
-        .unwrap();
+    close_tls_new(&mut prog);
     let isn = 1_000_000;
     let syn = tcp4(40003, isn, 0, TCP_SYN, &linux_syn_options(9), &[]);
     let (_, out) = prog.run_out(&syn);
@@ -287,4 +292,123 @@ fn through_tc_the_syn_ack_is_redirected_and_the_handoff_needs_a_listener() {
     assert_eq!(tls(&prog, "cookie_hellos"), 1);
     assert_eq!(tls(&prog, "handoffs"), 0);
     assert_eq!(tls(&prog, "handoffs_failed"), 1);
+}
+
+/// The two segments of `hello` cut after `cut` bytes, as the connection of `sport` sends them
+/// after the handshake its SYN-ACK (`cookie`) ended.
+fn two_segments(sport: u16, isn: u32, cookie: u32, hello: &[u8], cut: usize) -> (Vec<u8>, Vec<u8>) {
+    let ack = cookie.wrapping_add(1);
+    (
+        tcp4(sport, isn + 1, ack, TCP_ACK, &[], &hello[..cut]),
+        tcp4(
+            sport,
+            isn + 1 + cut as u32,
+            ack,
+            TCP_ACK | TCP_PSH,
+            &[],
+            &hello[cut..],
+        ),
+    )
+}
+
+/// The cookie of the NIC's answer to a SYN of `sport`.
+fn handshake(prog: &TestProgram, sport: u16, isn: u32) -> u32 {
+    // MSS 1460, SACK permitted.
+    let syn = tcp4(sport, isn, 0, TCP_SYN, &[2, 4, 0x05, 0xb4, 1, 1, 4, 2], &[]);
+    let (action, out) = prog.run_out(&syn);
+    assert_eq!(action, XDP_TX);
+    syn_ack_of(&syn, &out, isn).0
+}
+
+#[test]
+fn while_tls_new_refuses_a_two_segment_hello_is_held_until_judged() {
+    if !have_root("while_tls_new_refuses_a_two_segment_hello_is_held") {
+        return;
+    }
+    let mut prog = cookie_program();
+    close_tls_new(&mut prog);
+    // A new client: its first segment held, its hello refused at the second, with a reset.
+    let new = HelloBuilder::default().build();
+    let cookie = handshake(&prog, 41000, 10);
+    let (first, second) = two_segments(41000, 10, cookie, &new, 60);
+    assert_eq!(prog.run_out(&first).0, XDP_DROP, "held back");
+    assert_eq!(tls(&prog, "hellos_held"), 1);
+    let (action, reset) = prog.run_out(&second);
+    assert_eq!(action, XDP_TX, "refused, with a reset from the NIC");
+    assert_eq!(
+        check_rewritten(&second, &reset, true).unwrap().segment[13],
+        TCP_RST | TCP_ACK
+    );
+    // A resumed client, its key published: held, admitted at its second segment (dropped: the
+    // kernel has nothing yet), handed over when its first segment comes again.
+    let resumed = HelloBuilder {
+        session_id: (0..32).collect(),
+        ..Default::default()
+    }
+    .build();
+    let key = gateway_common::tls::parse_hello(&resumed)
+        .offer_key()
+        .unwrap();
+    prog.maps
+        .add_issued(
+            gateway_common::maps::IssuedKey { key },
+            gateway_common::maps::IssuedValue {
+                limit: gateway_common::maps::MAX_RESUME_LIMIT,
+                per_minute: u32::MAX,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let cookie = handshake(&prog, 41001, 20);
+    let (first, second) = two_segments(41001, 20, cookie, &resumed, 60);
+    assert_eq!(prog.run_out(&first).0, XDP_DROP);
+    let before = prog.counters();
+    // Admitted, but its start is not there yet: the segment becomes an acknowledgement of
+    // nothing new with a SACK of itself, so that the client sends the first one again at once.
+    let (action, ack) = prog.run_out(&second);
+    assert_eq!(action, XDP_TX);
+    assert_eq!(
+        prog.counters().class_since(&before),
+        Some(Class::TlsResumed)
+    );
+    let r = check_rewritten(&second, &ack, true).unwrap();
+    let tcp = &r.segment;
+    assert_eq!(tcp[13], TCP_ACK);
+    assert_eq!(
+        &tcp[4..8],
+        &cookie.wrapping_add(1).to_be_bytes(),
+        "the SYN-ACK's next"
+    );
+    assert_eq!(
+        &tcp[8..12],
+        &21u32.to_be_bytes(),
+        "nothing of the client's taken"
+    );
+    let second_seq = 21 + 60u32;
+    let mut sack = vec![1, 1, 5, 10];
+    sack.extend_from_slice(&second_seq.to_be_bytes());
+    sack.extend_from_slice(&(second_seq + (resumed.len() - 60) as u32).to_be_bytes());
+    assert_eq!(
+        &tcp[20..],
+        &sack[..],
+        "a SACK block of the segment, and no payload"
+    );
+    // Its second segment again (the client's tail-loss probe): still waiting.
+    assert_eq!(prog.run_out(&second).0, XDP_DROP);
+    assert_eq!(tls(&prog, "held_handoffs"), 0);
+    // The first again (its retransmission timer): handed to the listener.
+    assert_eq!(prog.run_out(&first).0, XDP_PASS);
+    assert_eq!(tls(&prog, "held_handoffs"), 1);
+    // And from then on an admitted connection.
+    let before = prog.counters();
+    assert_eq!(prog.run_out(&second).0, XDP_PASS);
+    assert_eq!(prog.counters().class_since(&before), Some(Class::TlsFlow));
+    // With tls-new open, no hello is held: the first segment goes to the kernel at once.
+    prog.maps
+        .set_policy(Class::TlsNew, Default::default())
+        .unwrap();
+    let cookie = handshake(&prog, 41002, 30);
+    let (first, _) = two_segments(41002, 30, cookie, &new, 60);
+    assert_eq!(prog.run_out(&first).0, XDP_PASS);
+    assert_eq!(tls(&prog, "hellos_held"), 2);
 }

@@ -137,6 +137,14 @@ pub const FLOW_ADMITTED: u8 = 1;
 /// [`TlsFlow::state`]: rejected; later packets are dropped (or answered). A connection refused
 /// on its first segment has no flow entry: it is remembered in `TLS_REFUSED` instead.
 pub const FLOW_REJECTED: u8 = 2;
+/// [`TlsFlow::state`]: a connection started by a SYN cookie whose hello takes several segments,
+/// its first segment held back (dropped, its bytes parsed) because tls-new was refusing: the
+/// kernel has nothing of it until the hello is judged.
+pub const FLOW_HELD: u8 = 3;
+/// [`TlsFlow::state`]: such a connection admitted, its first segment still to come again (the
+/// client sends it once its retransmission timer fires) and be handed to the listener; until
+/// then its other segments are dropped (they come again too).
+pub const FLOW_AWAITING_FIRST: u8 = 4;
 
 /// State of one TLS connection.
 #[repr(C)]
@@ -344,6 +352,11 @@ crate::counters! {
         /// SYNs in SYN-cookie mode left to the kernel: their 4-tuple still had a socket there
         /// (TIME_WAIT, a client reusing its port), which the kernel ends before it answers.
         pub cookies_declined: u64,
+        /// First segments of multi-segment hellos held back (SYN-cookie mode, while tls-new
+        /// refused): the kernel made no connection unless the hello was then admitted.
+        pub hellos_held: u64,
+        /// Held hellos admitted and handed to the listener when their first segment came again.
+        pub held_handoffs: u64,
     }
 }
 

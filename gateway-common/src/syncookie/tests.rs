@@ -239,3 +239,29 @@ fn the_mss_announced_is_the_largest_of_the_table_not_above_the_clients() {
         }
     }
 }
+
+#[test]
+fn a_held_hellos_acknowledgement_carries_the_timestamps_and_a_sack_of_the_segment() {
+    let o = TcpOptions {
+        ts: true,
+        tsval: 0x0102_0304,
+        ..TcpOptions::default()
+    };
+    let (b, n) = held_ack_options(&o, true, 0xffff_fff0, 0x20, 9);
+    assert_eq!(n, 24);
+    assert_eq!(&b[..12], &[1, 1, 8, 10, 0, 0, 0, 9, 1, 2, 3, 4]);
+    // The block wraps around the sequence space like the segment does.
+    assert_eq!(
+        &b[12..],
+        &[1, 1, 5, 10, 0xff, 0xff, 0xff, 0xf0, 0, 0, 0, 0x10]
+    );
+    let mut opts = [0u8; 64];
+    opts[..24].copy_from_slice(&b);
+    let parsed = parse_options(&opts, n);
+    assert!(parsed.ts);
+    assert_eq!((parsed.tsval, parsed.tsecr), (9, 0x0102_0304));
+    let none = TcpOptions::default();
+    assert_eq!(held_ack_options(&none, false, 1, 1, 1).1, 0);
+    let (b, n) = held_ack_options(&none, true, 1, 1, 1);
+    assert_eq!((n, &b[..4]), (12, &[1u8, 1, 5, 10][..]));
+}

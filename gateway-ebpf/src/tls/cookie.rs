@@ -11,18 +11,19 @@ use core::ffi::c_void;
 use aya_ebpf::{btf_maps::Array, helpers::generated::bpf_loop, macros::btf_map};
 use gateway_common::{
     Class,
-    packet::Packet,
+    packet::{Packet, TCP_ACK, TCP_SYN},
     syncookie::{
-        CookieKey, CookieOptions, MAX_OPTION_STEPS, OptionWalk, TcpOptions, WSCALE_NONE,
-        check_cookie, cookie_hash, options_byte, period_of, synack_options, synack_tsval,
+        CookieKey, CookieOptions, MAX_OPTION_STEPS, OUR_WSCALE, OptionWalk, SYNACK_WINDOW,
+        TcpOptions, WSCALE_NONE, check_cookie, cookie_hash, decode_options, held_ack_options,
+        options_byte, period_of, synack_options, synack_tsval,
     },
 };
 
-use super::{Scratch, count};
+use super::{Scratch, TLS_SCRATCH, count};
 use crate::{
     bytes::{opaque, zero},
     context::{Action, CopyOut, Rewrite},
-    reply::syn_ack,
+    reply::{answer_tcp, answerable},
     sync::now_ns,
 };
 
@@ -46,10 +47,17 @@ pub struct CookieScratch {
     v4: u32,
     /// Out: the SYN-ACK's sequence number.
     cookie: u32,
-    /// Out: the SYN-ACK's options' length.
-    synack_len: u32,
-    /// Out: the SYN-ACK's options.
-    synack: [u8; 20],
+    /// The NIC's answer the reply program sends ([`send_answer`]): 1 while one is prepared,
+    /// [`HELD_ANSWER`] while a held hello's is to be made there.
+    answer_pending: u32,
+    /// Its sequence and acknowledgement numbers, flags and window.
+    answer_seq: u32,
+    answer_ack: u32,
+    answer_flags: u32,
+    answer_window: u32,
+    /// Its options' length, and the options (a SYN-ACK's, or a held hello's acknowledgement's).
+    answer_len: u32,
+    answer: [u8; 24],
     /// Out: what a good cookie kept ([`gateway_cookie_check`]).
     pub kept: CookieOptions,
     /// Out: the segment's options, parsed ([`gateway_cookie_check`]).
@@ -85,6 +93,10 @@ fn walk_options(c: &mut CookieScratch) -> TcpOptions {
     c.walk.found
 }
 
+/// [`CookieScratch::answer_pending`] of a held hello's acknowledgement, made by the reply
+/// program from the segment ([`hold`]).
+const HELD_ANSWER: u32 = 2;
+
 /// The secret, once set.
 #[inline(always)]
 fn secret() -> Option<&'static CookieKey> {
@@ -117,18 +129,23 @@ fn take_segment<C: CopyOut>(ctx: &C, pkt: &Packet, c: &mut CookieScratch) {
     c.v4 = u32::from(pkt.ip_version == 4);
 }
 
+/// A global function's scratch (`s`, which may be null to the verifier) and the secret, once
+/// set.
+#[inline(always)]
+fn with_secret(s: *mut Scratch) -> Option<(&'static mut Scratch, &'static CookieKey)> {
+    if s.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's per-CPU scratch, used only by this program run.
+    Some((unsafe { &mut *s }, secret()?))
+}
+
 /// Makes the cookie and the SYN-ACK's options for the SYN in `s` (`s.key`, `s.cookie`'s
 /// segment fields): their length, 0 when the secret is not set.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn gateway_syn_cookie(s: *mut Scratch) -> i32 {
-    // A global function's pointer may be null to the verifier.
-    if s.is_null() {
-        return 0;
-    }
-    // SAFETY: the caller's per-CPU scratch.
-    let s = unsafe { &mut *s };
-    let Some(k) = secret() else {
+    let Some((s, k)) = with_secret(s) else {
         return 0;
     };
     let c = &mut s.cookie;
@@ -139,8 +156,9 @@ pub extern "C" fn gateway_syn_cookie(s: *mut Scratch) -> i32 {
     let hash = cookie_hash(k, &s.key, c.seq, period, byte);
     c.cookie = ((hash as u32) & 0xffff_ff00) | u32::from(byte);
     let (opts, n) = synack_options(&o, mss, synack_tsval(hash, now));
-    c.synack = opts;
-    c.synack_len = n as u32;
+    c.answer = [0; 24];
+    c.answer[..20].copy_from_slice(&opts);
+    c.answer_len = n as u32;
     n as i32
 }
 
@@ -149,12 +167,7 @@ pub extern "C" fn gateway_syn_cookie(s: *mut Scratch) -> i32 {
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn gateway_cookie_check(s: *mut Scratch) -> i32 {
-    if s.is_null() {
-        return 0;
-    }
-    // SAFETY: the caller's per-CPU scratch.
-    let s = unsafe { &mut *s };
-    let Some(k) = secret() else {
+    let Some((s, k)) = with_secret(s) else {
         return 0;
     };
     let c = &mut s.cookie;
@@ -168,26 +181,110 @@ pub extern "C" fn gateway_cookie_check(s: *mut Scratch) -> i32 {
     }
 }
 
-/// Answers the SYN `pkt` (of the connection `s.key`) with a SYN-ACK carrying a cookie, from the
-/// NIC: nothing is kept, and the kernel never sees the SYN. Passed to the kernel instead when
-/// the secret is not set yet or the headers are not ones the NIC answers (IPv4 options, IPv6
-/// extension headers): the kernel then makes the connection as it would without this mode,
-/// and its hello is judged as any connection's the kernel has.
+/// Marks the answer to a later segment of a held hello whose connection was just admitted
+/// (`crate::tls`), for the reply program to make and send ([`send_answer`]): an acknowledgement
+/// back to the client that acknowledges nothing new (the kernel has nothing of the connection
+/// yet; the client's bytes start at `first_seq`) and, when the client permitted SACK (the cookie
+/// kept that), carries a SACK block of the segment, so that the client sends its first segment
+/// again at once rather than at its retransmission timer. Its sequence number is the one the
+/// SYN-ACK promised next; its timestamp goes on from the one the client echoes.
 #[inline(always)]
-pub fn answer_syn<R: Rewrite + CopyOut>(ctx: &R, pkt: &Packet, s: &mut Scratch) -> (Class, Action) {
-    take_segment(ctx, pkt, &mut s.cookie);
-    let n = gateway_syn_cookie(s);
-    if n <= 0 {
+pub fn hold(s: &mut Scratch, first_seq: u32) {
+    s.cookie.answer_ack = first_seq;
+    s.cookie.answer_pending = HELD_ANSWER;
+}
+
+/// [`hold`]'s answer made on the segment copied into `s`, as a global function (the verifier
+/// checks it once, with its own stack).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn gateway_held_answer(s: *mut Scratch, payload_len: u32, first_seq: u32) -> i32 {
+    if s.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's per-CPU scratch.
+    let c = unsafe { &mut (*s).cookie };
+    c.parsed = walk_options(c);
+    let kept = decode_options(c.ack.wrapping_sub(1) as u8, c.v4 != 0);
+    let o = c.parsed;
+    let (opts, n) = held_ack_options(&o, kept.sack, c.seq, payload_len, o.tsecr.wrapping_add(1));
+    c.answer = opts;
+    c.answer_len = n as u32;
+    c.answer_seq = c.ack;
+    c.answer_ack = first_seq;
+    c.answer_flags = u32::from(TCP_ACK);
+    c.answer_window = u32::from(if scaled(&kept) {
+        SYNACK_WINDOW >> OUR_WSCALE
+    } else {
+        SYNACK_WINDOW
+    });
+    1
+}
+
+/// Sends the answer the classifier prepared for the segment `pkt` (the reply program's part),
+/// if one is: the frame rewritten into it and sent back ([`answer_tcp`]), or dropped when it
+/// could not be. Counts a SYN-ACK sent.
+#[inline(always)]
+pub fn send_answer<R: Rewrite + CopyOut>(ctx: &R, pkt: &Packet) -> Option<Action> {
+    let s = TLS_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: per-CPU slot, used only by this program run (the classifier that prepared the
+    // answer ran on this CPU just before its tail call here).
+    let s = unsafe { &mut *s };
+    let pending = s.cookie.answer_pending;
+    if pending == 0 {
+        return None;
+    }
+    s.cookie.answer_pending = 0;
+    if pending == HELD_ANSWER {
+        let first_seq = s.cookie.answer_ack;
+        take_segment(ctx, pkt, &mut s.cookie);
+        gateway_held_answer(s, u32::from(pkt.payload_len()), first_seq);
+    }
+    let c = &mut s.cookie;
+    let header = (
+        c.answer_seq,
+        c.answer_ack,
+        c.answer_flags as u8,
+        c.answer_window as u16,
+    );
+    let sent = answer_tcp(ctx, pkt, header, &c.answer, c.answer_len as usize);
+    if sent.is_some() && c.answer_flags as u8 & TCP_SYN != 0 {
+        count(|c| c.cookies_sent += 1);
+    }
+    Some(sent.unwrap_or(Action::Drop))
+}
+
+/// Forgets a prepared answer the reply program was not there to send.
+#[inline(always)]
+pub fn forget_answer() {
+    if let Some(s) = TLS_SCRATCH.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, as above.
+        unsafe { (*s).cookie.answer_pending = 0 };
+    }
+}
+
+/// Answers the SYN `pkt` (of the connection `s.key`) with a SYN-ACK carrying a cookie, from the
+/// NIC: prepared here, sent by the reply program ([`Action::Answer`], [`send_answer`]); nothing is
+/// kept, and the kernel never sees the SYN. Passed to the kernel instead when the secret is not
+/// set yet or the headers are not ones the NIC answers (IPv4 options, IPv6 extension headers):
+/// the kernel then makes the connection as it would without this mode, and its hello is judged
+/// as any connection's the kernel has.
+#[inline(always)]
+pub fn answer_syn<C: CopyOut>(ctx: &C, pkt: &Packet, s: &mut Scratch) -> (Class, Action) {
+    if !answerable(pkt) {
         return (Class::TlsFlow, Action::Pass);
     }
-    let c = &s.cookie;
-    match syn_ack(ctx, pkt, c.cookie, &c.synack, n as usize) {
-        Some(action) => {
-            count(|c| c.cookies_sent += 1);
-            (Class::TlsFlow, action)
-        }
-        None => (Class::TlsFlow, Action::Pass),
+    take_segment(ctx, pkt, &mut s.cookie);
+    if gateway_syn_cookie(s) <= 0 {
+        return (Class::TlsFlow, Action::Pass);
     }
+    let c = &mut s.cookie;
+    c.answer_seq = c.cookie;
+    c.answer_ack = pkt.transport.seq.wrapping_add(1);
+    c.answer_flags = u32::from(TCP_SYN | TCP_ACK);
+    c.answer_window = u32::from(SYNACK_WINDOW);
+    c.answer_pending = 1;
+    (Class::TlsFlow, Action::Answer)
 }
 
 /// Whether the segment `pkt` (of the connection `s.key`) acknowledges a cookie of ours still

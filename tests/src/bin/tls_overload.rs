@@ -483,34 +483,6 @@ fn main() {
          client): {}.",
         after.join("; ")
     ));
-    if cookies {
-        cookie_summary(&mut report, &rows);
-        report.csv(
-            "resumed.csv",
-            &[
-                "gateway",
-                "clients",
-                "flood_x_capacity",
-                "flood_sent_per_s",
-                "new_hellos_admitted_per_s",
-                "resumed_per_s",
-                "share_of_unloaded_pct",
-                "resumed_p99_ms",
-                "fetches_not_resumed",
-            ],
-            &rows,
-        );
-        report.chart(
-            "resumed.png",
-            "Resumed sessions under a flood of new handshakes: SYNs from the kernel or from the NIC",
-            (
-                "flood of new hellos (x the proxy's full-handshake capacity)",
-                "resumed clients' rate (% of unloaded)",
-            ),
-            &lines,
-        );
-        return;
-    }
     report.csv(
         "resumed.csv",
         &[
@@ -526,6 +498,19 @@ fn main() {
         ],
         &rows,
     );
+    if cookies {
+        cookie_summary(&mut report, &rows);
+        report.chart(
+            "resumed.png",
+            "Resumed sessions under a flood of new handshakes: SYNs from the kernel or from the NIC",
+            (
+                "flood of new hellos (x the proxy's full-handshake capacity)",
+                "resumed clients' rate (% of unloaded)",
+            ),
+            &lines,
+        );
+        return;
+    }
     // Seed 000's effect: resumed sessions keep their throughput under the flood. Said plainly
     // whether this run shows it.
     let at_5x = |name: &str, sessions: Sessions| {

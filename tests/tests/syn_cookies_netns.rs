@@ -10,62 +10,21 @@ use std::{
 };
 
 use gateway_tests::{
+    behind::{BehindGateway, GET},
     daemon::Daemon,
     have_root,
     netns::{GW_V4, GW_V6, TestNet, class_counter},
-    tls::{
-        Cert, Proc, RustlsServer, rustls_config, rustls_get, s_client_input, s_server, session_key,
-        wait_listening,
-    },
+    tls::{Cert, RustlsServer, rustls_config, rustls_get, session_key},
 };
-
-const GET: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
 
 /// The services a test's daemon protects: tcp/`port` as TLS, in SYN-cookie mode.
 fn cookie_service(port: u16) -> String {
     format!("services:\n  - {{kind: tls, port: {port}, syn_cookies: true}}\n")
 }
 
-struct Setup {
-    net: TestNet,
-    cert: Cert,
-    _server: Proc,
-    daemon: Option<Daemon>,
-}
-
-impl Setup {
-    /// Namespaces, an s_server on 443 behind the gateway, and `gateway run` with 443 in
-    /// SYN-cookie mode.
-    fn new() -> Self {
-        let net = TestNet::new();
-        let cert = Cert::new();
-        let server = s_server(&["ip", "netns", "exec", &net.gw_ns], &cert, 443, &[]);
-        wait_listening(|| net.in_gw(|| TcpStream::connect(("127.0.0.1", 443)).is_ok()));
-        let daemon = Daemon::start_config(&net, &cert.file(""), &cookie_service(443));
-        Setup {
-            net,
-            cert,
-            _server: server,
-            daemon: Some(daemon),
-        }
-    }
-
-    fn client(&self, args: &[&str]) -> String {
-        s_client_input(
-            &["ip", "netns", "exec", &self.net.peer_ns],
-            &format!("{GW_V4}:443"),
-            args,
-            GET,
-        )
-    }
-
-    fn tls(&self, field: &str) -> u64 {
-        self.net.stats()["tls"][field].as_u64().unwrap()
-    }
-
-    fn counter(&self, class: &str, field: &str) -> u64 {
-        class_counter(&self.net.stats(), class, field)
-    }
+/// An s_server on 443 behind `gateway run` with 443 in SYN-cookie mode.
+fn setup() -> BehindGateway {
+    BehindGateway::new(&[], &cookie_service(443))
 }
 
 /// A TCP connection to `to` from local port `port` (SO_REUSEADDR, bound before connecting).
@@ -149,23 +108,12 @@ fn sockets_on_443() -> Vec<String> {
         .collect()
 }
 
-impl Drop for Setup {
-    fn drop(&mut self) {
-        if let Some(d) = self.daemon.take() {
-            let (status, log) = d.terminate(Duration::from_secs(10));
-            if !std::thread::panicking() {
-                assert!(status.success(), "{log:?}");
-            }
-        }
-    }
-}
-
 #[test]
 fn with_syn_cookies_openssl_clients_of_both_versions_connect_transfer_and_resume() {
     if !have_root("with_syn_cookies_openssl_clients") {
         return;
     }
-    let s = Setup::new();
+    let s = setup();
     let sess = s.cert.file("sess.pem");
     let sess = sess.to_str().unwrap();
     for version in ["-tls1_2", "-tls1_3"] {
@@ -199,7 +147,7 @@ fn with_syn_cookies_and_tls_new_closed_refused_clients_leave_no_socket_and_resum
     if !have_root("with_syn_cookies_and_tls_new_closed") {
         return;
     }
-    let s = Setup::new();
+    let s = setup();
     let sess = s.cert.file("sess.pem");
     let sess = sess.to_str().unwrap();
     let out = s.client(&["-tls1_3", "-sess_out", sess, "-ign_eof"]);
@@ -341,7 +289,7 @@ fn with_syn_cookies_every_kind_of_client_connects_over_a_link_that_loses_one_pac
     if !have_root("with_syn_cookies_every_kind_of_client_connects_over_a_lossy_link") {
         return;
     }
-    let s = Setup::new();
+    let s = setup();
     lossy_peer(&s.net);
     let cacert = s.cert.cert();
     let curl = |extra: &[&str]| {

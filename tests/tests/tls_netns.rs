@@ -7,16 +7,12 @@ use std::{
 };
 
 use gateway_tests::{
+    behind::BehindGateway,
     daemon::Daemon,
     have_root,
     netns::{GW_V4, TestNet, class_counter, must},
-    tls::{
-        Cert, Proc, RustlsServer, rustls_config, rustls_get, s_client_input, s_server, session_key,
-        wait_listening,
-    },
+    tls::{Cert, RustlsServer, rustls_config, rustls_get, session_key},
 };
-
-const GET: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
 
 /// `gateway run` protecting tcp/`port` (tls) on the gateway's veth, detaching on exit.
 fn gateway_for(net: &TestNet, cert: &Cert, port: u16) -> Daemon {
@@ -28,77 +24,24 @@ fn gateway_for(net: &TestNet, cert: &Cert, port: u16) -> Daemon {
     )
 }
 
-struct Setup {
-    net: TestNet,
-    cert: Cert,
-    _server: Proc,
-    daemon: Option<Daemon>,
+/// An s_server on 443 (`server_opts`) behind `gateway run` protecting it.
+fn setup(server_opts: &[&str]) -> BehindGateway {
+    BehindGateway::new(server_opts, "services:\n  - {kind: tls, port: 443}\n")
 }
 
-impl Setup {
-    /// Namespaces, an s_server on 443 behind the gateway (`server_opts`), and `gateway run`.
-    fn new(server_opts: &[&str]) -> Self {
-        let net = TestNet::new();
-        let cert = Cert::new();
-        let server = s_server(
-            &["ip", "netns", "exec", &net.gw_ns],
-            &cert,
-            443,
-            server_opts,
-        );
-        wait_listening(|| net.in_gw(|| TcpStream::connect(("127.0.0.1", 443)).is_ok()));
-        let daemon = gateway_for(&net, &cert, 443);
-        Setup {
-            net,
-            cert,
-            _server: server,
-            daemon: Some(daemon),
-        }
-    }
-
-    /// s_client from the peer namespace; returns its output.
-    fn client(&self, args: &[&str]) -> String {
-        s_client_input(
-            &["ip", "netns", "exec", &self.net.peer_ns],
-            &format!("{GW_V4}:443"),
-            args,
-            GET,
-        )
-    }
-
-    fn counter(&self, class: &str, field: &str) -> u64 {
-        class_counter(&self.net.stats(), class, field)
-    }
-
-    /// A full TLS 1.3 handshake whose session is saved, and its key published; returns the
-    /// session file for `-sess_in`.
-    fn published_session(&self) -> std::path::PathBuf {
-        let sess = self.cert.file("sess.pem");
-        self.client(&["-tls1_3", "-sess_out", sess.to_str().unwrap(), "-ign_eof"]);
-        let key = session_key(&sess);
-        self.net
-            .gateway_ok(&["tls", "issued", "add", &key, "--kind", "psk"]);
-        sess
-    }
-
-    fn tls(&self, field: &str) -> u64 {
-        self.net.stats()["tls"][field].as_u64().unwrap()
-    }
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        if let Some(d) = self.daemon.take() {
-            let (status, log) = d.terminate(Duration::from_secs(10));
-            if !std::thread::panicking() {
-                assert!(status.success(), "{log:?}");
-            }
-        }
-    }
+/// A full TLS 1.3 handshake whose session is saved, and its key published; returns the session
+/// file for `-sess_in`.
+fn published_session(s: &BehindGateway) -> std::path::PathBuf {
+    let sess = s.cert.file("sess.pem");
+    s.client(&["-tls1_3", "-sess_out", sess.to_str().unwrap(), "-ign_eof"]);
+    let key = session_key(&sess);
+    s.net
+        .gateway_ok(&["tls", "issued", "add", &key, "--kind", "psk"]);
+    sess
 }
 
 fn resumption(version: &str, server_opts: &[&str], kind: &str) {
-    let s = Setup::new(server_opts);
+    let s = setup(server_opts);
     let sess = s.cert.file("sess.pem");
     let sess = sess.to_str().unwrap();
     // A full handshake: tls-new.
@@ -145,7 +88,7 @@ fn a_resuming_hello_split_by_a_small_mtu_is_still_verified() {
     if !have_root("a_resuming_hello_split_by_a_small_mtu") {
         return;
     }
-    let s = Setup::new(&[]);
+    let s = setup(&[]);
     for (ns, ifname) in [
         (&s.net.gw_ns, &s.net.gw_if),
         (&s.net.peer_ns, &s.net.peer_if),
@@ -155,7 +98,7 @@ fn a_resuming_hello_split_by_a_small_mtu_is_still_verified() {
             &["-n", ns, "link", "set", "dev", ifname, "mtu", "300"],
         );
     }
-    let sess = s.published_session();
+    let sess = published_session(&s);
     let sess = sess.to_str().unwrap();
     let before = s.tls("multi_segment");
     let out = s.client(&["-tls1_3", "-sess_in", sess, "-ign_eof"]);
@@ -172,8 +115,8 @@ fn with_tls_new_closed_new_clients_are_reset_at_once_and_resumed_ones_connect() 
     if !have_root("with_tls_new_closed") {
         return;
     }
-    let s = Setup::new(&[]);
-    let sess = s.published_session();
+    let s = setup(&[]);
+    let sess = published_session(&s);
     let sess = sess.to_str().unwrap();
     // Close tls-new from the CLI while the daemon runs.
     s.net
@@ -248,7 +191,7 @@ fn a_public_session_id_prefix_buys_nothing_while_the_real_session_resumes() {
     if !have_root("a_public_session_id_prefix_buys_nothing") {
         return;
     }
-    let s = Setup::new(&["-no_ticket"]);
+    let s = setup(&["-no_ticket"]);
     let sess = s.cert.file("sess.pem");
     let sess = sess.to_str().unwrap();
     let out = s.client(&["-tls1_2", "-sess_out", sess, "-ign_eof"]);

@@ -374,8 +374,11 @@ impl Controller {
         self.pdd.is_none() && self.plants.iter().all(|p| p.laws.is_empty())
     }
 
-    /// Runs one interval every `interval` until `stop`.
-    pub async fn run(mut self, stop: CancellationToken) {
+    /// Runs the first interval, which takes the classes over (from the limits a controller left,
+    /// else from their upper bounds), and marks it for `/readyz`. The daemon calls it before it
+    /// says it is ready, so that a ready daemon's classes are already the controller's; a no-op
+    /// when there is nothing to control.
+    pub fn begin(&mut self) {
         if self.is_idle() {
             return;
         }
@@ -396,7 +399,19 @@ impl Controller {
             cores = self.cores,
             "controller running"
         );
-        let mut tick = tokio::time::interval(self.cfg.interval);
+        self.interval(Duration::from_millis(1));
+    }
+
+    /// Runs one interval every `interval` until `stop`, the first one an interval after
+    /// [`Controller::begin`].
+    pub async fn run(mut self, stop: CancellationToken) {
+        if self.is_idle() {
+            return;
+        }
+        let mut tick = tokio::time::interval_at(
+            tokio::time::Instant::now() + self.cfg.interval,
+            self.cfg.interval,
+        );
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last = Instant::now();
         loop {
@@ -407,11 +422,16 @@ impl Controller {
             let now = Instant::now();
             let elapsed = now.duration_since(last).max(Duration::from_millis(1));
             last = now;
-            self.tick(elapsed);
-            self.stats
-                .last_interval_ns
-                .store(monotonic_ns(), std::sync::atomic::Ordering::Relaxed);
+            self.interval(elapsed);
         }
+    }
+
+    /// One interval of `elapsed`, marked as the last for `/readyz`.
+    fn interval(&mut self, elapsed: Duration) {
+        self.tick(elapsed);
+        self.stats
+            .last_interval_ns
+            .store(monotonic_ns(), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// One interval of `elapsed` on every interface.

@@ -477,7 +477,8 @@ fn readiness_checks(
     checks
 }
 
-/// Starts the controller of `cfg` as a task that ends with its token (or `stop`).
+/// Starts the controller of `cfg`: its first interval at once, then a task that ends with its
+/// token (or `stop`).
 fn start_controller(
     cfg: &Config,
     attached: &[Arc<Attached>],
@@ -491,7 +492,7 @@ fn start_controller(
     } else {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     };
-    let controller = Controller::new(
+    let mut controller = Controller::new(
         &cfg.controller,
         attached,
         pools,
@@ -499,6 +500,8 @@ fn start_controller(
         stats.clone(),
         cores,
     );
+    // The first interval here, so that the daemon is ready only once its classes are taken over.
+    controller.begin();
     let token = stop.child_token();
     let task = tokio::spawn(controller.run(token.clone()));
     (token, task)

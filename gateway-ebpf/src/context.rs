@@ -38,10 +38,10 @@ pub enum Action {
     /// Answered from the NIC with the segment `crate::tls::cookie` prepared in scratch (a
     /// SYN-ACK carrying a cookie), by the reply program.
     Answer,
-    /// The same, counted as admitted: the segment that admitted a held hello, answered with the
-    /// acknowledgement that asks the client for its first segment again
-    /// (`crate::tls::cookie::answer_held`). The segment itself comes again once the kernel has
-    /// the connection.
+    /// The same, counted as admitted: the segment that admitted a held hello, by the reply
+    /// program carried with the held first segment to the listener (`crate::tls::carry`), or
+    /// else answered with the acknowledgement that asks the client for its first segment again
+    /// (`crate::tls::cookie::hold`).
     Hold,
 }
 
@@ -79,6 +79,10 @@ pub trait Rewrite {
     /// after sending a copy out with [`Rewrite::send_copy`].
     const SENDS_COPIES: bool;
 
+    /// Whether [`Rewrite::resize`] can grow a frame by a segment's worth: TC reallocates the
+    /// skb as needed; XDP grows only into the driver's tailroom, which a full frame seldom has.
+    const GROWS: bool;
+
     /// Cuts the frame to `len` bytes (at most its length); whether it could.
     fn truncate(&self, len: usize) -> bool;
 
@@ -111,6 +115,7 @@ pub const HANDOFF: u32 = u32::from_be_bytes(*b"GWHO");
 
 impl Rewrite for XdpContext {
     const SENDS_COPIES: bool = false;
+    const GROWS: bool = false;
 
     #[inline(always)]
     fn truncate(&self, len: usize) -> bool {
@@ -164,6 +169,7 @@ impl Rewrite for XdpContext {
 
 impl Rewrite for TcContext {
     const SENDS_COPIES: bool = true;
+    const GROWS: bool = true;
 
     #[inline(always)]
     fn truncate(&self, len: usize) -> bool {
@@ -224,7 +230,8 @@ pub fn handed_over(ctx: &TcContext) -> Option<(u32, u32)> {
         }
         let tag = u32::from_ne_bytes(*(meta as *const [u8; 4]));
         let value = u32::from_ne_bytes(*((meta + 4) as *const [u8; 4]));
-        (tag == HANDED_OVER || tag == SEND_OUT || tag == HANDOFF).then_some((tag, value))
+        (tag == HANDED_OVER || tag == SEND_OUT || tag == HANDOFF || tag == crate::tls::carry::CARRY)
+            .then_some((tag, value))
     }
 }
 

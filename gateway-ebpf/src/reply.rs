@@ -332,6 +332,46 @@ pub fn answer_tcp<R: Rewrite>(
     Some(Action::Tx)
 }
 
+/// Turns the frame of the TCP segment `pkt`, its payload replaced by `payload_len` bytes already
+/// in place after its header (their sum `payload_sum`, as big-endian words), into a segment
+/// from `seq` for the local stack: its IP length and checksum, sequence number and TCP checksum
+/// set, its addresses, ports and options kept (`opts`: a copy of its options, zero past them to
+/// 40 bytes). The carried segment of a held hello (`crate::tls::carry`). `false` when the
+/// headers are not ones this rewrites or the frame is shorter than them.
+#[inline(always)]
+pub fn resegment<R: Rewrite>(
+    ctx: &R,
+    pkt: &Packet,
+    seq: u32,
+    payload_len: u16,
+    payload_sum: u64,
+    opts: &[u8; 40],
+) -> bool {
+    let Some(h) = Headers::of(pkt, IPPROTO_TCP) else {
+        return false;
+    };
+    let t = &pkt.transport;
+    let header = t.payload_offset.saturating_sub(t.l4_offset);
+    if !(20..=60).contains(&header) {
+        return false;
+    }
+    let Some((tcp, pseudo)) = h.rewrite(ctx, header + payload_len, IPPROTO_TCP, false) else {
+        return false;
+    };
+    // SAFETY: rewrite checked 20 transport bytes; the options are summed from their copy.
+    unsafe {
+        for (i, b) in seq.to_be_bytes().into_iter().enumerate() {
+            *tcp.add(4 + i) = b;
+        }
+        put16(tcp.add(16), 0);
+        put16(
+            tcp.add(16),
+            fold(pseudo + sum16(tcp, 20) + sum16(opts.as_ptr(), 40) + payload_sum),
+        );
+    }
+    true
+}
+
 /// Whether the finishing program is attached at this XDP attachment's TC ingress.
 #[inline(always)]
 fn finisher_attached() -> bool {

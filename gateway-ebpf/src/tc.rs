@@ -15,7 +15,11 @@ use crate::{
     maps::service_kind,
     reply::finish,
     sip::sip_response,
-    tls::{self, tls_answer},
+    tls::{
+        self,
+        carry::{CARRY, carry_handed_over},
+        tls_answer,
+    },
 };
 
 /// The ingress classifier as a TC (tcx) program.
@@ -42,7 +46,12 @@ pub fn gateway_tc_sip(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn gateway_tc_reply(ctx: TcContext) -> i32 {
     let len = u64::from(ctx.len());
-    process_reply(&ctx, &SkbBytes::new(&ctx), len).tc(&ctx)
+    let action = process_reply(&ctx, &SkbBytes::new(&ctx), len);
+    // A held hello carried into the segment that admitted it, for its listener.
+    if action == Action::Handoff {
+        handoff(&ctx);
+    }
+    action.tc(&ctx)
 }
 
 /// The finishing program at the TC ingress of an XDP attachment: a frame the XDP reply program
@@ -50,7 +59,8 @@ pub fn gateway_tc_reply(ctx: TcContext) -> i32 {
 /// copy, and goes on to the stack; a reply handed over to be sent (a 503, where XDP_TX may not
 /// deliver) goes out of the device. Every other frame passes untouched, after one metadata
 /// check. A first data segment the XDP program admitted on its SYN cookie is handed to its
-/// listener (`crate::handoff`).
+/// listener (`crate::handoff`), and so is the segment that admitted a held hello, once the
+/// held first segment is carried into it (`crate::tls::carry`).
 #[classifier]
 pub fn gateway_tc_finish(ctx: TcContext) -> i32 {
     let Some((tag, client_ack)) = handed_over(&ctx) else {
@@ -62,6 +72,13 @@ pub fn gateway_tc_finish(ctx: TcContext) -> i32 {
     if tag == HANDOFF {
         handoff(&ctx);
         return TC_ACT_OK;
+    }
+    if tag == CARRY {
+        let action = carry_handed_over(&ctx, client_ack);
+        if action == Action::Handoff {
+            handoff(&ctx);
+        }
+        return action.tc(&ctx);
     }
     let pkt = parse(&SkbBytes::new(&ctx));
     if pkt.kind != PacketKind::Transport || !finish(&ctx, &pkt, client_ack) {

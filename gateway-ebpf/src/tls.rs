@@ -39,6 +39,7 @@
 //!   `tls-new`; one that starts with application data passes as `tls-flow`, being most likely a
 //!   connection whose entry the LRU evicted.
 
+pub mod carry;
 pub mod cookie;
 mod flows;
 mod refused;
@@ -542,11 +543,13 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
         count(|c| c.multi_segment += 1);
         if s.handoff != 0 && skip == 0 && refusing(Class::TlsNew, now_ns()) {
             // A connection that starts here by its cookie, while tls-new refuses: its first
-            // segment is held back (dropped, its bytes parsed), so that the kernel makes no
-            // connection before the hello is judged. Admitted, it is handed over when the
-            // client sends that segment again (its retransmission timer: about 200 ms).
+            // segment is held back (dropped, its bytes parsed and kept), so that the kernel
+            // makes no connection before the hello is judged. Admitted, it is carried to the
+            // listener inside the segment that admitted it (`carry`), or else handed over when
+            // the client sends it again.
             s.flow.state = FLOW_HELD;
             count(|c| c.hellos_held += 1);
+            carry::keep(ctx, pkt, &s.key, payload_len);
             (Class::TlsFlow, Action::Drop)
         } else {
             (Class::TlsFlow, Action::Pass)

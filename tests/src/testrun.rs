@@ -252,7 +252,7 @@ impl TestProgram {
 
     /// [`TestProgram::run_out`] on either ingress hook (`Hook::Xdp`, `Hook::Tc`).
     pub fn run_out_on(&self, hook: Hook, frame: &[u8]) -> (u32, Vec<u8>) {
-        let mut out = vec![0u8; frame.len() + 256];
+        let mut out = vec![0u8; frame.len() + 4096];
         let opts = TestRunOptions {
             data_in: Some(frame),
             data_out: Some(&mut out),

@@ -508,8 +508,8 @@ fn with_syn_cookies_and_tls_new_closed_two_segment_hellos_make_no_connection_and
         "the kernel made no connection for a refused two-segment hello"
     );
     assert_eq!(tls("hellos_held"), FLOOD);
-    // Resumed clients are served: held too, admitted, handed over when their first segment
-    // comes again. (Each resumption spends its ticket and gets new ones: published before the
+    // Resumed clients are served: held too, admitted, and handed over at their second segment
+    // with the first carried inside it (nothing for the client to send again). (Each resumption spends its ticket and gets new ones: published before the
     // next, as the TLS proxy does.)
     for _ in 0..3 {
         for key in &server.issued_keys() {
@@ -524,7 +524,9 @@ fn with_syn_cookies_and_tls_new_closed_two_segment_hellos_make_no_connection_and
             net.stats()
         );
     }
-    assert_eq!(tls("held_handoffs"), 3);
+    assert_eq!(tls("held_carried"), 3, "{}", net.stats()["tls"]);
+    assert_eq!(tls("held_handoffs"), 0);
+    assert_eq!(tls("handoffs_failed"), 0);
     assert_eq!(net.in_gw(passive_opens), opens + 3);
     assert_eq!(class_counter(&net.stats(), "tls-resumed", "admitted"), 3);
     let (status, log) = daemon.terminate(Duration::from_secs(10));

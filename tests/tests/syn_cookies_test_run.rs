@@ -18,6 +18,7 @@ const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
 const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
 const TC_ACT_REDIRECT: u32 = 7;
 const TCP_PSH: u8 = 0x08;
 
@@ -313,11 +314,36 @@ fn two_segments(sport: u16, isn: u32, cookie: u32, hello: &[u8], cut: usize) -> 
 
 /// The cookie of the NIC's answer to a SYN of `sport`.
 fn handshake(prog: &TestProgram, sport: u16, isn: u32) -> u32 {
+    handshake_on(prog, Hook::Xdp, sport, isn)
+}
+
+/// The same through `hook`.
+fn handshake_on(prog: &TestProgram, hook: Hook, sport: u16, isn: u32) -> u32 {
     // MSS 1460, SACK permitted.
     let syn = tcp4(sport, isn, 0, TCP_SYN, &[2, 4, 0x05, 0xb4, 1, 1, 4, 2], &[]);
-    let (action, out) = prog.run_out(&syn);
-    assert_eq!(action, XDP_TX);
+    let (action, out) = prog.run_out_on(hook, &syn);
+    let sent = if hook == Hook::Tc {
+        TC_ACT_REDIRECT
+    } else {
+        XDP_TX
+    };
+    assert_eq!(action, sent);
     syn_ack_of(&syn, &out, isn).0
+}
+
+/// Publishes the key `hello` offers as one the server issued.
+fn publish(prog: &mut TestProgram, hello: &[u8]) {
+    let key = gateway_common::tls::parse_hello(hello).offer_key().unwrap();
+    prog.maps
+        .add_issued(
+            gateway_common::maps::IssuedKey { key },
+            gateway_common::maps::IssuedValue {
+                limit: gateway_common::maps::MAX_RESUME_LIMIT,
+                per_minute: u32::MAX,
+                ..Default::default()
+            },
+        )
+        .unwrap();
 }
 
 #[test]
@@ -339,70 +365,82 @@ fn while_tls_new_refuses_a_two_segment_hello_is_held_until_judged() {
         check_rewritten(&second, &reset, true).unwrap().segment[13],
         TCP_RST | TCP_ACK
     );
-    // A resumed client, its key published: held, admitted at its second segment (dropped: the
-    // kernel has nothing yet), handed over when its first segment comes again.
+    // A resumed client, its key published.
     let resumed = HelloBuilder {
         session_id: (0..32).collect(),
         ..Default::default()
     }
     .build();
-    let key = gateway_common::tls::parse_hello(&resumed)
-        .offer_key()
-        .unwrap();
+    publish(&mut prog, &resumed);
+    // Two segments, the first of an odd length: held, then admitted at the second, whose frame
+    // the XDP reply program hands to the finishing program at TC ingress to carry the first
+    // into (an XDP buffer seldom has room for it): unchanged, marked with the first segment's
+    // sequence number. The carrying itself is the TC hook's (the next test).
+    let cfg = prog.maps.config().unwrap();
     prog.maps
-        .add_issued(
-            gateway_common::maps::IssuedKey { key },
-            gateway_common::maps::IssuedValue {
-                limit: gateway_common::maps::MAX_RESUME_LIMIT,
-                per_minute: u32::MAX,
-                ..Default::default()
-            },
-        )
+        .set_config(gateway_common::maps::DatapathConfig {
+            finisher: gateway_common::maps::FINISHER_ATTACHED,
+            ..cfg
+        })
         .unwrap();
     let cookie = handshake(&prog, 41001, 20);
-    let (first, second) = two_segments(41001, 20, cookie, &resumed, 60);
+    let (first, second) = two_segments(41001, 20, cookie, &resumed, 61);
     assert_eq!(prog.run_out(&first).0, XDP_DROP);
     let before = prog.counters();
-    // Admitted, but its start is not there yet: the segment becomes an acknowledgement of
-    // nothing new with a SACK of itself, so that the client sends the first one again at once.
-    let (action, ack) = prog.run_out(&second);
-    assert_eq!(action, XDP_TX);
+    let (action, out) = prog.run_out(&second);
+    assert_eq!(action, XDP_PASS, "handed to the finishing program");
     assert_eq!(
         prog.counters().class_since(&before),
         Some(Class::TlsResumed)
     );
-    let r = check_rewritten(&second, &ack, true).unwrap();
+    // The test run returns the metadata in front of the frame.
+    let (meta, out) = out.split_at(8);
+    assert_eq!(&meta[..4], &u32::from_be_bytes(*b"GWCA").to_ne_bytes());
+    assert_eq!(meta[4..8], 21u32.to_ne_bytes());
+    assert_eq!(out, &second[..]);
+
+    // Three segments: only the first is kept, so the third, which admits the hello, cannot
+    // carry the second. It becomes an acknowledgement of nothing new with a SACK of itself, so
+    // that the client sends its first segment again at once, and that one is handed over.
+    let cookie = handshake(&prog, 41003, 40);
+    let ack = cookie.wrapping_add(1);
+    let (a, b) = (60, 120);
+    let first = tcp4(41003, 41, ack, TCP_ACK, &[], &resumed[..a]);
+    let middle = tcp4(41003, 41 + a as u32, ack, TCP_ACK, &[], &resumed[a..b]);
+    let last = tcp4(41003, 41 + b as u32, ack, TCP_ACK, &[], &resumed[b..]);
+    assert_eq!(prog.run_out(&first).0, XDP_DROP);
+    assert_eq!(prog.run_out(&middle).0, XDP_DROP, "still pending: held too");
+    let (action, answer) = prog.run_out(&last);
+    assert_eq!(action, XDP_TX);
+    let r = check_rewritten(&last, &answer, true).unwrap();
     let tcp = &r.segment;
     assert_eq!(tcp[13], TCP_ACK);
-    assert_eq!(
-        &tcp[4..8],
-        &cookie.wrapping_add(1).to_be_bytes(),
-        "the SYN-ACK's next"
-    );
+    assert_eq!(&tcp[4..8], &ack.to_be_bytes(), "the SYN-ACK's next");
     assert_eq!(
         &tcp[8..12],
-        &21u32.to_be_bytes(),
+        &41u32.to_be_bytes(),
         "nothing of the client's taken"
     );
-    let second_seq = 21 + 60u32;
+    let last_seq = 41 + b as u32;
     let mut sack = vec![1, 1, 5, 10];
-    sack.extend_from_slice(&second_seq.to_be_bytes());
-    sack.extend_from_slice(&(second_seq + (resumed.len() - 60) as u32).to_be_bytes());
+    sack.extend_from_slice(&last_seq.to_be_bytes());
+    sack.extend_from_slice(&(41 + resumed.len() as u32).to_be_bytes());
     assert_eq!(
         &tcp[20..],
         &sack[..],
         "a SACK block of the segment, and no payload"
     );
-    // Its second segment again (the client's tail-loss probe): still waiting.
-    assert_eq!(prog.run_out(&second).0, XDP_DROP);
+    // Its last segment again (the client's tail-loss probe): still waiting.
+    assert_eq!(prog.run_out(&last).0, XDP_DROP);
     assert_eq!(tls(&prog, "held_handoffs"), 0);
-    // The first again (its retransmission timer): handed to the listener.
+    // The first again: handed to the listener.
     assert_eq!(prog.run_out(&first).0, XDP_PASS);
     assert_eq!(tls(&prog, "held_handoffs"), 1);
-    // And from then on an admitted connection.
     let before = prog.counters();
-    assert_eq!(prog.run_out(&second).0, XDP_PASS);
+    assert_eq!(prog.run_out(&middle).0, XDP_PASS);
     assert_eq!(prog.counters().class_since(&before), Some(Class::TlsFlow));
+    assert_eq!(tls(&prog, "held_carried"), 0);
+    prog.maps.set_config(cfg).unwrap();
     // With tls-new open, no hello is held: the first segment goes to the kernel at once.
     prog.maps
         .set_policy(Class::TlsNew, Default::default())
@@ -410,5 +448,68 @@ fn while_tls_new_refuses_a_two_segment_hello_is_held_until_judged() {
     let cookie = handshake(&prog, 41002, 30);
     let (first, _) = two_segments(41002, 30, cookie, &new, 60);
     assert_eq!(prog.run_out(&first).0, XDP_PASS);
-    assert_eq!(tls(&prog, "hellos_held"), 2);
+    assert_eq!(tls(&prog, "hellos_held"), 3);
+}
+
+/// The TC hook carries a held first segment the same way (its frame grown by the skb helpers),
+/// here a full one of a post-quantum resumption (its payload summed in three chunks).
+#[test]
+fn through_tc_a_held_first_segment_is_carried_in_the_segment_that_admitted_its_hello() {
+    if !have_root("through_tc_a_held_first_segment_is_carried") {
+        return;
+    }
+    let mut prog = cookie_program();
+    close_tls_new(&mut prog);
+    // A post-quantum TLS 1.3 resumption, as rustls sends it.
+    let resumed = HelloBuilder {
+        session_id: (0..32).collect(),
+        tls13: true,
+        key_share_len: 1216,
+        psk_identity: Some(vec![7; 64]),
+        ..Default::default()
+    }
+    .build();
+    assert!(resumed.len() > 1401 + 50, "{}", resumed.len());
+    publish(&mut prog, &resumed);
+    let cookie = handshake_on(&prog, Hook::Tc, 41100, 500);
+    let ack = cookie.wrapping_add(1);
+    let cut = 1401;
+    let first = tcp4(41100, 501, ack, TCP_ACK, &ts_options(7, 9), &resumed[..cut]);
+    let second = tcp4(
+        41100,
+        501 + cut as u32,
+        ack,
+        TCP_ACK | TCP_PSH,
+        &ts_options(8, 9),
+        &resumed[cut..],
+    );
+    assert_eq!(
+        prog.run_out_on(Hook::Tc, &first).0,
+        TC_ACT_SHOT,
+        "held back"
+    );
+    let (action, carried) = prog.run_out_on(Hook::Tc, &second);
+    assert_eq!(action, TC_ACT_OK);
+    assert_eq!(
+        carried,
+        tcp4(
+            41100,
+            501,
+            ack,
+            TCP_ACK | TCP_PSH,
+            &ts_options(8, 9),
+            &resumed
+        ),
+        "both payloads in one segment"
+    );
+    assert_eq!(tls(&prog, "held_carried"), 1);
+    // No listener behind a test run: the handoff itself fails, counted.
+    assert_eq!(tls(&prog, "handoffs_failed"), 1);
+    // From then on an admitted connection: the client's copies of either segment pass.
+    for segment in [&first, &second] {
+        let before = prog.counters();
+        assert_eq!(prog.run_out_on(Hook::Tc, segment).0, TC_ACT_OK);
+        assert_eq!(prog.counters().class_since(&before), Some(Class::TlsFlow));
+    }
+    assert_eq!(tls(&prog, "held_handoffs"), 0);
 }

@@ -357,6 +357,9 @@ crate::counters! {
         pub hellos_held: u64,
         /// Held hellos admitted and handed to the listener when their first segment came again.
         pub held_handoffs: u64,
+        /// Held hellos admitted and handed to the listener at once, their first segment carried
+        /// inside the segment that admitted them (one segment of both payloads).
+        pub held_carried: u64,
     }
 }
 

@@ -19,7 +19,7 @@ use gateway_common::{
     },
 };
 
-use super::{Scratch, TLS_SCRATCH, count};
+use super::{Scratch, TLS_SCRATCH, carry::carry_or_hand_over, count};
 use crate::{
     bytes::{opaque, zero},
     context::{Action, CopyOut, Rewrite},
@@ -64,6 +64,14 @@ pub struct CookieScratch {
     pub parsed: TcpOptions,
     /// The options' walk ([`walk_options`]).
     walk: OptionWalk,
+}
+
+impl CookieScratch {
+    /// The TCP options of the segment last copied ([`take_segment`]), zero past them.
+    #[inline(always)]
+    pub fn options(&self) -> &[u8; 40] {
+        self.opts.0.first_chunk().unwrap_or(&[0; 40])
+    }
 }
 
 /// One step of the options' walk, as a `bpf_loop` callback: returns 1 to stop.
@@ -111,7 +119,7 @@ pub struct Options(pub [u8; 64]);
 /// Copies the TCP options and numbers of `pkt` into `c` (the options zero past their end, in one
 /// copy from the packet).
 #[inline(always)]
-fn take_segment<C: CopyOut>(ctx: &C, pkt: &Packet, c: &mut CookieScratch) {
+pub(super) fn take_segment<C: CopyOut>(ctx: &C, pkt: &Packet, c: &mut CookieScratch) {
     let t = &pkt.transport;
     let header = u32::from(t.payload_offset).saturating_sub(u32::from(t.l4_offset));
     let len = header.saturating_sub(20);
@@ -223,7 +231,8 @@ pub extern "C" fn gateway_held_answer(s: *mut Scratch, payload_len: u32, first_s
 
 /// Sends the answer the classifier prepared for the segment `pkt` (the reply program's part),
 /// if one is: the frame rewritten into it and sent back ([`answer_tcp`]), or dropped when it
-/// could not be. Counts a SYN-ACK sent.
+/// could not be. Counts a SYN-ACK sent. For a held hello admitted, the frame is rather made into
+/// one segment with the held first one, for the listener (`super::carry`), where it can be.
 #[inline(always)]
 pub fn send_answer<R: Rewrite + CopyOut>(ctx: &R, pkt: &Packet) -> Option<Action> {
     let s = TLS_SCRATCH.get_ptr_mut(0)?;
@@ -238,6 +247,10 @@ pub fn send_answer<R: Rewrite + CopyOut>(ctx: &R, pkt: &Packet) -> Option<Action
     if pending == HELD_ANSWER {
         let first_seq = s.cookie.answer_ack;
         take_segment(ctx, pkt, &mut s.cookie);
+        // The held first segment carried in this one, where it can be.
+        if let Some(carried) = carry_or_hand_over(ctx, pkt, s, first_seq) {
+            return Some(carried);
+        }
         gateway_held_answer(s, u32::from(pkt.payload_len()), first_seq);
     }
     let c = &mut s.cookie;

@@ -1,0 +1,272 @@
+//! A held hello's first segment carried to the kernel inside the segment that admitted it
+//! (SYN-cookie mode, while tls-new refuses: `crate::tls::cookie`).
+//!
+//! The first segment of a hello that takes two is held back (the kernel makes no connection
+//! before the hello is judged), and its payload kept here ([`keep`]). When the next segment
+//! admits the hello (a resumption), its frame is made into one segment of both payloads, from
+//! the first one's sequence number ([`carry`]), and handed to the listener: the kernel gets the
+//! whole hello at once, acknowledges all of it, and the client sends nothing again.
+//!
+//! The frame grows by a segment's worth, which an XDP buffer seldom has room for (a driver's
+//! buffer is often half a page; veth's is cut to the frame), so it is done at TC ingress, where
+//! the skb is reallocated as needed: by the TC program itself, or on an XDP attachment by the
+//! finishing program, which the XDP reply program hands the frame to ([`CARRY`]).
+//!
+//! Where it cannot be done (the first payload no longer kept, a hello of three segments, no
+//! finishing program), the client is asked for its first segment again instead
+//! (`crate::tls::cookie::gateway_held_answer`), which costs it two of its timer ticks and ten
+//! milliseconds more.
+//!
+//! The bytes carried are the very bytes the classifier judged: they are kept when they are
+//! parsed, never taken from a later copy the client sends.
+
+use aya_ebpf::programs::TcContext;
+use aya_ebpf::{
+    btf_maps::{Array, LruHashMap},
+    helpers::generated::bpf_csum_diff,
+    macros::btf_map,
+};
+use gateway_common::{
+    maps::{FINISHER_ATTACHED, FLOW_ADMITTED, FlowKey, IPPROTO_TCP},
+    packet::{Packet, PacketKind, parse},
+};
+
+use super::{SCRATCH_LEN, Scratch, TLS_SCRATCH, cookie, count, flow_key, flows};
+use crate::{
+    bytes::{SkbBytes, opaque},
+    context::{Action, CopyOut, Rewrite},
+    maps::finisher,
+    reply::resegment,
+};
+
+/// The metadata tag of a frame the XDP reply program hands to the finishing program to carry a
+/// held first segment into (`b"GWCA"`, with the first segment's sequence number).
+pub const CARRY: u32 = u32::from_be_bytes(*b"GWCA");
+
+/// Most payload bytes of a held first segment kept: one full segment at an MTU of 1500.
+pub const HELD_MAX: u32 = 1500;
+/// Bytes of a kept payload's buffer: [`HELD_MAX`] rounded up to whole checksum chunks, zero
+/// past the payload.
+const HELD_BYTES: usize = 1536;
+/// Held first segments kept at most (about 6 MB): a flood of held hellos evicts the oldest,
+/// which a client's next segment follows by microseconds.
+const MAX_HELD: usize = 4096;
+/// Bytes `bpf_csum_diff` sums in one call at most.
+const CSUM_CHUNK: u32 = 512;
+
+/// A held first segment's payload.
+#[repr(C, align(8))]
+pub struct HeldSegment {
+    /// Its sequence number.
+    seq: u32,
+    /// Its length; 0 when it could not be copied.
+    len: u32,
+    /// The bytes, zero past `len`.
+    bytes: [u8; HELD_BYTES],
+}
+
+/// Held first segments' payloads by connection (LRU; not pinned: a hello's two segments come
+/// microseconds apart).
+#[btf_map]
+static HELD_SEGMENTS: LruHashMap<FlowKey, HeldSegment, MAX_HELD> = LruHashMap::new();
+
+/// An all-zero [`HeldSegment`], the value each kept payload starts from (never written).
+#[btf_map]
+static HELD_EMPTY: Array<HeldSegment, 1> = Array::new();
+
+/// Keeps the payload (`payload_len` bytes) of `pkt`, the held first segment of the connection
+/// `key`. Nothing is kept for a payload longer than [`HELD_MAX`].
+#[inline(always)]
+pub fn keep<C: CopyOut>(ctx: &C, pkt: &Packet, key: &FlowKey, payload_len: u32) {
+    let n = opaque(u64::from(payload_len));
+    if n == 0 || n > u64::from(HELD_MAX) {
+        return;
+    }
+    let Some(empty) = HELD_EMPTY.get_ptr(0) else {
+        return;
+    };
+    // SAFETY: the array's one entry, never written.
+    if HELD_SEGMENTS.insert(key, unsafe { &*empty }, 0).is_err() {
+        return;
+    }
+    let Some(h) = HELD_SEGMENTS.get_ptr_mut(key) else {
+        return;
+    };
+    // SAFETY: the entry just inserted, touched only by this connection's packets.
+    let h = unsafe { &mut *h };
+    let t = &pkt.transport;
+    if ctx.copy_out(u32::from(t.payload_offset), h.bytes.as_mut_ptr(), n) {
+        h.seq = t.seq;
+        h.len = n as u32;
+    }
+}
+
+/// The one's-complement sum of the first `n` bytes at `p` (zero past them to a multiple of
+/// four; at most `chunks` times [`CSUM_CHUNK`]), as big-endian 16-bit words at an even offset
+/// (`odd` false) or at an odd one; folded to 16 bits.
+#[inline(always)]
+fn sum_at(p: *const u8, n: u32, chunks: u32, odd: bool) -> u64 {
+    let n = (n + 3) & !3;
+    let mut sum = 0u64;
+    for i in 0..chunks {
+        let off = i * CSUM_CHUNK;
+        if off >= n {
+            break;
+        }
+        let len = opaque(u64::from(n - off));
+        let len = if len > u64::from(CSUM_CHUNK) {
+            u64::from(CSUM_CHUNK)
+        } else {
+            len
+        };
+        // SAFETY: `len` bytes at `off` inside the caller's buffer (its bound); a multiple of
+        // four, at most one chunk.
+        let part = unsafe {
+            bpf_csum_diff(
+                core::ptr::null_mut(),
+                0,
+                p.add(off as usize) as *mut u32,
+                len as u32,
+                0,
+            )
+        };
+        sum += u64::from(part as u32);
+    }
+    // The helper sums words as this (little-endian) machine reads them: byte-swapped big-endian
+    // words, which are what bytes at an odd offset make.
+    let mut folded = (sum & 0xffff) + (sum >> 16);
+    folded = (folded & 0xffff) + (folded >> 16);
+    folded = (folded & 0xffff) + (folded >> 16);
+    let folded = folded as u16;
+    u64::from(if odd { folded } else { folded.swap_bytes() })
+}
+
+/// The first segment kept for the connection `s.key` when `pkt` is the one right after it
+/// and both can be carried in one segment: its payload's length.
+#[inline(always)]
+fn held(s: &Scratch, pkt: &Packet, first_seq: u32) -> Option<(*const HeldSegment, u32)> {
+    let h = HELD_SEGMENTS.get_ptr(&s.key)?;
+    // SAFETY: this connection's entry, touched only by its packets.
+    let (seq, l1) = unsafe { ((*h).seq, (*h).len) };
+    let l2 = u32::from(pkt.payload_len());
+    (seq == first_seq
+        && l1 != 0
+        && l1 <= HELD_MAX
+        && first_seq.wrapping_add(l1) == pkt.transport.seq
+        && l2 != 0
+        && l2 <= SCRATCH_LEN as u32)
+        .then_some((h, l1))
+}
+
+/// The reply program's part, for the segment `pkt` that admitted the held hello of `s.key`
+/// (starting at `first_seq`; its options copied into `s.cookie`): carried here when the hook
+/// can grow the frame ([`carry`]), else handed to the finishing program to be carried there
+/// ([`CARRY`], [`Action::Pass`]). `None` when neither can be done, the frame unchanged.
+#[inline(always)]
+pub fn carry_or_hand_over<R: Rewrite + CopyOut>(
+    ctx: &R,
+    pkt: &Packet,
+    s: &mut Scratch,
+    first_seq: u32,
+) -> Option<Action> {
+    held(s, pkt, first_seq)?;
+    if R::GROWS {
+        carry(ctx, pkt, s, first_seq)
+    } else if finisher(FINISHER_ATTACHED) && ctx.hand_over(CARRY, first_seq) {
+        Some(Action::Pass)
+    } else {
+        None
+    }
+}
+
+/// The finishing program's part: the frame the XDP reply program handed over ([`CARRY`], the
+/// held first segment's sequence number `first_seq`) carried into and handed to the listener
+/// ([`Action::Handoff`]), else dropped (the client sends its segments again at its timer).
+#[inline(always)]
+pub fn carry_handed_over(ctx: &TcContext, first_seq: u32) -> Action {
+    let b = SkbBytes::new(ctx);
+    let pkt = parse(&b);
+    if pkt.kind != PacketKind::Transport || pkt.transport.proto != IPPROTO_TCP {
+        return Action::Drop;
+    }
+    let Some(s) = TLS_SCRATCH.get_ptr_mut(0) else {
+        return Action::Drop;
+    };
+    // SAFETY: per-CPU slot, used only by this program run.
+    let s = unsafe { &mut *s };
+    if !flow_key(&b, &pkt, &mut s.key, false) {
+        return Action::Drop;
+    }
+    cookie::take_segment(ctx, &pkt, &mut s.cookie);
+    carry(ctx, &pkt, s, first_seq).unwrap_or(Action::Drop)
+}
+
+/// Carries the first segment kept for the connection `s.key` (starting at `first_seq`) into the
+/// frame of `pkt`, the segment after it, which admitted its hello (its options copied into
+/// `s.cookie`): the frame becomes one segment of both payloads from `first_seq` (headers kept,
+/// lengths and checksums set), for the listener ([`Action::Handoff`]). `None` when it cannot be
+/// done and the frame is unchanged; [`Action::Drop`] when the frame was changed and then could
+/// not be finished (the client sends it again at its timer).
+#[inline(always)]
+fn carry<R: Rewrite + CopyOut>(
+    ctx: &R,
+    pkt: &Packet,
+    s: &mut Scratch,
+    first_seq: u32,
+) -> Option<Action> {
+    let (h, l1) = held(s, pkt, first_seq)?;
+    // SAFETY: as in `held`.
+    let h = unsafe { &*h };
+    let l2 = u32::from(pkt.payload_len());
+    let at = u32::from(pkt.transport.payload_offset);
+    // The segment's own payload, out of the way of the first one's, zero past it.
+    let n = opaque(u64::from(l2));
+    if n == 0 || n > SCRATCH_LEN as u64 || !ctx.copy_out(at, s.buf.as_mut_ptr(), n) {
+        return None;
+    }
+    let end = (n as usize) & (2 * SCRATCH_LEN - 1);
+    if let Some(pad) = s.buf.get_mut(end..end + 4) {
+        pad.copy_from_slice(&[0; 4]);
+    }
+    if !ctx.resize((at + l1 + l2) as usize) {
+        return None;
+    }
+    let l1 = opaque(u64::from(l1));
+    let l2 = opaque(n);
+    if l1 == 0
+        || l1 > u64::from(HELD_MAX)
+        || !ctx.store(at, h.bytes.as_ptr(), l1 as u32)
+        || !ctx.store(at + l1 as u32, s.buf.as_ptr(), l2 as u32)
+    {
+        return Some(Action::Drop);
+    }
+    let sum = sum_at(
+        h.bytes.as_ptr(),
+        l1 as u32,
+        HELD_BYTES as u32 / CSUM_CHUNK,
+        false,
+    ) + sum_at(
+        s.buf.as_ptr(),
+        l2 as u32,
+        SCRATCH_LEN as u32 / CSUM_CHUNK,
+        l1 & 1 == 1,
+    );
+    if !resegment(
+        ctx,
+        pkt,
+        first_seq,
+        (l1 + l2) as u16,
+        sum,
+        s.cookie.options(),
+    ) {
+        return Some(Action::Drop);
+    }
+    let _ = HELD_SEGMENTS.remove(&s.key);
+    // The kernel has the connection now: its later segments (and copies of these) pass.
+    if let Some(f) = flows::get(s, pkt.ip_version == 4) {
+        // SAFETY: the entry of this connection, touched only by its packets.
+        unsafe { (*f).state = FLOW_ADMITTED };
+    }
+    count(|c| c.held_carried += 1);
+    Some(Action::Handoff)
+}

@@ -637,9 +637,10 @@ fn after_hold(f: &TlsFlow, result: (Class, Action)) -> (Class, Action) {
 }
 
 /// A segment of a held hello's connection, admitted and waiting for its first segment
-/// ([`FLOW_AWAITING_FIRST`]): that segment (its cookie checks again) is handed to the listener
-/// now, and the connection is admitted as any other; the client's reset passes; anything else
-/// is dropped, to come again once the kernel has the connection.
+/// ([`FLOW_AWAITING_FIRST`]): that segment (its cookie checks again, and its bytes are the ones
+/// judged, as kept: `carry::compare_kept`) is handed to the listener now, and the connection is
+/// admitted as any other; the client's reset passes; anything else is dropped, to come again
+/// once the kernel has the connection.
 #[inline(always)]
 fn awaiting_first<C: CopyOut>(
     ctx: &C,
@@ -653,6 +654,21 @@ fn awaiting_first<C: CopyOut>(
     }
     if payload_len == 0 || !cookie::check(ctx, pkt, s) {
         return (Class::TlsFlow, Action::Drop);
+    }
+    // Only the bytes that were judged go to the kernel: other bytes are dropped (the client's
+    // own copy may still come); with nothing kept to compare against, the client gets a reset
+    // and connects again.
+    match carry::compare_kept(ctx, pkt, s, payload_len) {
+        carry::Kept::Same => {}
+        kept => {
+            count(|c| c.held_unmatched += 1);
+            let action = if kept == carry::Kept::Gone {
+                Action::Reject
+            } else {
+                Action::Drop
+            };
+            return (Class::TlsFlow, action);
+        }
     }
     let v4 = pkt.ip_version == 4;
     if let Some(f) = flows::get(s, v4) {

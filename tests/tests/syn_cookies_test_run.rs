@@ -433,9 +433,18 @@ fn while_tls_new_refuses_a_two_segment_hello_is_held_until_judged() {
     // Its last segment again (the client's tail-loss probe): still waiting.
     assert_eq!(prog.run_out(&last).0, XDP_DROP);
     assert_eq!(tls(&prog, "held_handoffs"), 0);
-    // The first again: handed to the listener.
+    // A first segment of other bytes (one changed), its cookie good: dropped, as not the bytes
+    // judged.
+    let mut forged = resumed[..a].to_vec();
+    forged[a / 2] ^= 1;
+    let other = tcp4(41003, 41, ack, TCP_ACK, &[], &forged);
+    assert_eq!(prog.run_out(&other).0, XDP_DROP);
+    assert_eq!(tls(&prog, "held_unmatched"), 1);
+    assert_eq!(tls(&prog, "held_handoffs"), 0);
+    // The first again, as judged: handed to the listener.
     assert_eq!(prog.run_out(&first).0, XDP_PASS);
     assert_eq!(tls(&prog, "held_handoffs"), 1);
+    assert_eq!(tls(&prog, "held_unmatched"), 1);
     let before = prog.counters();
     assert_eq!(prog.run_out(&middle).0, XDP_PASS);
     assert_eq!(prog.counters().class_since(&before), Some(Class::TlsFlow));

@@ -235,7 +235,7 @@ fn a_build_whose_map_layout_differs_takes_over_under_traffic_and_loses_nothing()
         .unwrap_or_else(|| panic!("the changed map is carried over: {:?}", daemon.log));
     // The fields this build added since the previous release, each at zero.
     assert!(
-        carried.contains("with holds_full, cookies_sent, cookie_acks, cookie_hellos, handoffs, handoffs_failed, cookies_declined, hellos_held, held_handoffs, held_carried added at zero"),
+        carried.contains("with holds_full, cookies_sent, cookie_acks, cookie_hellos, handoffs, handoffs_failed, cookies_declined, hellos_held, held_handoffs, held_carried, held_unmatched added at zero"),
         "{carried}"
     );
     // The previous build kept IPv4 connections in TLS_FLOWS; this one keeps them in TLS_FLOWS4.

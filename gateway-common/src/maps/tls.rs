@@ -360,6 +360,10 @@ crate::counters! {
         /// Held hellos admitted and handed to the listener at once, their first segment carried
         /// inside the segment that admitted them (one segment of both payloads).
         pub held_carried: u64,
+        /// First segments sent again for a held hello admitted (where it was not carried) that
+        /// were not the bytes judged: dropped; or that had nothing kept to be compared with (a
+        /// flood evicted it): refused with a reset.
+        pub held_unmatched: u64,
     }
 }
 

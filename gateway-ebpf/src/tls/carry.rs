@@ -101,6 +101,88 @@ pub fn keep<C: CopyOut>(ctx: &C, pkt: &Packet, key: &FlowKey, payload_len: u32) 
     }
 }
 
+/// Whether the `len` payload bytes copied into `s.buf` (zero past them to a word), from `seq`,
+/// are the first segment kept for the connection `s.key`, byte for byte: 1 when they are, 0
+/// when they differ, -1 when nothing is kept for it. A global function, checked once.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn gateway_kept_matches(s: *const Scratch, seq: u32, len: u32) -> i32 {
+    if s.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's per-CPU scratch.
+    let s = unsafe { &*s };
+    let Some(h) = HELD_SEGMENTS.get_ptr(&s.key) else {
+        return -1;
+    };
+    // SAFETY: this connection's entry, touched only by its packets.
+    let h = unsafe { &*h };
+    if h.seq != seq || h.len != len || len == 0 || len > HELD_MAX {
+        return 0;
+    }
+    // The words to compare, hidden from LLVM so that it keeps the constant bound below (which
+    // the verifier needs: it does not carry `len`'s bound over from the copy tested above).
+    let words = (opaque(u64::from(len)) as usize).div_ceil(8);
+    let mut i = 0;
+    while i < HELD_BYTES / 8 {
+        if i >= words {
+            break;
+        }
+        // SAFETY: word `i` of both buffers (1536 and 4096 bytes, each 8-aligned at its start):
+        // `i` is below 192.
+        let (a, b) = unsafe {
+            (
+                h.bytes.as_ptr().cast::<u64>().add(i).read(),
+                s.buf.as_ptr().cast::<u64>().add(i).read(),
+            )
+        };
+        if a != b {
+            return 0;
+        }
+        i += 1;
+    }
+    1
+}
+
+/// What the client's first segment sent again after its held hello was admitted (`pkt`, of
+/// `payload_len` bytes; the carry was not done) is to the bytes judged: [`Kept::Same`] when it
+/// is them, byte for byte.
+#[inline(always)]
+pub fn compare_kept<C: CopyOut>(ctx: &C, pkt: &Packet, s: &mut Scratch, payload_len: u32) -> Kept {
+    let n = opaque(u64::from(payload_len));
+    if n == 0 || n > u64::from(HELD_MAX) {
+        return Kept::Differs;
+    }
+    let t = &pkt.transport;
+    if !ctx.copy_out(u32::from(t.payload_offset), s.buf.as_mut_ptr(), n) {
+        return Kept::Differs;
+    }
+    let end = (n as usize) & (2 * SCRATCH_LEN - 1);
+    if let Some(pad) = s.buf.get_mut(end..end + 8) {
+        pad.copy_from_slice(&[0; 8]);
+    }
+    match gateway_kept_matches(s, t.seq, n as u32) {
+        1 => {
+            let _ = HELD_SEGMENTS.remove(&s.key);
+            Kept::Same
+        }
+        -1 => Kept::Gone,
+        _ => Kept::Differs,
+    }
+}
+
+/// What [`compare_kept`] found.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    /// The bytes judged.
+    Same,
+    /// Other bytes (or another length, or sequence number).
+    Differs,
+    /// Nothing kept for the connection (evicted by a flood of held hellos): the segment cannot
+    /// be shown to be the one judged.
+    Gone,
+}
+
 /// The one's-complement sum of the first `n` bytes at `p` (zero past them to a multiple of
 /// four; at most `chunks` times [`CSUM_CHUNK`]), as big-endian 16-bit words at an even offset
 /// (`odd` false) or at an odd one; folded to 16 bits.

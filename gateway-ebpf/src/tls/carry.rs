@@ -117,6 +117,10 @@ pub extern "C" fn gateway_kept_matches(s: *const Scratch, seq: u32, len: u32) ->
     };
     // SAFETY: this connection's entry, touched only by its packets.
     let h = unsafe { &*h };
+    // A payload that could not be copied when it was held was never kept.
+    if h.len == 0 {
+        return -1;
+    }
     if h.seq != seq || h.len != len || len == 0 || len > HELD_MAX {
         return 0;
     }
@@ -150,8 +154,13 @@ pub extern "C" fn gateway_kept_matches(s: *const Scratch, seq: u32, len: u32) ->
 #[inline(always)]
 pub fn compare_kept<C: CopyOut>(ctx: &C, pkt: &Packet, s: &mut Scratch, payload_len: u32) -> Kept {
     let n = opaque(u64::from(payload_len));
-    if n == 0 || n > u64::from(HELD_MAX) {
+    if n == 0 {
         return Kept::Differs;
+    }
+    // Longer than any payload kept: its first segment's was not (a larger MTU's), or this is
+    // not it.
+    if n > u64::from(HELD_MAX) {
+        return Kept::Gone;
     }
     let t = &pkt.transport;
     if !ctx.copy_out(u32::from(t.payload_offset), s.buf.as_mut_ptr(), n) {
@@ -178,8 +187,8 @@ pub enum Kept {
     Same,
     /// Other bytes (or another length, or sequence number).
     Differs,
-    /// Nothing kept for the connection (evicted by a flood of held hellos): the segment cannot
-    /// be shown to be the one judged.
+    /// Nothing kept for the connection (evicted by a flood of held hellos, or a first payload
+    /// longer than [`HELD_MAX`]): the segment cannot be shown to be the one judged.
     Gone,
 }
 

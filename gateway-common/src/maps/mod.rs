@@ -209,7 +209,7 @@ mod tests {
         assert_eq!(size_of::<IssuedKey>(), 16);
         assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8 + 8 + 8 + 4 + 4 + 8 + 8);
         assert_eq!(size_of::<TlsHold>(), 16 + 8 + 4 + 4);
-        assert_eq!(size_of::<TlsCounters>(), 8 * 24);
+        assert_eq!(size_of::<TlsCounters>(), 8 * 26);
         assert_eq!(size_of::<crate::syncookie::CookieKey>(), 16);
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);

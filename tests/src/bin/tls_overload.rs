@@ -409,7 +409,10 @@ fn main() {
                     )
                 })
                 .count();
-            after.push(format!("{name}, {who}: {served}/19"));
+            after.push(format!(
+                "{name}, {who}: {served}/19 ({})",
+                tls_new_policy(&net)
+            ));
         }
     };
     let controlled = "controller:\n  classes:\n    tls-new: {mode: tls, cpu_target: 0.8, min: 1}\n";
@@ -480,7 +483,7 @@ fn main() {
     }
     report.say(format!(
         "\nNew clients served right after the 5x phase (19 full handshakes, each a new \
-         client): {}.",
+         client; in brackets tls-new's limit as the phase ended, who set it and why): {}.",
         after.join("; ")
     ));
     report.csv(
@@ -656,14 +659,35 @@ fn refusal_cost(
         "Refusal cost of {what} (tls-new closed, the flood alone at 1x for {PHASE:?}): {n:.0} hellos refused \
          ({} resets sent, {} withheld); per refused hello, core 0 (the proxy) {:.1} µs busy, of \
          which the daemon {:.1} µs; core 1 (flood and datapath) {:.1} µs. Connections the \
-         proxy accepted meanwhile: {seen:.0}.\n",
+         proxy accepted meanwhile: {seen:.0} (SYNs the kernel answered as its own: {} left to it \
+         in SYN-cookie mode, its 4-tuple still holding a socket; connections handed over: {}).\n",
         tls["resets_sent"],
         tls["resets_withheld"],
+        tls["cookies_declined"],
+        tls["handoffs"],
         (c0b - c0) * 1e6 / n,
         (d1 - d0) * 1e6 / n,
         (c1b - c1) * 1e6 / n,
     ));
     let _ = daemon.terminate(Duration::from_secs(10));
+}
+
+/// tls-new's limit as the datapath has it now: its rate, who set it and why (`gateway policy
+/// show`).
+fn tls_new_policy(net: &TestNet) -> String {
+    let rows: serde_json::Value =
+        serde_json::from_str(&net.gateway_ok(&["policy", "show", "--json"])).unwrap_or_default();
+    rows.as_array()
+        .and_then(|rows| rows.iter().find(|r| r["class"] == "tls-new"))
+        .map_or_else(
+            || "tls-new not shown".to_owned(),
+            |r| {
+                format!(
+                    "rate {}/s, set by {} for {}",
+                    r["rate"], r["owner"], r["reason"]
+                )
+            },
+        )
 }
 
 /// The SYN-cookie run's summary: each policy's share at 2x and 5x with the kernel answering

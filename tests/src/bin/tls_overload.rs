@@ -92,6 +92,10 @@ struct Got {
     /// The clients' fetches while measuring that did not resume (a full handshake, or refused
     /// or failed).
     lost: u64,
+    /// Both cores' busy time while measuring per resumed fetch, µs: unloaded, what an admitted
+    /// connection costs the host (its TCP handshake, hello, resumption, request and close, on
+    /// the client's side too).
+    busy_per_fetch_us: f64,
 }
 
 /// What `sessions` got for `PHASE` while `flood` new hellos per second arrive; `full` reads the
@@ -188,12 +192,16 @@ fn phase(
         }
         std::thread::sleep(Duration::from_millis(500));
         measuring.store(true, Ordering::Relaxed);
-        let (s0, f0, t0) = (sent.load(Ordering::Relaxed), full(), Instant::now());
+        let busy = || {
+            gateway_tests::procfs::cpu_busy_seconds(0) + gateway_tests::procfs::cpu_busy_seconds(1)
+        };
+        let (s0, f0, b0, t0) = (sent.load(Ordering::Relaxed), full(), busy(), Instant::now());
         std::thread::sleep(PHASE);
         measuring.store(false, Ordering::Relaxed);
-        let (s1, f1, secs) = (
+        let (s1, f1, b1, secs) = (
             sent.load(Ordering::Relaxed),
             full(),
+            busy(),
             t0.elapsed().as_secs_f64(),
         );
         stop.store(true, Ordering::Relaxed);
@@ -213,6 +221,7 @@ fn phase(
                 .unwrap_or(0.0),
             served: f0.zip(f1).map(|(a, b)| (b - a) / secs),
             lost,
+            busy_per_fetch_us: (b1 - b0) * 1e6 / (times.len() as f64).max(1.0),
         }
     })
 }
@@ -340,7 +349,8 @@ fn main() {
     report.say(
         "| gateway | clients | flood | flood sent/s | new hellos admitted/s | resumed/s | share of unloaded | resumed p99 ms | fetches not resumed |\n|---|---|---|---:|---:|---:|---:|---:|---:|",
     );
-    let (mut rows, mut lines, mut after) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut rows, mut lines, mut after, mut costs) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let trickle = (capacity / 20.0).round().max(5.0);
     // The hand-set policy the refusal-path figures of issue 13 were taken with: tls-new at a
     // quarter of the proxy's capacity.
@@ -365,6 +375,10 @@ fn main() {
             format!("{} thinking {:?}", sessions.clients, sessions.think)
         };
         let unloaded = phase(&net, &cert, &hello, 0.0, sessions, &full);
+        costs.push(format!(
+            "{name}, {who}: {:.0} µs",
+            unloaded.busy_per_fetch_us
+        ));
         let mut line = Series {
             name: format!("{name}, {who}"),
             points: vec![(0.0, 100.0)],
@@ -481,6 +495,12 @@ fn main() {
         curve("nginx, no gateway", THINKING, false);
         drop(nginx);
     }
+    report.say(format!(
+        "\nHost CPU per admitted connection, unloaded (both cores' busy time per resumed fetch: \
+         its TCP handshake, hello, resumption, request and close, the client's side included): \
+         {}.",
+        costs.join("; ")
+    ));
     report.say(format!(
         "\nNew clients served right after the 5x phase (19 full handshakes, each a new \
          client; in brackets tls-new's limit as the phase ended, who set it and why): {}.",
@@ -663,11 +683,11 @@ fn refusal_cost(
          in SYN-cookie mode, its 4-tuple still holding a socket; connections handed over: {}).\n",
         tls["resets_sent"],
         tls["resets_withheld"],
-        tls["cookies_declined"],
-        tls["handoffs"],
         (c0b - c0) * 1e6 / n,
         (d1 - d0) * 1e6 / n,
         (c1b - c1) * 1e6 / n,
+        tls["cookies_declined"],
+        tls["handoffs"],
     ));
     let _ = daemon.terminate(Duration::from_secs(10));
 }

@@ -374,16 +374,12 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     let mut flow = flows::get(s, v4).map(|f| unsafe { &mut *f });
     let syn = t.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN && !pkt.fragmented;
     if syn {
+        if cookies {
+            return cookie_syn::<C, B>(ctx, pkt, s, v4, flow.is_some());
+        }
         if flow.is_none() && refused::holds(&s.key) {
             // A connection refused on its first segment has no entry; its slot may remember it.
-            if !cookies {
-                return refused_syn::<C, B>(ctx, s, v4, payload_len);
-            }
-            if kernel_has_live_connection::<C, B>(ctx, s, v4) {
-                return (Class::TlsFlow, Action::Pass);
-            }
-            // The client reused its port: forgotten, and answered below.
-            refused::forget(&s.key);
+            return refused_syn::<C, B>(ctx, s, v4, payload_len);
         } else if flow.is_some() {
             // While the kernel holds a live connection on this 4-tuple, a SYN changes nothing
             // there (it gets a challenge ACK, RFC 5961), and nothing here either: a spoofed SYN
@@ -396,19 +392,6 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
             }
             flows::remove(s, v4);
             flow = None;
-        }
-        if cookies {
-            // A 4-tuple the kernel still holds a socket for (TIME_WAIT: the client reused its
-            // port): the kernel's to answer, which ends that socket first; the NIC's cookie would
-            // leave it in the way of the connection handed over. The hello is judged as any
-            // connection's the kernel has.
-            if !trusting() && lookup::<C, B>(ctx, None, s, v4, Wanted::Socket) {
-                count(|c| c.cookies_declined += 1);
-                return (Class::TlsFlow, Action::Pass);
-            }
-            // Answered from the NIC, data and all (TCP Fast Open's data is sent again once the
-            // client is connected): nothing kept, nothing in the kernel.
-            return cookie::answer_syn(ctx, pkt, s);
         }
         if payload_len == 0 {
             return (Class::TlsFlow, Action::Pass);
@@ -677,6 +660,46 @@ fn awaiting_first<C: CopyOut>(
     }
     count(|c| c.held_handoffs += 1);
     (Class::TlsFlow, Action::Handoff)
+}
+
+/// A SYN to a port in SYN-cookie mode, of the connection `s.key` (whose flow entry exists when
+/// `known`). What the kernel holds on the 4-tuple is looked up once (nothing, for the usual
+/// SYN), and only where it holds a socket and this side remembers the 4-tuple, whether that
+/// socket is a live connection:
+/// - a live connection: nothing changes, here or there (a SYN gets a challenge ACK, RFC 5961;
+///   a spoofed SYN must not end an admitted connection's entry);
+/// - otherwise the client reused its port: the old entry or refused slot goes, so that the new
+///   hello is judged afresh;
+/// - a socket that is not live (TIME_WAIT) is the kernel's to answer, which ends it first (the
+///   NIC's cookie would leave it in the way of the connection handed over), and the hello is
+///   judged as any connection's the kernel has (`cookies_declined`);
+/// - no socket: answered from the NIC with a cookie, data and all (TCP Fast Open's data is sent
+///   again once the client is connected): nothing kept, nothing in the kernel.
+#[inline(always)]
+fn cookie_syn<C: CopyOut + ConnectionLookup, B: PacketBytes>(
+    ctx: &C,
+    pkt: &Packet,
+    s: &mut Scratch,
+    v4: bool,
+    known: bool,
+) -> (Class, Action) {
+    let socket = !trusting() && lookup::<C, B>(ctx, None, s, v4, Wanted::Socket);
+    let remembered = !known && refused::holds(&s.key);
+    if known || remembered {
+        if socket && kernel_has_live_connection::<C, B>(ctx, s, v4) {
+            return (Class::TlsFlow, Action::Pass);
+        }
+        if remembered {
+            refused::forget(&s.key);
+        } else {
+            flows::remove(s, v4);
+        }
+    }
+    if socket {
+        count(|c| c.cookies_declined += 1);
+        return (Class::TlsFlow, Action::Pass);
+    }
+    cookie::answer_syn(ctx, pkt, s)
 }
 
 /// A SYN on the 4-tuple of a connection [`refused`] remembers (in `s.key`): nothing changes

@@ -244,6 +244,25 @@ fn a_refused_hello_on_its_cookie_gets_a_reset_and_leaves_no_flow() {
     assert_eq!(r.segment[13], TCP_RST | TCP_ACK);
     assert_eq!(tls(&prog, "cookie_hellos"), 1);
     assert!(prog.maps.tls_flows().unwrap().is_empty(), "no flow entry");
+    // The client reuses its port: its SYN is answered with a cookie again (the refused slot
+    // forgotten, no socket behind it), and its hello judged afresh, not dropped as the refused
+    // connection's.
+    let isn = 2_000_000;
+    let syn = tcp4(40003, isn, 0, TCP_SYN, &linux_syn_options(11), &[]);
+    let (action, out) = prog.run_out(&syn);
+    assert_eq!(action, XDP_TX);
+    let (cookie, o) = syn_ack_of(&syn, &out, isn);
+    let data = tcp4(
+        40003,
+        isn + 1,
+        cookie.wrapping_add(1),
+        TCP_ACK | TCP_PSH,
+        &ts_options(12, o.tsval),
+        &hello,
+    );
+    assert_eq!(prog.run_out(&data).0, XDP_TX, "refused again, with a reset");
+    assert_eq!(tls(&prog, "hellos"), 2, "judged afresh");
+    assert_eq!(tls(&prog, "rejected_flow_packets"), 0);
 }
 
 #[test]

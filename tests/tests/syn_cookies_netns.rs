@@ -345,16 +345,34 @@ fn with_syn_cookies_every_kind_of_client_connects_over_a_link_that_loses_one_pac
 /// With no daemon: `gateway attach` (`attach_args`: XDP, or the TC fallback) and tcp/443 in
 /// SYN-cookie mode from the CLI. rustls clients over IPv4 and IPv6 are answered from the NIC and
 /// handed over; with tls-new closed, new clients of both families get a reset from the NIC and
-/// the kernel makes no connection for any of them.
+/// the kernel makes no connection for any of them, and resumed ones, their two-segment hellos
+/// held, are carried to the listener.
 fn cookies_attached_by_hand(attach_args: &[&str]) {
     let net = TestNet::new();
     let cert = Cert::new();
     let v4 = net.in_gw(|| std::net::TcpListener::bind((GW_V4, 443)).expect("bind"));
     let v6 = net.in_gw(|| std::net::TcpListener::bind(format!("[{GW_V6}]:443")).expect("bind"));
-    let _servers = (
+    let servers = [
         RustlsServer::start(&cert, v4),
         RustlsServer::start(&cert, v6),
-    );
+    ];
+    // One segment per packet from the peer, as a NIC's wire has them: without XDP on the veth
+    // (the TC fallback), the peer's TCP would hand it a segmentation-offload packet holding a
+    // whole two-segment hello, which TC sees as one.
+    let one_per_packet = std::process::Command::new("ip")
+        .args([
+            "-n",
+            &net.peer_ns,
+            "link",
+            "set",
+            "dev",
+            &net.peer_if,
+            "gso_max_segs",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(one_per_packet.status.success(), "{one_per_packet:?}");
     let mut attach = vec!["attach", "--iface", &net.gw_if];
     attach.extend_from_slice(attach_args);
     net.gateway_ok(&attach);
@@ -362,14 +380,18 @@ fn cookies_attached_by_hand(attach_args: &[&str]) {
     assert!(added.contains("cookies"), "{added}");
     let tls = |field: &str| net.stats()["tls"][field].as_u64().unwrap();
     let addrs = [format!("{GW_V4}:443"), format!("[{GW_V6}]:443")];
-    for addr in &addrs {
-        let config = rustls_config(&cert);
-        assert_eq!(
-            net.in_peer(|| rustls_get(&config, addr)).unwrap(),
-            rustls::HandshakeKind::Full,
-            "{addr}"
-        );
-    }
+    let configs: Vec<_> = addrs
+        .iter()
+        .map(|addr| {
+            let config = rustls_config(&cert);
+            assert_eq!(
+                net.in_peer(|| rustls_get(&config, addr)).unwrap(),
+                rustls::HandshakeKind::Full,
+                "{addr}"
+            );
+            config
+        })
+        .collect();
     assert_eq!(tls("cookies_sent"), 2);
     assert_eq!(tls("handoffs"), 2);
     assert_eq!(tls("handoffs_failed"), 0);
@@ -394,6 +416,26 @@ fn cookies_attached_by_hand(attach_args: &[&str]) {
         "no connection made for a refused client"
     );
     assert_eq!(tls("handoffs"), 2);
+    // Resumed clients of both families, still with tls-new closed: their hellos take two
+    // segments (rustls's post-quantum share), so each is held, and carried to the listener
+    // inside the segment that admitted it (IPv6's lengths and checksum set as IPv4's).
+    for server in &servers {
+        for key in &server.issued_keys() {
+            net.gateway_ok(&["tls", "issued", "add", key, "--kind", "psk"]);
+        }
+    }
+    for (addr, config) in addrs.iter().zip(&configs) {
+        assert_eq!(
+            net.in_peer(|| rustls_get(config, addr)).unwrap(),
+            rustls::HandshakeKind::Resumed,
+            "{addr}"
+        );
+    }
+    assert_eq!(tls("hellos_held"), 2, "{}", net.stats()["tls"]);
+    assert_eq!(tls("held_carried"), 2);
+    assert_eq!(tls("held_handoffs"), 0);
+    assert_eq!(tls("handoffs"), 4);
+    assert_eq!(tls("handoffs_failed"), 0);
     net.gateway_ok(&["detach", "--iface", &net.gw_if]);
 }
 

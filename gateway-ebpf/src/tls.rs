@@ -422,6 +422,10 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
             return result;
         }
         if f.state != FLOW_ADMITTED {
+            if f.state == FLOW_REJECTED {
+                // Refused: its kept first segment has no more use.
+                carry::forget(&s.key);
+            }
             return after_hold(f, result);
         }
         // A held hello admitted: the client is told at once to send its first segment again

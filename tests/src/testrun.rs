@@ -225,6 +225,22 @@ impl TestProgram {
         }
     }
 
+    /// Entries in the program's hash map `name` now, pinned or not (by `bpftool map dump` of its
+    /// id, as an operator would read it).
+    pub fn hash_entries(&self, name: &str) -> usize {
+        let data = match self.ebpf.map(name) {
+            Some(aya::maps::Map::HashMap(d) | aya::maps::Map::LruHashMap(d)) => d,
+            _ => panic!("{name}: not a hash map of the object"),
+        };
+        let id = data.info().expect("map info").id();
+        let out = std::process::Command::new("bpftool")
+            .args(["-j", "map", "dump", "id", &id.to_string()])
+            .output()
+            .expect("bpftool (cargo xtask setup installs it)");
+        let v: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("bpftool json");
+        v.len()
+    }
+
     /// The kernel memory the pinned map `name` takes now, in bytes (`bpftool`'s
     /// `bytes_memlock`, which the kernel computes from what the map allocated).
     pub fn map_bytes(&self, name: &str) -> u64 {

@@ -378,8 +378,14 @@ fn while_tls_new_refuses_a_two_segment_hello_is_held_until_judged() {
     let (first, second) = two_segments(41000, 10, cookie, &new, 60);
     assert_eq!(prog.run_out(&first).0, XDP_DROP, "held back");
     assert_eq!(tls(&prog, "hellos_held"), 1);
+    assert_eq!(prog.hash_entries("HELD_SEGMENTS"), 1, "its payload kept");
     let (action, reset) = prog.run_out(&second);
     assert_eq!(action, XDP_TX, "refused, with a reset from the NIC");
+    assert_eq!(
+        prog.hash_entries("HELD_SEGMENTS"),
+        0,
+        "a refused hello's payload is not kept"
+    );
     assert_eq!(
         check_rewritten(&second, &reset, true).unwrap().segment[13],
         TCP_RST | TCP_ACK
@@ -531,6 +537,7 @@ fn through_tc_a_held_first_segment_is_carried_in_the_segment_that_admitted_its_h
         "both payloads in one segment"
     );
     assert_eq!(tls(&prog, "held_carried"), 1);
+    assert_eq!(prog.hash_entries("HELD_SEGMENTS"), 0, "carried, not kept");
     // No listener behind a test run: the handoff itself fails, counted.
     assert_eq!(tls(&prog, "handoffs_failed"), 1);
     // From then on an admitted connection: the client's copies of either segment pass.

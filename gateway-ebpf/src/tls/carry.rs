@@ -101,6 +101,12 @@ pub fn keep<C: CopyOut>(ctx: &C, pkt: &Packet, key: &FlowKey, payload_len: u32) 
     }
 }
 
+/// Forgets the first segment kept for the connection `key` (its hello was refused).
+#[inline(always)]
+pub fn forget(key: &FlowKey) {
+    let _ = HELD_SEGMENTS.remove(key);
+}
+
 /// Whether the `len` payload bytes copied into `s.buf` (zero past them to a word), from `seq`,
 /// are the first segment kept for the connection `s.key`, byte for byte: 1 when they are, 0
 /// when they differ, -1 when nothing is kept for it. A global function, checked once.

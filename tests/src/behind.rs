@@ -6,7 +6,7 @@ use std::{net::TcpStream, time::Duration};
 use crate::{
     daemon::Daemon,
     netns::{GW_V4, TestNet, class_counter},
-    tls::{Cert, Proc, s_client_input, s_server, wait_listening},
+    tls::{Cert, Proc, s_client_input, s_server, session_key, wait_listening},
 };
 
 /// What the clients send: `s_server -www` answers it and closes.
@@ -52,6 +52,18 @@ impl BehindGateway {
             args,
             GET,
         )
+    }
+
+    /// A full handshake (`version`, e.g. `-tls1_3`) whose session is saved, and the session's
+    /// key published as `kind` (`psk`, `ticket`, `session-id`): the session file for
+    /// `-sess_in`, and the client's output.
+    pub fn published_session(&self, version: &str, kind: &str) -> (std::path::PathBuf, String) {
+        let sess = self.cert.file("sess.pem");
+        let out = self.client(&[version, "-sess_out", sess.to_str().unwrap(), "-ign_eof"]);
+        let key = session_key(&sess);
+        self.net
+            .gateway_ok(&["tls", "issued", "add", &key, "--kind", kind]);
+        (sess, out)
     }
 
     /// The TLS counter `field` (`gateway stats`).

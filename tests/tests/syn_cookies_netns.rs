@@ -148,13 +148,9 @@ fn with_syn_cookies_and_tls_new_closed_refused_clients_leave_no_socket_and_resum
         return;
     }
     let s = setup();
-    let sess = s.cert.file("sess.pem");
-    let sess = sess.to_str().unwrap();
-    let out = s.client(&["-tls1_3", "-sess_out", sess, "-ign_eof"]);
+    let (sess, out) = s.published_session("-tls1_3", "psk");
     assert!(out.contains("New,"), "{out}");
-    let key = session_key(std::path::Path::new(sess));
-    s.net
-        .gateway_ok(&["tls", "issued", "add", &key, "--kind", "psk"]);
+    let sess = sess.to_str().unwrap();
     s.net
         .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
     let handed_before = s.tls("handoffs");

@@ -29,17 +29,6 @@ fn setup(server_opts: &[&str]) -> BehindGateway {
     BehindGateway::new(server_opts, "services:\n  - {kind: tls, port: 443}\n")
 }
 
-/// A full TLS 1.3 handshake whose session is saved, and its key published; returns the session
-/// file for `-sess_in`.
-fn published_session(s: &BehindGateway) -> std::path::PathBuf {
-    let sess = s.cert.file("sess.pem");
-    s.client(&["-tls1_3", "-sess_out", sess.to_str().unwrap(), "-ign_eof"]);
-    let key = session_key(&sess);
-    s.net
-        .gateway_ok(&["tls", "issued", "add", &key, "--kind", "psk"]);
-    sess
-}
-
 fn resumption(version: &str, server_opts: &[&str], kind: &str) {
     let s = setup(server_opts);
     let sess = s.cert.file("sess.pem");
@@ -98,7 +87,7 @@ fn a_resuming_hello_split_by_a_small_mtu_is_still_verified() {
             &["-n", ns, "link", "set", "dev", ifname, "mtu", "300"],
         );
     }
-    let sess = published_session(&s);
+    let (sess, _) = s.published_session("-tls1_3", "psk");
     let sess = sess.to_str().unwrap();
     let before = s.tls("multi_segment");
     let out = s.client(&["-tls1_3", "-sess_in", sess, "-ign_eof"]);
@@ -116,7 +105,7 @@ fn with_tls_new_closed_new_clients_are_reset_at_once_and_resumed_ones_connect() 
         return;
     }
     let s = setup(&[]);
-    let sess = published_session(&s);
+    let (sess, _) = s.published_session("-tls1_3", "psk");
     let sess = sess.to_str().unwrap();
     // Close tls-new from the CLI while the daemon runs.
     s.net
@@ -192,15 +181,12 @@ fn a_public_session_id_prefix_buys_nothing_while_the_real_session_resumes() {
         return;
     }
     let s = setup(&["-no_ticket"]);
-    let sess = s.cert.file("sess.pem");
-    let sess = sess.to_str().unwrap();
-    let out = s.client(&["-tls1_2", "-sess_out", sess, "-ign_eof"]);
-    assert!(out.contains("New,"), "{out}");
     // The daemon (here, by hand) publishes the session id it issued, which the ServerHello
     // carried in clear.
-    let key = session_key(std::path::Path::new(sess));
-    s.net
-        .gateway_ok(&["tls", "issued", "add", &key, "--kind", "session-id"]);
+    let (sess, out) = s.published_session("-tls1_2", "session-id");
+    assert!(out.contains("New,"), "{out}");
+    let key = session_key(&sess);
+    let sess = sess.to_str().unwrap();
     s.net
         .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
     // Twenty clients offer the id's first 16 bytes and 16 random ones: tls-new, refused.

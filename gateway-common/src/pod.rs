@@ -3,7 +3,7 @@
 use crate::maps::{
     BenchFresh, ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey,
     FlowKey4, IssuedKey, IssuedValue, LatencyHistogram, Pending, RejectEvent, ServiceKey,
-    ServiceValue, SipDialog, SipTxn, TlsCounters, TlsFlow, TlsHold,
+    ServiceValue, SipDialog, SipTxn, TagKey, TagKeyId, TlsCounters, TlsFlow, TlsHold,
 };
 
 // SAFETY: every type is #[repr(C)], Copy, made only of integers, and has no implicit padding
@@ -21,6 +21,8 @@ unsafe impl aya::Pod for FlowKey4 {}
 unsafe impl aya::Pod for TlsFlow {}
 unsafe impl aya::Pod for IssuedKey {}
 unsafe impl aya::Pod for IssuedValue {}
+unsafe impl aya::Pod for TagKeyId {}
+unsafe impl aya::Pod for TagKey {}
 unsafe impl aya::Pod for TlsCounters {}
 unsafe impl aya::Pod for RejectEvent {}
 unsafe impl aya::Pod for SipTxn {}

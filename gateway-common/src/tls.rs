@@ -24,13 +24,19 @@
 //!
 //! The key of an offer is a 128-bit digest of the whole offered value ([`offer_digest`]): a
 //! session id, ticket or PSK identity must match all of what the server issued, not a prefix of
-//! it (a TLS 1.2 session id travels in clear, so a prefix is public). Values longer than
+//! it (a TLS 1.2 session id travels in clear, so a prefix is public). A ticket's or PSK
+//! identity's last 16 bytes are its clear tail ([`tag`]), kept apart and left out of its key:
+//! they hold the tag any node sharing the ticket secret checks. Values longer than
 //! [`MAX_OFFER`] bytes make the hello malformed. Anything that is not a well-formed
 //! ClientHello, including an SSLv2 hello, a hello split over several TLS records, a length that
 //! lies, an extension walk past the end or a pre_shared_key that is not last, is
 //! [`Verdict::Malformed`]. That is never a resumption.
 
 use crate::bytes::{MAX_READ_OFFSET, PacketBytes, SliceBytes};
+
+pub mod tag;
+
+use tag::TAIL_LEN;
 
 /// Bytes of an offer's key (the digest of the whole offered value).
 pub const KEY_LEN: usize = 16;
@@ -252,9 +258,12 @@ pub struct HelloState {
     pad: [u8; 3],
     /// The current field's bytes.
     acc: [u8; KEY_LEN],
-    /// The session id's digest.
+    /// The session id's digest; once a ticket or a PSK identity is read, its [`tag::Tail`]
+    /// instead (the session id is then no offer: a ticket comes first in TLS 1.2, and TLS 1.3
+    /// ignores the session id).
     sid_key: [u8; KEY_LEN],
-    /// The ticket's or the PSK identity's digest.
+    /// The ticket's or the PSK identity's key ([`tag::ticket_key`]: the digest of all of it but
+    /// its tail).
     ext_key: [u8; KEY_LEN],
     /// The digest of the value being read ([`offer_digest`]).
     digest: [u64; 2],
@@ -336,8 +345,20 @@ impl HelloState {
     pub fn offer_key_ref(&self) -> Option<&[u8; KEY_LEN]> {
         match self.offer() {
             Offer::SessionId if self.sid_len as usize >= KEY_LEN => Some(&self.sid_key),
-            Offer::Ticket | Offer::Psk if self.ext_key_len as usize >= KEY_LEN => {
+            Offer::Ticket | Offer::Psk if self.ext_key_len as usize >= tag::MIN_TICKET => {
                 Some(&self.ext_key)
+            }
+            _ => None,
+        }
+    }
+
+    /// The clear tail of the offered ticket or PSK identity, for a `Verdict::Offer` of one whose
+    /// key is [`HelloState::offer_key_ref`]'s: where its tag ([`tag`]) is.
+    #[inline(always)]
+    pub fn ticket_tail(&self) -> Option<&[u8; tag::TAIL_LEN]> {
+        match self.offer() {
+            Offer::Ticket | Offer::Psk if self.ext_key_len as usize >= tag::MIN_TICKET => {
+                Some(&self.sid_key)
             }
             _ => None,
         }
@@ -414,10 +435,25 @@ impl HelloState {
         }
         let at = seg.offset + (self.consumed - seg.stream_offset) as usize;
         if step.digests() {
-            // Up to DIGEST_STEP bytes of the offered value into its digest.
+            // Up to DIGEST_STEP bytes of the offered value into its digest; a ticket's or PSK
+            // identity's last TAIL_LEN bytes into its tail instead (`tag`).
             let n = if self.need < avail { self.need } else { avail };
-            let digest = &mut self.digest;
-            if !each_byte::<B, DIGEST_STEP>(b, at, n, |_, byte| digest_byte(digest, byte)) {
+            let tail_from = if matches!(step, Step::Sid) {
+                0
+            } else {
+                TAIL_LEN as u32
+            };
+            let need = self.need;
+            let (digest, tail) = (&mut self.digest, &mut self.sid_key);
+            if !each_byte::<B, DIGEST_STEP>(b, at, n, |i, byte| {
+                // Bytes of the value left, this one included.
+                let left = need - i as u32;
+                if left <= tail_from {
+                    tail[(TAIL_LEN as u32 - left) as usize & (TAIL_LEN - 1)] = byte;
+                } else {
+                    digest_byte(digest, byte);
+                }
+            }) {
                 self.malformed();
                 return true;
             }
@@ -774,13 +810,27 @@ fn digest_finish(d: &[u64; 2]) -> [u8; KEY_LEN] {
     out
 }
 
-/// The key of an offered session id, ticket or PSK identity, as the datapath computes it while
-/// parsing a hello: a 128-bit digest (two FNV-1a lanes, mixed) of the whole value and its length.
-/// The daemon publishes exactly this for every session it issues.
+/// The key of an offered session id, as the datapath computes it while parsing a hello: a
+/// 128-bit digest (two FNV-1a lanes, mixed) of the whole value and its length. (A ticket's or a
+/// PSK identity's leaves out its tail: [`tag::ticket_key`]; [`issued_key`] picks.)
 pub fn offer_digest(value: &[u8]) -> [u8; KEY_LEN] {
     let mut d = digest_start(value.len() as u32);
     value.iter().for_each(|&b| digest_byte(&mut d, b));
     digest_finish(&d)
+}
+
+/// The datapath's key of an issued value of kind `kind`, exactly as the parser computes it for
+/// an offer of it: `None` for a value the datapath never verifies (shorter than [`KEY_LEN`], or
+/// than [`tag::MIN_TICKET`] for a ticket or PSK identity, or longer than [`MAX_OFFER`]).
+pub fn issued_key(kind: Offer, value: &[u8]) -> Option<[u8; KEY_LEN]> {
+    if value.len() > MAX_OFFER as usize {
+        return None;
+    }
+    match kind {
+        Offer::SessionId if value.len() >= KEY_LEN => Some(offer_digest(value)),
+        Offer::Ticket | Offer::Psk => tag::ticket_key(value),
+        _ => None,
+    }
 }
 
 /// What a connection's first segment with payload holds before its ClientHello: see

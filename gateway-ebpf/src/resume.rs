@@ -20,15 +20,20 @@ use aya_ebpf::{
 use gateway_common::{
     Class,
     maps::{
-        BPF_F_NO_PREALLOC, DEFAULT_TLS_ISSUED, FlowKey, IssuedKey, IssuedValue, MAX_HOLD_NS,
-        MAX_PENDING, TlsHold, resume_holders, resume_interval_ns, resume_limit,
+        BPF_F_NO_PREALLOC, DEFAULT_TLS_ISSUED, FlowKey, ISSUED_BY_TAG, ISSUED_WITHDRAWN, IssuedKey,
+        IssuedValue, MAX_HOLD_NS, MAX_PENDING, MAX_TAG_KEYS, TagKey, TagKeyId, TlsHold,
+        resume_holders, resume_interval_ns, resume_limit,
     },
-    tls::KEY_LEN,
+    tls::{
+        HelloState, KEY_LEN,
+        tag::{Tail, tag},
+    },
 };
 
 use crate::{
     admission,
     sync::{atomic_add, compare_and_swap, gcra, now_ns},
+    tls::count,
 };
 
 /// Keys of the sessions the server issued, published by userspace. Not an LRU: a key lives for
@@ -41,6 +46,11 @@ pub static TLS_ISSUED: HashMap<
     { DEFAULT_TLS_ISSUED as usize },
     BPF_F_NO_PREALLOC,
 > = HashMap::new();
+
+/// Ticket tag keys by listener port and rotation period, written by the daemon from the shared
+/// ticket secret ([`gateway_common::tls::tag`]).
+#[btf_map]
+pub static TLS_TAG_KEYS: HashMap<TagKeyId, TagKey, { MAX_TAG_KEYS as usize }> = HashMap::new();
 
 /// Resumed TLS connections the server answered that are still open, each holding a place of its
 /// issued key until it ends. Not LRU: no traffic can evict a hold.
@@ -55,8 +65,10 @@ pub enum Place {
     Full,
     /// The key was issued but offered faster than its resumption rate.
     TooFast,
-    /// The key was never issued (or was withdrawn).
+    /// The key was never published (its ticket's tag may still vouch for it: [`vouch`]).
     Unknown,
+    /// The key was withdrawn (an offer of it did not resume): nothing vouches for it again.
+    Withdrawn,
 }
 
 /// `key` as the issued-keys table's key, in place: a copy of 16 bytes costs a byte-at-a-time
@@ -85,6 +97,9 @@ pub fn take(key: &[u8; KEY_LEN], now: u64) -> Place {
     // SAFETY: `in_use` is only changed by compare-and-swap; `granted_ns` is informational for
     // the healing rule, a racing write at worst keeps a count a little longer.
     unsafe {
+        if core::ptr::read_volatile(&raw const (*v).kind) & ISSUED_WITHDRAWN != 0 {
+            return Place::Withdrawn;
+        }
         let limit = resume_limit(core::ptr::read_volatile(&raw const (*v).limit));
         let in_use = &raw mut (*v).in_use;
         // Connections past their first flight still hold theirs.
@@ -113,6 +128,66 @@ pub fn take(key: &[u8; KEY_LEN], now: u64) -> Place {
         }
     }
     Place::Full
+}
+
+/// Publishes the key of the ticket or PSK identity the complete hello `hello` offers, to a
+/// connection to `port`, if its clear tail vouches for it ([`gateway_common::tls::tag`]): a tag
+/// key of its period for the port, not expired, and its tag right. The key is then published as
+/// a key the daemon publishes is, under the tag key's terms, until the ticket expires (the
+/// daemon removes it then). Returns 1 when the key is published (by this call, or a racing
+/// one), 0 otherwise: no tail, a tail that does not vouch (counted, `tags_refused`), or no room
+/// in the table. A global function, checked once.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn gateway_vouch(hello: *const HelloState, port: u32) -> i32 {
+    if hello.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's flow entry, touched only by its connection's packets.
+    let hello = unsafe { &*hello };
+    let (Some(key), Some(tail)) = (hello.offer_key_ref(), hello.ticket_tail()) else {
+        return 0;
+    };
+    let tail = Tail::parse(tail);
+    let id = TagKeyId {
+        port: port as u16,
+        pad: 0,
+        period: tail.period,
+    };
+    let now = now_ns();
+    // The terms of the key it vouches for, if it does.
+    let terms = match TLS_TAG_KEYS.get_ptr(&id) {
+        // SAFETY: a live map value; the daemon rewrites it whole, a torn read fails the tag.
+        Some(k) => unsafe {
+            let k = &*k;
+            let now_s = k.clock_s.wrapping_add(now / 1_000_000_000);
+            (u64::from(tail.expires) > now_s
+                && tag(k.k0, k.k1, key, tail.period, tail.expires) == tail.tag)
+                .then_some((k.limit, k.per_minute))
+        },
+        None => None,
+    };
+    let Some((limit, per_minute)) = terms else {
+        count(|c| c.tags_refused += 1);
+        return 0;
+    };
+    let value = IssuedValue {
+        kind: u32::from(hello.offer) | ISSUED_BY_TAG,
+        limit,
+        per_minute,
+        issued_ns: now,
+        expires: u64::from(tail.expires),
+        ..IssuedValue::default()
+    };
+    if TLS_ISSUED
+        .insert(issued(key), &value, u64::from(BPF_NOEXIST))
+        .is_ok()
+    {
+        count(|c| c.tags_verified += 1);
+        return 1;
+    }
+    // Published meanwhile by another CPU (or the daemon), else the table is full.
+    i32::from(TLS_ISSUED.get_ptr(issued(key)).is_some())
 }
 
 /// Gives back a place of the issued key `key` (a resumed unit ended). Never below zero: a key

@@ -745,6 +745,7 @@ fn rejected_packet(tcp_flags: u8) -> (Class, Action) {
 #[inline(always)]
 fn decide<C: Rewrite>(key: &FlowKey, f: &mut TlsFlow, answerable: bool) -> (Class, Action) {
     count(|c| c.hellos += 1);
+    let port = u32::from(key.dport);
     // The issued key whose place a resumed hello takes: read where the parser left it.
     let mut offer = None;
     let class = match f.hello.verdict() {
@@ -752,7 +753,13 @@ fn decide<C: Rewrite>(key: &FlowKey, f: &mut TlsFlow, answerable: bool) -> (Clas
             Some(key) => {
                 // Places of expired resumed units are given back before this one is taken.
                 let now = pending::sweep_if_due(Class::TlsResumed);
-                match resume::take(key, now) {
+                let mut place = resume::take(key, now);
+                // A ticket no key was published for: its tag may vouch for it (a node sharing
+                // the ticket secret issued it).
+                if matches!(place, Place::Unknown) && resume::gateway_vouch(&f.hello, port) == 1 {
+                    place = resume::take(key, now);
+                }
+                match place {
                     Place::Taken => {
                         offer = Some(key);
                         Class::TlsResumed
@@ -765,7 +772,7 @@ fn decide<C: Rewrite>(key: &FlowKey, f: &mut TlsFlow, answerable: bool) -> (Clas
                         count(|c| c.resumptions_too_fast += 1);
                         Class::TlsNew
                     }
-                    Place::Unknown => {
+                    Place::Unknown | Place::Withdrawn => {
                         count(|c| c.unverified_offers += 1);
                         Class::TlsNew
                     }

@@ -16,12 +16,15 @@ use std::{
 };
 
 use gateway_common::{
-    maps::{IssuedKey, IssuedValue},
-    tls::{KEY_LEN, MAX_OFFER, Offer, offer_digest},
+    maps::{IssuedKey, IssuedValue, TagKey},
+    tls::{
+        KEY_LEN, Offer, issued_key,
+        tag::{TAIL_LEN, Tail},
+    },
 };
 use tracing::warn;
 
-use crate::{attached::Attached, maps::monotonic_ns};
+use crate::{attached::Attached, maps::monotonic_ns, tls::tickets::TagKeys};
 
 /// The terms a key is published under; a reload changes them for keys issued from then on (a
 /// key keeps the terms it was issued with: its lifetime is what the client was told).
@@ -50,19 +53,75 @@ pub struct IssuedKeys {
     terms: Mutex<Terms>,
     /// Keys not published since last taken, the table being full.
     unpublished: AtomicU64,
+    /// The port of the listener whose keys these are (its tickets' tag keys are the port's).
+    port: u16,
+    /// The tag keys of the listener's ticket secret, once its ticketer is made.
+    tags: Mutex<Option<Arc<TagKeys>>>,
 }
 
 impl IssuedKeys {
-    /// Keys for the interfaces `ifaces`, published under `terms`, at most `capacity` at once
-    /// (the entries of their issued-keys table).
-    pub fn new(ifaces: &[Arc<Attached>], terms: Terms, capacity: u32) -> Self {
+    /// Keys of the listener on `port` for the interfaces `ifaces`, published under `terms`, at
+    /// most `capacity` at once (the entries of their issued-keys table).
+    pub fn new(ifaces: &[Arc<Attached>], port: u16, terms: Terms, capacity: u32) -> Self {
         IssuedKeys {
             ifaces: ifaces.to_vec(),
             expiry: Mutex::new(VecDeque::new()),
             capacity: capacity as usize,
             terms: Mutex::new(terms),
             unpublished: AtomicU64::new(0),
+            port,
+            tags: Mutex::new(None),
         }
+    }
+
+    /// The tag keys of the listener's ticket secret (its ticketer's), written to every
+    /// interface by [`IssuedKeys::refresh_tags`].
+    pub fn set_tag_keys(&self, tags: Arc<TagKeys>) {
+        *lock(&self.tags) = Some(tags);
+    }
+
+    /// Writes the tag keys of the periods whose tickets may be alive at `now` to every
+    /// interface, under the terms keys are published under now, and removes the listener's
+    /// retired ones: with them each NIC verifies tickets any node sharing the secret issued.
+    /// Run every second or so: it also keeps the NIC's wall clock (`TagKey::clock_s`) right.
+    pub fn refresh_tags(&self, now: std::time::SystemTime) {
+        let Some(tags) = lock(&self.tags).clone() else {
+            return;
+        };
+        let terms = self.terms();
+        let unix = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let clock_s = unix.saturating_sub(monotonic_ns() / 1_000_000_000);
+        let keys: Vec<(u32, TagKey)> = tags
+            .periods(now)
+            .map(|p| {
+                let (k0, k1) = tags.key(p);
+                let key = TagKey {
+                    k0,
+                    k1,
+                    limit: terms.resume_limit,
+                    per_minute: terms.per_minute,
+                    clock_s,
+                };
+                (p as u32, key)
+            })
+            .collect();
+        for a in &self.ifaces {
+            if let Err(e) = a.maps().set_tag_keys(self.port, &keys) {
+                warn!(iface = %a.iface(), error = %e, "cannot write the ticket tag keys");
+            }
+        }
+    }
+
+    /// Removes the keys whose expiry passed by `now_unix` (seconds) from every interface: those
+    /// the NIC published for tickets their tag vouched for, and withdrawn ones. Returns how many.
+    pub fn sweep(&self, now_unix: u64) -> usize {
+        self.ifaces
+            .iter()
+            .map(|a| a.maps().sweep_issued(now_unix).unwrap_or(0))
+            .sum()
     }
 
     /// Keys not published since the last call (the table was full), and zero from now on.
@@ -84,6 +143,7 @@ impl IssuedKeys {
     pub fn none(lifetime: Duration) -> Self {
         Self::new(
             &[],
+            0,
             Terms {
                 lifetime,
                 resume_limit: 1,
@@ -97,12 +157,18 @@ impl IssuedKeys {
         lock(&self.expiry)
     }
 
-    /// Publishes an issued session id, ticket or PSK identity (the digest of all of it; values
-    /// the datapath never verifies, shorter than `KEY_LEN` or longer than `MAX_OFFER`, are not
-    /// published).
+    /// Publishes an issued session id, ticket or PSK identity (its key,
+    /// `gateway_common::tls::issued_key`; values the datapath never verifies are not
+    /// published). A ticket's key expires with the ticket (its tail says when).
     pub fn publish(&self, issued: &[u8], kind: Offer) {
-        let Some(key) = issued_key(issued) else {
+        let Some(key) = issued_key(kind, issued).map(|key| IssuedKey { key }) else {
             return;
+        };
+        let expires = match kind {
+            Offer::Ticket | Offer::Psk => issued
+                .last_chunk::<TAIL_LEN>()
+                .map_or(0, |t| u64::from(Tail::parse(t).expires)),
+            _ => 0,
         };
         let terms = self.terms();
         let value = IssuedValue {
@@ -110,6 +176,7 @@ impl IssuedKeys {
             limit: terms.resume_limit,
             per_minute: terms.per_minute,
             issued_ns: monotonic_ns(),
+            expires,
             ..Default::default()
         };
         let mut expiry = self.expiry();
@@ -140,10 +207,10 @@ impl IssuedKeys {
         expiry.insert(place, (at, key));
     }
 
-    /// Withdraws the key of an issued value (a single-use session was taken).
+    /// Withdraws the key of an issued session id (a single-use session was taken).
     pub fn withdraw(&self, issued: &[u8]) {
-        if let Some(key) = issued_key(issued) {
-            self.remove(&key);
+        if let Some(key) = issued_key(Offer::SessionId, issued) {
+            self.remove(&IssuedKey { key });
         }
     }
 
@@ -157,8 +224,15 @@ impl IssuedKeys {
     }
 
     /// Withdraws the key `key` (an offer of it did not resume); whether any interface had it.
+    /// A ticket's key stays withdrawn until the ticket expires (`Maps::withdraw_issued`), so
+    /// that its tag cannot publish it again.
     pub fn withdraw_key(&self, key: &[u8; KEY_LEN]) -> bool {
-        self.remove(&IssuedKey { key: *key })
+        let key = IssuedKey { key: *key };
+        let mut had = false;
+        for a in &self.ifaces {
+            had |= a.maps().withdraw_issued(&key).unwrap_or(false);
+        }
+        had
     }
 
     fn remove(&self, key: &IssuedKey) -> bool {
@@ -191,16 +265,6 @@ impl IssuedKeys {
 /// these locks is a single step).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The datapath's key of an issued value: the digest of all of it. Values shorter than
-/// `KEY_LEN` or longer than `MAX_OFFER` are never verified by the datapath and not published.
-fn issued_key(issued: &[u8]) -> Option<IssuedKey> {
-    (KEY_LEN..=MAX_OFFER as usize)
-        .contains(&issued.len())
-        .then(|| IssuedKey {
-            key: offer_digest(issued),
-        })
 }
 
 impl std::fmt::Debug for IssuedKeys {
@@ -239,6 +303,7 @@ mod tests {
     fn a_full_table_keeps_every_key_and_counts_the_ones_it_refuses() {
         let keys = IssuedKeys::new(
             &[],
+            0,
             Terms {
                 lifetime: Duration::from_secs(60),
                 resume_limit: 1,

@@ -5,14 +5,18 @@ use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
         ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, FlowKey4,
-        IPPROTO_TCP, IssuedKey, IssuedValue, LatencyHistogram, Pending, SERVICE_SYN_COOKIES,
-        ServiceKey, ServiceValue, SipTxn, TLS_REFUSED_SLOTS, TlsCounters, TlsFlow, TlsHold, names,
+        IPPROTO_TCP, ISSUED_WITHDRAWN, IssuedKey, IssuedValue, LatencyHistogram, Pending,
+        SERVICE_SYN_COOKIES, ServiceKey, ServiceValue, SipTxn, TLS_REFUSED_SLOTS, TagKey, TagKeyId,
+        TlsCounters, TlsFlow, TlsHold, names,
     },
     syncookie::CookieKey,
 };
 use thiserror::Error;
 
 use crate::pins::PinDir;
+
+/// `BPF_MAP_UPDATE_ELEM`'s flag: only an entry that exists is changed.
+const BPF_EXIST: u64 = 2;
 
 /// The `SERVICE_PORTS` index function for one protocol.
 fn service_port_index(proto: u8) -> Option<impl Fn(u16) -> u32> {
@@ -440,10 +444,89 @@ impl Maps {
         }
     }
 
-    /// Whether an issued session key is published.
+    /// Withdraws an issued key (an offer of it did not resume); returns whether it was there. A
+    /// key with an expiry (a ticket's) stays as withdrawn ([`ISSUED_WITHDRAWN`]) until then, so
+    /// that its ticket's tag does not publish it again at the NIC; any other is removed.
+    pub fn withdraw_issued(&mut self, key: &IssuedKey) -> Result<bool, MapsError> {
+        let mut value = match self.tls_issued.get(key, 0) {
+            Ok(v) => v,
+            Err(MapError::KeyNotFound) => return Ok(false),
+            Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                return Ok(false);
+            }
+            Err(e) => return Err(op(names::TLS_ISSUED)(e)),
+        };
+        if value.expires == 0 {
+            return self.remove_issued(key);
+        }
+        value.kind |= ISSUED_WITHDRAWN;
+        match self.tls_issued.insert(key, value, BPF_EXIST) {
+            Ok(()) => Ok(true),
+            // Removed meanwhile (its expiry swept).
+            Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(false)
+            }
+            Err(e) => Err(op(names::TLS_ISSUED)(e)),
+        }
+    }
+
+    /// Removes every issued key whose expiry ([`IssuedValue::expires`]) is `now_unix` (seconds)
+    /// or earlier: keys the NIC published for tickets whose tag vouched for them, withdrawn
+    /// keys, and keys a daemon published before it stopped. Returns how many.
+    pub fn sweep_issued(&mut self, now_unix: u64) -> Result<usize, MapsError> {
+        let ended: Vec<IssuedKey> = self
+            .tls_issued
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, v)| v.expires != 0 && v.expires <= now_unix)
+            .map(|(k, _)| k)
+            .collect();
+        let mut n = 0;
+        for k in &ended {
+            n += usize::from(self.remove_issued(k)?);
+        }
+        Ok(n)
+    }
+
+    /// Writes the ticket tag keys of the listener on `port`, one per rotation period (the low
+    /// 32 bits), and removes the port's keys of any other period (retired).
+    pub fn set_tag_keys(&mut self, port: u16, keys: &[(u32, TagKey)]) -> Result<(), MapsError> {
+        let mut map: HashMap<MapData, TagKeyId, TagKey> = open_as(&self.pins, names::TLS_TAG_KEYS)?;
+        let id = |period| TagKeyId {
+            port,
+            pad: 0,
+            period,
+        };
+        for (period, key) in keys {
+            map.insert(id(*period), key, 0)
+                .map_err(op(names::TLS_TAG_KEYS))?;
+        }
+        let retired: Vec<TagKeyId> = map
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.port == port && !keys.iter().any(|(p, _)| *p == k.period))
+            .collect();
+        for k in retired {
+            let _ = map.remove(&k);
+        }
+        Ok(())
+    }
+
+    /// Every ticket tag key written, sorted by port and period.
+    pub fn tag_keys(&self) -> Result<Vec<(TagKeyId, TagKey)>, MapsError> {
+        let map: HashMap<MapData, TagKeyId, TagKey> = open_as(&self.pins, names::TLS_TAG_KEYS)?;
+        let mut out = map
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(op(names::TLS_TAG_KEYS))?;
+        out.sort_by_key(|(k, _)| (k.port, k.period));
+        Ok(out)
+    }
+
+    /// Whether an issued session key is published (and not withdrawn).
     pub fn is_issued(&self, key: &IssuedKey) -> Result<bool, MapsError> {
         match self.tls_issued.get(key, 0) {
-            Ok(_) => Ok(true),
+            Ok(v) => Ok(v.kind & ISSUED_WITHDRAWN == 0),
             Err(MapError::KeyNotFound) => Ok(false),
             Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
                 Ok(false)
@@ -497,7 +580,6 @@ impl Maps {
     /// next TLS sweep gives its place back (the datapath alone changes the counts). `false` when
     /// the hold had ended in the meantime.
     pub fn mark_tls_hold_gone(&mut self, key: &FlowKey, hold: TlsHold) -> Result<bool, MapsError> {
-        const BPF_EXIST: u64 = 2;
         match self
             .tls_holds
             .insert(key, TlsHold { gone: 1, ..hold }, BPF_EXIST)

@@ -475,13 +475,13 @@ impl RustlsServer {
             .collect()
     }
 
-    /// The datapath's key of every ticket issued so far (its digest).
+    /// The datapath's key of every ticket issued so far (`gateway_common::tls::issued_key`).
     pub fn issued_digests(&self) -> Vec<[u8; gateway_common::tls::KEY_LEN]> {
         self.issued
             .lock()
             .unwrap()
             .iter()
-            .map(|t| gateway_common::tls::offer_digest(t))
+            .filter_map(|t| gateway_common::tls::issued_key(gateway_common::tls::Offer::Ticket, t))
             .collect()
     }
 }

@@ -23,7 +23,7 @@ use gateway_common::{
     maps::{IssuedKey, IssuedValue},
     sip::{MessageKind, parse_sip},
     testing::HelloBuilder,
-    tls::offer_digest,
+    tls::{Offer, issued_key},
 };
 use gateway_tests::{
     frames::{Frame, ext},
@@ -146,8 +146,11 @@ fn a_million_mutated_packets_buy_no_privilege() {
             tls_seeds.push(b.build());
         }
         if published {
-            for v in [&value[..32], &value[..]] {
-                let key = offer_digest(v);
+            for (kind, v) in [
+                (Offer::SessionId, &value[..32]),
+                (Offer::Ticket, &value[..]),
+            ] {
+                let key = issued_key(kind, v).unwrap();
                 issued.push(key);
                 prog.maps.add_issued(IssuedKey { key }, room).unwrap();
             }

@@ -1,5 +1,6 @@
 //! Issue 26, upgrades: this build's daemon takes over a datapath the previous release pinned,
-//! whose map layout differs (its `TlsCounters` has no `holds_full`), while TLS connections and
+//! whose map layout differs (its `TlsCounters` has no `holds_full`, its `IssuedValue` no
+//! `expires`), while TLS connections and
 //! SIP calls it admitted are in flight: the programs are replaced through the same link, the
 //! changed map is carried over with what it held, and every other map is adopted as it is.
 
@@ -184,7 +185,8 @@ fn a_build_whose_map_layout_differs_takes_over_under_traffic_and_loses_nothing()
     let said = String::from_utf8_lossy(&status.stderr).into_owned()
         + &String::from_utf8_lossy(&status.stdout);
     assert!(
-        said.contains("TLS_COUNTERS laid out by another build") && said.contains("carries it over"),
+        said.contains("TLS_ISSUED, TLS_COUNTERS laid out by another build")
+            && said.contains("carries them over"),
         "{said}"
     );
 
@@ -226,6 +228,20 @@ fn a_build_whose_map_layout_differs_takes_over_under_traffic_and_loses_nothing()
         ),
     )
     .unwrap();
+    // A session key the previous build's daemon published, in its layout (no `expires`): kind,
+    // limit, issued_ns, in_use, granted_ns, per_minute, pad, tat_ns, open (56 bytes).
+    let issued_key = [0x5au8; 16];
+    {
+        let pd = PinDir::new(&net.root(), &net.gw_if);
+        let mut old: HashMap<MapData, [u8; 16], [u8; 56]> =
+            open_as(&pd, names::TLS_ISSUED).unwrap();
+        let mut v = [0u8; 56];
+        v[0] = 2; // a ticket
+        v[4] = 3; // limit
+        v[16] = 1; // in_use
+        v[32] = 60; // per_minute
+        old.insert(issued_key, v, 0).unwrap();
+    }
     let before_start = rounds.load(Ordering::Relaxed);
     let daemon = Daemon::start(&net, &["--config", cfg.to_str().unwrap()], STARTUP);
     let carried = daemon
@@ -235,9 +251,17 @@ fn a_build_whose_map_layout_differs_takes_over_under_traffic_and_loses_nothing()
         .unwrap_or_else(|| panic!("the changed map is carried over: {:?}", daemon.log));
     // The fields this build added since the previous release, each at zero.
     assert!(
-        carried.contains("with holds_full, cookies_sent, cookie_acks, cookie_hellos, handoffs, handoffs_failed, cookies_declined, hellos_held, held_handoffs, held_carried, held_unmatched added at zero"),
+        carried.contains("with holds_full, cookies_sent, cookie_acks, cookie_hellos, handoffs, handoffs_failed, cookies_declined, hellos_held, held_handoffs, held_carried, held_unmatched, tags_verified, tags_refused added at zero"),
         "{carried}"
     );
+    // The issued keys too: the ticket expiry this build added starts at zero (the daemon
+    // withdraws such a key itself, as the previous one would have).
+    let carried = daemon
+        .log
+        .iter()
+        .find(|l| l.contains("carried TLS_ISSUED over"))
+        .unwrap_or_else(|| panic!("the issued keys are carried over: {:?}", daemon.log));
+    assert!(carried.contains("with expires added at zero"), "{carried}");
     // The previous build kept IPv4 connections in TLS_FLOWS; this one keeps them in TLS_FLOWS4.
     let moved = daemon
         .log
@@ -288,6 +312,17 @@ fn a_build_whose_map_layout_differs_takes_over_under_traffic_and_loses_nothing()
     }
     let pd = PinDir::new(&net.root(), &net.gw_if);
     let maps = gateway::maps::Maps::open(&pd).expect("every map in this build's layout");
+    let (_, v) = maps
+        .issued()
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| k.key == issued_key)
+        .expect("the published key kept");
+    assert_eq!(
+        (v.kind, v.limit, v.in_use, v.per_minute, v.expires),
+        (2, 3, 1, 60, 0),
+        "{v:?}"
+    );
     assert_eq!(maps.tls_flows().unwrap().len(), CONNECTIONS);
     let v4: HashMap<MapData, FlowKey4, TlsFlow> = open_as(&pd, names::TLS_FLOWS4).unwrap();
     assert_eq!(v4.keys().count(), CONNECTIONS, "in this build's IPv4 table");

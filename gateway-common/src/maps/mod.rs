@@ -134,7 +134,8 @@ mod tests {
         seen.sort_unstable();
         seen.dedup();
         assert_eq!(seen.len(), n, "a map name is declared twice");
-        assert_eq!(n, 22);
+        assert_eq!(n, 23);
+        assert!(seen.contains(&super::names::TLS_TAG_KEYS));
         assert!(seen.contains(&super::names::SYN_COOKIE_KEY));
         assert!(seen.contains(&super::names::TLS_HOLDS));
         assert!(seen.contains(&super::names::TLS_REFUSED));
@@ -207,9 +208,14 @@ mod tests {
             size_of::<crate::tls::HelloState>() + 4 + 4 + 4 + 4
         );
         assert_eq!(size_of::<IssuedKey>(), 16);
-        assert_eq!(size_of::<IssuedValue>(), 4 + 4 + 8 + 8 + 8 + 4 + 4 + 8 + 8);
+        assert_eq!(
+            size_of::<IssuedValue>(),
+            4 + 4 + 8 + 8 + 8 + 4 + 4 + 8 + 8 + 8
+        );
+        assert_eq!(size_of::<TagKeyId>(), 8);
+        assert_eq!(size_of::<TagKey>(), 32);
         assert_eq!(size_of::<TlsHold>(), 16 + 8 + 4 + 4);
-        assert_eq!(size_of::<TlsCounters>(), 8 * 26);
+        assert_eq!(size_of::<TlsCounters>(), 8 * 28);
         assert_eq!(size_of::<crate::syncookie::CookieKey>(), 16);
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);

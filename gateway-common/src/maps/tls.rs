@@ -1,5 +1,5 @@
 //! TLS at the NIC: flows (`TLS_FLOWS4`, `TLS_FLOWS`, `TLS_REFUSED`), issued keys and their places (`TLS_ISSUED`,
-//! `TLS_HOLDS`), counters (`TLS_COUNTERS`) and reject events (`TLS_REJECTS`).
+//! `TLS_HOLDS`), ticket tag keys (`TLS_TAG_KEYS`), counters (`TLS_COUNTERS`) and reject events (`TLS_REJECTS`).
 
 use super::SWEEP_INTERVAL_NS;
 
@@ -13,6 +13,10 @@ super::pinned_maps! {
     TLS_FLOWS: FlowKey => TlsFlow,
     /// Keys of the sessions the server issued ([`crate::maps::IssuedKey`] to [`crate::maps::IssuedValue`]).
     TLS_ISSUED: IssuedKey => IssuedValue,
+    /// Ticket tag keys by listener port and rotation period ([`crate::maps::TagKeyId`] to
+    /// [`crate::maps::TagKey`]), written by the daemon from the shared ticket secret: with them
+    /// the NIC verifies tickets any node sharing the secret issued.
+    TLS_TAG_KEYS: TagKeyId => TagKey,
     /// Per-CPU TLS counters ([`crate::maps::TlsCounters`]).
     TLS_COUNTERS: u32 => TlsCounters,
     /// Rejected TLS connections, for the daemon to tear down ([`crate::maps::RejectEvent`]).
@@ -168,8 +172,8 @@ pub struct TlsFlow {
     pub reserved: u32,
 }
 
-/// Key of the issued-sessions map: the digest (`gateway_common::tls::offer_digest`) of a whole
-/// session id, ticket or PSK identity the server issued.
+/// Key of the issued-sessions map: the key (`gateway_common::tls::issued_key`) of a session
+/// id, ticket or PSK identity the server issued.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct IssuedKey {
@@ -207,7 +211,56 @@ pub struct IssuedValue {
     /// Resumed connections the server answered that are still open, each holding a place until
     /// it ends ([`TlsHold`]); with [`Self::in_use`], what [`Self::limit`] bounds.
     pub open: u64,
+    /// When the key stops buying anything, unix seconds: a ticket's expiry (its clear tail,
+    /// `crate::tls::tag::Tail`), after which the daemon removes the entry; 0 for a key the
+    /// daemon withdraws itself when its lifetime ends (session ids).
+    pub expires: u64,
 }
+
+/// [`IssuedValue::kind`] flag: the key was published by the NIC, vouched for by its ticket's tag
+/// (a node sharing the ticket secret issued it), under the terms of the period's tag key.
+pub const ISSUED_BY_TAG: u32 = 1 << 8;
+/// [`IssuedValue::kind`] flag: the key was withdrawn (an offer of it did not resume). The entry
+/// stays until [`IssuedValue::expires`] so that its ticket's tag cannot vouch for it again; it
+/// buys nothing.
+pub const ISSUED_WITHDRAWN: u32 = 1 << 9;
+
+/// Key of the ticket tag keys map (`TLS_TAG_KEYS`): a listener's port and a rotation period.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TagKeyId {
+    /// The port of the listener whose tickets the key tags, host order.
+    pub port: u16,
+    /// Padding, zero.
+    pub pad: u16,
+    /// The low 32 bits of the rotation period (`crate::tls::tag::Tail::period`).
+    pub period: u32,
+}
+
+/// Value of the ticket tag keys map: the SipHash key of one period's ticket tags, derived by the
+/// daemon from the listener's ticket secret, and the terms a key it vouches for is published
+/// under at the NIC.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TagKey {
+    /// The SipHash key, first half.
+    pub k0: u64,
+    /// The SipHash key, second half.
+    pub k1: u64,
+    /// [`IssuedValue::limit`] of a key it vouches for.
+    pub limit: u32,
+    /// [`IssuedValue::per_minute`] of a key it vouches for.
+    pub per_minute: u32,
+    /// Unix seconds when `bpf_ktime_get_ns` (`CLOCK_MONOTONIC`) read zero: the NIC's wall clock
+    /// for ticket expiry, set by the daemon whenever it writes the key.
+    pub clock_s: u64,
+}
+
+/// Entries of the ticket tag keys map: 64 periods of 16 listener ports.
+pub const MAX_TAG_KEYS: u32 = 1024;
+/// Periods per listener whose tag keys the daemon writes: the current one, the next (a node
+/// whose clock runs early) and the ones before it whose tickets may still be alive.
+pub const MAX_TAG_PERIODS: u64 = 64;
 
 /// A resumed connection past its first flight that holds a place of its issued key
 /// ([`IssuedValue::open`]) until it ends: the server's FIN or RST seen leaving, or the daemon
@@ -364,6 +417,13 @@ crate::counters! {
         /// were not the bytes judged: dropped; or that had nothing kept to be compared with (a
         /// flood evicted it): refused with a reset.
         pub held_unmatched: u64,
+        /// Offers of a ticket no key was published for whose tag vouched for it (a node sharing
+        /// the ticket secret issued it): its key published at the NIC ([`ISSUED_BY_TAG`]).
+        pub tags_verified: u64,
+        /// Offers of a ticket no key was published for whose tail did not vouch for it (no tag
+        /// key for its period, expired, or a wrong tag): classed tls-new, also counted in
+        /// `unverified_offers`.
+        pub tags_refused: u64,
     }
 }
 

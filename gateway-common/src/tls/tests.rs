@@ -86,19 +86,34 @@ fn an_offer_key_is_the_digest_of_the_whole_value_never_a_prefix() {
         Some(offer_digest(&sid))
     );
     let ticket: alloc::vec::Vec<u8> = (0..200).map(|i| i as u8).collect();
+    // A ticket's key leaves its clear tail out (`tag`): all of the rest, never a prefix.
+    let ticket_key = tag::ticket_key(&ticket);
+    assert_eq!(issued_key(Offer::Ticket, &ticket), ticket_key);
+    assert_eq!(issued_key(Offer::SessionId, &sid), Some(offer_digest(&sid)));
     assert_eq!(
         key_of(HelloBuilder {
             ticket: Some(ticket.clone()),
             ..Default::default()
         }),
-        Some(offer_digest(&ticket))
+        ticket_key
     );
     assert_eq!(
         key_of(HelloBuilder {
             psk_identity: Some(ticket.clone()),
             ..HelloBuilder::tls13()
         }),
-        Some(offer_digest(&ticket))
+        ticket_key
+    );
+    let mut body = ticket.clone();
+    body[183] ^= 1;
+    assert_ne!(tag::ticket_key(&body), ticket_key);
+    // Too short to carry a tail after a key's worth of bytes: no key.
+    assert_eq!(
+        key_of(HelloBuilder {
+            ticket: Some(ticket[..tag::MIN_TICKET - 1].to_vec()),
+            ..Default::default()
+        }),
+        None
     );
     // The same first 16 bytes and anything after them: another key (the prefix of a TLS 1.2
     // session id is public, it travels in clear in the ServerHello).
@@ -348,7 +363,8 @@ fn a_segment_longer_than_a_window_reads_on() {
     );
     let whole = parse_hello(&data);
     assert_eq!(whole.verdict(), Verdict::Offer);
-    assert_eq!(whole.offer_key(), Some(offer_digest(&key(4))));
+    assert_eq!(whole.offer_key(), tag::ticket_key(&key(4)));
+    assert_eq!(whole.ticket_tail().map(|t| &t[..]), Some(&key(4)[16..]));
     for cut in (1..data.len()).step_by(61) {
         assert_eq!(feed_split(&data, &[cut]), whole, "cut at {cut}");
     }
@@ -439,4 +455,46 @@ fn a_zeroed_state_once_started_is_a_new_one() {
     assert_eq!(zeroed, HelloState::new());
     assert_eq!(core::mem::size_of::<HelloState>() % 8, 0);
     assert!(core::mem::align_of::<HelloState>() >= 8);
+}
+
+#[test]
+fn a_tickets_tail_is_kept_apart_however_the_hello_is_cut() {
+    // A TLS 1.2 hello with a session id and a ticket (the ticket is the offer: its tail takes
+    // the session id's place), and a TLS 1.3 one with a PSK identity.
+    let ticket: Vec<u8> = (0..90).map(|i| (i * 7) as u8).collect();
+    for b in [
+        HelloBuilder {
+            session_id: key(40),
+            ticket: Some(ticket.clone()),
+            ..Default::default()
+        },
+        HelloBuilder {
+            psk_identity: Some(ticket.clone()),
+            ..HelloBuilder::tls13()
+        },
+    ] {
+        let data = b.build();
+        let whole = parse_hello(&data);
+        assert_eq!(whole.verdict(), Verdict::Offer);
+        assert_eq!(whole.offer_key(), tag::ticket_key(&ticket));
+        assert_eq!(whole.ticket_tail().map(|t| &t[..]), Some(&ticket[74..]));
+        for a in 1..data.len() {
+            assert_eq!(feed_split(&data, &[a]), whole, "cut at {a}");
+        }
+        for a in (1..data.len()).step_by(5) {
+            for c in (a + 1..data.len()).step_by(3) {
+                assert_eq!(feed_split(&data, &[a, c]), whole, "cut at {a}, {c}");
+            }
+        }
+    }
+    // A session id offer has no tail.
+    let st = parse_hello(
+        &HelloBuilder {
+            session_id: key(3),
+            ..Default::default()
+        }
+        .build(),
+    );
+    assert_eq!(st.offer(), Offer::SessionId);
+    assert_eq!(st.ticket_tail(), None);
 }

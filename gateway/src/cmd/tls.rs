@@ -22,11 +22,12 @@ pub enum TlsAction {
 #[derive(Debug, Subcommand)]
 pub enum IssuedAction {
     /// Publish the key of an issued session id, ticket or PSK identity: give the whole value (at
-    /// least 16 bytes, in hex); its digest is what the datapath matches offers against.
+    /// least 16 bytes, 32 for a ticket or PSK identity, in hex); its key
+    /// (`gateway_common::tls::issued_key`) is what the datapath matches offers against.
     Add {
         /// The whole issued value, in hex.
-        #[arg(value_parser = parse_key)]
-        key: gateway_common::maps::IssuedKey,
+        #[arg(value_parser = parse_value)]
+        value: IssuedBytes,
         /// What was issued: session-id, ticket or psk.
         #[arg(long, value_parser = parse_offer, default_value = "session-id")]
         kind: gateway_common::tls::Offer,
@@ -42,11 +43,12 @@ pub enum IssuedAction {
         #[command(flatten)]
         target: Target,
     },
-    /// Withdraw the key of an issued value.
+    /// Withdraw the key of an issued value (as a session id's, a ticket's or a PSK identity's,
+    /// whichever is published).
     Del {
         /// The whole issued value, in hex.
-        #[arg(value_parser = parse_key)]
-        key: gateway_common::maps::IssuedKey,
+        #[arg(value_parser = parse_value)]
+        value: IssuedBytes,
         /// Which attachment.
         #[command(flatten)]
         target: Target,
@@ -80,8 +82,20 @@ fn parse_offer(s: &str) -> Result<gateway_common::tls::Offer, String> {
         })
 }
 
-/// The key of an issued value given in hex: its digest (`gateway_common::tls::offer_digest`).
-fn parse_key(s: &str) -> Result<gateway_common::maps::IssuedKey, String> {
+/// An issued value's bytes, given in hex.
+#[derive(Clone, Debug)]
+pub struct IssuedBytes(Vec<u8>);
+
+impl IssuedBytes {
+    /// Its key as an issued value of kind `kind`.
+    fn key(&self, kind: gateway_common::tls::Offer) -> Option<gateway_common::maps::IssuedKey> {
+        gateway_common::tls::issued_key(kind, &self.0)
+            .map(|key| gateway_common::maps::IssuedKey { key })
+    }
+}
+
+/// An issued value given in hex.
+fn parse_value(s: &str) -> Result<IssuedBytes, String> {
     let (min, max) = (
         gateway_common::tls::KEY_LEN,
         gateway_common::tls::MAX_OFFER as usize,
@@ -106,9 +120,7 @@ fn parse_key(s: &str) -> Result<gateway_common::maps::IssuedKey, String> {
             _ => Err(format!("not two hex digits at byte {}", 2 * i)),
         })
         .collect::<Result<Vec<u8>, _>>()?;
-    Ok(gateway_common::maps::IssuedKey {
-        key: gateway_common::tls::offer_digest(&value),
-    })
+    Ok(IssuedBytes(value))
 }
 
 /// The resumptions per minute a published key buys, as the datapath applies it (0: the default).
@@ -130,12 +142,20 @@ fn issued(root: &Path, action: IssuedAction) -> Result<(), CommandError> {
     };
     match action {
         IssuedAction::Add {
-            key,
+            value,
             kind,
             limit,
             per_minute,
             target,
         } => {
+            let key = value.key(kind).ok_or_else(|| {
+                CommandError::Usage(format!(
+                    "a {} must be at least {} bytes (its last {} are its tag)",
+                    kind.name(),
+                    gateway_common::tls::tag::MIN_TICKET,
+                    gateway_common::tls::tag::TAIL_LEN
+                ))
+            })?;
             let (pd, mut maps) = open(root, target.iface.as_deref())?;
             maps.add_issued(
                 key,
@@ -149,27 +169,47 @@ fn issued(root: &Path, action: IssuedAction) -> Result<(), CommandError> {
             )?;
             println!("published {} on {}", hex(&key), pd.iface);
         }
-        IssuedAction::Del { key, target } => {
+        IssuedAction::Del { value, target } => {
+            use gateway_common::tls::Offer;
             let (pd, mut maps) = open(root, target.iface.as_deref())?;
-            if !maps.remove_issued(&key)? {
+            let mut withdrew = None;
+            for key in [Offer::SessionId, Offer::Ticket]
+                .map(|k| value.key(k))
+                .into_iter()
+                .flatten()
+            {
+                if maps.remove_issued(&key)? {
+                    withdrew = Some(key);
+                }
+            }
+            let Some(key) = withdrew else {
                 return Err(CommandError::Usage(format!(
-                    "{} is not published on {}",
-                    hex(&key),
+                    "no key of that value is published on {}",
                     pd.iface
                 )));
-            }
+            };
             println!("withdrew {} on {}", hex(&key), pd.iface);
         }
         IssuedAction::List { target, json } => {
             let (_, maps) = open(root, target.iface.as_deref())?;
             let rows = maps.issued()?;
-            let kind = |v: &IssuedValue| gateway_common::tls::Offer::from_id(v.kind).name();
+            let kind = |v: &IssuedValue| gateway_common::tls::Offer::from_id(v.kind & 0xff).name();
+            // Who published it, and whether it still buys anything.
+            let by = |v: &IssuedValue| {
+                if v.kind & gateway_common::maps::ISSUED_WITHDRAWN != 0 {
+                    "withdrawn"
+                } else if v.kind & gateway_common::maps::ISSUED_BY_TAG != 0 {
+                    "tag"
+                } else {
+                    "daemon"
+                }
+            };
             if json {
                 let v: Vec<serde_json::Value> = rows
                     .iter()
                     .map(|(k, v)| {
                         serde_json::json!({
-                            "key": hex(k), "kind": kind(v),
+                            "key": hex(k), "kind": kind(v), "by": by(v), "expires": v.expires,
                             "limit": gateway_common::maps::resume_limit(v.limit),
                             "per_minute": per_minute(v),
                             "in_use": v.in_use,
@@ -181,9 +221,11 @@ fn issued(root: &Path, action: IssuedAction) -> Result<(), CommandError> {
             } else {
                 for (k, v) in rows {
                     println!(
-                        "{} {} limit {} per-minute {} in-use {} open {}",
+                        "{} {} by {} expires {} limit {} per-minute {} in-use {} open {}",
                         hex(&k),
                         kind(&v),
+                        by(&v),
+                        v.expires,
                         gateway_common::maps::resume_limit(v.limit),
                         per_minute(&v),
                         v.in_use,

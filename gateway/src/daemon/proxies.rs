@@ -96,6 +96,7 @@ pub(super) fn start_proxies(
     for (index, p) in cfg.proxies.iter().enumerate() {
         let issued = Arc::new(IssuedKeys::new(
             attached,
+            p.listen.port(),
             p.tls.terms(),
             cfg.datapath.issued_keys,
         ));

@@ -82,6 +82,10 @@ const REFUSAL_WRITE: Duration = Duration::from_secs(1);
 
 /// At most one log line per this while accepting keeps pausing at the open-files limit.
 const PAUSE_LOG_EVERY: Duration = Duration::from_secs(10);
+/// Seconds between sweeps of issued keys past their expiry: a key the NIC published for a
+/// ticket its tag vouched for buys nothing new once the ticket expired (the server refuses it,
+/// which withdraws the key), so the sweep only gives the table's room back.
+const SWEEP_TICKS: u64 = 10;
 
 impl Proxy {
     /// A proxy for `cfg` with the TLS server configuration `tls`, its connections taking places
@@ -191,7 +195,9 @@ impl Proxy {
         debug!(listener = %self.label, "stopped accepting");
     }
 
-    /// Expires published session keys as their lifetime ends, and counts them.
+    /// Expires published session keys as their lifetime ends, and counts them; keeps the
+    /// ticket tag keys written (each second) and sweeps keys past their expiry (every
+    /// [`SWEEP_TICKS`] seconds).
     pub async fn housekeeping(self: Arc<Self>, stop: CancellationToken) {
         let labels = crate::proxy::stats::ListenerLabels {
             listener: self.label.clone(),
@@ -199,12 +205,21 @@ impl Proxy {
         let published = self.stats.keys_published.get_or_create(&labels).clone();
         let unpublished = self.stats.keys_unpublished.get_or_create(&labels).clone();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
-        loop {
+        for n in 0u64.. {
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = tick.tick() => {}
             }
             self.issued.expire(std::time::Instant::now());
+            let now = std::time::SystemTime::now();
+            self.issued.refresh_tags(now);
+            if n % SWEEP_TICKS == 0 {
+                let unix = now
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs();
+                self.issued.sweep(unix);
+            }
             published.set(self.issued.published() as i64);
             let refused = self.issued.take_unpublished();
             if refused > 0 {

@@ -7,10 +7,14 @@
 //! others' tickets, and a key retires by itself when its period falls out of the lifetime window.
 //!
 //! A ticket is `nonce (12) | period (4, big endian) | AES-256-GCM(issued at, ms (8) | state) | tag
-//! (16)`, the first 16 bytes authenticated as associated data. Its first 16 bytes, the datapath's
-//! key, are unique per ticket because the nonce is random. A ticket older than the lifetime is
-//! refused (TLS 1.2 included, which rustls does not age-check itself), so it stops resuming when
-//! the datapath withdraws its key.
+//! (16) | tail (16)`, the first 16 bytes authenticated as associated data. The tail
+//! ([`gateway_common::tls::tag::Tail`]) is in clear for the NIC of any node sharing the secret:
+//! the period, the ticket's expiry and a SipHash tag, under the period's tag key ([`TagKeys`],
+//! derived from the same secret), of the ticket's key (the digest of all before the tail, unique
+//! per ticket because the nonce is random), period and expiry. Opening checks the tail as the
+//! NIC does, so a ticket whose tail was changed resumes nowhere. A ticket older than the
+//! lifetime is refused (TLS 1.2 included, which rustls does not age-check itself), so it stops
+//! resuming when the datapath withdraws its key.
 
 use std::{
     path::Path,
@@ -26,7 +30,13 @@ use aws_lc_rs::{
 use rustls::server::ProducesTickets;
 use thiserror::Error;
 
-use gateway_common::tls::Offer;
+use gateway_common::{
+    maps::MAX_TAG_PERIODS,
+    tls::{
+        Offer,
+        tag::{TAIL_LEN, Tail, tag, ticket_key},
+    },
+};
 
 use crate::issued::IssuedKeys;
 
@@ -94,9 +104,83 @@ impl Secret {
     }
 }
 
+/// The tag keys of a ticket secret, one per rotation period: HKDF-SHA256 of the secret with
+/// "tag" and the period as info, 16 bytes (a SipHash key). Every node sharing the secret derives
+/// the same, writes those of the periods whose tickets may still be alive to its datapath
+/// (`crate::issued::IssuedKeys::refresh_tags`), and its NIC checks any node's tickets with them.
+pub struct TagKeys {
+    prk: Prk,
+    rotation_secs: u64,
+    lifetime: Duration,
+}
+
+impl TagKeys {
+    /// The tag key of `period`, as SipHash's two key words.
+    pub fn key(&self, period: u64) -> (u64, u64) {
+        let info = period.to_be_bytes();
+        let info = [b"tag".as_slice(), info.as_slice()];
+        let mut k = [0u8; 16];
+        self.prk
+            .expand(&info, TagKeyLen)
+            .and_then(|okm| okm.fill(&mut k))
+            .expect("HKDF-SHA256 gives 16 bytes");
+        (
+            u64::from_le_bytes(k[..8].try_into().expect("8 bytes")),
+            u64::from_le_bytes(k[8..].try_into().expect("8 bytes")),
+        )
+    }
+
+    /// The rotation period at `t`.
+    pub fn period_at(&self, t: SystemTime) -> u64 {
+        unix_secs(t) / self.rotation_secs
+    }
+
+    /// Periods whose tickets are accepted at period `now`: those a ticket issued within the
+    /// lifetime may carry, and one ahead for a node whose clock runs early.
+    fn accepted(&self, period: u64, now: u64) -> bool {
+        let window = self.lifetime.as_secs().div_ceil(self.rotation_secs);
+        period <= now + 1 && now.saturating_sub(period) <= window
+    }
+
+    /// The periods accepted at `t`, newest first, at most [`MAX_TAG_PERIODS`] of them (with a
+    /// lifetime of more rotations, the oldest tickets are verified by their own node only).
+    pub fn periods(&self, t: SystemTime) -> impl Iterator<Item = u64> + '_ {
+        let now = self.period_at(t);
+        (0..MAX_TAG_PERIODS)
+            .map_while(move |back| (now + 1).checked_sub(back))
+            .filter(move |p| self.accepted(*p, now))
+    }
+
+    /// The tail of a ticket whose bytes before it are `body`, sealed in `period` and expiring at
+    /// `expires` (unix seconds).
+    fn tail(&self, body: &[u8], period: u64, expires: u32) -> [u8; TAIL_LEN] {
+        let (k0, k1) = self.key(period);
+        // The key covers the body and the ticket's whole length.
+        let mut whole = body.to_vec();
+        whole.extend_from_slice(&[0; TAIL_LEN]);
+        let key = ticket_key(&whole).unwrap_or_default();
+        Tail {
+            period: period as u32,
+            expires,
+            tag: tag(k0, k1, &key, period as u32, expires),
+        }
+        .to_bytes()
+    }
+}
+
+/// HKDF output length of a tag key.
+struct TagKeyLen;
+
+impl aws_lc_rs::hkdf::KeyType for TagKeyLen {
+    fn len(&self) -> usize {
+        16
+    }
+}
+
 /// The rotating, publishing ticketer (see the module docs).
 pub struct RotatingTicketer {
     prk: Prk,
+    tags: Arc<TagKeys>,
     rotation_secs: u64,
     lifetime: Duration,
     /// Derived keys of recent periods, newest last.
@@ -124,8 +208,15 @@ impl RotatingTicketer {
         issued: Arc<IssuedKeys>,
     ) -> Self {
         let prk = Salt::new(HKDF_SHA256, b"gateway ticket keys v1").extract(&secret.0);
+        let tags = Arc::new(TagKeys {
+            prk: prk.clone(),
+            rotation_secs: rotation.as_secs().max(1),
+            lifetime,
+        });
+        issued.set_tag_keys(tags.clone());
         RotatingTicketer {
             prk,
+            tags,
             rotation_secs: rotation.as_secs().max(1),
             lifetime,
             keys: Mutex::new(Vec::new()),
@@ -136,13 +227,6 @@ impl RotatingTicketer {
 
     fn period_at(&self, t: SystemTime) -> u64 {
         unix_secs(t) / self.rotation_secs
-    }
-
-    /// Periods whose tickets are still accepted at `now`: those a ticket issued within the
-    /// lifetime may carry, and one ahead for a node whose clock runs early.
-    fn accepted(&self, period: u64, now: u64) -> bool {
-        let window = self.lifetime.as_secs().div_ceil(self.rotation_secs);
-        period <= now + 1 && now.saturating_sub(period) <= window
     }
 
     fn key(&self, period: u64) -> Option<Arc<LessSafeKey>> {
@@ -180,20 +264,31 @@ impl RotatingTicketer {
         )
         .ok()?;
         ticket.extend_from_slice(&body);
+        // The first whole second past the lifetime: it resumes until then.
+        let end_ms = unix_ms(now) + self.lifetime.as_millis() as u64;
+        let expires = u32::try_from(end_ms / 1000 + 1).ok()?;
+        let tail = self.tags.tail(&ticket, period, expires);
+        ticket.extend_from_slice(&tail);
         Some(ticket)
     }
 
     /// Opens a ticket if its period is still accepted at `now` and it authenticates.
     fn open(&self, ticket: &[u8], now: SystemTime) -> Option<Vec<u8>> {
-        if ticket.len() < HEADER + TAG {
+        if ticket.len() < HEADER + TAG + TAIL_LEN {
             return None;
         }
+        let (ticket, tail) = ticket.split_at(ticket.len() - TAIL_LEN);
         let nonce: [u8; NONCE_LEN] = ticket[..NONCE_LEN].try_into().ok()?;
         let low = u32::from_be_bytes(ticket[NONCE_LEN..HEADER].try_into().ok()?);
         // The period travels as its low 32 bits; the full value is the one nearest to now.
         let current = self.period_at(now);
         let period = (current & !0xffff_ffff) | u64::from(low);
-        if !self.accepted(period, current) {
+        if !self.tags.accepted(period, current) {
+            return None;
+        }
+        // The tail as the NIC checks it: a ticket whose tail was changed resumes nowhere.
+        let t = Tail::parse(tail.try_into().ok()?);
+        if t.period != low || tail != self.tags.tail(ticket, period, t.expires) {
             return None;
         }
         let key = self.key(period)?;
@@ -210,7 +305,10 @@ impl RotatingTicketer {
         let now = unix_ms(now);
         // Issued in the future only within a minute of clock skew between nodes.
         let lifetime = self.lifetime.as_millis() as u64;
-        if issued > now + 60_000 || now.saturating_sub(issued) > lifetime {
+        if issued > now + 60_000
+            || now.saturating_sub(issued) > lifetime
+            || now / 1000 >= u64::from(t.expires)
+        {
             return None;
         }
         Some(state.to_vec())
@@ -297,6 +395,65 @@ mod tests {
         assert!(a.open(&t[..10], at(5000)).is_none());
         t[3] ^= 1;
         assert!(a.open(&t, at(5000)).is_none());
+    }
+
+    #[test]
+    fn a_tickets_tail_carries_a_tag_every_node_sharing_the_secret_checks() {
+        let a = ticketer(&[3; 40]);
+        let b = ticketer(&[3; 40]);
+        let other = ticketer(&[4; 40]);
+        let now = at(3600 * 200 + 17);
+        let t = a.seal(b"state", now).unwrap();
+        let tail = Tail::parse(t.last_chunk::<TAIL_LEN>().unwrap());
+        assert_eq!(u64::from(tail.period), 200);
+        // The first second past the two hours of lifetime.
+        assert_eq!(u64::from(tail.expires), 3600 * 202 + 17 + 1);
+        let key = ticket_key(&t).unwrap();
+        let check = |tags: &TagKeys| {
+            let (k0, k1) = tags.key(u64::from(tail.period));
+            tag(k0, k1, &key, tail.period, tail.expires) == tail.tag
+        };
+        assert!(check(&b.tags), "a node sharing the secret vouches for it");
+        assert!(!check(&other.tags), "another secret's keys do not");
+        // The NIC's key is the parser's: the digest of all before the tail.
+        let hello = gateway_common::testing::HelloBuilder {
+            psk_identity: Some(t.clone()),
+            ..gateway_common::testing::HelloBuilder::tls13()
+        }
+        .build();
+        let st = gateway_common::tls::parse_hello(&hello);
+        assert_eq!(st.offer_key(), Some(key));
+        assert_eq!(st.ticket_tail(), t.last_chunk::<TAIL_LEN>());
+        // Any byte of the tail changed: the ticket resumes nowhere.
+        for i in 0..TAIL_LEN {
+            let mut bad = t.clone();
+            let n = bad.len();
+            bad[n - TAIL_LEN + i] ^= 1;
+            assert!(b.open(&bad, now).is_none(), "tail byte {i}");
+        }
+        assert!(b.open(&t, now).is_some());
+    }
+
+    #[test]
+    fn the_periods_written_are_those_whose_tickets_may_live() {
+        let a = ticketer(&[5; 32]);
+        let periods: Vec<u64> = a.tags.periods(at(3600 * 300 + 5)).collect();
+        // One ahead, the current one, and two hours of lifetime back.
+        assert_eq!(periods, [301, 300, 299, 298]);
+        let short = RotatingTicketer::new(
+            Secret(vec![5; 32]),
+            Duration::from_secs(60),
+            Duration::from_secs(86400),
+            Arc::new(IssuedKeys::none(Duration::from_secs(86400))),
+        );
+        let periods: Vec<u64> = short.tags.periods(at(60 * 100_000)).collect();
+        assert_eq!(
+            periods.len(),
+            MAX_TAG_PERIODS as usize,
+            "bounded by the map's share"
+        );
+        assert_eq!(periods[0], 100_001);
+        assert_ne!(a.tags.key(300), a.tags.key(301));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Two gateway nodes behind an ECMP route (issue 26), each with its own daemon, proxy and
-//! backend, one ticket secret between them, and real rustls clients spread over them by a
-//! resilient nexthop group's 5-tuple hash.
+//! backend, one ticket secret between them, and real rustls and openssl clients spread over them
+//! by a resilient nexthop group's 5-tuple hash: a node leaving and rejoining, tickets of one node
+//! resumed and vouched for at the other's NIC, and seed 000 across the fleet.
 
 use std::{
     net::TcpListener,
@@ -14,8 +15,8 @@ use gateway_tests::{
     fleet::{Fleet, VIP},
     have_root,
     metrics::scrape,
-    netns::{TestNet, class_counter},
-    tls::{Cert, rustls_config, rustls_fetch_within},
+    netns::{TestNet, class_counter, sh},
+    tls::{Cert, rustls_config, rustls_fetch_within, s_client_input},
 };
 
 const PORT: u16 = 8443;
@@ -187,12 +188,51 @@ fn a_node_leaves_and_rejoins_and_no_client_of_the_other_notices() {
     }
 }
 
-/// With one `ticket_key_file`, a client resumes on the node that did not issue its ticket: rustls
-/// there decrypts it (the proxy counts a resumed handshake). Its hello is classed at that node's
-/// NIC as it is today (printed: verifying any node's tickets at every NIC is issue 26's tag).
+/// What a node's NIC counted of resumptions: its tls-resumed packets and the tickets whose tag
+/// vouched for them (`tags_verified`) or not (`tags_refused`).
+fn resumed_at(net: &TestNet) -> (u64, u64, u64) {
+    let stats = net.stats();
+    let tls = |f: &str| stats["tls"][f].as_u64().unwrap();
+    (
+        class_counter(&stats, "tls-resumed", "packets"),
+        tls("tags_verified"),
+        tls("tags_refused"),
+    )
+}
+
+/// The keys `net`'s NIC published itself, vouched for by their ticket's tag, as bpftool dumps
+/// `TLS_ISSUED` (the `kind` field with `ISSUED_BY_TAG`, and the ticket's `expires`).
+fn vouched_keys(net: &TestNet) -> Vec<serde_json::Value> {
+    let pd = gateway::pins::PinDir::new(&net.root(), &net.gw_if);
+    let path = pd.map(gateway_common::maps::names::TLS_ISSUED);
+    let out = sh(
+        "bpftool",
+        &["-j", "map", "dump", "pinned", path.to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let entries: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    entries
+        .into_iter()
+        .map(|e| e["formatted"]["value"].clone())
+        .filter(|v| {
+            v["kind"]
+                .as_u64()
+                .is_some_and(|k| k & u64::from(gateway_common::maps::ISSUED_BY_TAG) != 0)
+        })
+        .collect()
+}
+
+/// With one `ticket_key_file`, a rustls client resumes on the node that did not issue its
+/// ticket (TLS 1.3, its hello of two segments with the post-quantum share), and that node's NIC
+/// classes it tls-resumed: the ticket's tag vouched for it (`tags_verified`), and bpftool shows
+/// the key it published (kind with `ISSUED_BY_TAG`, the ticket's expiry).
 #[test]
-fn a_ticket_one_node_issued_resumes_on_the_other() {
-    if !have_root("a_ticket_one_node_issued_resumes_on_the_other") {
+fn a_ticket_one_node_issued_resumes_on_the_other_and_its_nic_vouches_for_it() {
+    if !have_root("a_ticket_one_node_issued_resumes_on_the_other_and_its_nic_vouches_for_it") {
         return;
     }
     let (cert, fleet, _nodes) = setup(Mode::Answer);
@@ -213,8 +253,9 @@ fn a_ticket_one_node_issued_resumes_on_the_other() {
         }
     };
     // Then connections until one reaches node b: it offers a ticket of a's, and resumes.
-    let resumed_before = class_counter(&fleet.nodes[1].stats(), "tls-resumed", "packets");
+    let before = resumed_at(&fleet.nodes[1]);
     let new_before = class_counter(&fleet.nodes[1].stats(), "tls-new", "packets");
+    assert!(vouched_keys(&fleet.nodes[1]).is_empty());
     for attempt in 0.. {
         assert!(attempt < 64, "64 connections, none reached node b");
         let (kind, body) = fleet
@@ -226,6 +267,28 @@ fn a_ticket_one_node_issued_resumes_on_the_other() {
         }
         assert!(body.ends_with(&answer("node-a")), "{body}");
     }
+    let after = resumed_at(&fleet.nodes[1]);
+    assert!(after.0 > before.0, "b's NIC classed it tls-resumed");
+    assert_eq!(after.1, before.1 + 1, "the tag vouched for a's ticket once");
+    assert_eq!(after.2, before.2, "no tag refused");
+    assert_eq!(
+        class_counter(&fleet.nodes[1].stats(), "tls-new", "packets"),
+        new_before,
+        "nothing of it was tls-new"
+    );
+    let vouched = vouched_keys(&fleet.nodes[1]);
+    assert_eq!(vouched.len(), 1, "{vouched:?}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let expires = vouched[0]["expires"].as_u64().unwrap();
+    // The proxy's session lifetime is two hours by default.
+    assert!(
+        expires > now + 7000 && expires <= now + 7201,
+        "{:?}",
+        vouched[0]
+    );
     let handshakes = scrape(&fleet.nodes[1], METRICS);
     assert!(
         handshakes
@@ -235,11 +298,140 @@ fn a_ticket_one_node_issued_resumes_on_the_other() {
                 && !l.ends_with(" 0")),
         "node b's proxy counts no resumed handshake:\n{handshakes}"
     );
-    let stats = fleet.nodes[1].stats();
+}
+
+/// openssl's TLS 1.3 ticket (a PSK identity) and TLS 1.2 ticket (the session_ticket extension)
+/// of one node resume on the other, which classes them tls-resumed by their tag.
+#[test]
+fn openssl_tickets_of_one_node_resume_on_the_other_by_their_tag() {
+    if !have_root("openssl_tickets_of_one_node_resume_on_the_other_by_their_tag") {
+        return;
+    }
+    let (cert, fleet, _nodes) = setup(Mode::Answer);
+    let addr = format!("{VIP}:{PORT}");
+    let router = ["ip", "netns", "exec", fleet.router_ns.as_str()];
+    let get = b"GET / HTTP/1.0\r\n\r\n";
+    for version in ["-tls1_3", "-tls1_2"] {
+        let sess = cert.file(&format!("sess{version}.pem"));
+        let sess = sess.to_str().unwrap();
+        // A full handshake that reaches node a, its session (with a's ticket) saved.
+        for attempt in 0.. {
+            assert!(
+                attempt < 64,
+                "{version}: 64 connections, none reached node a"
+            );
+            let out = s_client_input(
+                &router,
+                &addr,
+                &[version, "-sess_out", sess, "-ign_eof"],
+                get,
+            );
+            if out.contains("node-a") {
+                assert!(out.contains("New,"), "{out}");
+                break;
+            }
+        }
+        // Then the saved session until a connection reaches node b, where it resumes.
+        let before = resumed_at(&fleet.nodes[1]);
+        for attempt in 0.. {
+            assert!(
+                attempt < 64,
+                "{version}: 64 connections, none reached node b"
+            );
+            let out = s_client_input(
+                &router,
+                &addr,
+                &[version, "-sess_in", sess, "-ign_eof"],
+                get,
+            );
+            assert!(out.contains("Reused,"), "{version}: {out}");
+            if out.contains("node-b") {
+                break;
+            }
+            assert!(out.contains("node-a"), "{out}");
+        }
+        let after = resumed_at(&fleet.nodes[1]);
+        assert!(
+            after.0 > before.0,
+            "{version}: b's NIC classed it tls-resumed"
+        );
+        assert_eq!(after.1, before.1 + 1, "{version}: the tag vouched for it");
+        assert_eq!(after.2, before.2, "{version}: no tag refused");
+    }
+    assert_eq!(fleet.nodes[1].stats()["tls"]["unverified_offers"], 0);
+}
+
+/// Seed 000 across the fleet: with tls-new closed on both nodes, clients holding a ticket are
+/// served by whichever node they land on (each resumption gives them a ticket of that node for
+/// the next), and new clients are refused at both.
+#[test]
+fn with_tls_new_closed_on_both_nodes_resumed_clients_are_served_wherever_they_land() {
+    if !have_root("with_tls_new_closed_on_both_nodes_resumed_clients_are_served_wherever_they_land")
+    {
+        return;
+    }
+    let (cert, fleet, _nodes) = setup(Mode::Answer);
+    let addr = format!("{VIP}:{PORT}");
+    let fetch = |config: &std::sync::Arc<rustls::ClientConfig>| {
+        fleet.in_router(|| rustls_fetch_within(config, &addr, Duration::from_secs(10)))
+    };
+    // Four clients, each with one full handshake (on whichever node).
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let c = rustls_config(&cert);
+            let (kind, _) = fetch(&c).expect("a full handshake");
+            assert_eq!(kind, rustls::HandshakeKind::Full);
+            c
+        })
+        .collect();
+    for net in &fleet.nodes {
+        net.gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
+    }
+    let admitted = |net: &TestNet| class_counter(&net.stats(), "tls-new", "admitted");
+    let admitted_before = [admitted(&fleet.nodes[0]), admitted(&fleet.nodes[1])];
+    // Resumptions, the clients in turn, until each node has served at least three (bounded:
+    // 64 on one node would be a broken hash). Every one is served, resumed.
+    let served = |name: &str, body: &str| body.ends_with(&answer(name));
+    let mut by_node = [0usize; 2];
+    let mut n = 0;
+    while by_node.iter().any(|&k| k < 3) {
+        assert!(
+            n < 64,
+            "64 resumptions, not spread over both nodes: {by_node:?}"
+        );
+        let (kind, body) = fetch(&clients[n % clients.len()])
+            .unwrap_or_else(|e| panic!("resumption {n} refused: {e}"));
+        assert_eq!(kind, rustls::HandshakeKind::Resumed, "resumption {n}");
+        if served("node-a", &body) {
+            by_node[0] += 1;
+        } else {
+            assert!(served("node-b", &body), "{body}");
+            by_node[1] += 1;
+        }
+        n += 1;
+    }
+    // New clients: refused, at both nodes (until each refused at least two; bounded).
+    let rejected = |net: &TestNet| class_counter(&net.stats(), "tls-new", "rejected");
+    let start = [rejected(&fleet.nodes[0]), rejected(&fleet.nodes[1])];
+    let mut tries = 0;
+    while (0..2).any(|i| rejected(&fleet.nodes[i]) < start[i] + 2) {
+        assert!(tries < 64, "64 new clients, not refused at both nodes");
+        tries += 1;
+        let fresh = rustls_config(&cert);
+        assert!(fetch(&fresh).is_err(), "a new client was served");
+    }
+    for (net, before) in fleet.nodes.iter().zip(admitted_before) {
+        let stats = net.stats();
+        assert_eq!(
+            class_counter(&stats, "tls-new", "admitted"),
+            before,
+            "none admitted after closing"
+        );
+        assert_eq!(stats["tls"]["tags_refused"], 0);
+        assert!(class_counter(&stats, "tls-resumed", "admitted") >= 3);
+    }
     eprintln!(
-        "node b's NIC classed the hello resuming a's ticket: tls-resumed +{}, tls-new +{}",
-        class_counter(&stats, "tls-resumed", "packets") - resumed_before,
-        class_counter(&stats, "tls-new", "packets") - new_before
+        "resumptions served by node a / node b: {by_node:?} in {n}; new clients refused: {tries}"
     );
 }
 

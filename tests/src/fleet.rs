@@ -1,19 +1,25 @@
 //! Two gateway nodes behind an ECMP route (issue 26): each node is a [`TestNet`] (its gateway
 //! namespace, where a daemon attaches, and its peer namespace, here a link router), and a router
-//! namespace, where clients run, reaches a service address both nodes hold (`VIP`) through a
-//! resilient nexthop group over the two links, its flows spread by their 5-tuple.
+//! namespace reaches a service address both nodes hold (`VIP`) through a resilient nexthop group
+//! over the two links, its flows spread by their 5-tuple. Clients run in a namespace of their own
+//! behind the router, so that every packet of theirs, a reset their kernel sends without a
+//! socket included, is forwarded and hashed by its 5-tuple as a router hashes other machines'
+//! traffic (from the router's own namespace, such resets took the other path half the time, and
+//! the node that had the connection never saw them).
 //!
 //! ```text
-//!   router (CLIENT, clients)  --10.90.1.0/24--  peer A  --10.99.0.0/24--  gw A (VIP on lo)
-//!      nexthop group 1/2      --10.90.2.0/24--  peer B  --10.99.0.0/24--  gw B (VIP on lo)
+//!   clients (CLIENT) --10.90.0.0/24-- router --10.90.1.0/24--  peer A  --10.99.0.0/24--  gw A (VIP on lo)
+//!                          nexthop group 1/2 --10.90.2.0/24--  peer B  --10.99.0.0/24--  gw B (VIP on lo)
 //! ```
 
 use crate::netns::{GW_V4, PEER_V4, TestNet, in_netns, must, sh, unique};
 
 /// The address both nodes serve (on their loopback).
 pub const VIP: &str = "10.97.0.1";
-/// The clients' address (on the router's loopback).
+/// The clients' address (in their namespace).
 pub const CLIENT: &str = "10.90.0.1";
+/// The router's address on the clients' link.
+const CLIENT_GATEWAY: &str = "10.90.0.254";
 /// Nexthop group id of the route to [`VIP`].
 const GROUP: &str = "10";
 /// Buckets of the resilient group.
@@ -26,21 +32,42 @@ const IDLE_TIMER: &str = "120";
 pub struct Fleet {
     /// The nodes: their gateway namespaces and veths, as single-node tests know them.
     pub nodes: [TestNet; 2],
-    /// Where the clients run.
+    /// The router.
     pub router_ns: String,
+    /// Where the clients run (behind the router).
+    pub clients_ns: String,
 }
 
 impl Fleet {
     /// Builds the namespaces, links and routes, with both nodes in the group.
     pub fn new() -> Self {
+        let id = unique();
         let fleet = Fleet {
             nodes: [TestNet::new(), TestNet::new()],
-            router_ns: format!("gwt{}r", unique()),
+            router_ns: format!("gwt{id}r"),
+            clients_ns: format!("gwt{id}c"),
         };
-        let r = fleet.router_ns.as_str();
-        must("ip", &["netns", "add", r]);
-        ip(r, &["link", "set", "lo", "up"]);
-        ip(r, &["addr", "add", &format!("{CLIENT}/32"), "dev", "lo"]);
+        let (r, c) = (fleet.router_ns.as_str(), fleet.clients_ns.as_str());
+        for ns in [r, c] {
+            must("ip", &["netns", "add", ns]);
+            ip(ns, &["link", "set", "lo", "up"]);
+        }
+        let (r_if, c_if) = (format!("{r}c"), format!("{c}r"));
+        must(
+            "ip",
+            &[
+                "link", "add", &r_if, "netns", r, "type", "veth", "peer", "name", &c_if, "netns", c,
+            ],
+        );
+        ip(c, &["addr", "add", &format!("{CLIENT}/24"), "dev", &c_if]);
+        ip(c, &["link", "set", &c_if, "up"]);
+        ip(
+            r,
+            &["addr", "add", &format!("{CLIENT_GATEWAY}/24"), "dev", &r_if],
+        );
+        ip(r, &["link", "set", &r_if, "up"]);
+        ip(c, &["route", "add", "default", "via", CLIENT_GATEWAY]);
+        in_router(r, "sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
         // Flows spread by their ports too, as a balancer's L4 hash does.
         in_router(
             r,
@@ -97,18 +124,7 @@ impl Fleet {
             );
         }
         fleet.group(&[0, 1], "add");
-        ip(
-            r,
-            &[
-                "route",
-                "add",
-                &format!("{VIP}/32"),
-                "nhid",
-                GROUP,
-                "src",
-                CLIENT,
-            ],
-        );
+        ip(r, &["route", "add", &format!("{VIP}/32"), "nhid", GROUP]);
         fleet
     }
 
@@ -140,9 +156,9 @@ impl Fleet {
         );
     }
 
-    /// Runs `f` in the router namespace (where clients run).
-    pub fn in_router<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        in_netns(&self.router_ns, f)
+    /// Runs `f` in the clients' namespace.
+    pub fn in_clients<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        in_netns(&self.clients_ns, f)
     }
 }
 
@@ -170,5 +186,6 @@ impl Drop for Fleet {
     fn drop(&mut self) {
         // The nodes' namespaces go with their TestNets (and the links with them).
         let _ = sh("ip", &["netns", "del", &self.router_ns]);
+        let _ = sh("ip", &["netns", "del", &self.clients_ns]);
     }
 }

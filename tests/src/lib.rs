@@ -12,6 +12,7 @@ pub mod inject;
 pub mod kamailio;
 pub mod metrics;
 pub mod netns;
+pub mod overload;
 pub mod probe;
 pub mod procfs;
 pub mod report;

@@ -245,7 +245,7 @@ fn a_ticket_one_node_issued_resumes_on_the_other_and_its_nic_vouches_for_it() {
         tries += 1;
         let fresh = rustls_config(&cert);
         let (kind, body) = fleet
-            .in_router(|| rustls_fetch_within(&fresh, &addr, Duration::from_secs(10)))
+            .in_clients(|| rustls_fetch_within(&fresh, &addr, Duration::from_secs(10)))
             .expect("an answer");
         if body.ends_with(&answer("node-a")) {
             assert_eq!(kind, rustls::HandshakeKind::Full);
@@ -259,7 +259,7 @@ fn a_ticket_one_node_issued_resumes_on_the_other_and_its_nic_vouches_for_it() {
     for attempt in 0.. {
         assert!(attempt < 64, "64 connections, none reached node b");
         let (kind, body) = fleet
-            .in_router(|| rustls_fetch_within(&config, &addr, Duration::from_secs(10)))
+            .in_clients(|| rustls_fetch_within(&config, &addr, Duration::from_secs(10)))
             .expect("an answer");
         if body.ends_with(&answer("node-b")) {
             assert_eq!(kind, rustls::HandshakeKind::Resumed, "a's ticket at b");
@@ -309,7 +309,7 @@ fn openssl_tickets_of_one_node_resume_on_the_other_by_their_tag() {
     }
     let (cert, fleet, _nodes) = setup(Mode::Answer);
     let addr = format!("{VIP}:{PORT}");
-    let router = ["ip", "netns", "exec", fleet.router_ns.as_str()];
+    let clients = ["ip", "netns", "exec", fleet.clients_ns.as_str()];
     let get = b"GET / HTTP/1.0\r\n\r\n";
     for version in ["-tls1_3", "-tls1_2"] {
         let sess = cert.file(&format!("sess{version}.pem"));
@@ -321,7 +321,7 @@ fn openssl_tickets_of_one_node_resume_on_the_other_by_their_tag() {
                 "{version}: 64 connections, none reached node a"
             );
             let out = s_client_input(
-                &router,
+                &clients,
                 &addr,
                 &[version, "-sess_out", sess, "-ign_eof"],
                 get,
@@ -339,7 +339,7 @@ fn openssl_tickets_of_one_node_resume_on_the_other_by_their_tag() {
                 "{version}: 64 connections, none reached node b"
             );
             let out = s_client_input(
-                &router,
+                &clients,
                 &addr,
                 &[version, "-sess_in", sess, "-ign_eof"],
                 get,
@@ -373,7 +373,7 @@ fn with_tls_new_closed_on_both_nodes_resumed_clients_are_served_wherever_they_la
     let (cert, fleet, _nodes) = setup(Mode::Answer);
     let addr = format!("{VIP}:{PORT}");
     let fetch = |config: &std::sync::Arc<rustls::ClientConfig>| {
-        fleet.in_router(|| rustls_fetch_within(config, &addr, Duration::from_secs(10)))
+        fleet.in_clients(|| rustls_fetch_within(config, &addr, Duration::from_secs(10)))
     };
     // Four clients, each with one full handshake (on whichever node).
     let clients: Vec<_> = (0..4)
@@ -446,7 +446,7 @@ fn fleet_fetch(
     config: &std::sync::Arc<rustls::ClientConfig>,
     addr: &str,
 ) -> Result<String, String> {
-    fleet.in_router(|| {
+    fleet.in_clients(|| {
         rustls_fetch_within(config, addr, HELD)
             .map(|(_, body)| body)
             .map_err(|e| e.to_string())

@@ -371,7 +371,7 @@ fn demo() -> Result<()> {
 
 /// The benchmarks: name, program, its arguments. Each writes its summary, CSV and charts under
 /// `target/bench/NAME/`.
-const BENCHES: [(&str, &str, &[&str]); 14] = [
+const BENCHES: [(&str, &str, &[&str]); 15] = [
     ("datapath", "bench", &[]),
     ("tls-proxy", "tls_proxy", &[]),
     ("sip-overload", "sip_overload", &[]),
@@ -403,6 +403,8 @@ const BENCHES: [(&str, &str, &[&str]); 14] = [
         "tls_overload",
         &["syn-cookies", "one-segment"],
     ),
+    // Resumed clients spread over two nodes against one node alone, under a 5x flood (issue 26).
+    ("fleet", "fleet_overload", &[]),
     ("probe", "probe_bench", &[]),
 ];
 
@@ -528,6 +530,7 @@ fn write_benchmarks_doc() -> Result<()> {
         "tls-overload-rsa",
         "tls-syn-cookies",
         "tls-syn-cookies-one-segment",
+        "fleet",
         "probe",
     ];
     // A benchmark not run on this machine keeps its section from the document as it was.

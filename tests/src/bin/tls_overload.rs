@@ -13,14 +13,9 @@
 //! (back to back), whose throughput is their latency's inverse.
 
 use std::{
-    io::Write as _,
     net::{TcpListener, TcpStream},
     process::Command,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
-    },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use gateway::plot::Series;
@@ -29,7 +24,8 @@ use gateway_tests::{
     daemon::Daemon,
     have_root,
     metrics::{scrape, value},
-    netns::{GW_V4, TestNet, in_netns},
+    netns::{GW_V4, TestNet},
+    overload::{BACK_TO_BACK, Got, PHASE, Sessions, THINKING, phase},
     report::Report,
     tls::{
         Cert, capture_hello, rustls_config, rustls_config_classic, rustls_fetch, wait_listening,
@@ -37,8 +33,6 @@ use gateway_tests::{
 };
 
 const METRICS: u16 = 9479;
-const PHASE: Duration = Duration::from_secs(4);
-const FLOOD_THREADS: usize = 8;
 const CONTROLLER: &str = "controller (mode tls, cpu_target 0.8)";
 /// Nothing configured but the proxy: the controller moves tls-new by default (issue 27).
 const DEFAULT: &str = "nothing configured but the proxy (adaptive by default)";
@@ -55,176 +49,6 @@ const QUARTER_KERNEL: &str = "tls-new at a quarter of capacity, the kernel answe
 const QUARTER_COOKIES: &str = "tls-new at a quarter of capacity, SYN cookies at the NIC";
 const CONTROLLER_COOKIES: &str = "controller (mode tls, cpu_target 0.8), SYN cookies at the NIC";
 const TRICKLE: &str = "tls-new at a twentieth of capacity (control: the generator's cost alone)";
-
-/// The resumed-session clients.
-#[derive(Clone, Copy)]
-struct Sessions {
-    /// How many.
-    clients: usize,
-    /// Each one's pause between fetches.
-    think: Duration,
-}
-
-/// Seed 000's workload: sessions whose users think between requests.
-const THINKING: Sessions = Sessions {
-    clients: 16,
-    think: Duration::from_millis(20),
-};
-
-/// Clients that fetch back to back: throughput is latency's inverse.
-const BACK_TO_BACK: Sessions = Sessions {
-    clients: 2,
-    think: Duration::ZERO,
-};
-
-/// What the resumed clients got in one phase.
-#[derive(Clone, Copy)]
-struct Got {
-    /// Resumed fetches per second.
-    resumed: f64,
-    /// Flood hellos sent per second.
-    sent: f64,
-    /// The 99th percentile of a resumed fetch (connect, handshake, GET, answer), ms.
-    p99_ms: f64,
-    /// New hellos the datapath admitted per second, each a full handshake the proxy does its
-    /// part of (the flood never finishes one); `None` for nginx, with no gateway in front.
-    served: Option<f64>,
-    /// The clients' fetches while measuring that did not resume (a full handshake, or refused
-    /// or failed).
-    lost: u64,
-    /// Both cores' busy time while measuring per resumed fetch, µs: unloaded, what an admitted
-    /// connection costs the host (its TCP handshake, hello, resumption, request and close, on
-    /// the client's side too).
-    busy_per_fetch_us: f64,
-}
-
-/// What `sessions` got for `PHASE` while `flood` new hellos per second arrive; `full` reads the
-/// count of new hellos admitted, when a gateway is in front.
-fn phase(
-    net: &TestNet,
-    cert: &Cert,
-    hello: &[u8],
-    flood: f64,
-    sessions: Sessions,
-    full: &dyn Fn() -> Option<f64>,
-) -> Got {
-    let addr = format!("{GW_V4}:8443");
-    let measuring = Arc::new(AtomicBool::new(false));
-    let sent = Arc::new(AtomicU64::new(0));
-    let slots = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    // The sessions exist before the flood starts (seed 000: established sessions resuming while
-    // new ones flood in).
-    let started = Arc::new(std::sync::Barrier::new(sessions.clients + 1));
-    std::thread::scope(|s| {
-        let mut clients = Vec::new();
-        for _ in 0..sessions.clients {
-            let (measuring, stop, addr, ns, started) = (
-                measuring.clone(),
-                stop.clone(),
-                addr.clone(),
-                net.peer_ns.clone(),
-                started.clone(),
-            );
-            let config = rustls_config(cert);
-            clients.push(s.spawn(move || {
-                in_netns(&ns, || {
-                    // One full handshake for the session, then resumptions only; the resumed
-                    // fetches' times while measuring.
-                    let deadline = Instant::now() + Duration::from_secs(5);
-                    while rustls_fetch(&config, &addr).is_err() && Instant::now() < deadline {}
-                    started.wait();
-                    let (mut times, mut lost) = (Vec::new(), 0u64);
-                    while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(sessions.think);
-                        let t = Instant::now();
-                        let kind = rustls_fetch(&config, &addr).map(|(k, _)| k);
-                        if !measuring.load(Ordering::Relaxed) {
-                            continue;
-                        }
-                        if matches!(kind, Ok(rustls::HandshakeKind::Resumed)) {
-                            times.push(t.elapsed());
-                        } else {
-                            lost += 1;
-                        }
-                    }
-                    (times, lost)
-                })
-            }));
-        }
-        started.wait();
-        let start = Instant::now();
-        let threads = if flood > 0.0 { FLOOD_THREADS } else { 0 };
-        for _ in 0..threads {
-            let (sent, slots, stop, ns) = (
-                sent.clone(),
-                slots.clone(),
-                stop.clone(),
-                net.peer_ns.clone(),
-            );
-            let target: std::net::SocketAddr = addr.parse().unwrap();
-            s.spawn(move || {
-                // The generator takes only the CPU the clients on its core leave, as a flood
-                // from other machines would.
-                gateway_tests::procfs::idle_current_thread();
-                in_netns(&ns, || {
-                    while !stop.load(Ordering::Relaxed) {
-                        // Paced: the n-th slot is at n / flood seconds (sleeping, so the
-                        // clients on the same core keep their share). A slot missed by more
-                        // than a millisecond is skipped, not caught up on in a burst.
-                        let n = slots.fetch_add(1, Ordering::Relaxed);
-                        let due = Duration::from_secs_f64(n as f64 / flood);
-                        match due.checked_sub(start.elapsed()) {
-                            Some(wait) => std::thread::sleep(wait),
-                            None if start.elapsed() - due > Duration::from_millis(1) => continue,
-                            None => {}
-                        }
-                        sent.fetch_add(1, Ordering::Relaxed);
-                        // A full listen queue drops SYNs: give up on that one quickly.
-                        let c = TcpStream::connect_timeout(&target, Duration::from_millis(50));
-                        if let Ok(mut c) = c {
-                            let _ = c.set_nodelay(true);
-                            let _ = c.write_all(hello);
-                        }
-                    }
-                })
-            });
-        }
-        std::thread::sleep(Duration::from_millis(500));
-        measuring.store(true, Ordering::Relaxed);
-        let busy = || {
-            gateway_tests::procfs::cpu_busy_seconds(0) + gateway_tests::procfs::cpu_busy_seconds(1)
-        };
-        let (s0, f0, b0, t0) = (sent.load(Ordering::Relaxed), full(), busy(), Instant::now());
-        std::thread::sleep(PHASE);
-        measuring.store(false, Ordering::Relaxed);
-        let (s1, f1, b1, secs) = (
-            sent.load(Ordering::Relaxed),
-            full(),
-            busy(),
-            t0.elapsed().as_secs_f64(),
-        );
-        stop.store(true, Ordering::Relaxed);
-        let (mut times, mut lost) = (Vec::new(), 0);
-        for c in clients {
-            let (t, l) = c.join().expect("client");
-            times.extend(t.into_iter().map(|t| t.as_secs_f64() * 1e3));
-            lost += l;
-        }
-        times.sort_by(f64::total_cmp);
-        Got {
-            resumed: times.len() as f64 / secs,
-            sent: (s1 - s0) as f64 / secs,
-            p99_ms: times
-                .get((times.len() * 99 / 100).min(times.len().saturating_sub(1)))
-                .copied()
-                .unwrap_or(0.0),
-            served: f0.zip(f1).map(|(a, b)| (b - a) / secs),
-            lost,
-            busy_per_fetch_us: (b1 - b0) * 1e6 / (times.len() as f64).max(1.0),
-        }
-    })
-}
 
 /// The daemon with `extra` config, its proxy on core 0.
 fn start(net: &TestNet, cert: &Cert, backend: &Backend, extra: &str) -> Daemon {
@@ -374,7 +198,7 @@ fn main() {
         } else {
             format!("{} thinking {:?}", sessions.clients, sessions.think)
         };
-        let unloaded = phase(&net, &cert, &hello, 0.0, sessions, &full);
+        let unloaded = phase(&net.peer_ns, &addr, &cert, &hello, 0.0, sessions, &full);
         costs.push(format!(
             "{name}, {who}: {:.0} µs",
             unloaded.busy_per_fetch_us
@@ -408,7 +232,15 @@ fn main() {
         };
         row(0.0, unloaded);
         for m in [1.0, 2.0, 5.0] {
-            let got = phase(&net, &cert, &hello, m * capacity, sessions, &full);
+            let got = phase(
+                &net.peer_ns,
+                &addr,
+                &cert,
+                &hello,
+                m * capacity,
+                sessions,
+                &full,
+            );
             line.points.push((m, row(m, got)));
         }
         lines.push(line);
@@ -656,7 +488,8 @@ fn refusal_cost(
         cpu_seconds(daemon.pid()),
     );
     let _ = phase(
-        net,
+        &net.peer_ns,
+        &format!("{GW_V4}:8443"),
         cert,
         hello,
         capacity,

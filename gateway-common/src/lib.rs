@@ -19,6 +19,7 @@ pub mod packet;
 pub mod policy;
 pub mod reasons;
 pub mod sip;
+pub mod siphash;
 pub mod syncookie;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -208,55 +208,6 @@ pub fn decode_options(byte: u8, v4: bool) -> CookieOptions {
     }
 }
 
-/// One SipHash round.
-#[inline(always)]
-fn sip_round(v: &mut [u64; 4]) {
-    v[0] = v[0].wrapping_add(v[1]);
-    v[1] = v[1].rotate_left(13);
-    v[1] ^= v[0];
-    v[0] = v[0].rotate_left(32);
-    v[2] = v[2].wrapping_add(v[3]);
-    v[3] = v[3].rotate_left(16);
-    v[3] ^= v[2];
-    v[0] = v[0].wrapping_add(v[3]);
-    v[3] = v[3].rotate_left(21);
-    v[3] ^= v[0];
-    v[2] = v[2].wrapping_add(v[1]);
-    v[1] = v[1].rotate_left(17);
-    v[1] ^= v[2];
-    v[2] = v[2].rotate_left(32);
-}
-
-/// SipHash-2-4 of `N` little-endian 64-bit words (the message of `8 * N` bytes they are) under
-/// `key`: the same value as SipHash-2-4 of those bytes.
-#[inline(always)]
-pub fn siphash24<const N: usize>(key: &CookieKey, words: &[u64; N]) -> u64 {
-    let mut v = [
-        key.k0 ^ 0x736f_6d65_7073_6575,
-        key.k1 ^ 0x646f_7261_6e64_6f6d,
-        key.k0 ^ 0x6c79_6765_6e65_7261,
-        key.k1 ^ 0x7465_6462_7974_6573,
-    ];
-    for &m in words {
-        v[3] ^= m;
-        sip_round(&mut v);
-        sip_round(&mut v);
-        v[0] ^= m;
-    }
-    // The last block: the message length in its top byte, no bytes left over.
-    let b = ((8 * N) as u64) << 56;
-    v[3] ^= b;
-    sip_round(&mut v);
-    sip_round(&mut v);
-    v[0] ^= b;
-    v[2] ^= 0xff;
-    sip_round(&mut v);
-    sip_round(&mut v);
-    sip_round(&mut v);
-    sip_round(&mut v);
-    v[0] ^ v[1] ^ v[2] ^ v[3]
-}
-
 /// The hash behind a cookie: the connection (`flow`, client first), the client's initial
 /// sequence number, the period and the options byte.
 #[inline(always)]
@@ -266,8 +217,9 @@ pub fn cookie_hash(key: &CookieKey, flow: &FlowKey, isn: u32, period: u64, byte:
         w.copy_from_slice(&a[half * 8..half * 8 + 8]);
         u64::from_le_bytes(w)
     };
-    siphash24(
-        key,
+    crate::siphash::siphash24(
+        key.k0,
+        key.k1,
         &[
             word(&flow.saddr, 0),
             word(&flow.saddr, 1),

@@ -66,6 +66,21 @@ pub struct Got {
     pub busy_per_fetch_us: f64,
 }
 
+impl Got {
+    /// The CSV columns of what the clients got: flood sent/s, new hellos admitted/s, resumed/s,
+    /// `share` (% of the unloaded rate), p99 ms, fetches not resumed.
+    pub fn csv(&self, share: f64) -> Vec<String> {
+        vec![
+            format!("{:.0}", self.sent),
+            self.served.map_or(String::new(), |f| format!("{f:.0}")),
+            format!("{:.0}", self.resumed),
+            format!("{share:.1}"),
+            format!("{:.2}", self.p99_ms),
+            self.lost.to_string(),
+        ]
+    }
+}
+
 /// What `sessions` (rustls clients in the namespace `ns`, fetching from `addr`) got for [`PHASE`]
 /// while `flood` new hellos per second (`hello` replayed, from the same namespace) arrive; `full`
 /// reads the count of new hellos admitted, when a gateway is in front.

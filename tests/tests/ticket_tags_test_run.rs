@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use gateway_common::{
     Class,
-    maps::{ISSUED_BY_TAG, ISSUED_WITHDRAWN, IssuedKey, TagKey},
+    maps::{ISSUED_BY_TAG, ISSUED_WITHDRAWN, IssuedKey, IssuedValue, TagKey, TlsCounters},
     testing::HelloBuilder,
     tls::{
         Offer,
@@ -89,10 +89,32 @@ fn hello(ticket: &[u8], tls13: bool) -> Vec<u8> {
     }
 }
 
-fn class_of(prog: &TestProgram, hook: Hook, frame: &[u8]) -> Option<Class> {
+/// Offers `ticket` (TLS 1.3 or 1.2) on a new connection from `port`: its class, and the TLS
+/// counters before and after.
+fn offer(
+    prog: &TestProgram,
+    hook: Hook,
+    ticket: &[u8],
+    tls13: bool,
+    port: u16,
+) -> (Option<Class>, TlsCounters, TlsCounters) {
     let before = prog.counters();
-    prog.run(hook, frame, 1);
-    prog.counters().class_since(&before)
+    let frame = Frame::tcp(443, &hello(ticket, tls13))
+        .from_port(port)
+        .build();
+    prog.run(hook, &frame, 1);
+    let after = prog.counters();
+    (after.class_since(&before), before.tls, after.tls)
+}
+
+/// The entry of `key` in the issued-keys table, if any.
+fn issued_entry(prog: &TestProgram, key: &IssuedKey) -> Option<IssuedValue> {
+    prog.maps
+        .issued()
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v)
 }
 
 #[test]
@@ -117,50 +139,22 @@ fn a_ticket_no_key_was_published_for_resumes_by_its_tag_and_nothing_else_does() 
             // A good tag: tls-resumed, its key published by the NIC with the tag key's terms
             // and the ticket's expiry.
             let good = ticket(fill, K, PERIOD, later);
-            let before = prog.counters();
-            let frame = Frame::tcp(443, &hello(&good, tls13))
-                .from_port(next_port())
-                .build();
-            assert_eq!(
-                class_of(&prog, hook, &frame),
-                Some(Class::TlsResumed),
-                "{what}"
-            );
-            let after = prog.counters();
-            assert_eq!(
-                after.tls.tags_verified,
-                before.tls.tags_verified + 1,
-                "{what}"
-            );
-            assert_eq!(after.tls.tags_refused, before.tls.tags_refused, "{what}");
+            let (class, before, after) = offer(&prog, hook, &good, tls13, next_port());
+            assert_eq!(class, Some(Class::TlsResumed), "{what}");
+            assert_eq!(after.tags_verified, before.tags_verified + 1, "{what}");
+            assert_eq!(after.tags_refused, before.tags_refused, "{what}");
             let key = IssuedKey {
                 key: ticket_key(&good).unwrap(),
             };
-            let (_, v) = prog
-                .maps
-                .issued()
-                .unwrap()
-                .into_iter()
-                .find(|(k, _)| *k == key)
-                .expect("the NIC published the key");
-            let offer = if tls13 { Offer::Psk } else { Offer::Ticket };
-            assert_eq!(v.kind, offer as u32 | ISSUED_BY_TAG, "{what}");
+            let v = issued_entry(&prog, &key).expect("the NIC published the key");
+            let kind = if tls13 { Offer::Psk } else { Offer::Ticket };
+            assert_eq!(v.kind, kind as u32 | ISSUED_BY_TAG, "{what}");
             assert_eq!(v.expires, later, "{what}");
             assert_eq!(v.limit, 6, "{what}");
             // Offered again: found, not vouched for twice.
-            let frame = Frame::tcp(443, &hello(&good, tls13))
-                .from_port(next_port())
-                .build();
-            assert_eq!(
-                class_of(&prog, hook, &frame),
-                Some(Class::TlsResumed),
-                "{what}"
-            );
-            assert_eq!(
-                prog.counters().tls.tags_verified,
-                after.tls.tags_verified,
-                "{what}"
-            );
+            let (class, _, again) = offer(&prog, hook, &good, tls13, next_port());
+            assert_eq!(class, Some(Class::TlsResumed), "{what}");
+            assert_eq!(again.tags_verified, after.tags_verified, "{what}");
 
             // What must not resume: a forged tag (each of its bytes), another secret's tag, a
             // retired period, a period with no key yet, an expired ticket, a changed body.
@@ -186,28 +180,17 @@ fn a_ticket_no_key_was_published_for_resumes_by_its_tag_and_nothing_else_does() 
             changed[20] ^= 1;
             refused.push(("a byte of the body changed".into(), changed));
             for (name, t) in refused {
-                let before = prog.counters();
-                let frame = Frame::tcp(443, &hello(&t, tls13))
-                    .from_port(next_port())
-                    .build();
+                let (class, before, after) = offer(&prog, hook, &t, tls13, next_port());
+                assert_eq!(class, Some(Class::TlsNew), "{what}: {name}");
                 assert_eq!(
-                    class_of(&prog, hook, &frame),
-                    Some(Class::TlsNew),
+                    after.tags_refused,
+                    before.tags_refused + 1,
                     "{what}: {name}"
                 );
-                let after = prog.counters();
+                assert_eq!(after.tags_verified, before.tags_verified, "{what}: {name}");
                 assert_eq!(
-                    after.tls.tags_refused,
-                    before.tls.tags_refused + 1,
-                    "{what}: {name}"
-                );
-                assert_eq!(
-                    after.tls.tags_verified, before.tls.tags_verified,
-                    "{what}: {name}"
-                );
-                assert_eq!(
-                    after.tls.unverified_offers,
-                    before.tls.unverified_offers + 1,
+                    after.unverified_offers,
+                    before.unverified_offers + 1,
                     "{what}: {name}"
                 );
                 let key = IssuedKey {
@@ -233,26 +216,16 @@ fn a_withdrawn_key_stays_withdrawn_and_a_vouched_key_keeps_the_per_key_bound() {
     let key = IssuedKey {
         key: ticket_key(&t).unwrap(),
     };
-    let h = hello(&t, true);
     for hook in [Hook::Xdp, Hook::Tc] {
         let base = if hook == Hook::Xdp { 21000 } else { 22000 };
         // One connection at a time: the first holds the key's one place, the second is bounded.
-        let first = Frame::tcp(443, &h).from_port(base).build();
+        let (class, _, _) = offer(&prog, hook, &t, true, base);
+        assert_eq!(class, Some(Class::TlsResumed), "{hook:?}");
+        let (class, before, after) = offer(&prog, hook, &t, true, base + 1);
+        assert_eq!(class, Some(Class::TlsNew), "{hook:?}");
         assert_eq!(
-            class_of(&prog, hook, &first),
-            Some(Class::TlsResumed),
-            "{hook:?}"
-        );
-        let before = prog.counters();
-        let second = Frame::tcp(443, &h).from_port(base + 1).build();
-        assert_eq!(
-            class_of(&prog, hook, &second),
-            Some(Class::TlsNew),
-            "{hook:?}"
-        );
-        assert_eq!(
-            prog.counters().tls.replays_bounded,
-            before.tls.replays_bounded + 1,
+            after.replays_bounded,
+            before.replays_bounded + 1,
             "{hook:?}: the tag buys one client's share"
         );
         prog.maps.clear_tls_flows().unwrap();
@@ -261,33 +234,15 @@ fn a_withdrawn_key_stays_withdrawn_and_a_vouched_key_keeps_the_per_key_bound() {
     // The offer did not resume at the server: the daemon withdraws the key. It stays, withdrawn,
     // until the ticket expires, so the tag cannot publish it again.
     assert!(prog.maps.withdraw_issued(&key).unwrap());
-    let (_, v) = prog
-        .maps
-        .issued()
-        .unwrap()
-        .into_iter()
-        .find(|(k, _)| *k == key)
-        .expect("kept as withdrawn");
+    let v = issued_entry(&prog, &key).expect("kept as withdrawn");
     assert_ne!(v.kind & ISSUED_WITHDRAWN, 0);
     assert!(!prog.maps.is_issued(&key).unwrap());
     for hook in [Hook::Xdp, Hook::Tc] {
-        let base = if hook == Hook::Xdp { 23000 } else { 24000 };
-        let before = prog.counters();
-        let frame = Frame::tcp(443, &h).from_port(base).build();
-        assert_eq!(
-            class_of(&prog, hook, &frame),
-            Some(Class::TlsNew),
-            "{hook:?}"
-        );
-        let after = prog.counters();
-        assert_eq!(
-            after.tls.tags_verified, before.tls.tags_verified,
-            "{hook:?}"
-        );
-        assert_eq!(
-            after.tls.unverified_offers,
-            before.tls.unverified_offers + 1
-        );
+        let port = if hook == Hook::Xdp { 23000 } else { 24000 };
+        let (class, before, after) = offer(&prog, hook, &t, true, port);
+        assert_eq!(class, Some(Class::TlsNew), "{hook:?}");
+        assert_eq!(after.tags_verified, before.tags_verified, "{hook:?}");
+        assert_eq!(after.unverified_offers, before.unverified_offers + 1);
     }
     // The sweep removes it once the ticket expired, and not before.
     assert_eq!(prog.maps.sweep_issued(later - 1).unwrap(), 0);
@@ -307,6 +262,7 @@ fn a_withdrawn_key_stays_withdrawn_and_a_vouched_key_keeps_the_per_key_bound() {
         .set_tag_keys(8443, &[(PERIOD, elsewhere)])
         .unwrap();
     assert_eq!(prog.maps.tag_keys().unwrap().len(), 1);
-    let frame = Frame::tcp(443, &h).from_port(25000).build();
-    assert_eq!(class_of(&prog, Hook::Xdp, &frame), Some(Class::TlsNew));
+    let (class, before, after) = offer(&prog, Hook::Xdp, &t, true, 25000);
+    assert_eq!(class, Some(Class::TlsNew));
+    assert_eq!(after.tags_refused, before.tags_refused + 1);
 }

@@ -3,7 +3,7 @@
 //! Nodes that share a ticket secret resume each other's sessions, but a node's NIC knows only
 //! the keys its own daemon published. So every ticket (a TLS 1.2 ticket or a TLS 1.3 PSK
 //! identity) ends with a [`Tail`] in clear: the rotation period of the key it was sealed with,
-//! when it expires, and a keyed tag, SipHash-2-4 ([`siphash24`]) under the period's tag key of
+//! when it expires, and a keyed tag, SipHash-2-4 ([`crate::siphash`]) under the period's tag key of
 //! the ticket's key ([`ticket_key`]: the digest of every byte before the tail), the period and
 //! the expiry ([`tag`]). Tag keys are derived from the shared secret for each period by every
 //! node's daemon and written to the datapath. A NIC that finds an offered ticket's key
@@ -17,6 +17,7 @@
 //! rate, and the server refuses the forged value (its AEAD), which withdraws the key.
 
 use super::{KEY_LEN, digest_byte, digest_finish, digest_start};
+use crate::siphash::siphash24;
 
 /// Bytes of a ticket's [`Tail`].
 pub const TAIL_LEN: usize = 16;
@@ -85,71 +86,9 @@ pub fn tag(k0: u64, k1: u64, key: &[u8; KEY_LEN], period: u32, expires: u32) -> 
     siphash24(k0, k1, &[w0, w1, w2])
 }
 
-/// SipHash-2-4 (Aumasson and Bernstein) of the `8 * N` bytes whose little-endian words are `m`,
-/// under the key `(k0, k1)` (its first and last 8 bytes, little endian).
-#[inline(always)]
-pub fn siphash24<const N: usize>(k0: u64, k1: u64, m: &[u64; N]) -> u64 {
-    let mut v = [
-        k0 ^ 0x736f_6d65_7073_6575,
-        k1 ^ 0x646f_7261_6e64_6f6d,
-        k0 ^ 0x6c79_6765_6e65_7261,
-        k1 ^ 0x7465_6462_7974_6573,
-    ];
-    let compress = |w: u64, v: &mut [u64; 4]| {
-        v[3] ^= w;
-        sip_round(v);
-        sip_round(v);
-        v[0] ^= w;
-    };
-    for &w in m {
-        compress(w, &mut v);
-    }
-    compress(((8 * N) as u64 & 0xff) << 56, &mut v);
-    v[2] ^= 0xff;
-    sip_round(&mut v);
-    sip_round(&mut v);
-    sip_round(&mut v);
-    sip_round(&mut v);
-    v[0] ^ v[1] ^ v[2] ^ v[3]
-}
-
-#[inline(always)]
-fn sip_round(v: &mut [u64; 4]) {
-    v[0] = v[0].wrapping_add(v[1]);
-    v[1] = v[1].rotate_left(13) ^ v[0];
-    v[0] = v[0].rotate_left(32);
-    v[2] = v[2].wrapping_add(v[3]);
-    v[3] = v[3].rotate_left(16) ^ v[2];
-    v[0] = v[0].wrapping_add(v[3]);
-    v[3] = v[3].rotate_left(21) ^ v[0];
-    v[2] = v[2].wrapping_add(v[1]);
-    v[1] = v[1].rotate_left(17) ^ v[2];
-    v[2] = v[2].rotate_left(32);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The reference implementation's test vectors (key 00..0f, message 00..len-1) for the
-    /// lengths a whole number of words long.
-    #[test]
-    fn siphash_matches_the_reference_vectors() {
-        let k0 = u64::from_le_bytes([0, 1, 2, 3, 4, 5, 6, 7]);
-        let k1 = u64::from_le_bytes([8, 9, 10, 11, 12, 13, 14, 15]);
-        let word = |i: u8| u64::from_le_bytes(core::array::from_fn(|j| i * 8 + j as u8));
-        // vectors_sip64[0], [8], [16], [24] of the reference implementation, little endian.
-        assert_eq!(siphash24::<0>(k0, k1, &[]), 0x726f_db47_dd0e_0e31);
-        assert_eq!(siphash24(k0, k1, &[word(0)]), 0x93f5_f579_9a93_2462);
-        assert_eq!(
-            siphash24(k0, k1, &[word(0), word(1)]),
-            0x3f2a_cc7f_57c2_9bdb
-        );
-        assert_eq!(
-            siphash24(k0, k1, &[word(0), word(1), word(2)]),
-            0xb8ad_50c6_f649_af94
-        );
-    }
 
     #[test]
     fn a_tail_reads_back_what_was_written() {

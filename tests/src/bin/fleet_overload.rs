@@ -187,18 +187,10 @@ fn main() {
                 got.max_ms,
                 got.lost
             ));
-            rows.push(vec![
-                who.clone(),
-                format!("{m}"),
-                format!("{:.0}", got.sent),
-                got.served.map_or(String::new(), |f| format!("{f:.0}")),
-                format!("{:.0}", got.resumed),
-                format!("{share:.1}"),
-                format!("{:.2}", got.p99_ms),
-                got.lost.to_string(),
-                v.to_string(),
-                d.to_string(),
-            ]);
+            let mut row = vec![who.clone(), format!("{m}")];
+            row.extend(got.csv(share));
+            row.extend([v.to_string(), d.to_string()]);
+            rows.push(row);
             if m > 0.0 {
                 shares.push((who.clone(), share));
             }

@@ -217,17 +217,9 @@ fn main() {
                 got.p99_ms,
                 got.lost
             ));
-            rows.push(vec![
-                name.to_owned(),
-                who.clone(),
-                format!("{m}"),
-                format!("{:.0}", got.sent),
-                got.served.map_or(String::new(), |f| format!("{f:.0}")),
-                format!("{:.0}", got.resumed),
-                format!("{share:.1}"),
-                format!("{:.2}", got.p99_ms),
-                got.lost.to_string(),
-            ]);
+            let mut cells = vec![name.to_owned(), who.clone(), format!("{m}")];
+            cells.extend(got.csv(share));
+            rows.push(cells);
             share
         };
         row(0.0, unloaded);

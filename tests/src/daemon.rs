@@ -201,6 +201,15 @@ impl Daemon {
         self.child.id()
     }
 
+    /// Pins every thread of the daemon to CPU `core` (`taskset -a`), as the benchmarks do.
+    pub fn pin_to_core(&self, core: u32) {
+        let pinned = std::process::Command::new("taskset")
+            .args(["-a", "-p", "-c", &core.to_string(), &self.pid().to_string()])
+            .output()
+            .expect("taskset");
+        assert!(pinned.status.success(), "taskset: {pinned:?}");
+    }
+
     /// Open file descriptors of the daemon now.
     pub fn fd_count(&self) -> usize {
         std::fs::read_dir(format!("/proc/{}/fd", self.pid()))

@@ -10,7 +10,7 @@
 //! clients (in the router namespace), the flood and the backends are on core 1, as in
 //! `tls_overload`.
 
-use std::{net::TcpListener, process::Command, time::Duration};
+use std::{net::TcpListener, time::Duration};
 
 use gateway_tests::{
     backend::{Backend, Mode},
@@ -44,11 +44,7 @@ fn start(net: &TestNet, cert: &Cert, backend: &Backend, name: &str) -> Daemon {
         backend.addr
     );
     let daemon = Daemon::start_config(net, &dir, &body);
-    let pinned = Command::new("taskset")
-        .args(["-a", "-p", "-c", "0", &daemon.pid().to_string()])
-        .output()
-        .expect("taskset");
-    assert!(pinned.status.success());
+    daemon.pin_to_core(0);
     daemon
 }
 

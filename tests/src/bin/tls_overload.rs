@@ -14,7 +14,6 @@
 
 use std::{
     net::{TcpListener, TcpStream},
-    process::Command,
     time::Duration,
 };
 
@@ -59,11 +58,7 @@ fn start(net: &TestNet, cert: &Cert, backend: &Backend, extra: &str) -> Daemon {
         backend.addr
     );
     let daemon = Daemon::start_config(net, &cert.file(""), &body);
-    let pinned = Command::new("taskset")
-        .args(["-a", "-p", "-c", "0", &daemon.pid().to_string()])
-        .output()
-        .expect("taskset");
-    assert!(pinned.status.success());
+    daemon.pin_to_core(0);
     daemon
 }
 

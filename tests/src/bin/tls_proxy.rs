@@ -315,11 +315,7 @@ fn main() {
     );
     let daemon = Daemon::start_config(&net, &dir, &body);
     let gw = daemon.pid();
-    let pinned = Command::new("taskset")
-        .args(["-a", "-p", "-c", "0", &gw.to_string()])
-        .output()
-        .expect("taskset");
-    assert!(pinned.status.success());
+    daemon.pin_to_core(0);
     let nginx_pid = nginx.pid();
 
     if run("handshakes") {

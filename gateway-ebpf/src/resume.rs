@@ -65,7 +65,7 @@ pub enum Place {
     Full,
     /// The key was issued but offered faster than its resumption rate.
     TooFast,
-    /// The key was never published (its ticket's tag may still vouch for it: [`vouch`]).
+    /// The key was never published (its ticket's tag may still vouch for it: [`gateway_vouch`]).
     Unknown,
     /// The key was withdrawn (an offer of it did not resume): nothing vouches for it again.
     Withdrawn,

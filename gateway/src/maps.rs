@@ -227,7 +227,9 @@ pub struct Maps {
     counters: PerCpuArray<MapData, DatapathCounters>,
     config: Array<MapData, DatapathConfig>,
     tls_flows: HashMap<MapData, FlowKey, TlsFlow>,
-    tls_issued: HashMap<MapData, IssuedKey, IssuedValue>,
+    /// Opened when first used: an older build's object (the benchmark's comparison) lays its
+    /// value out otherwise.
+    tls_issued: std::sync::OnceLock<HashMap<MapData, IssuedKey, IssuedValue>>,
     sip_txns: HashMap<MapData, u64, SipTxn>,
     service_latency: PerCpuArray<MapData, LatencyHistogram>,
     tls_pending: HashMap<MapData, FlowKey, Pending>,
@@ -293,7 +295,7 @@ impl Maps {
             counters: open_as(pins, names::DP_COUNTERS)?,
             config: open_as(pins, names::DP_CONFIG)?,
             tls_flows: open_as(pins, names::TLS_FLOWS)?,
-            tls_issued: open_as(pins, names::TLS_ISSUED)?,
+            tls_issued: std::sync::OnceLock::new(),
             sip_txns: open_as(pins, names::SIP_TXNS)?,
             service_latency: open_as(pins, names::SERVICE_LATENCY)?,
             tls_pending: open_as(pins, names::TLS_PENDING)?,
@@ -427,14 +429,14 @@ impl Maps {
 
     /// Publishes an issued session key.
     pub fn add_issued(&mut self, key: IssuedKey, value: IssuedValue) -> Result<(), MapsError> {
-        self.tls_issued
+        self.issued_map_mut()?
             .insert(key, value, 0)
             .map_err(op(names::TLS_ISSUED))
     }
 
     /// Withdraws an issued session key; returns whether it was there.
     pub fn remove_issued(&mut self, key: &IssuedKey) -> Result<bool, MapsError> {
-        match self.tls_issued.remove(key) {
+        match self.issued_map_mut()?.remove(key) {
             Ok(()) => Ok(true),
             Err(MapError::KeyNotFound) => Ok(false),
             Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
@@ -448,7 +450,7 @@ impl Maps {
     /// key with an expiry (a ticket's) stays as withdrawn ([`ISSUED_WITHDRAWN`]) until then, so
     /// that its ticket's tag does not publish it again at the NIC; any other is removed.
     pub fn withdraw_issued(&mut self, key: &IssuedKey) -> Result<bool, MapsError> {
-        let mut value = match self.tls_issued.get(key, 0) {
+        let mut value = match self.issued_map()?.get(key, 0) {
             Ok(v) => v,
             Err(MapError::KeyNotFound) => return Ok(false),
             Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
@@ -460,7 +462,7 @@ impl Maps {
             return self.remove_issued(key);
         }
         value.kind |= ISSUED_WITHDRAWN;
-        match self.tls_issued.insert(key, value, BPF_EXIST) {
+        match self.issued_map_mut()?.insert(key, value, BPF_EXIST) {
             Ok(()) => Ok(true),
             // Removed meanwhile (its expiry swept).
             Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
@@ -475,7 +477,7 @@ impl Maps {
     /// keys, and keys a daemon published before it stopped. Returns how many.
     pub fn sweep_issued(&mut self, now_unix: u64) -> Result<usize, MapsError> {
         let ended: Vec<IssuedKey> = self
-            .tls_issued
+            .issued_map()?
             .iter()
             .filter_map(Result::ok)
             .filter(|(_, v)| v.expires != 0 && v.expires <= now_unix)
@@ -523,9 +525,26 @@ impl Maps {
         Ok(out)
     }
 
+    /// The issued-keys table, opened on first use.
+    fn issued_map(&self) -> Result<&HashMap<MapData, IssuedKey, IssuedValue>, MapsError> {
+        if let Some(m) = self.tls_issued.get() {
+            return Ok(m);
+        }
+        let m = open_as(&self.pins, names::TLS_ISSUED)?;
+        Ok(self.tls_issued.get_or_init(|| m))
+    }
+
+    /// [`Maps::issued_map`], to change it.
+    fn issued_map_mut(
+        &mut self,
+    ) -> Result<&mut HashMap<MapData, IssuedKey, IssuedValue>, MapsError> {
+        self.issued_map()?;
+        Ok(self.tls_issued.get_mut().expect("opened just now"))
+    }
+
     /// Whether an issued session key is published (and not withdrawn).
     pub fn is_issued(&self, key: &IssuedKey) -> Result<bool, MapsError> {
-        match self.tls_issued.get(key, 0) {
+        match self.issued_map()?.get(key, 0) {
             Ok(v) => Ok(v.kind & ISSUED_WITHDRAWN == 0),
             Err(MapError::KeyNotFound) => Ok(false),
             Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
@@ -538,7 +557,7 @@ impl Maps {
     /// Every published key, sorted.
     pub fn issued(&self) -> Result<Vec<(IssuedKey, IssuedValue)>, MapsError> {
         let mut out = self
-            .tls_issued
+            .issued_map()?
             .iter()
             .collect::<Result<Vec<_>, _>>()
             .map_err(op(names::TLS_ISSUED))?;
@@ -553,7 +572,17 @@ impl Maps {
         clear(&mut self.tls_pending, names::TLS_PENDING)?;
         clear(&mut self.sip_pending, names::SIP_PENDING)?;
         clear(&mut self.tls_holds, names::TLS_HOLDS)?;
-        for (key, value) in self.issued()? {
+        // An older build's table (another layout: the benchmark's comparison) cannot be read
+        // here; its keys' places are left as they are.
+        let issued = match self.issued() {
+            Ok(issued) => issued,
+            Err(MapsError::Op {
+                source: MapError::InvalidValueSize { .. },
+                ..
+            }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        for (key, value) in issued {
             if value.in_use != 0 || value.open != 0 {
                 self.add_issued(
                     key,

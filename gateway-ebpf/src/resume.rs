@@ -160,7 +160,7 @@ pub extern "C" fn gateway_vouch(hello: *const HelloState, port: u32) -> i32 {
         // SAFETY: a live map value; the daemon rewrites it whole, a torn read fails the tag.
         Some(k) => unsafe {
             let k = &*k;
-            let now_s = k.clock_s.wrapping_add(now / 1_000_000_000);
+            let now_s = k.clock_ns.wrapping_add(now) / 1_000_000_000;
             (u64::from(tail.expires) > now_s
                 && tag(k.k0, k.k1, key, tail.period, tail.expires) == tail.tag)
                 .then_some((k.limit, k.per_minute))

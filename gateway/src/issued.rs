@@ -12,7 +12,7 @@ use std::{
         Arc, Mutex, MutexGuard,
         atomic::{AtomicU64, Ordering},
     },
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use gateway_common::{
@@ -83,17 +83,13 @@ impl IssuedKeys {
     /// Writes the tag keys of the periods whose tickets may be alive at `now` to every
     /// interface, under the terms keys are published under now, and removes the listener's
     /// retired ones: with them each NIC verifies tickets any node sharing the secret issued.
-    /// Run every second or so: it also keeps the NIC's wall clock (`TagKey::clock_s`) right.
+    /// Run every second or so: it also keeps the NIC's wall clock (`TagKey::clock_ns`) right.
     pub fn refresh_tags(&self, now: std::time::SystemTime) {
         let Some(tags) = lock(&self.tags).clone() else {
             return;
         };
         let terms = self.terms();
-        let unix = now
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs();
-        let clock_s = unix.saturating_sub(monotonic_ns() / 1_000_000_000);
+        let clock_ns = crate::maps::wall_clock_offset_ns();
         let keys: Vec<(u32, TagKey)> = tags
             .periods(now)
             .map(|p| {
@@ -103,7 +99,7 @@ impl IssuedKeys {
                     k1,
                     limit: terms.resume_limit,
                     per_minute: terms.per_minute,
-                    clock_s,
+                    clock_ns,
                 };
                 (p as u32, key)
             })
@@ -201,8 +197,10 @@ impl IssuedKeys {
             return;
         }
         // In expiry order: after a reload shortened the lifetime, a new key may end before
-        // older ones.
-        let at = Instant::now() + terms.lifetime;
+        // older ones. A ticket's key ends with the ticket (its tail's expiry, the first whole
+        // second past its lifetime): withdrawn earlier, its tag would publish it again at the
+        // NIC until then.
+        let at = Instant::now() + key_lifetime(expires, terms.lifetime, SystemTime::now());
         let place = expiry.partition_point(|(t, _)| *t <= at);
         expiry.insert(place, (at, key));
     }
@@ -261,6 +259,19 @@ impl IssuedKeys {
     }
 }
 
+/// How long a key published now stays: `lifetime`, or for a ticket expiring at `expires` (unix
+/// seconds, 0: none) until then, at most a second past `lifetime` (never past what the ticket
+/// was told).
+fn key_lifetime(expires: u64, lifetime: Duration, now: SystemTime) -> Duration {
+    if expires == 0 {
+        return lifetime;
+    }
+    let now = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    Duration::from_secs(expires)
+        .saturating_sub(now)
+        .min(lifetime + Duration::from_secs(1))
+}
+
 /// Locks `m`; a panic elsewhere while holding it leaves the data consistent (every change under
 /// these locks is a single step).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -283,20 +294,40 @@ mod tests {
     fn a_reload_changes_the_terms_of_keys_issued_after_it_only() {
         let keys = IssuedKeys::none(Duration::from_secs(60));
         let t0 = Instant::now();
-        keys.publish(&[1; 32], Offer::Ticket);
+        keys.publish(&[1; 32], Offer::SessionId);
         keys.set_terms(Terms {
             lifetime: Duration::from_secs(1),
             resume_limit: 3,
             per_minute: 0,
         });
         assert_eq!(keys.terms().resume_limit, 3);
-        keys.publish(&[2; 32], Offer::Ticket);
+        keys.publish(&[2; 32], Offer::SessionId);
         // The new key ends first although issued last; the old one keeps its 60 s.
         assert_eq!(keys.expire(t0 + Duration::from_secs(2)), 1);
         assert_eq!(keys.published(), 1);
         assert_eq!(keys.expire(t0 + Duration::from_secs(30)), 0);
         assert_eq!(keys.expire(t0 + Duration::from_secs(61)), 1);
         assert_eq!(keys.published(), 0);
+    }
+
+    #[test]
+    fn a_tickets_key_ends_with_the_ticket() {
+        let lifetime = Duration::from_secs(7200);
+        let now = UNIX_EPOCH + Duration::from_millis(1_000_000_400);
+        // The tail says the first whole second past the lifetime.
+        assert_eq!(
+            key_lifetime(1_000_000 + 7200 + 1, lifetime, now),
+            Duration::from_millis(7200 * 1000 + 600)
+        );
+        // Session ids: the lifetime.
+        assert_eq!(key_lifetime(0, lifetime, now), lifetime);
+        // A tail promising more than the lifetime (a clock far behind) buys a second at most;
+        // one already past ends at once.
+        assert_eq!(
+            key_lifetime(2_000_000, lifetime, now),
+            lifetime + Duration::from_secs(1)
+        );
+        assert_eq!(key_lifetime(999_999, lifetime, now), Duration::ZERO);
     }
 
     #[test]
@@ -312,7 +343,7 @@ mod tests {
             100,
         );
         for i in 0..150u32 {
-            keys.publish(&i.to_le_bytes().repeat(8), Offer::Ticket);
+            keys.publish(&i.to_le_bytes().repeat(8), Offer::SessionId);
         }
         assert_eq!(keys.published(), 100);
         assert_eq!(keys.take_unpublished(), 50);

@@ -275,6 +275,16 @@ pub fn change_config(
     config.set(0, value, 0).map_err(op(names::DP_CONFIG))
 }
 
+/// Unix time in nanoseconds when `CLOCK_MONOTONIC` read zero: what the datapath adds to
+/// `bpf_ktime_get_ns` for the wall clock (`TagKey::clock_ns`).
+pub fn wall_clock_offset_ns() -> u64 {
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as u64;
+    unix.saturating_sub(monotonic_ns())
+}
+
 /// `CLOCK_MONOTONIC` in nanoseconds, the clock of `bpf_ktime_get_ns` (for
 /// [`IssuedValue::issued_ns`]).
 pub fn monotonic_ns() -> u64 {

@@ -37,7 +37,7 @@ fn unix_now() -> u64 {
 /// Writes the tag key `k` of `periods` for port 443, with `limit` connections a key it vouches
 /// for may hold at once.
 fn write_keys(prog: &mut TestProgram, k: (u64, u64), periods: &[u32], limit: u32) {
-    let clock_s = unix_now() - gateway::maps::monotonic_ns() / 1_000_000_000;
+    let clock_ns = gateway::maps::wall_clock_offset_ns();
     let keys: Vec<(u32, TagKey)> = periods
         .iter()
         .map(|&p| {
@@ -46,7 +46,7 @@ fn write_keys(prog: &mut TestProgram, k: (u64, u64), periods: &[u32], limit: u32
                 k1: k.1,
                 limit,
                 per_minute: u32::MAX,
-                clock_s,
+                clock_ns,
             };
             (p, key)
         })
@@ -250,13 +250,13 @@ fn a_withdrawn_key_stays_withdrawn_and_a_vouched_key_keeps_the_per_key_bound() {
     assert!(prog.maps.issued().unwrap().iter().all(|(k, _)| *k != key));
     // A tag key written for another port vouches for nothing on 443.
     prog.maps.set_tag_keys(443, &[]).unwrap();
-    let clock_s = unix_now() - gateway::maps::monotonic_ns() / 1_000_000_000;
+    let clock_ns = gateway::maps::wall_clock_offset_ns();
     let elsewhere = TagKey {
         k0: K.0,
         k1: K.1,
         limit: 6,
         per_minute: u32::MAX,
-        clock_s,
+        clock_ns,
     };
     prog.maps
         .set_tag_keys(8443, &[(PERIOD, elsewhere)])

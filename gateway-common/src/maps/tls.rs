@@ -251,9 +251,9 @@ pub struct TagKey {
     pub limit: u32,
     /// [`IssuedValue::per_minute`] of a key it vouches for.
     pub per_minute: u32,
-    /// Unix seconds when `bpf_ktime_get_ns` (`CLOCK_MONOTONIC`) read zero: the NIC's wall clock
-    /// for ticket expiry, set by the daemon whenever it writes the key.
-    pub clock_s: u64,
+    /// Unix time in nanoseconds when `bpf_ktime_get_ns` (`CLOCK_MONOTONIC`) read zero: the
+    /// NIC's wall clock for ticket expiry, set by the daemon whenever it writes the key.
+    pub clock_ns: u64,
 }
 
 /// Entries of the ticket tag keys map: 64 periods of 16 listener ports.

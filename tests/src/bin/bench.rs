@@ -229,7 +229,7 @@ fn tagged_hellos(prog: &mut TestProgram) -> (Vec<u8>, Vec<u8>, gateway_common::m
         k1,
         limit: gateway_common::maps::MAX_RESUME_LIMIT,
         per_minute: u32::MAX,
-        clock_s: unix - gateway::maps::monotonic_ns() / 1_000_000_000,
+        clock_ns: gateway::maps::wall_clock_offset_ns(),
     };
     prog.maps.set_tag_keys(443, &[(period, key)]).unwrap();
     let mut ticket = vec![11u8; 32];

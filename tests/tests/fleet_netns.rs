@@ -315,41 +315,19 @@ fn openssl_tickets_of_one_node_resume_on_the_other_by_their_tag() {
         let sess = cert.file(&format!("sess{version}.pem"));
         let sess = sess.to_str().unwrap();
         // A full handshake that reaches node a, its session (with a's ticket) saved.
-        for attempt in 0.. {
-            assert!(
-                attempt < 64,
-                "{version}: 64 connections, none reached node a"
-            );
-            let out = s_client_input(
-                &clients,
-                &addr,
-                &[version, "-sess_out", sess, "-ign_eof"],
-                get,
-            );
-            if out.contains("node-a") {
-                assert!(out.contains("New,"), "{out}");
-                break;
-            }
-        }
+        let run = |args: &[&str]| s_client_input(&clients, &addr, args, get);
+        let out = until_node(version, "node-a", || {
+            run(&[version, "-sess_out", sess, "-ign_eof"])
+        });
+        assert!(out.contains("New,"), "{out}");
         // Then the saved session until a connection reaches node b, where it resumes.
         let before = resumed_at(&fleet.nodes[1]);
-        for attempt in 0.. {
-            assert!(
-                attempt < 64,
-                "{version}: 64 connections, none reached node b"
-            );
-            let out = s_client_input(
-                &clients,
-                &addr,
-                &[version, "-sess_in", sess, "-ign_eof"],
-                get,
-            );
+        until_node(version, "node-b", || {
+            let out = run(&[version, "-sess_in", sess, "-ign_eof"]);
             assert!(out.contains("Reused,"), "{version}: {out}");
-            if out.contains("node-b") {
-                break;
-            }
-            assert!(out.contains("node-a"), "{out}");
-        }
+            assert!(out.contains("node-b") || out.contains("node-a"), "{out}");
+            out
+        });
         let after = resumed_at(&fleet.nodes[1]);
         assert!(
             after.0 > before.0,
@@ -433,6 +411,18 @@ fn with_tls_new_closed_on_both_nodes_resumed_clients_are_served_wherever_they_la
     eprintln!(
         "resumptions served by node a / node b: {by_node:?} in {n}; new clients refused: {tries}"
     );
+}
+
+/// Runs `client` (an s_client, whose output has the backend's answer) until its output names
+/// `node` (bounded: 64 connections, none on it, would be a broken hash); that output.
+fn until_node(version: &str, node: &str, mut client: impl FnMut() -> String) -> String {
+    for _ in 0..64 {
+        let out = client();
+        if out.contains(node) {
+            return out;
+        }
+    }
+    panic!("{version}: 64 connections, none reached {node}");
 }
 
 /// The end of a backend's answer, by its name.

@@ -180,9 +180,8 @@ impl aws_lc_rs::hkdf::KeyType for TagKeyLen {
 /// The rotating, publishing ticketer (see the module docs).
 pub struct RotatingTicketer {
     prk: Prk,
+    /// The periods, the lifetime and the tag keys (shared with the issued keys).
     tags: Arc<TagKeys>,
-    rotation_secs: u64,
-    lifetime: Duration,
     /// Derived keys of recent periods, newest last.
     keys: Mutex<Vec<(u64, Arc<LessSafeKey>)>>,
     rng: SystemRandom,
@@ -192,8 +191,8 @@ pub struct RotatingTicketer {
 impl std::fmt::Debug for RotatingTicketer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RotatingTicketer")
-            .field("rotation_secs", &self.rotation_secs)
-            .field("lifetime", &self.lifetime)
+            .field("rotation_secs", &self.tags.rotation_secs)
+            .field("lifetime", &self.tags.lifetime)
             .finish_non_exhaustive()
     }
 }
@@ -217,16 +216,10 @@ impl RotatingTicketer {
         RotatingTicketer {
             prk,
             tags,
-            rotation_secs: rotation.as_secs().max(1),
-            lifetime,
             keys: Mutex::new(Vec::new()),
             rng: SystemRandom::new(),
             issued,
         }
-    }
-
-    fn period_at(&self, t: SystemTime) -> u64 {
-        unix_secs(t) / self.rotation_secs
     }
 
     fn key(&self, period: u64) -> Option<Arc<LessSafeKey>> {
@@ -247,7 +240,7 @@ impl RotatingTicketer {
 
     /// Seals `plain` under the key of the period of `now`.
     fn seal(&self, plain: &[u8], now: SystemTime) -> Option<Vec<u8>> {
-        let period = self.period_at(now);
+        let period = self.tags.period_at(now);
         let key = self.key(period)?;
         let mut nonce = [0u8; NONCE_LEN];
         self.rng.fill(&mut nonce).ok()?;
@@ -265,7 +258,7 @@ impl RotatingTicketer {
         .ok()?;
         ticket.extend_from_slice(&body);
         // The first whole second past the lifetime: it resumes until then.
-        let end_ms = unix_ms(now) + self.lifetime.as_millis() as u64;
+        let end_ms = unix_ms(now) + self.tags.lifetime.as_millis() as u64;
         let expires = u32::try_from(end_ms / 1000 + 1).ok()?;
         let tail = self.tags.tail(&ticket, period, expires);
         ticket.extend_from_slice(&tail);
@@ -281,7 +274,7 @@ impl RotatingTicketer {
         let nonce: [u8; NONCE_LEN] = ticket[..NONCE_LEN].try_into().ok()?;
         let low = u32::from_be_bytes(ticket[NONCE_LEN..HEADER].try_into().ok()?);
         // The period travels as its low 32 bits; the full value is the one nearest to now.
-        let current = self.period_at(now);
+        let current = self.tags.period_at(now);
         let period = (current & !0xffff_ffff) | u64::from(low);
         if !self.tags.accepted(period, current) {
             return None;
@@ -304,7 +297,7 @@ impl RotatingTicketer {
         let issued = u64::from_be_bytes(issued.try_into().ok()?);
         let now = unix_ms(now);
         // Issued in the future only within a minute of clock skew between nodes.
-        let lifetime = self.lifetime.as_millis() as u64;
+        let lifetime = self.tags.lifetime.as_millis() as u64;
         if issued > now + 60_000
             || now.saturating_sub(issued) > lifetime
             || now / 1000 >= u64::from(t.expires)
@@ -329,7 +322,7 @@ impl ProducesTickets for RotatingTicketer {
     }
 
     fn lifetime(&self) -> u32 {
-        self.lifetime.as_secs().min(u64::from(u32::MAX)) as u32
+        self.tags.lifetime.as_secs().min(u64::from(u32::MAX)) as u32
     }
 
     fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {

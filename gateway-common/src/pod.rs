@@ -3,7 +3,7 @@
 use crate::maps::{
     BenchFresh, ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey,
     FlowKey4, IssuedKey, IssuedValue, LatencyHistogram, Pending, RejectEvent, ServiceKey,
-    ServiceValue, SipDialog, SipTxn, TagKey, TagKeyId, TlsCounters, TlsFlow, TlsHold,
+    ServiceTimes, ServiceValue, SipDialog, SipTxn, TagKey, TagKeyId, TlsCounters, TlsFlow, TlsHold,
 };
 
 // SAFETY: every type is #[repr(C)], Copy, made only of integers, and has no implicit padding
@@ -27,6 +27,9 @@ unsafe impl aya::Pod for TlsCounters {}
 unsafe impl aya::Pod for RejectEvent {}
 unsafe impl aya::Pod for SipTxn {}
 unsafe impl aya::Pod for LatencyHistogram {}
+// SAFETY: repr(C) of u64s, no padding.
+unsafe impl aya::Pod for ServiceTimes {}
+unsafe impl aya::Pod for crate::maps::SipFamily {}
 unsafe impl aya::Pod for Pending {}
 unsafe impl aya::Pod for TlsHold {}
 unsafe impl aya::Pod for SipDialog {}

@@ -17,20 +17,24 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    btf_maps::{HashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, PerCpuArray},
     helpers::generated::{bpf_for_each_map_elem, bpf_map_delete_elem},
     macros::btf_map,
 };
 use gateway_common::{
     Class, NUM_CLASSES,
-    maps::{FlowKey, LATENCY_BUCKETS, LatencyHistogram, MAX_PENDING, Pending, SWEEP_INTERVAL_NS},
+    maps::{
+        FlowKey, LATENCY_BUCKETS, LatencyHistogram, MAX_PENDING, PENDING_INVITE, Pending,
+        SERVICE_BUCKETS, SERVICE_SLOTS, SIP_FAMILIES_LEN, SLOT_SIP_INVITE, SWEEP_INTERVAL_NS,
+        ServiceTimes, SipFamily, sip_family,
+    },
     reasons::Refusal,
     tls::KEY_LEN,
 };
 
 use crate::{
     admission::{self, admission},
-    bytes::zero,
+    bytes::{opaque, zero},
     resume,
     sync::{atomic_add, now_ns},
 };
@@ -50,8 +54,23 @@ pub static SIP_PENDING: Table<u64> = Table::new();
 #[btf_map]
 pub static SERVICE_LATENCY: PerCpuArray<LatencyHistogram, NUM_CLASSES> = PerCpuArray::new();
 
-/// Admits the unit `key` of `class` against the class's own limits and holds it, or says why
-/// not ([`Refusal::Full`] when the table is full). `offer` is the issued key whose
+/// Per-slot fine service-time histograms (admission to first response), per CPU: a slot per
+/// class, and `sip-original`'s INVITEs in a slot of their own (`SLOT_SIP_INVITE`).
+#[btf_map]
+pub static SERVICE_TIMES: PerCpuArray<ServiceTimes, SERVICE_SLOTS> = PerCpuArray::new();
+
+/// `sip-original`'s units by method family: their backlogs.
+#[btf_map]
+pub static SIP_FAMILIES: Array<SipFamily, { SIP_FAMILIES_LEN as usize }> = Array::new();
+
+/// The backlog limit of each of `sip-original`'s method families (0: none), set by the
+/// controller.
+#[btf_map]
+pub static SIP_FAMILY_LIMITS: Array<u64, { SIP_FAMILIES_LEN as usize }> = Array::new();
+
+/// Admits the unit `key` of `class` against the class's own limits (and, for `sip-original`,
+/// its method family's: `SIP_FAMILIES`) and holds it, or says why not ([`Refusal::Full`] when
+/// the table is full). `offer` is the issued key whose
 /// place a `tls-resumed` unit holds (`crate::resume`), given back when the unit ends; `None`
 /// for any other unit. `flags`: `PENDING_*`. A refused unit holds nothing: the caller gives
 /// the place back.
@@ -65,6 +84,18 @@ pub fn admit<K>(
 ) -> Result<(), Refusal> {
     let now = sweep_if_due(class);
     admission(class, class, now)?;
+    if class == Class::SipOriginal {
+        let family = sip_family(flags);
+        if let (Some(f), Some(limit)) =
+            (SIP_FAMILIES.get_ptr(family), SIP_FAMILY_LIMITS.get(family))
+        {
+            // SAFETY: counters only ever changed by atomic adds; plain loads.
+            let counts = unsafe { core::ptr::read_volatile(f) };
+            if !counts.has_room(*limit) {
+                return Err(Refusal::Backlog);
+            }
+        }
+    }
     if hold(table, key, class, offer, flags, now) {
         Ok(())
     } else {
@@ -118,21 +149,54 @@ fn hold<K>(
         return false;
     }
     count(class.id(), Field::Admitted);
+    count_family(unit, Field::Admitted);
     true
 }
 
+/// Counts a `sip-original` unit's admission or end in its method family (`SIP_FAMILIES`).
+#[inline(always)]
+fn count_family(unit: &Pending, field: Field) {
+    if unit.class != Class::SipOriginal.id() {
+        return;
+    }
+    if let Some(f) = SIP_FAMILIES.get_ptr_mut(sip_family(unit.flags)) {
+        // SAFETY: shared counters, only ever changed by atomic adds.
+        unsafe {
+            match field {
+                Field::Admitted => atomic_add(&raw mut (*f).admitted, 1),
+                Field::Completed | Field::Expired => atomic_add(&raw mut (*f).ended, 1),
+            }
+        }
+    }
+}
+
 /// The unit `key` was answered by the server: it completes (counted in its class), and its
-/// service time, admission to the server's answer, goes into its class's histogram
-/// (`SERVICE_LATENCY`). Returns it, or `None` when there was no such unit (never admitted, or
+/// service time, admission to the server's answer, goes into its class's histograms
+/// (`SERVICE_LATENCY`, and `SERVICE_TIMES` by its slot). Returns it, or `None` when there was no such unit (never admitted, or
 /// already ended). What else it held is the caller's to give back or keep (a resumed
 /// connection's place of its issued key).
 #[inline(always)]
 pub fn complete<K>(table: &Table<K>, key: &K) -> Option<Pending> {
     let unit = end(table, key, Field::Completed)?;
+    let took = now_ns().saturating_sub(unit.admitted_ns);
     if let Some(h) = SERVICE_LATENCY.get_ptr_mut(unit.class) {
-        let bucket = LatencyHistogram::bucket(now_ns().saturating_sub(unit.admitted_ns));
+        let bucket = LatencyHistogram::bucket(took);
         // SAFETY: per-CPU slot.
         unsafe { (*h).buckets[bucket & (LATENCY_BUCKETS - 1)] += 1 };
+    }
+    let slot = if unit.flags & PENDING_INVITE != 0 {
+        SLOT_SIP_INVITE
+    } else {
+        unit.class
+    };
+    // The bound checked on the register the index is read with (LLVM folds the bucket's own
+    // bound into its arithmetic, where the verifier cannot follow it).
+    let bucket = opaque(ServiceTimes::bucket(took) as u64);
+    if bucket < SERVICE_BUCKETS as u64
+        && let Some(h) = SERVICE_TIMES.get_ptr_mut(slot)
+    {
+        // SAFETY: per-CPU slot; `bucket` is under the array's length.
+        unsafe { (*h).buckets[bucket as usize] += 1 };
     }
     Some(unit)
 }
@@ -153,6 +217,7 @@ fn end<K>(table: &Table<K>, key: &K, field: Field) -> Option<Pending> {
     let unit = unsafe { *table.get_ptr(key)? };
     table.remove(key).ok()?;
     count(unit.class, field);
+    count_family(&unit, field);
     // A completed unit's caller decides what its place becomes (a resumed connection the
     // server answered holds it until it ends: `resume::hold_open`).
     if !matches!(field, Field::Completed) {
@@ -251,6 +316,7 @@ extern "C" fn expire<K>(
         let ended = unsafe { *unit };
         if unsafe { bpf_map_delete_elem(map, key.cast()) } == 0 {
             count(ended.class, Field::Expired);
+            count_family(&ended, Field::Expired);
             release(&ended);
         }
     }

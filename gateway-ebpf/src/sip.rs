@@ -38,8 +38,8 @@ use gateway_common::{
     Class,
     bytes::PacketBytes,
     maps::{
-        DIALOG_IDLE_NS, MAX_DIALOG_REQUESTS, MAX_SIP_DIALOGS, MAX_SIP_TXNS, PENDING_UNMATCHED,
-        SipDialog, SipTxn, TXN_ADMITTED,
+        DIALOG_IDLE_NS, MAX_DIALOG_REQUESTS, MAX_SIP_DIALOGS, MAX_SIP_TXNS, PENDING_INVITE,
+        PENDING_UNMATCHED, SipDialog, SipTxn, TXN_ADMITTED,
     },
     packet::Packet,
     reasons::Refusal,
@@ -398,7 +398,14 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
     // retransmissions only while the originals' backlog is under the retransmission policy's
     // threshold (see admission::admission). Exempt messages finish work: never dropped.
     let admitted = match (class, key) {
-        (Class::SipOriginal, Some(key)) => pending::admit(&SIP_PENDING, &key, class, None, 0),
+        (Class::SipOriginal, Some(key)) => {
+            let family = if info.method() == Method::Invite {
+                PENDING_INVITE
+            } else {
+                0
+            };
+            pending::admit(&SIP_PENDING, &key, class, None, family)
+        }
         (Class::SipRetransmission, _) => pending::admit_against(class, Class::SipOriginal),
         // Exempt work has a ceiling of its own (a rate; nothing of it is held).
         (Class::SipExempt, _) => pending::admit_against(class, class),

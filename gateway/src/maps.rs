@@ -6,8 +6,8 @@ use gateway_common::{
     maps::{
         ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, FlowKey4,
         IPPROTO_TCP, ISSUED_WITHDRAWN, IssuedKey, IssuedValue, LatencyHistogram, Pending,
-        SERVICE_SYN_COOKIES, ServiceKey, ServiceValue, SipTxn, TLS_REFUSED_SLOTS, TagKey, TagKeyId,
-        TlsCounters, TlsFlow, TlsHold, names,
+        SERVICE_SYN_COOKIES, ServiceKey, ServiceTimes, ServiceValue, SipFamily, SipTxn,
+        TLS_REFUSED_SLOTS, TagKey, TagKeyId, TlsCounters, TlsFlow, TlsHold, names,
     },
     syncookie::CookieKey,
 };
@@ -118,7 +118,13 @@ macro_rules! per_cpu_sum {
         }
     )*};
 }
-per_cpu_sum!(ClassStats, DatapathCounters, TlsCounters, LatencyHistogram);
+per_cpu_sum!(
+    ClassStats,
+    DatapathCounters,
+    TlsCounters,
+    LatencyHistogram,
+    ServiceTimes
+);
 
 /// The entry at `index` of a per-CPU array, summed over CPUs.
 fn sum<T: PerCpuSum>(
@@ -232,6 +238,8 @@ pub struct Maps {
     tls_issued: std::sync::OnceLock<HashMap<MapData, IssuedKey, IssuedValue>>,
     sip_txns: HashMap<MapData, u64, SipTxn>,
     service_latency: PerCpuArray<MapData, LatencyHistogram>,
+    /// Opened when first used: an older build's object has no such map.
+    service_times: std::sync::OnceLock<PerCpuArray<MapData, ServiceTimes>>,
     tls_pending: HashMap<MapData, FlowKey, Pending>,
     sip_pending: HashMap<MapData, u64, Pending>,
     tls_holds: HashMap<MapData, FlowKey, TlsHold>,
@@ -308,6 +316,7 @@ impl Maps {
             tls_issued: std::sync::OnceLock::new(),
             sip_txns: open_as(pins, names::SIP_TXNS)?,
             service_latency: open_as(pins, names::SERVICE_LATENCY)?,
+            service_times: std::sync::OnceLock::new(),
             tls_pending: open_as(pins, names::TLS_PENDING)?,
             sip_pending: open_as(pins, names::SIP_PENDING)?,
             tls_holds: open_as(pins, names::TLS_HOLDS)?,
@@ -736,5 +745,41 @@ impl Maps {
     /// The service-time histogram of one class, summed over CPUs.
     pub fn latency(&self, class: Class) -> Result<LatencyHistogram, MapsError> {
         sum(&self.service_latency, class.id(), names::SERVICE_LATENCY)
+    }
+
+    /// `sip-original`'s method family `index` (`SIP_FAMILY_*`): its backlog counters and its
+    /// limit (0: none).
+    pub fn sip_family(&self, index: u32) -> Result<(SipFamily, u64), MapsError> {
+        let map: Array<MapData, SipFamily> = open_as(&self.pins, names::SIP_FAMILIES)?;
+        let limits: Array<MapData, u64> = open_as(&self.pins, names::SIP_FAMILY_LIMITS)?;
+        Ok((
+            map.get(&index, 0).map_err(op(names::SIP_FAMILIES))?,
+            limits
+                .get(&index, 0)
+                .map_err(op(names::SIP_FAMILY_LIMITS))?,
+        ))
+    }
+
+    /// Sets the backlog limit of `sip-original`'s method family `index` (0: none).
+    pub fn set_sip_family_limit(&mut self, index: u32, limit: u64) -> Result<(), MapsError> {
+        let mut map: Array<MapData, u64> = open_as(&self.pins, names::SIP_FAMILY_LIMITS)?;
+        if map.get(&index, 0).map_err(op(names::SIP_FAMILY_LIMITS))? == limit {
+            return Ok(());
+        }
+        map.set(index, limit, 0)
+            .map_err(op(names::SIP_FAMILY_LIMITS))
+    }
+
+    /// The fine service times of `slot` (a class id, or
+    /// [`gateway_common::maps::SLOT_SIP_INVITE`]) summed over CPUs.
+    pub fn service_times(&self, slot: u32) -> Result<ServiceTimes, MapsError> {
+        let map = match self.service_times.get() {
+            Some(m) => m,
+            None => {
+                let m = open_as(&self.pins, names::SERVICE_TIMES)?;
+                self.service_times.get_or_init(|| m)
+            }
+        };
+        sum(map, slot, names::SERVICE_TIMES)
     }
 }

@@ -388,6 +388,78 @@ fn the_first_response_leaving_completes_the_transaction_and_records_its_service_
     );
 }
 
+/// `sip-original`'s INVITEs and its other methods hold places in backlogs of their own, under
+/// limits of their own (`SIP_FAMILY_LIMITS`, which the controller sets), and their service
+/// times go into slots of their own (`SERVICE_TIMES`): INVITEs at their limit leave OPTIONS
+/// their places, and an INVITE's answer frees an INVITE's place.
+#[test]
+fn each_method_family_has_its_own_backlog_limit_and_service_times() {
+    use gateway_common::maps::{SIP_FAMILY_INVITE, SIP_FAMILY_OTHER, SLOT_SIP_INVITE};
+    if !have_root("each_method_family_has_its_own_backlog") {
+        return;
+    }
+    let mut prog = TestProgram::new();
+    prog.maps
+        .set_sip_family_limit(SIP_FAMILY_INVITE, 1)
+        .unwrap();
+    let options = |branch: &str| {
+        String::from_utf8(invite(branch, ""))
+            .unwrap()
+            .replacen("INVITE sip", "OPTIONS sip", 1)
+            .replacen("CSeq: 1 INVITE", "CSeq: 1 OPTIONS", 1)
+            .into_bytes()
+    };
+    assert_eq!(action(&prog, &invite("z9hG4bK-f1", "")), XDP_PASS);
+    // The second INVITE finds its family full; an OPTIONS does not.
+    assert_ne!(action(&prog, &invite("z9hG4bK-f2", "")), XDP_PASS);
+    assert_eq!(action(&prog, &options("z9hG4bK-f3")), XDP_PASS);
+    assert_eq!(action(&prog, &options("z9hG4bK-f4")), XDP_PASS);
+    let family = |p: &TestProgram, i| p.maps.sip_family(i).unwrap().0.backlog();
+    assert_eq!(family(&prog, SIP_FAMILY_INVITE), 1);
+    assert_eq!(family(&prog, SIP_FAMILY_OTHER), 2);
+    // The INVITE's answer ends its unit in its family, and its time goes to the INVITE slot.
+    let trying = "SIP/2.0 100 Trying\r\nVia: SIP/2.0/UDP 10.99.0.2:5061;branch=z9hG4bK-f1\r\nCall-ID: 1-z9hG4bK-f1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
+    prog.run(
+        Hook::TcEgress,
+        &Frame::udp(5061, trying.as_bytes()).from_port(5060).build(),
+        1,
+    );
+    assert_eq!(family(&prog, SIP_FAMILY_INVITE), 0);
+    assert_eq!(prog.maps.service_times(SLOT_SIP_INVITE).unwrap().count(), 1);
+    assert_eq!(
+        prog.maps
+            .service_times(Class::SipOriginal.id())
+            .unwrap()
+            .count(),
+        0
+    );
+    assert_eq!(action(&prog, &invite("z9hG4bK-f5", "")), XDP_PASS);
+    // An OPTIONS answered: its time goes to the class's own slot.
+    let ok = trying
+        .replace("100 Trying", "200 OK")
+        .replace("z9hG4bK-f1", "z9hG4bK-f3")
+        .replace("CSeq: 1 INVITE", "CSeq: 1 OPTIONS");
+    prog.run(
+        Hook::TcEgress,
+        &Frame::udp(5061, ok.as_bytes()).from_port(5060).build(),
+        1,
+    );
+    assert_eq!(family(&prog, SIP_FAMILY_OTHER), 1);
+    assert_eq!(
+        prog.maps
+            .service_times(Class::SipOriginal.id())
+            .unwrap()
+            .count(),
+        1
+    );
+    // No family limit: the class's alone.
+    prog.maps
+        .set_sip_family_limit(SIP_FAMILY_INVITE, 0)
+        .unwrap();
+    assert_eq!(action(&prog, &invite("z9hG4bK-f6", "")), XDP_PASS);
+    assert_eq!(family(&prog, SIP_FAMILY_INVITE), 2);
+}
+
 #[test]
 fn unanswered_requests_expire_and_key_less_ones_still_complete() {
     if !have_root("unanswered_requests_expire") {

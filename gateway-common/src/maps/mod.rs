@@ -220,6 +220,8 @@ mod tests {
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);
         assert_eq!(size_of::<LatencyHistogram>(), LATENCY_BUCKETS * 8);
+        assert_eq!(size_of::<ServiceTimes>(), SERVICE_BUCKETS * 8);
+        assert_eq!(size_of::<SipFamily>(), 2 * 8);
         assert_eq!(size_of::<crate::sip::SipInfo>(), 6 * 8 + 4 + 2 + 5 + 5);
     }
 
@@ -285,6 +287,68 @@ mod tests {
         // 300 ms lies in [2^18, 2^19) us.
         assert_eq!(h.quantile_us(500), Some(1 << 19));
         assert_eq!(h.quantile_us(100), Some(1 << 3));
+    }
+
+    #[test]
+    fn service_time_buckets_are_contiguous_and_within_a_sixteenth() {
+        // Every microsecond up to 2^27 falls in the bucket whose bounds hold it, buckets in
+        // order, none wider than a sixteenth of its lower bound.
+        let mut last = 0;
+        let mut us = 0u64;
+        while us < 1 << 27 {
+            let b = ServiceTimes::bucket(us * 1000);
+            let (lo, hi) = ServiceTimes::bounds_us(b);
+            assert!(lo <= us && us < hi, "{us} us in bucket {b} [{lo}, {hi})");
+            assert!(
+                b == last || b == last + 1,
+                "{us} us: bucket {b} after {last}"
+            );
+            assert!(
+                hi - lo == 1 || (hi - lo) * 16 <= lo,
+                "bucket {b} [{lo}, {hi})"
+            );
+            last = b;
+            us += 1 + us / 64;
+        }
+        assert_eq!(last, SERVICE_BUCKETS - 1);
+        assert_eq!(ServiceTimes::bucket(u64::MAX), SERVICE_BUCKETS - 1);
+        assert_eq!(ServiceTimes::bucket(999), 0);
+    }
+
+    #[test]
+    fn service_time_quantiles_are_within_a_few_percent() {
+        // A fixed 75 ms reads as 75 ms, not as the log2 bucket's 64-128 ms.
+        let mut h = ServiceTimes::default();
+        assert_eq!(h.quantile_us(500), None);
+        for _ in 0..100 {
+            h.record_us(75_000);
+        }
+        for q in [0, 500, 900, 1000] {
+            let t = h.quantile_us(q).unwrap() as f64;
+            assert!((t / 75_000.0 - 1.0).abs() < 0.035, "q {q}: {t}");
+        }
+        // Spread times: each quantile within 3.5% of the exact one.
+        let mut h = ServiceTimes::default();
+        let times: [u64; 1000] = core::array::from_fn(|i| 40_000 + (i as u64 + 1) * 97);
+        for t in &times {
+            h.record_us(*t);
+        }
+        for q in [10, 100, 500, 900, 990] {
+            let exact = times[(q as usize * times.len()).div_ceil(1000) - 1] as f64;
+            let t = h.quantile_us(q).unwrap() as f64;
+            assert!(
+                (t / exact - 1.0).abs() < 0.035,
+                "q {q}: {t} against {exact}"
+            );
+        }
+        assert!(h.min_us().unwrap() <= times[0] + times[0] / 16);
+        let later = {
+            let mut l = h;
+            l.record_us(5);
+            l
+        };
+        assert_eq!(later.since(&h).count(), 1);
+        assert_eq!(later.since(&h).min_us(), Some(5));
     }
 
     #[test]

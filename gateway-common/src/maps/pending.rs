@@ -9,6 +9,55 @@ super::pinned_maps! {
     /// Admitted SIP requests the server has not answered yet (unit key, see
     /// `SipInfo::unit_key`, to [`crate::maps::Pending`]): not LRU either.
     SIP_PENDING: u64 => Pending,
+    /// `sip-original`'s units by method family ([`crate::maps::SipFamily`], index
+    /// [`SIP_FAMILY_INVITE`] or [`SIP_FAMILY_OTHER`]): their own backlog. Written by the
+    /// datapath alone.
+    SIP_FAMILIES: u32 => SipFamily,
+    /// The backlog limit of each of `sip-original`'s method families (same index; 0 for none:
+    /// the class's limit alone). Written by the daemon's controller alone.
+    SIP_FAMILY_LIMITS: u32 => u64,
+}
+
+/// [`SipFamily`] index of `sip-original`'s INVITEs ([`PENDING_INVITE`]).
+pub const SIP_FAMILY_INVITE: u32 = 0;
+/// [`SipFamily`] index of `sip-original`'s other methods.
+pub const SIP_FAMILY_OTHER: u32 = 1;
+/// Entries of `SIP_FAMILIES`.
+pub const SIP_FAMILIES_LEN: u32 = 2;
+
+/// One method family of `sip-original`: a backlog of its own, under a limit of its own
+/// (`SIP_FAMILY_LIMITS`) inside the class's. The controller sets the limit (mode sip), so that
+/// INVITEs queueing at the server cannot take the places of OPTIONS it answers on a fast path,
+/// nor the other way round. `admitted` and `ended` only grow (atomic adds by whoever holds or
+/// ends a unit), as the class's own counters do.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SipFamily {
+    /// Units of the family admitted.
+    pub admitted: u64,
+    /// Units of the family ended (answered or expired).
+    pub ended: u64,
+}
+
+impl SipFamily {
+    /// Units of the family outstanding.
+    pub const fn backlog(&self) -> u64 {
+        self.admitted.saturating_sub(self.ended)
+    }
+
+    /// Whether one more unit fits under `limit` (0: no limit).
+    pub const fn has_room(&self, limit: u64) -> bool {
+        limit == 0 || self.backlog() < limit
+    }
+}
+
+/// The `SIP_FAMILIES` index of a `sip-original` unit with `PENDING_*` flags `flags`.
+pub const fn sip_family(flags: u32) -> u32 {
+    if flags & PENDING_INVITE != 0 {
+        SIP_FAMILY_INVITE
+    } else {
+        SIP_FAMILY_OTHER
+    }
 }
 
 /// How often the datapath looks for expired units of a class, in nanoseconds.
@@ -40,3 +89,8 @@ pub struct Pending {
 /// message, keyed by its source), so it ends at its timeout. The server may well be working on
 /// it: the controller counts it as live work, never as work the server passed over.
 pub const PENDING_UNMATCHED: u32 = 1;
+
+/// [`Pending::flags`]: a `sip-original` INVITE. Its service time goes into its own slot of
+/// `SERVICE_TIMES` ([`super::SLOT_SIP_INVITE`]), and the controller counts it apart from the
+/// class's other methods: an INVITE's time is its own, not an OPTIONS' answered on a fast path.
+pub const PENDING_INVITE: u32 = 2;

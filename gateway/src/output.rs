@@ -238,14 +238,30 @@ impl StatsView<'_> {
     }
 }
 
-fn limit(v: Option<u64>) -> String {
+fn limit_text(v: Option<u64>) -> String {
     v.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
 /// `policy show` rows: (class, policy, state). Besides the limits and the backlog, each row says
 /// who set the limits (config, operator, controller; `pinned` when fixed by hand), why, how long
 /// ago, and within which bounds a controller moves them.
-pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> String {
+/// One method family of `sip-original` as `policy show` lists it: its name, its backlog and
+/// its limit (0: none, the class's alone).
+pub struct FamilyRow {
+    /// `invite` or `other`.
+    pub method: &'static str,
+    /// Units outstanding.
+    pub backlog: u64,
+    /// The family's backlog limit; 0 for none.
+    pub limit: u64,
+}
+
+/// `policy show` rows: each limitable class, and under `sip-original` its method families.
+pub fn policies(
+    rows: &[(Class, ClassPolicy, ClassState)],
+    families: &[FamilyRow],
+    as_json: bool,
+) -> String {
     let now = crate::maps::monotonic_ns();
     let ago_ms =
         |m: &ClassPolicy| (m.changed_ns != 0).then(|| now.saturating_sub(m.changed_ns) / 1_000_000);
@@ -286,6 +302,16 @@ pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> Str
                        "retry_after_s": (m.retry_after_s != 0).then_some(m.retry_after_s)});
                 if let (Some(row), Value::Object(rest)) = (row.as_object_mut(), rest) {
                     row.extend(rest);
+                    if *c == Class::SipOriginal && !families.is_empty() {
+                        let f: Vec<Value> = families
+                            .iter()
+                            .map(|f| {
+                                json!({"method": f.method, "backlog": f.backlog,
+                                       "backlog_limit": (f.limit != 0).then_some(f.limit)})
+                            })
+                            .collect();
+                        row.insert("families".into(), Value::Array(f));
+                    }
                 }
                 row
             })
@@ -312,9 +338,9 @@ pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> Str
         out += &format!(
             "{:<20}{:>14}{:>12}{:>10}{:>10}{:>10}{:>10}  {:<20}{:<13}{:>10}  {:<10}{:<18}\n",
             c.name(),
-            limit(p.backlog),
-            limit(p.rate),
-            limit(p.burst),
+            limit_text(p.backlog),
+            limit_text(p.rate),
+            limit_text(p.burst),
             format!("{}ms", gateway_common::maps::timeout_ns(*c, m) / 1_000_000),
             s.backlog(),
             s.expired,
@@ -327,6 +353,20 @@ pub fn policies(rows: &[(Class, ClassPolicy, ClassState)], as_json: bool) -> Str
             bounds(m).unwrap_or_else(|| "-".to_owned()),
             refuse(*c, m)
         );
+        if *c == Class::SipOriginal {
+            for f in families {
+                let limit = (f.limit != 0).then_some(f.limit);
+                out += &format!(
+                    "{:<20}{:>14}{:>12}{:>10}{:>10}{:>10}\n",
+                    format!("  method {}", f.method),
+                    limit_text(limit),
+                    "",
+                    "",
+                    "",
+                    f.backlog
+                );
+            }
+        }
     }
     out
 }

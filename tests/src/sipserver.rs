@@ -152,7 +152,99 @@ impl SlowSipServer {
     }
 }
 
+/// How a [`SlowSipServer::start_shaped`] server answers a method family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// In its one FIFO queue, each request taking this long of its one worker (paced, as
+    /// [`SlowSipServer::start_paced`]).
+    Queued(Duration),
+    /// This long after it arrived, whatever else is queued, costing the worker nothing (a
+    /// downstream's fixed answer time, or a fast path).
+    After(Duration),
+}
+
+/// A request waiting for its answer in a shaped server.
+struct Waiting {
+    arrived: Instant,
+    reply: String,
+    peer: std::net::SocketAddr,
+}
+
 impl SlowSipServer {
+    /// Serves on `socket`, answering INVITEs as `invite` says and every other request but BYE
+    /// (OPTIONS, REGISTER, ...) as `other` says, each with a 200 OK, and a BYE at once: the traffic shapes a controller must be
+    /// safe for (a fixed answer time with no queue, slow answers to a minority of requests
+    /// that cost nothing, a fast path for OPTIONS). Requests whose Content-Length runs past
+    /// their datagram are discarded, as [`SlowSipServer::start`]'s are.
+    pub fn start_shaped(socket: UdpSocket, invite: Answer, other: Answer) -> Self {
+        let worker = socket;
+        worker
+            .set_read_timeout(Some(Duration::from_millis(1)))
+            .unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop_worker = stop.clone();
+        let answering = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let thread = std::thread::spawn(move || {
+            // SAFETY: a plain syscall on the calling thread (best effort, as paced servers).
+            unsafe {
+                let tid = libc::gettid();
+                libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -10);
+            }
+            let mut buf = [0u8; 4096];
+            // The worker's FIFO (with each request's cost) and the fixed-time answers of each
+            // family (in arrival order, so due in order).
+            let mut fifo: std::collections::VecDeque<(Waiting, Duration)> = Default::default();
+            let mut free_at = Instant::now();
+            let mut after: [std::collections::VecDeque<(Waiting, Duration)>; 2] =
+                Default::default();
+            while !stop_worker.load(std::sync::atomic::Ordering::Relaxed) {
+                let now = Instant::now();
+                while let Some((w, cost)) = fifo.front() {
+                    let done = free_at.max(w.arrived) + *cost;
+                    if done > now {
+                        break;
+                    }
+                    let _ = worker.send_to(w.reply.as_bytes(), w.peer);
+                    free_at = done;
+                    fifo.pop_front();
+                }
+                for q in &mut after {
+                    while q.front().is_some_and(|(w, d)| w.arrived + *d <= now) {
+                        let (w, _) = q.pop_front().unwrap();
+                        let _ = worker.send_to(w.reply.as_bytes(), w.peer);
+                    }
+                }
+                let Ok((n, peer)) = worker.recv_from(&mut buf) else {
+                    continue;
+                };
+                let arrived = Instant::now();
+                let req = String::from_utf8_lossy(&buf[..n]);
+                if truncated(&req) || req.starts_with("SIP/2.0") || req.starts_with("ACK ") {
+                    continue;
+                }
+                let is_invite = req.starts_with("INVITE ");
+                let w = Waiting {
+                    arrived,
+                    reply: respond(&req, "200 OK", is_invite),
+                    peer,
+                };
+                if req.starts_with("BYE ") {
+                    let _ = worker.send_to(w.reply.as_bytes(), w.peer);
+                    continue;
+                }
+                match if is_invite { invite } else { other } {
+                    Answer::Queued(cost) => fifo.push_back((w, cost)),
+                    Answer::After(d) => after[usize::from(!is_invite)].push_back((w, d)),
+                }
+            }
+        });
+        SlowSipServer {
+            stop,
+            answering,
+            thread: Some(thread),
+        }
+    }
+
     /// Whether the server answers what it receives (`false`: it reads and discards everything,
     /// as a server that hung or lost its upstream would look from outside).
     pub fn set_answering(&self, answering: bool) {

@@ -122,7 +122,8 @@ pub fn run(root: &Path, action: PolicyAction) -> Result<(), CommandError> {
                 .filter(|c| c.is_limitable())
                 .map(|c| Ok((c, maps.policy(c)?, state[c.id() as usize])))
                 .collect::<Result<Vec<_>, MapsError>>()?;
-            print!("{}", output::policies(&rows, json));
+            let families = sip_families(&maps)?;
+            print!("{}", output::policies(&rows, &families, json));
             if json {
                 println!();
             }
@@ -191,6 +192,7 @@ pub fn run(root: &Path, action: PolicyAction) -> Result<(), CommandError> {
             }
             let pin = pin || pinned;
             maps.set_policy(class, by_operator(p, pin))?;
+            clear_family_limits(&mut maps, class)?;
             println!(
                 "{} on {}: {}{}",
                 class.name(),
@@ -203,6 +205,7 @@ pub fn run(root: &Path, action: PolicyAction) -> Result<(), CommandError> {
             let (pd, mut maps) = open(root, target.iface.as_deref())?;
             let pin = maps.policy(class)?.owned_by(Owner::Controller);
             maps.set_policy(class, by_operator(Policy::UNLIMITED, pin))?;
+            clear_family_limits(&mut maps, class)?;
             println!(
                 "{} on {}: unlimited{}",
                 class.name(),
@@ -228,6 +231,41 @@ pub fn run(root: &Path, action: PolicyAction) -> Result<(), CommandError> {
                 class.name(),
                 pd.iface
             );
+        }
+    }
+    Ok(())
+}
+
+/// `sip-original`'s method families, as the datapath holds them; none when the pinned maps
+/// are an older build's without them.
+fn sip_families(maps: &crate::maps::Maps) -> Result<Vec<output::FamilyRow>, MapsError> {
+    use gateway_common::maps::{SIP_FAMILY_INVITE, SIP_FAMILY_OTHER};
+    let mut rows = Vec::new();
+    for (method, index) in [("invite", SIP_FAMILY_INVITE), ("other", SIP_FAMILY_OTHER)] {
+        match maps.sip_family(index) {
+            Ok((counts, limit)) => rows.push(output::FamilyRow {
+                method,
+                backlog: counts.backlog(),
+                limit,
+            }),
+            Err(MapsError::Open { .. }) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(rows)
+}
+
+/// An operator's limits for `class` are the only ones in force: the limits a controller set
+/// for `sip-original`'s method families go with them.
+fn clear_family_limits(maps: &mut crate::maps::Maps, class: Class) -> Result<(), MapsError> {
+    use gateway_common::maps::{SIP_FAMILY_INVITE, SIP_FAMILY_OTHER};
+    if class != Class::SipOriginal {
+        return Ok(());
+    }
+    for index in [SIP_FAMILY_INVITE, SIP_FAMILY_OTHER] {
+        match maps.set_sip_family_limit(index, 0) {
+            Ok(()) | Err(MapsError::Open { .. }) => {}
+            Err(e) => return Err(e),
         }
     }
     Ok(())

@@ -1,4 +1,4 @@
-//! The control laws, pure: each takes what one interval showed and returns the limit it wants,
+//! The control laws, pure (mode `sip`'s is [`super::queue`]): each takes what one interval showed and returns the limit it wants,
 //! with the reason. No I/O, no clock: the daemon's loop (`super::Controller`) and the simulator
 //! (`super::sim`) feed them alike.
 
@@ -8,33 +8,6 @@ use gateway_common::reasons::Reason;
 
 use super::floor::Floor;
 
-/// What one interval showed of one class.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Observation {
-    /// The interval's length.
-    pub interval: Duration,
-    /// Units admitted in the interval.
-    pub admitted: u64,
-    /// Units the server answered in the interval.
-    pub completed: u64,
-    /// Units that expired unanswered in the interval.
-    pub expired: u64,
-    /// The class's unit timeout (how long an unanswered unit holds its place).
-    pub timeout: Duration,
-    /// Arrivals refused in the interval.
-    pub refused: u64,
-    /// Units outstanding at the interval's end.
-    pub backlog: u64,
-    /// Of those, the units the server passed over: outstanding longer than [`skip_age`] of the
-    /// slowest answer in the interval, so admitted before units the server has answered since
-    /// (dead work: requests it discarded or will never answer; a FIFO server answers in
-    /// order). `None` when nothing was answered (no evidence either way).
-    pub skipped: Option<u64>,
-    /// The 90th percentile of the service times (admission to the server's first answer) of the
-    /// units answered in the interval; `None` when none was.
-    pub service_p90: Option<Duration>,
-}
-
 /// A limit the law wants, and why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Decision {
@@ -42,140 +15,6 @@ pub struct Decision {
     pub limit: u64,
     /// Why.
     pub reason: Reason,
-}
-
-/// The age past which an outstanding unit counts as passed over, for an interval of `interval`
-/// whose slowest answer took `slowest`: a unit still waiting when units admitted after it were
-/// answered. A FIFO server's oldest live unit is at most about `slowest` plus the time since its
-/// last answer (under `interval`) old; twice `slowest` leaves room for servers with several
-/// workers, which answer slightly out of order.
-pub fn skip_age(interval: Duration, slowest: Duration) -> Duration {
-    interval + slowest * 2
-}
-
-impl Observation {
-    /// The units outstanding that the server may still answer: the backlog without the units
-    /// it passed over.
-    pub fn live_backlog(&self) -> u64 {
-        self.backlog.saturating_sub(self.skipped.unwrap_or(0))
-    }
-
-    /// The service time a unit admitted now can expect: the larger of what the interval's
-    /// answers took (a lagging signal) and the live backlog divided by the rate the server
-    /// answered at (a leading one, by Little's law); `None` with neither. Units the server
-    /// passed over wait for nothing: they are not counted ahead of a new one.
-    pub fn delay(&self) -> Option<Duration> {
-        let ahead = (self.completed > 0).then(|| {
-            self.interval
-                .mul_f64(self.live_backlog() as f64 / self.completed as f64)
-        });
-        match (self.service_p90, ahead) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        }
-    }
-}
-
-/// Mode `sip`: holds a class's service time under a target by moving its backlog limit. Over
-/// the target ([`Observation::delay`]) the limit is cut at once, by at least a quarter, to what
-/// Little's law says meets the target: the live backlog now times target / delay. Under the
-/// target, it grows by a tenth (at least 1) per interval, so it relaxes when the load goes and
-/// probes for capacity the server gained.
-///
-/// Dead work does not steer it. Units the server passed over ([`Observation::skipped`]) are not
-/// evidence that it is slow: the law moves the limit for live work only, and the limit it writes
-/// is that plus the places the passed-over units hold until they time out (a trickle of
-/// unanswerable requests costs its places, no more). Expiries cut the limit by a quarter only
-/// when the server answered nothing for a whole unit timeout (it stopped answering
-/// altogether); expiries of units it passed over while answering others are dead work too.
-#[derive(Clone, Copy, Debug)]
-pub struct ServiceTimeLaw {
-    target: Duration,
-    min: u64,
-    max: u64,
-    /// The limit for live work.
-    live: u64,
-    /// The places held by units the server passed over, as last seen.
-    dead: u64,
-    /// How long the server has answered nothing.
-    quiet: Duration,
-}
-
-impl ServiceTimeLaw {
-    /// A law holding `target`, with the limit kept within `min..=max`, starting at `initial`.
-    pub fn new(target: Duration, min: u64, max: u64, initial: u64) -> Self {
-        ServiceTimeLaw {
-            target,
-            min,
-            max,
-            live: initial.clamp(min, max),
-            dead: 0,
-            quiet: Duration::ZERO,
-        }
-    }
-
-    /// The limit now: the limit for live work plus the places dead work holds, within the
-    /// bounds.
-    pub fn limit(&self) -> u64 {
-        self.live
-            .saturating_add(self.dead)
-            .clamp(self.min, self.max)
-    }
-
-    /// Starts from `limit` (for example, an operator's value just released to the controller).
-    pub fn reset(&mut self, limit: u64) {
-        self.live = limit.clamp(self.min, self.max);
-        self.dead = 0;
-    }
-
-    /// One interval: the new limit if it changed.
-    pub fn step(&mut self, o: &Observation) -> Option<Decision> {
-        let (before, live_before) = (self.limit(), self.live);
-        if o.completed > 0 {
-            self.quiet = Duration::ZERO;
-        } else {
-            self.quiet += o.interval;
-        }
-        if let Some(skipped) = o.skipped {
-            self.dead = skipped;
-        }
-        let over = o.delay().filter(|t| *t > self.target);
-        let moved = if let Some(measured) = over {
-            // Little: the backlog that meets the target at the rate the server completes now.
-            let ratio = self.target.as_secs_f64() / measured.as_secs_f64();
-            let by_little = (o.live_backlog().max(1) as f64 * ratio).floor() as u64;
-            Some((
-                by_little.min(self.live.saturating_mul(3) / 4),
-                Reason::OverTarget,
-            ))
-        } else if o.expired > 0 && self.quiet >= o.timeout {
-            // Nothing answered for a whole timeout: the server stopped, all work is alike and
-            // none of it is dead work. (Within a timeout of an answer, expiring units were
-            // passed over; and at a limit that dead work fills, the places it frees mostly go
-            // to callers whose answers keep the law from cutting further.)
-            self.dead = 0;
-            Some((self.live.saturating_mul(3) / 4, Reason::Expired))
-        } else if o.service_p90.is_some() || o.live_backlog() == 0 {
-            let grown = self.live.saturating_add((self.live / 10).max(1));
-            Some((grown, Reason::Headroom))
-        } else {
-            // Live work outstanding and nothing answered in a whole interval: no evidence
-            // either way.
-            None
-        };
-        let reason = match moved {
-            Some((live, reason)) if live.clamp(self.min, self.max) != live_before => {
-                self.live = live.clamp(self.min, self.max);
-                reason
-            }
-            // Expiries with nothing answered: the places of dead work were taken back.
-            Some((_, Reason::Expired)) => Reason::Expired,
-            // Only the places of dead work moved.
-            _ => Reason::DeadWork,
-        };
-        let limit = self.limit();
-        (limit != before).then_some(Decision { limit, reason })
-    }
 }
 
 /// Mode `tls` (seed 000): resumed handshakes first; new handshakes get the CPU left. Per

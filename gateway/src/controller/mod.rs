@@ -14,6 +14,7 @@
 pub mod floor;
 pub mod infer;
 pub mod law;
+pub mod queue;
 /// The simulator the laws are tuned and benchmarked on: test support, not in the shipped daemon
 /// (the `sim` feature, which the tests and benchmarks turn on).
 #[cfg(any(test, feature = "sim"))]
@@ -28,8 +29,8 @@ use std::{
 use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
-        ClassPolicy, ClassState, ClassStats, LatencyHistogram, PENDING_UNMATCHED, Pending,
-        timeout_ns,
+        ClassPolicy, ClassState, ClassStats, LatencyHistogram, PENDING_INVITE, PENDING_UNMATCHED,
+        Pending, SIP_FAMILY_INVITE, SIP_FAMILY_OTHER, SLOT_SIP_INVITE, ServiceTimes, timeout_ns,
     },
     reasons::{Owner, Reason},
 };
@@ -45,10 +46,8 @@ use crate::{
     proxy::gate::{Differentiation, Priority, Waits},
 };
 use infer::CostInference;
-use law::{
-    Decision, DelayRatioLaw, HandshakeBudgetLaw, HandshakeCosts, HandshakeObservation, Observation,
-    ServiceTimeLaw, skip_age,
-};
+use law::{Decision, DelayRatioLaw, HandshakeBudgetLaw, HandshakeCosts, HandshakeObservation};
+use queue::{FAMILIES, Family, FamilyObservation, QueueLaw, QueueObservation};
 
 /// Where the TLS law gets the costs of a full and a resumed handshake (the daemon's proxies
 /// measure them); `None` until both were measured.
@@ -57,7 +56,8 @@ pub type CostSource = Arc<dyn Fn() -> Option<HandshakeCosts> + Send + Sync>;
 /// One class's law.
 #[derive(Clone, Debug)]
 enum Law {
-    Sip(ServiceTimeLaw),
+    /// Boxed: its per-family state outweighs the other laws'.
+    Sip(Box<QueueLaw>),
     Tls(HandshakeBudgetLaw),
 }
 
@@ -95,11 +95,19 @@ struct Snapshot {
     stats: [ClassStats; NUM_CLASSES],
     /// Service times by class id.
     latency: [LatencyHistogram; NUM_CLASSES],
+    /// `sip-original`'s fine service times by [`Family`] (read only with a law in mode sip).
+    sip_times: [ServiceTimes; FAMILIES],
 }
 
 impl Snapshot {
-    fn read(maps: &Maps) -> Result<Self, MapsError> {
+    fn read(maps: &Maps, sip: bool) -> Result<Self, MapsError> {
+        let mut sip_times = [ServiceTimes::default(); FAMILIES];
+        if sip {
+            sip_times[Family::Invite as usize] = maps.service_times(SLOT_SIP_INVITE)?;
+            sip_times[Family::Other as usize] = maps.service_times(Class::SipOriginal.id())?;
+        }
         Ok(Snapshot {
+            sip_times,
             state: maps.class_state()?,
             stats: maps.class_stats()?,
             latency: {
@@ -219,10 +227,21 @@ struct Labels {
     class: &'static str,
 }
 
+/// Labels of a method family's series (mode sip).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct FamilyLabels {
+    iface: String,
+    class: &'static str,
+    method: &'static str,
+}
+
 /// The controller's inputs and outputs, for Prometheus.
 #[derive(Default, Clone)]
 pub struct ControllerStats {
     limit: Sorted<Labels, Gauge>,
+    floor: Sorted<FamilyLabels, Gauge<f64, AtomicU64>>,
+    family_limit: Sorted<FamilyLabels, Gauge>,
+    dead: Sorted<Labels, Gauge>,
     delay: Sorted<Labels, Gauge<f64, AtomicU64>>,
     target: Sorted<Labels, Gauge<f64, AtomicU64>>,
     ratio: Sorted<Labels, Gauge<f64, AtomicU64>>,
@@ -254,17 +273,37 @@ impl ControllerStats {
         );
         r.register(
             "delay_seconds",
-            "The service time the controller saw in its last interval (its input: sip mode; tls \
-             mode: the resumed handshakes' median, class tls-resumed; pdd: the mean wait for a \
-             backend slot, per class)",
+            "The delay the controller saw in its last interval (its input: sip mode, the queueing \
+             delay, a method family's median service time above its floor, the larger of the \
+             families'; tls mode: the resumed handshakes' median, class tls-resumed; pdd: the mean \
+             wait for a backend slot, per class)",
             self.delay.clone(),
         );
         r.register(
             "target_seconds",
-            "The service time the controller holds the class under (its set point: sip mode; tls \
+            "The delay the controller holds the class under (sip mode: the queueing delay; tls \
              mode: the resumed handshakes' allowance, their floor plus the allowed wait, class \
              tls-resumed)",
             self.target.clone(),
+        );
+        r.register(
+            "floor_seconds",
+            "The time the server takes to answer a method family with nothing queued, as the sip \
+             mode learnt it (method: invite or other); the queueing delay is measured above it",
+            self.floor.clone(),
+        );
+        r.register(
+            "family_limit",
+            "The backlog limit of one method family of the class (method: invite or other), as \
+             the sip mode set it; the class's limit is their sum",
+            self.family_limit.clone(),
+        );
+        r.register(
+            "dead_units",
+            "Outstanding units the sip mode counts as dead (older than twice their family's floor \
+             and the target): they hold their places until their timeout, on top of the limit \
+             for live work",
+            self.dead.clone(),
         );
         r.register(
             "delay_ratio",
@@ -342,7 +381,7 @@ impl Controller {
                     .filter_map(|(class, c)| {
                         let law = match c.mode {
                             Mode::Sip { target } => {
-                                Law::Sip(ServiceTimeLaw::new(target, c.min, c.max, c.max))
+                                Law::Sip(Box::new(QueueLaw::new(target, c.min, c.max, c.max)))
                             }
                             Mode::Tls { cpu_target, wait } => Law::Tls(
                                 HandshakeBudgetLaw::new(cpu_target, cores, c.min, c.max)
@@ -468,7 +507,8 @@ fn step(
 ) -> Result<(), MapsError> {
     let iface = plant.attached.iface().to_string();
     let mut maps = plant.attached.maps();
-    let now = Snapshot::read(&maps)?;
+    let sip = plant.laws.values().any(|l| matches!(l, Law::Sip(_)));
+    let now = Snapshot::read(&maps, sip)?;
     let Some(before) = plant.last.replace(now) else {
         // The first interval only takes the classes over: from the limits a controller left
         // (a reload, a restart that kept the datapath), else from the upper bound.
@@ -521,7 +561,7 @@ fn step(
     }
     // The SIP units outstanding, read once for every class in mode sip: which of them the
     // server passed over.
-    if plant.laws.values().any(|l| matches!(l, Law::Sip(_))) {
+    if sip {
         interval.sip_units = maps.sip_pending(MAX_UNITS_READ)?;
     }
     interval.now_ns = monotonic_ns();
@@ -532,6 +572,10 @@ fn step(
             class: class.name(),
         };
         if policy.pinned() {
+            // An operator's limit alone: the families' limits are the controller's.
+            if matches!(law, Law::Sip(_)) {
+                set_family_limits(&mut maps, None)?;
+            }
             continue;
         }
         let bounds = (cfg.classes[class].min, cfg.classes[class].max);
@@ -547,7 +591,20 @@ fn step(
             continue;
         }
         let mode = &cfg.classes[class].mode;
-        let Some(d) = law.decide(*class, &policy, mode, &interval, stats, &labels) else {
+        let decision = law.decide(*class, &policy, mode, &interval, stats, &labels);
+        if let Law::Sip(l) = law {
+            set_family_limits(&mut maps, Some(l))?;
+            for family in Family::ALL {
+                let labels = FamilyLabels {
+                    iface: iface.clone(),
+                    class: class.name(),
+                    method: family.name(),
+                };
+                let limit = l.family_limit(family).min(i64::MAX as u64) as i64;
+                stats.family_limit.get_or_create(&labels).set(limit);
+            }
+        }
+        let Some(d) = decision else {
             continue;
         };
         // Once per change of reason at the default level (not every interval's step).
@@ -620,31 +677,61 @@ impl Law {
     ) -> Option<Decision> {
         match self {
             Law::Sip(l) => {
+                let timeout = Duration::from_nanos(timeout_ns(class, policy));
+                let mut families: [FamilyObservation; FAMILIES] = Default::default();
+                for family in Family::ALL {
+                    let f = family as usize;
+                    families[f].times =
+                        interval.now.sip_times[f].since(&interval.before.sip_times[f]);
+                }
+                for u in interval.sip_units.iter().filter(|u| u.class == class.id()) {
+                    let family = if u.flags & PENDING_INVITE != 0 {
+                        Family::Invite
+                    } else {
+                        Family::Other
+                    };
+                    let f = &mut families[family as usize];
+                    if u.flags & PENDING_UNMATCHED != 0 {
+                        f.unmatched += 1;
+                    } else {
+                        f.ages.push(Duration::from_nanos(
+                            interval.now_ns.saturating_sub(u.admitted_ns),
+                        ));
+                    }
+                }
                 let i = class.id() as usize;
                 let (s, b) = (&interval.now.state[i], &interval.before.state[i]);
-                let answered = interval.latency(class);
-                let skipped = answered
-                    .quantile_us(1000)
-                    .map(|slowest| skip_age(interval.elapsed, Duration::from_micros(slowest)))
-                    .map(|age| passed_over(&interval.sip_units, class, interval.now_ns, age));
-                let o = Observation {
+                let o = QueueObservation {
                     interval: interval.elapsed,
-                    admitted: s.admitted.saturating_sub(b.admitted),
-                    completed: s.completed.saturating_sub(b.completed),
                     expired: s.expired.saturating_sub(b.expired),
-                    timeout: Duration::from_nanos(timeout_ns(class, policy)),
+                    timeout,
                     refused: interval.refused(class),
-                    backlog: s.backlog(),
-                    skipped,
-                    service_p90: answered.quantile_within_us(900).map(Duration::from_micros),
+                    families,
                 };
-                if let Some(d) = o.delay() {
-                    stats.delay.get_or_create(labels).set(d.as_secs_f64());
+                let decision = l.step(&o);
+                // Its input and set point: the queueing delay (the larger of the families'),
+                // and the target; each family's floor.
+                if let Some(q) = Family::ALL.iter().filter_map(|f| l.queue(*f)).max() {
+                    stats.delay.get_or_create(labels).set(q.as_secs_f64());
                 }
                 if let Mode::Sip { target } = mode {
                     stats.target.get_or_create(labels).set(target.as_secs_f64());
                 }
-                l.step(&o)
+                for family in Family::ALL {
+                    if let Some(floor) = l.floor(family) {
+                        let labels = FamilyLabels {
+                            iface: labels.iface.clone(),
+                            class: labels.class,
+                            method: family.name(),
+                        };
+                        stats.floor.get_or_create(&labels).set(floor.as_secs_f64());
+                    }
+                }
+                stats
+                    .dead
+                    .get_or_create(labels)
+                    .set(l.dead().min(i64::MAX as u64) as i64);
+                decision
             }
             // No handshake cost measured yet (no full handshake was admitted: say, a class an
             // operator handed back closed at 0): nothing to divide a budget by, so it reopens
@@ -689,16 +776,22 @@ impl Law {
 /// beyond it count as live, which only makes the law cut sooner).
 const MAX_UNITS_READ: usize = 16_384;
 
-/// Of `units`, those of `class` outstanding for longer than `age` at `now_ns`: the units the
-/// server passed over ([`Observation::skipped`]). A unit no answer can match
-/// ([`PENDING_UNMATCHED`]) is never one of them: the server may be working on it.
-fn passed_over(units: &[Pending], class: Class, now_ns: u64, age: Duration) -> u64 {
-    let age_ns = age.as_nanos().min(u64::MAX as u128) as u64;
-    units
-        .iter()
-        .filter(|u| u.class == class.id() && u.flags & PENDING_UNMATCHED == 0)
-        .filter(|u| now_ns.saturating_sub(u.admitted_ns) > age_ns)
-        .count() as u64
+/// Writes the backlog limits of `sip-original`'s method families as `law` holds them, or none
+/// (0: the class's limit alone) without a law.
+fn set_family_limits(maps: &mut Maps, law: Option<&QueueLaw>) -> Result<(), MapsError> {
+    for family in Family::ALL {
+        let limit = law.map_or(0, |l| l.family_limit(family));
+        maps.set_sip_family_limit(family_index(family), limit)?;
+    }
+    Ok(())
+}
+
+/// The `SIP_FAMILIES` index of `family`.
+fn family_index(family: Family) -> u32 {
+    match family {
+        Family::Invite => SIP_FAMILY_INVITE,
+        Family::Other => SIP_FAMILY_OTHER,
+    }
 }
 
 /// Arrivals a class refused (by its backlog or its rate), a monotonic count.
@@ -711,9 +804,11 @@ fn current(law: &Law, c: &crate::config::ClassControl) -> (u64, (u64, u64)) {
     (law.limit(), (c.min, c.max))
 }
 
-/// Writes `limit` into `class`'s policy (and, for SIP, half of it into the retransmissions',
-/// with half the bounds, the ones that limit moves between), as the controller's, keeping
-/// every other field.
+/// Writes `limit` into `class`'s policy as the controller's, keeping every other field. For
+/// SIP, also the retransmissions': while the server answers, their threshold is the originals'
+/// upper bound (a copy of admitted work is never refused while the server answers it: its
+/// client lost an answer, or waits for one); once the server answered nothing for a whole unit
+/// timeout, half the originals' limit, with half the bounds (RFC 7415's TAU1 < TAU2).
 fn write(
     maps: &mut Maps,
     class: Class,
@@ -732,19 +827,23 @@ fn write(
     };
     let mut p = maps.policy(class)?;
     match law {
-        Law::Sip(_) => {
+        Law::Sip(l) => {
             p.limit_backlog(limit);
             maps.set_policy(class, stamp(p))?;
-            // Retransmissions strictly below originals (RFC 7415's TAU1 < TAU2), unless pinned.
             let mut r = maps.policy(Class::SipRetransmission)?;
             if !r.pinned() {
-                r.limit_backlog(limit / 2);
-                let halved = ClassPolicy {
-                    bound_min: min / 2,
-                    bound_max: max / 2,
+                let (threshold, bounds) = if l.answering() {
+                    (max, (max, max))
+                } else {
+                    (limit / 2, (min / 2, max / 2))
+                };
+                r.limit_backlog(threshold);
+                let set = ClassPolicy {
+                    bound_min: bounds.0,
+                    bound_max: bounds.1,
                     ..stamp(r)
                 };
-                maps.set_policy(Class::SipRetransmission, halved)?;
+                maps.set_policy(Class::SipRetransmission, set)?;
             }
         }
         Law::Tls(_) => {
@@ -764,28 +863,6 @@ mod tests {
 
     use super::*;
     use crate::proxy::{config::BackendConfig, pool::Pool};
-
-    /// Units no answer can match (tiny SIP first fragments) are live work to the law, never
-    /// passed over: the server may be answering them, unseen.
-    #[test]
-    fn units_no_answer_can_match_are_never_passed_over() {
-        let unit = |admitted_ns, flags| Pending {
-            admitted_ns,
-            deadline_ns: u64::MAX,
-            class: Class::SipOriginal.id(),
-            flags,
-            offer: [0; gateway_common::tls::KEY_LEN],
-        };
-        let now = 10_000_000_000;
-        let units = [
-            unit(1_000_000_000, 0),
-            unit(1_000_000_000, PENDING_UNMATCHED),
-            unit(9_900_000_000, 0),
-        ];
-        let age = Duration::from_secs(1);
-        assert_eq!(passed_over(&units, Class::SipOriginal, now, age), 1);
-        assert_eq!(passed_over(&units, Class::TlsNew, now, age), 0);
-    }
 
     /// A deterministic stream of uniform numbers in (0, 1) (a 64-bit LCG).
     struct Lcg(u64);

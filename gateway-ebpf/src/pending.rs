@@ -170,14 +170,18 @@ fn count_family(unit: &Pending, field: Field) {
     }
 }
 
-/// The unit `key` was answered by the server: it completes (counted in its class), and its
-/// service time, admission to the server's answer, goes into its class's histograms
-/// (`SERVICE_LATENCY`, and `SERVICE_TIMES` by its slot). Returns it, or `None` when there was no such unit (never admitted, or
+/// The unit `key` was answered by the server: it completes (counted in its class), and, when
+/// `timed`, its service time, admission to the server's answer, goes into its class's
+/// histograms (`SERVICE_LATENCY`, and `SERVICE_TIMES` by its slot): an answer that is no
+/// measure of the work (a TLS server's alert, or its close) ends the unit untimed. Returns it, or `None` when there was no such unit (never admitted, or
 /// already ended). What else it held is the caller's to give back or keep (a resumed
 /// connection's place of its issued key).
 #[inline(always)]
-pub fn complete<K>(table: &Table<K>, key: &K) -> Option<Pending> {
+pub fn complete<K>(table: &Table<K>, key: &K, timed: bool) -> Option<Pending> {
     let unit = end(table, key, Field::Completed)?;
+    if !timed {
+        return Some(unit);
+    }
     let took = now_ns().saturating_sub(unit.admitted_ns);
     if let Some(h) = SERVICE_LATENCY.get_ptr_mut(unit.class) {
         let bucket = LatencyHistogram::bucket(took);

@@ -580,5 +580,5 @@ pub fn sip_response<C: CopyOut>(ctx: &C, pkt: &Packet) {
     let Some(key) = info.unit_key() else {
         return;
     };
-    let _ = pending::complete(&SIP_PENDING, &key);
+    let _ = pending::complete(&SIP_PENDING, &key, true);
 }

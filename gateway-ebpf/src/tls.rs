@@ -841,7 +841,8 @@ fn reject<C: Rewrite>(key: &FlowKey, class: Class, reason: Refusal, answerable: 
 
 /// A TCP segment leaving from a TLS port (the egress program): the server's first flight (a
 /// segment that starts a handshake or alert record) or its close (FIN, RST) completes the
-/// connection's pending unit, if it has one. Bulk data passes with one byte read.
+/// connection's pending unit, if it has one; only a handshake flight's time is recorded. Bulk
+/// data passes with one byte read.
 #[inline(always)]
 pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
     let t = &pkt.transport;
@@ -863,7 +864,11 @@ pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
     if !flow_key(b, pkt, key, true) {
         return;
     }
-    match pending::complete(&TLS_PENDING, key) {
+    // Only a handshake flight measures the server's work (a ServerHello follows its key
+    // exchange); an alert or a close answered at once ends the unit untimed, or a server's
+    // fast refusals would read as cheap handshakes.
+    let timed = !closing && first[0] == 22;
+    match pending::complete(&TLS_PENDING, key, timed) {
         Some(unit) => {
             count(|c| c.completions += 1);
             if unit.class == Class::TlsResumed.id() {

@@ -251,6 +251,43 @@ fn server_hello_to(port: u16) -> Vec<u8> {
         .build()
 }
 
+/// Issue 50: only a handshake flight times a connection's unit. A server's alert (a hello it
+/// refuses at once) and its close end the unit, but their times are no handshake's cost: the
+/// cost inferred for a server the gateway does not terminate reads `SERVICE_TIMES`, which they
+/// leave alone.
+#[test]
+fn an_alert_or_a_close_ends_a_unit_untimed_and_a_handshake_flight_times_it() {
+    if !have_root("an_alert_or_a_close_ends_a_unit_untimed") {
+        return;
+    }
+    let prog = TestProgram::new();
+    let hello = HelloBuilder::default().build();
+    for port in [1u16, 2, 3] {
+        let f = Frame::tcp(443, &hello).from_port(port).seq(10).build();
+        assert_eq!(class_of(&prog, Hook::Xdp, &f), Some(Class::TlsNew));
+    }
+    let timed = |p: &TestProgram| p.maps.service_times(Class::TlsNew.id()).unwrap().count();
+    // An alert (handshake_failure) to 1, a reset to 2: both end their units, untimed.
+    let alert = Frame::tcp(1, &[21, 3, 3, 0, 2, 2, 40])
+        .from_port(443)
+        .from_server()
+        .build();
+    prog.run(Hook::TcEgress, &alert, 1);
+    let reset = Frame::tcp(2, &[])
+        .from_port(443)
+        .from_server()
+        .flags(0x04)
+        .build();
+    prog.run(Hook::TcEgress, &reset, 1);
+    assert_eq!(backlog(&prog), 1);
+    assert_eq!(timed(&prog), 0, "an alert and a reset are no handshake");
+    // A ServerHello to 3 is.
+    prog.run(Hook::TcEgress, &server_hello_to(3), 1);
+    assert_eq!(backlog(&prog), 0);
+    assert_eq!(timed(&prog), 1);
+    assert_eq!(prog.counters().tls.completions, 3);
+}
+
 #[test]
 fn only_the_servers_answer_completes_a_connection() {
     if !have_root("only_the_servers_answer_completes_a_connection") {

@@ -134,8 +134,11 @@ mod tests {
         seen.sort_unstable();
         seen.dedup();
         assert_eq!(seen.len(), n, "a map name is declared twice");
-        assert_eq!(n, 23);
+        assert_eq!(n, 26);
         assert!(seen.contains(&super::names::TLS_TAG_KEYS));
+        assert!(seen.contains(&super::names::SERVICE_TIMES));
+        assert!(seen.contains(&super::names::SIP_FAMILIES));
+        assert!(seen.contains(&super::names::SIP_FAMILY_LIMITS));
         assert!(seen.contains(&super::names::SYN_COOKIE_KEY));
         assert!(seen.contains(&super::names::TLS_HOLDS));
         assert!(seen.contains(&super::names::TLS_REFUSED));

@@ -97,17 +97,25 @@ struct Snapshot {
     latency: [LatencyHistogram; NUM_CLASSES],
     /// `sip-original`'s fine service times by [`Family`] (read only with a law in mode sip).
     sip_times: [ServiceTimes; FAMILIES],
+    /// The fine completion times of tls-new and tls-resumed (read only with a law in mode tls).
+    tls_times: [ServiceTimes; 2],
 }
 
 impl Snapshot {
-    fn read(maps: &Maps, sip: bool) -> Result<Self, MapsError> {
+    fn read(maps: &Maps, sip: bool, tls: bool) -> Result<Self, MapsError> {
         let mut sip_times = [ServiceTimes::default(); FAMILIES];
         if sip {
             sip_times[Family::Invite as usize] = maps.service_times(SLOT_SIP_INVITE)?;
             sip_times[Family::Other as usize] = maps.service_times(Class::SipOriginal.id())?;
         }
+        let mut tls_times = [ServiceTimes::default(); 2];
+        if tls {
+            tls_times[0] = maps.service_times(Class::TlsNew.id())?;
+            tls_times[1] = maps.service_times(Class::TlsResumed.id())?;
+        }
         Ok(Snapshot {
             sip_times,
+            tls_times,
             state: maps.class_state()?,
             stats: maps.class_stats()?,
             latency: {
@@ -508,7 +516,8 @@ fn step(
     let iface = plant.attached.iface().to_string();
     let mut maps = plant.attached.maps();
     let sip = plant.laws.values().any(|l| matches!(l, Law::Sip(_)));
-    let now = Snapshot::read(&maps, sip)?;
+    let tls = plant.laws.values().any(|l| matches!(l, Law::Tls(_)));
+    let now = Snapshot::read(&maps, sip, tls)?;
     let Some(before) = plant.last.replace(now) else {
         // The first interval only takes the classes over: from the limits a controller left
         // (a reload, a restart that kept the datapath), else from the upper bound.
@@ -535,8 +544,8 @@ fn step(
         now_ns: 0,
     };
     plant.inferred.observe(
-        &interval.latency(Class::TlsNew),
-        &interval.latency(Class::TlsResumed),
+        &now.tls_times[0].since(&before.tls_times[0]),
+        &now.tls_times[1].since(&before.tls_times[1]),
     );
     // The proxies' own measure when they have one; else what completion times say, and then the
     // daemon's CPU use says nothing of the server's.

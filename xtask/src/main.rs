@@ -379,7 +379,7 @@ const BENCHES: [(&str, &str, &[&str]); 15] = [
     (
         "sip-overload-kamailio",
         "sip_overload",
-        &["kamailio", "0.5", "1", "2", "3"],
+        &["kamailio", "0.5", "1", "2", "3", "10"],
     ),
     (
         "sip-overload-kamailio-large",
@@ -388,8 +388,13 @@ const BENCHES: [(&str, &str, &[&str]); 15] = [
     ),
     // Refused callers at 3x: dropped against answered with a 503 from the NIC.
     ("sip-refusals", "sip_overload", &["refuse", "3"]),
-    // Unanswerable INVITEs at 2, 10 and 40/s against the controller (issue 28).
-    ("sip-trickle", "sip_overload", &["trickle", "2", "10", "40"]),
+    // Unanswerable INVITEs at 2, 10, 40, 80 (the callers' rate) and 800/s against the
+    // controller (issues 28 and 50).
+    (
+        "sip-trickle",
+        "sip_overload",
+        &["trickle", "2", "10", "40", "80", "800"],
+    ),
     ("controller", "controller_step", &[]),
     ("tls-overload", "tls_overload", &[]),
     // The same with an RSA-4096 certificate: a flood of 5x the proxy's

@@ -215,7 +215,7 @@ fn main() {
     );
     report.say("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let loads = if loads.is_empty() {
-        vec![0.5, 1.0, 2.0, 3.0]
+        vec![0.5, 1.0, 2.0, 3.0, 10.0]
     } else {
         loads
     };
@@ -382,7 +382,7 @@ fn trickle(rates: Vec<f64>) {
         SECONDS / 2 + 1,
     ));
     report
-        .say("| trickle | answered during | answered after | failed calls | lowest limit during |");
+        .say("| trickle | answered during | answered after | failed calls | lowest INVITE limit during |");
     report.say("|---|---:|---:|---:|---:|");
     let mut rows = Vec::new();
     for per_s in std::iter::once(0.0).chain(rates) {
@@ -444,13 +444,15 @@ fn trickle(rates: Vec<f64>) {
     );
 }
 
-/// sip-original's backlog limit now (`policy show --json`); none set yet (before the controller
-/// took the class over) reads as no limit.
+/// sip-original's INVITE limit now (`policy show --json`: the limit mode sip moves for
+/// INVITEs); none set yet (before the controller took the class over) reads as no limit.
 fn backlog_limit(net: &TestNet) -> u64 {
     let rows: serde_json::Value =
         serde_json::from_str(&net.gateway_ok(&["policy", "show", "--json"])).expect("json");
     rows.as_array()
         .and_then(|r| r.iter().find(|r| r["class"] == "sip-original"))
-        .and_then(|r| r["backlog_limit"].as_u64())
+        .and_then(|r| r["families"].as_array())
+        .and_then(|f| f.iter().find(|f| f["method"] == "invite"))
+        .and_then(|f| f["backlog_limit"].as_u64())
         .unwrap_or(u64::MAX)
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use gateway_common::{
     Class,
-    maps::{DatapathConfig, ServiceKey},
+    maps::{DatapathConfig, SIP_FAMILY_INVITE, SIP_FAMILY_OTHER, ServiceKey},
     reasons::Owner,
 };
 
@@ -40,6 +40,13 @@ pub fn apply(maps: &mut Maps, cfg: &Config) -> Result<(), MapsError> {
             continue;
         }
         maps.set_policy(class, cfg.policy.of(class).to_map())?;
+    }
+    // The limits of sip-original's method families are the controller's alone: without it,
+    // the class's own limit is the only one in force (none left from an earlier run).
+    if !controlled(Class::SipOriginal) {
+        for index in [SIP_FAMILY_INVITE, SIP_FAMILY_OTHER] {
+            maps.set_sip_family_limit(index, 0)?;
+        }
     }
     let dp = maps.config()?;
     maps.set_config(DatapathConfig {

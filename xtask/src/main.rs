@@ -530,6 +530,7 @@ fn write_benchmarks_doc() -> Result<()> {
         "sip-overload-kamailio",
         "sip-overload-kamailio-large",
         "sip-refusals-fifo",
+        "sip-trickle",
         "controller",
         "tls-overload",
         "tls-overload-rsa",

@@ -606,3 +606,151 @@ fn for_a_tls_server_it_does_not_terminate_it_infers_the_handshake_cost_from_comp
     assert!(status.success(), "{log:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 50: the cost the NIC infers from completion times, held against the one the proxy
+/// measures (the CPU time its handshakes take) for the same certificate and the same
+/// handshakes, at a quiet 20 full handshakes a second: within a quarter. (That refused hellos
+/// do not make handshakes look cheap is checked against nginx, above: the proxy's own
+/// handshakes complete faster while its worker is kept awake by other connections, which
+/// moves the two measures apart for reasons of their own.)
+#[test]
+fn the_inferred_handshake_cost_is_within_a_quarter_of_the_proxy_measured_one() {
+    if !have_root("the_inferred_handshake_cost_is_within_a_quarter") {
+        return;
+    }
+    use gateway_tests::{
+        backend::{Backend, Mode},
+        metrics::{scrape, value},
+        tls::{Cert, rustls_config, rustls_fetch, wait_listening},
+    };
+    const METRICS: u16 = 9483;
+    let net = TestNet::new();
+    let dir = fresh_temp_dir("gwt-controller-cost");
+    let cert = Cert::new();
+    let backend = Backend::start(
+        net.in_gw(|| std::net::TcpListener::bind("127.0.0.1:0").unwrap()),
+        "b",
+        Mode::Answer,
+        false,
+    );
+    let daemon = Daemon::start_config(
+        &net,
+        &dir,
+        &format!(
+            "workers: 1\nmetrics: 127.0.0.1:{METRICS}\nproxies:\n  - listen: {GW_V4}:443\n    \
+             tls: {{cert: {}, key: {}}}\n    backends: [{{address: {}}}]\n",
+            cert.cert().display(),
+            cert.key().display(),
+            backend.addr
+        ),
+    );
+    wait_listening(|| net.in_peer(|| std::net::TcpStream::connect((GW_V4, 443)).is_ok()));
+    let cost = |from: &str| {
+        1e6 * value(
+            &scrape(&net, METRICS),
+            "gateway_controller_handshake_cost_seconds",
+            &[("iface", from), ("class", "tls-new")],
+        )
+    };
+    // Each step a full handshake (a new client configuration: nothing to resume) and a resumed
+    // one (one configuration kept: the proxy measures both costs before it reports either).
+    let returning = rustls_config(&cert);
+    let handshakes = |count: u32| {
+        let begin = Instant::now();
+        for n in 1..=count {
+            net.in_peer(|| rustls_fetch(&rustls_config(&cert), &format!("{GW_V4}:443")))
+                .expect("a full handshake through the proxy");
+            net.in_peer(|| rustls_fetch(&returning, &format!("{GW_V4}:443")))
+                .expect("a handshake through the proxy");
+            let next = begin + Duration::from_millis(50) * n;
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+    };
+    // Bounded: until both are known, at most 10 s of handshakes at 20 a second (the inference
+    // pools 100 completions into a sample).
+    let started = Instant::now();
+    let (measured, inferred) = loop {
+        handshakes(10);
+        let both = (cost("proxies"), cost(&net.gw_if));
+        if both.0 > 0.0 && both.1 > 0.0 {
+            break both;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "costs after 10 s: {both:?}"
+        );
+    };
+    println!("proxy-measured {measured:.0} us, inferred {inferred:.0} us");
+    assert!(
+        (inferred / measured - 1.0).abs() <= 0.25,
+        "inferred {inferred:.0} us against {measured:.0} us measured by the proxy"
+    );
+    let (status, log) = daemon.terminate(Duration::from_secs(10));
+    assert!(status.success(), "{log:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 50: fast OPTIONS at ten times the INVITE rate (answered on a fast path, 200 µs)
+/// beside INVITEs at 1.3x a FIFO server's capacity: the INVITEs' 90th percentile service time
+/// (the NIC's own, `SERVICE_TIMES`, over seconds 3..7 of the load) within 10% of what it is
+/// without the OPTIONS, and the server kept at capacity. (The law that mixed every method's
+/// answers let the limit climb to 100,000 and held INVITEs 1.4 s at the 90th percentile.)
+#[test]
+fn fast_answers_of_another_method_leave_the_invites_queue_as_it_is() {
+    if !have_root("fast_answers_of_another_method_leave_the_invites_queue") {
+        return;
+    }
+    use gateway::{maps::Maps, pins::PinDir};
+    use gateway_common::maps::SLOT_SIP_INVITE;
+    let rate = (1.3 / INVITE_COST.as_secs_f64()) as u64;
+    let run = |options: bool| {
+        let net = TestNet::new();
+        let dir = fresh_temp_dir("gwt-controller-options");
+        let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
+        let _server = SlowSipServer::start_shaped(
+            socket,
+            Answer::Queued(INVITE_COST),
+            Answer::After(Duration::from_micros(200)),
+        );
+        let daemon = Daemon::start_config(&net, &dir, CONTROLLED);
+        wait_policy(&net, "sip-original", "taken over", |r| {
+            r["owner"] == "controller"
+        });
+        let maps = Maps::open(&PinDir::new(&net.root(), &net.gw_if)).expect("the daemon's maps");
+        let (uac, window) = std::thread::scope(|s| {
+            let load = s.spawn(|| run_uac(&net, &dir, rate, SECONDS));
+            let trickle = options.then(|| Trickle::options(&net, 10.0 * rate as f64, SECONDS));
+            // The window: seconds 3..7 of the load (a span of the run, not a wait for an event).
+            std::thread::sleep(Duration::from_secs(3));
+            let before = maps.service_times(SLOT_SIP_INVITE).unwrap();
+            std::thread::sleep(Duration::from_secs(4));
+            let after = maps.service_times(SLOT_SIP_INVITE).unwrap();
+            drop(trickle);
+            (load.join().unwrap(), after.since(&before))
+        });
+        let (status, log) = daemon.terminate(Duration::from_secs(10));
+        assert!(status.success(), "{log:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+        let p90 = window.quantile_us(900).expect("INVITEs answered") as f64;
+        (p90, uac.goodput(3, 7), window.count())
+    };
+    let (alone, alone_good, n) = run(false);
+    let (beside, beside_good, m) = run(true);
+    println!(
+        "INVITEs' p90 {alone:.0} us alone ({n} answers, {alone_good:.0}/s), {beside:.0} us \
+         beside OPTIONS ({m} answers, {beside_good:.0}/s)"
+    );
+    // The harm the issue measured is an inflated queue: beside the OPTIONS, the INVITEs wait no
+    // more than a tenth longer (a shorter wait is the same law holding the same set point).
+    assert!(
+        beside <= 1.1 * alone,
+        "INVITEs' p90 {beside:.0} us beside the OPTIONS, {alone:.0} us alone"
+    );
+    let capacity = 1.0 / INVITE_COST.as_secs_f64();
+    for good in [alone_good, beside_good] {
+        assert!(
+            good >= 0.9 * capacity,
+            "goodput {good:.0}/s of {capacity:.0}"
+        );
+    }
+}

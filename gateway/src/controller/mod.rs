@@ -325,9 +325,10 @@ impl ControllerStats {
         );
         r.register(
             "handshake_cost_seconds",
-            "The cost of a handshake the tls mode divides its budget by (class tls-new: full, \
-             tls-resumed: resumed), measured by the proxies (iface \"proxies\") or inferred from \
-             completion times for a server the daemon does not terminate (iface: where)",
+            "The cost of a handshake (class tls-new: full, tls-resumed: resumed) as the proxies \
+             measure it (iface \"proxies\": what the tls mode divides its budget by when there is \
+             one) and as the NIC infers it from completion times (iface: where; what it divides \
+             by for a server the daemon does not terminate)",
             self.cost.clone(),
         );
     }
@@ -548,24 +549,24 @@ fn step(
         &now.tls_times[1].since(&before.tls_times[1]),
     );
     // The proxies' own measure when they have one; else what completion times say, and then the
-    // daemon's CPU use says nothing of the server's.
-    let costs_from = match (costs, plant.inferred.costs()) {
-        (Some(_), _) => PROXIES.to_string(),
-        (None, inferred) => {
-            interval.costs = inferred;
-            interval.busy = None;
-            iface.clone()
-        }
-    };
-    if let Some(c) = interval.costs
-        && plant.laws.values().any(|l| matches!(l, Law::Tls(_)))
-    {
-        for (class, cost) in [(Class::TlsNew, c.full), (Class::TlsResumed, c.resumed)] {
-            let labels = Labels {
-                iface: costs_from.clone(),
-                class: class.name(),
-            };
-            stats.cost.get_or_create(&labels).set(cost.as_secs_f64());
+    // daemon's CPU use says nothing of the server's. Both are shown where known (the NIC's
+    // inference under the interface's name, the proxies' under "proxies"), so that an operator
+    // can hold one against the other.
+    let inferred = plant.inferred.costs();
+    if costs.is_none() {
+        interval.costs = inferred;
+        interval.busy = None;
+    }
+    if plant.laws.values().any(|l| matches!(l, Law::Tls(_))) {
+        for (from, c) in [(PROXIES, costs), (iface.as_str(), inferred)] {
+            let Some(c) = c else { continue };
+            for (class, cost) in [(Class::TlsNew, c.full), (Class::TlsResumed, c.resumed)] {
+                let labels = Labels {
+                    iface: from.to_string(),
+                    class: class.name(),
+                };
+                stats.cost.get_or_create(&labels).set(cost.as_secs_f64());
+            }
         }
     }
     // The SIP units outstanding, read once for every class in mode sip: which of them the

@@ -38,8 +38,8 @@ use gateway_common::{
     Class,
     bytes::PacketBytes,
     maps::{
-        DIALOG_IDLE_NS, MAX_DIALOG_REQUESTS, MAX_SIP_DIALOGS, MAX_SIP_TXNS, PENDING_INVITE,
-        PENDING_UNMATCHED, SipDialog, SipTxn, TXN_ADMITTED,
+        DIALOG_IDLE_NS, MAX_DIALOG_REQUESTS, MAX_SIP_DIALOGS, MAX_SIP_TXNS, MAX_TXN_COPIES,
+        PENDING_INVITE, PENDING_UNMATCHED, SipDialog, SipTxn, TXN_ADMITTED,
     },
     packet::Packet,
     reasons::Refusal,
@@ -369,13 +369,18 @@ pub fn sip_packet<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) -> (
         if let Some(t) = SIP_TXNS.get_ptr_mut(&key) {
             seen = true;
             // SAFETY: a plain counter and the flags of a live entry; races only undercount it.
-            let admitted = unsafe {
-                (*t).requests = (*t).requests.wrapping_add(1);
-                (*t).flags & TXN_ADMITTED != 0
+            let (admitted, requests) = unsafe {
+                (*t).requests = (*t).requests.saturating_add(1);
+                ((*t).flags & TXN_ADMITTED != 0, (*t).requests)
             };
-            // A retransmission is a copy of admitted work.
+            // A retransmission is a copy of admitted work: at most MAX_TXN_COPIES of them pass.
             if admitted || SIP_PENDING.get_ptr(&key).is_some() {
                 class = Class::SipRetransmission;
+                if requests > MAX_TXN_COPIES + 1 {
+                    count(|c| c.sip_copies_over += 1);
+                    count_refusal(class, Refusal::Backlog, false);
+                    return (class, Action::Drop);
+                }
             }
         } else if SIP_PENDING.get_ptr(&key).is_some() {
             // Evicted from the LRU while its unit is still pending (which nothing evicts): a

@@ -754,3 +754,54 @@ fn fast_answers_of_another_method_leave_the_invites_queue_as_it_is() {
         );
     }
 }
+
+/// Issue 50: with nothing configured but the service, a FIFO server (paced: its capacity holds
+/// on a busy machine) and a real Kamailio answer at least 95% of their capacity at one, three
+/// and ten times it (SIPp), their capacity measured alone first.
+#[test]
+fn the_default_config_keeps_a_server_at_capacity_at_one_three_and_ten_times_it() {
+    if !have_root("the_default_config_keeps_a_server_at_capacity") {
+        return;
+    }
+    let nominal = 1.0 / (INVITE_COST + OTHER_COST * 2).as_secs_f64();
+    for server in ["fifo", "kamailio"] {
+        let net = TestNet::new();
+        let dir = fresh_temp_dir("gwt-controller-multiples");
+        let (_fifo, _kamailio);
+        if server == "fifo" {
+            let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
+            _fifo = Some(SlowSipServer::start_paced(
+                socket,
+                8 << 20,
+                INVITE_COST,
+                OTHER_COST,
+            ));
+        } else {
+            _kamailio = Some(Kamailio::start_with_cost(
+                &["ip", "netns", "exec", &net.gw_ns],
+                format!("{GW_V4}:5060").parse().unwrap(),
+                INVITE_COST + OTHER_COST * 2,
+                None,
+            ));
+            kamailio::wait_answering(&net);
+        }
+        let (capacity, resent) = measure_capacity(&net, &dir, nominal, 6);
+        assert_eq!(resent, 0, "{server}: a clean measure resends nothing");
+        let daemon = Daemon::start_config(&net, &dir, CONTROLLED);
+        wait_policy(&net, "sip-original", "taken over", |r| {
+            r["owner"] == "controller"
+        });
+        for multiple in [1.0, 3.0, 10.0] {
+            let uac = run_uac(&net, &dir, (multiple * capacity) as u64, SECONDS);
+            let goodput = uac.goodput(WARM, SECONDS as usize);
+            println!("{server} at {multiple}x: {goodput:.0}/s of {capacity:.0}");
+            assert!(
+                goodput >= 0.95 * capacity,
+                "{server} at {multiple}x: {goodput:.0}/s of {capacity:.0}: {uac:?}"
+            );
+        }
+        let (status, log) = daemon.terminate(Duration::from_secs(10));
+        assert!(status.success(), "{log:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -74,6 +74,33 @@ cseq: 1 INVITE\r\n\r\n";
     );
 }
 
+/// Retransmissions of admitted work are never refused while the server answers (the
+/// controller holds their threshold at the originals' upper bound), so one admitted request
+/// buys at most `MAX_TXN_COPIES` copies: as many as an RFC 3261 client sends within Timer F;
+/// past them a copy is refused and counted.
+#[test]
+fn an_admitted_request_buys_at_most_max_txn_copies_copies() {
+    use gateway_common::maps::MAX_TXN_COPIES;
+    if !have_root("an_admitted_request_buys_at_most_max_txn_copies") {
+        return;
+    }
+    let prog = TestProgram::new();
+    let first = invite("z9hG4bK-copies", "");
+    assert_eq!(action(&prog, &first), XDP_PASS);
+    for n in 1..=MAX_TXN_COPIES {
+        assert_eq!(action(&prog, &first), XDP_PASS, "copy {n}");
+    }
+    let before = prog.counters();
+    assert_ne!(action(&prog, &first), XDP_PASS, "a copy past the bound");
+    assert_eq!(
+        prog.counters().class_since(&before),
+        Some(Class::SipRetransmission)
+    );
+    assert_eq!(prog.counters().datapath.sip_copies_over, 1);
+    // Another transaction has its own.
+    assert_eq!(action(&prog, &invite("z9hG4bK-copies-2", "")), XDP_PASS);
+}
+
 #[test]
 fn the_request_line_marker_only_demotes() {
     if !have_root("the_request_line_marker") {
@@ -537,12 +564,15 @@ fn two_cpus_racing_on_one_rate_limiter_admit_no_more_than_it_allows() {
         return;
     }
     const RATE: u64 = 100_000;
-    const RUNS: u32 = 200_000;
+    // Copies of as many admitted INVITEs, each CPU sending each one COPIES times: together the
+    // MAX_TXN_COPIES an admitted request buys, so none is refused for its count.
+    const TXNS: u32 = 2_000;
+    const COPIES: u32 = gateway_common::maps::MAX_TXN_COPIES / 2;
     let mut prog = TestProgram::new();
-    // The retransmissions of one INVITE, through the retransmission class's limiter: one slot
-    // every 10 µs, far less than two CPUs replaying the frame offer, so they contend for every
-    // slot; a small burst keeps the theoretical arrival time ahead of the clock, so it advances
-    // by exactly one interval per admission.
+    // The retransmissions, through the retransmission class's limiter: one slot every 10 µs,
+    // far less than two CPUs replaying the frames offer, so they contend for every slot; a
+    // small burst keeps the theoretical arrival time ahead of the clock, so it advances by
+    // exactly one interval per admission.
     prog.maps
         .set_policy(
             Class::SipRetransmission,
@@ -554,16 +584,20 @@ fn two_cpus_racing_on_one_rate_limiter_admit_no_more_than_it_allows() {
             .to_map(),
         )
         .unwrap();
-    let frame = Frame::udp(5060, &invite("z9hG4bK-race", "")).build();
-    assert_eq!(
-        class_of(&prog, Hook::Xdp, &invite("z9hG4bK-race", "")),
-        Some(Class::SipOriginal)
-    );
+    let frames: Vec<Vec<u8>> = (0..TXNS)
+        .map(|n| {
+            let frame = Frame::udp(5060, &invite(&format!("z9hG4bK-race-{n}"), "")).build();
+            prog.run(Hook::Xdp, &frame, 1);
+            frame
+        })
+        .collect();
+    let originals = prog.counters().classes[Class::SipOriginal.id() as usize];
+    assert_eq!(originals.admitted, u64::from(TXNS), "{originals:?}");
     // The kernel's clock (bpf_ktime_get_ns is CLOCK_MONOTONIC).
     let start_ns = gateway::maps::monotonic_ns();
     std::thread::scope(|s| {
         for cpu in 0..2 {
-            let (prog, frame) = (&prog, &frame);
+            let (prog, frames) = (&prog, &frames);
             s.spawn(move || {
                 // SAFETY: a zeroed cpu_set_t with one bit set, for this thread.
                 unsafe {
@@ -571,14 +605,14 @@ fn two_cpus_racing_on_one_rate_limiter_admit_no_more_than_it_allows() {
                     libc::CPU_SET(cpu, &mut set);
                     libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
                 }
-                for _ in 0..RUNS / 1000 {
-                    prog.run(Hook::Xdp, frame, 1000);
+                for frame in frames {
+                    prog.run(Hook::Xdp, frame, COPIES);
                 }
             });
         }
     });
     let c = prog.counters().classes[Class::SipRetransmission.id() as usize];
-    assert_eq!(c.packets, 2 * u64::from(RUNS));
+    assert_eq!(c.packets, 2 * u64::from(TXNS * COPIES));
     assert_eq!(c.admitted + c.dropped_rate, c.packets);
     // Every admission advances the theoretical arrival time by at least one interval from where
     // the run started, so admissions fit in the span it advanced over; two CPUs passing on one

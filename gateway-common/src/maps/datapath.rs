@@ -144,5 +144,8 @@ crate::counters! {
         /// Copies of a SIP request whose original was refused (never admitted): judged as
         /// originals again, not as retransmissions.
         pub sip_copies_of_refused: u64,
+        /// Copies of an admitted SIP request past `MAX_TXN_COPIES` (more than an RFC 3261
+        /// client sends): refused.
+        pub sip_copies_over: u64,
     }
 }

@@ -198,7 +198,7 @@ mod tests {
         assert_eq!(size_of::<ServiceKey>(), 2 + 1 + 1);
         assert_eq!(size_of::<ServiceValue>(), 4 + 4);
         assert_eq!(size_of::<DatapathConfig>(), 8 + 4 * 6);
-        assert_eq!(size_of::<DatapathCounters>(), 18 * 8);
+        assert_eq!(size_of::<DatapathCounters>(), 19 * 8);
         assert_eq!(size_of::<SipDialog>(), 8 + 8 + 4 + 4);
         assert_eq!(size_of::<FlowKey>(), 16 + 16 + 2 + 2 + 4);
         assert_eq!(size_of::<FlowKey4>(), 4 + 4 + 2 + 2);

@@ -51,6 +51,14 @@ pub struct SipDialog {
     pub pad: u32,
 }
 
+/// Copies of one admitted request (retransmissions) the datapath passes, at most: RFC 3261's
+/// client sends an INVITE 7 times within Timer B (32 s: T1 = 500 ms doubling) and a
+/// non-INVITE request 11 times within Timer F (doubling to T2 = 4 s). Retransmissions of
+/// admitted work are never refused while the server answers (the controller sets their
+/// threshold so), so this is what bounds the copies one admitted request buys: a client that
+/// sends more is no RFC 3261 client, and its extra copies are refused.
+pub const MAX_TXN_COPIES: u32 = 10;
+
 /// Exempt requests one dialog buys (its ACK, re-INVITEs, UPDATEs, INFOs, its BYE, and their
 /// retransmissions): past this, its requests are judged as originals. A call makes a handful;
 /// an IVR's DTMF by INFO some dozens.

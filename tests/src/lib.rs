@@ -16,6 +16,7 @@ pub mod overload;
 pub mod probe;
 pub mod procfs;
 pub mod report;
+pub mod shapes;
 pub mod sipp;
 pub mod sipserver;
 pub mod testrun;

@@ -251,6 +251,17 @@ fn server_hello_to(port: u16) -> Vec<u8> {
         .build()
 }
 
+/// Admits a new connection (a hello with no offer, `seq` 10) from each client port of `ports`;
+/// returns the hello.
+fn admit_new_from(prog: &TestProgram, ports: &[u16]) -> Vec<u8> {
+    let hello = HelloBuilder::default().build();
+    for port in ports {
+        let f = Frame::tcp(443, &hello).from_port(*port).seq(10).build();
+        assert_eq!(class_of(prog, Hook::Xdp, &f), Some(Class::TlsNew));
+    }
+    hello
+}
+
 /// Issue 50: only a handshake flight times a connection's unit. A server's alert (a hello it
 /// refuses at once) and its close end the unit, but their times are no handshake's cost: the
 /// cost inferred for a server the gateway does not terminate reads `SERVICE_TIMES`, which they
@@ -261,11 +272,7 @@ fn an_alert_or_a_close_ends_a_unit_untimed_and_a_handshake_flight_times_it() {
         return;
     }
     let prog = TestProgram::new();
-    let hello = HelloBuilder::default().build();
-    for port in [1u16, 2, 3] {
-        let f = Frame::tcp(443, &hello).from_port(port).seq(10).build();
-        assert_eq!(class_of(&prog, Hook::Xdp, &f), Some(Class::TlsNew));
-    }
+    admit_new_from(&prog, &[1, 2, 3]);
     let timed = |p: &TestProgram| p.maps.service_times(Class::TlsNew.id()).unwrap().count();
     // An alert (handshake_failure) to 1, a reset to 2: both end their units, untimed.
     let alert = Frame::tcp(1, &[21, 3, 3, 0, 2, 2, 40])
@@ -294,12 +301,8 @@ fn only_the_servers_answer_completes_a_connection() {
         return;
     }
     let prog = TestProgram::new();
-    let hello = HelloBuilder::default().build();
     // Three connections admitted.
-    for port in [1u16, 2, 3] {
-        let f = Frame::tcp(443, &hello).from_port(port).seq(10).build();
-        assert_eq!(class_of(&prog, Hook::Xdp, &f), Some(Class::TlsNew));
-    }
+    let hello = admit_new_from(&prog, &[1, 2, 3]);
     assert_eq!(backlog(&prog), 3);
     // What the client sends releases nothing: a ChangeCipherSpec right after the hello, a close.
     let ccs = Frame::tcp(443, &[20, 3, 3, 0, 1, 1])

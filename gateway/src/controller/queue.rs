@@ -6,7 +6,7 @@
 //! time per method, and may answer OPTIONS on a fast path while INVITEs queue):
 //!
 //! - the family's **floor**, the time the server takes with nothing queued: the lowest interval
-//!   median over a window ([`Floor`], [`QueueLaw::FLOOR_WINDOW`]). Only intervals in which the
+//!   median over a window ([`HeldFloor`], [`QueueLaw::FLOOR_WINDOW`]). Only intervals in which the
 //!   class refused nothing feed it (a median measured while the law holds a queue is that
 //!   queue, not the server), except that a lower median always lowers it; with no such
 //!   interval in the window it holds its last value. A flood can slow answers, not speed them,
@@ -33,11 +33,11 @@
 //! the server never answers (dead: their places only), answers of another method (their own
 //! family), a minority of slow answers (the median), a server's fixed answer time (the floor).
 
-use std::{collections::VecDeque, time::Duration};
+use std::time::Duration;
 
 use gateway_common::{maps::ServiceTimes, reasons::Reason};
 
-use super::law::Decision;
+use super::{floor, law::Decision};
 
 /// Method families the law tells apart.
 pub const FAMILIES: usize = 2;
@@ -107,21 +107,19 @@ impl QueueObservation {
     }
 }
 
-/// The floor of one family: the lowest interval median over a window, held when the window
-/// has none.
+/// The floor of one family: the lowest interval median over a window ([`floor::Floor`]), held
+/// when the window has none, and raised only by intervals that refused nothing.
 #[derive(Clone, Debug)]
-pub struct Floor {
-    window: usize,
-    medians: VecDeque<Option<Duration>>,
+pub struct HeldFloor {
+    window: floor::Floor,
     held: Option<Duration>,
 }
 
-impl Floor {
+impl HeldFloor {
     /// A floor over the last `window` intervals.
     pub fn new(window: usize) -> Self {
-        Floor {
-            window: window.max(1),
-            medians: VecDeque::new(),
+        HeldFloor {
+            window: floor::Floor::new(window),
             held: None,
         }
     }
@@ -130,32 +128,28 @@ impl Floor {
     pub fn push(&mut self, median: Option<Duration>, unqueued: bool) {
         let lowers = median.zip(self.get()).is_some_and(|(m, f)| m < f);
         let sample = median.filter(|_| unqueued || lowers || self.held.is_none());
-        self.medians.push_back(sample);
-        if self.medians.len() > self.window {
-            self.medians.pop_front();
-        }
-        if let Some(f) = self.medians.iter().flatten().min() {
-            self.held = Some(*f);
+        self.window.push(sample);
+        if let Some(f) = self.window.get() {
+            self.held = Some(f);
         }
     }
 
     /// Starts the window again from `median`, measured with nothing queued ahead (a probe).
     pub fn reset(&mut self, median: Duration) {
-        self.medians.clear();
-        self.medians.push_back(Some(median));
+        self.window.reset(Some(median));
         self.held = Some(median);
     }
 
     /// The floor, once a median was seen.
     pub fn get(&self) -> Option<Duration> {
-        self.medians.iter().flatten().min().copied().or(self.held)
+        self.window.get().or(self.held)
     }
 }
 
 /// The law's state for one family.
 #[derive(Clone, Debug)]
 struct FamilyLaw {
-    floor: Floor,
+    floor: HeldFloor,
     /// The live limit.
     live: u64,
     /// Its dead units, as last seen.
@@ -197,7 +191,7 @@ enum Move {
 impl FamilyLaw {
     fn new(initial: u64) -> Self {
         FamilyLaw {
-            floor: Floor::new(QueueLaw::FLOOR_WINDOW),
+            floor: HeldFloor::new(QueueLaw::FLOOR_WINDOW),
             live: initial,
             dead: 0,
             queue: None,
@@ -451,7 +445,7 @@ mod tests {
 
     #[test]
     fn the_floor_is_the_lowest_unqueued_median_and_holds_through_an_overload() {
-        let mut f = Floor::new(3);
+        let mut f = HeldFloor::new(3);
         assert_eq!(f.get(), None);
         f.push(Some(80 * MS), true);
         f.push(Some(75 * MS), true);

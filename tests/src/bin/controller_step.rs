@@ -14,20 +14,17 @@ use gateway::{
         queue::{Family, QueueLaw},
         sim::SipSim,
     },
-    maps::Maps,
-    pins::PinDir,
     plot::Series,
 };
-use gateway_common::maps::SLOT_SIP_INVITE;
 use gateway_tests::{
     daemon::Daemon,
     fresh_temp_dir, have_root,
     metrics::{scrape, value},
     netns::{GW_V4, TestNet},
     report::Report,
+    shapes::fast_options,
     sipp::run_uac,
-    sipserver::{Answer, SlowSipServer},
-    trickle::Trickle,
+    sipserver::SlowSipServer,
 };
 
 const INTERVAL: Duration = Duration::from_millis(100);
@@ -130,46 +127,12 @@ fn real() -> (Duration, Vec<(Duration, Duration)>) {
     (settling(&times, &delays), loaded)
 }
 
-/// Issue 50's fast-path shape on the real datapath: INVITEs at 1.3x a FIFO server's capacity
-/// (5 ms each), with nothing configured but the service, alone or beside OPTIONS at ten times
-/// their rate that the server answers on a fast path (200 µs, costing the INVITEs nothing).
-/// Returns the INVITEs' 90th percentile service time (admission to the server's answer, from
-/// the NIC's own histogram over seconds 3..7 of the load) and their goodput over the same
-/// seconds.
-fn fast_options(options: bool) -> (Duration, f64) {
-    const LOADED: u64 = 8;
-    let net = TestNet::new();
-    let dir = fresh_temp_dir("gwt-fast-options");
-    let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
-    let _server = SlowSipServer::start_shaped(
-        socket,
-        Answer::Queued(INVITE_COST),
-        Answer::After(Duration::from_micros(200)),
-    );
-    let daemon = Daemon::start_config(&net, &dir, "services:\n  - {kind: sip, port: 5060}\n");
-    let rate = (1.3 / INVITE_COST.as_secs_f64()) as u64;
-    let maps = Maps::open(&PinDir::new(&net.root(), &net.gw_if)).expect("the daemon's maps");
-    let (uac, window) = std::thread::scope(|s| {
-        let load = s.spawn(|| run_uac(&net, &dir, rate, LOADED));
-        let trickle = options.then(|| Trickle::options(&net, 10.0 * rate as f64, LOADED));
-        // The window: seconds 3..7 of the load.
-        std::thread::sleep(Duration::from_secs(3));
-        let before = maps.service_times(SLOT_SIP_INVITE).expect("SERVICE_TIMES");
-        std::thread::sleep(Duration::from_secs(4));
-        let after = maps.service_times(SLOT_SIP_INVITE).expect("SERVICE_TIMES");
-        drop(trickle);
-        (load.join().unwrap(), after.since(&before))
-    });
-    let _ = daemon.terminate(Duration::from_secs(10));
-    let _ = std::fs::remove_dir_all(&dir);
-    let p90 = Duration::from_micros(window.quantile_us(900).unwrap_or(0));
-    (p90, uac.goodput(3, 7))
-}
-
 /// The fast-path section of the report.
 fn fast_path(report: &mut Report) {
-    let (alone, alone_good) = fast_options(false);
-    let (beside, beside_good) = fast_options(true);
+    let alone = fast_options(INVITE_COST, false);
+    let beside = fast_options(INVITE_COST, true);
+    let (alone, alone_good, beside, beside_good) =
+        (alone.p90, alone.goodput, beside.p90, beside.goodput);
     let capacity = 1.0 / INVITE_COST.as_secs_f64();
     report.say(format!(
         "\n# Fast answers of another method (real datapath)\n\nINVITEs at 1.3x a FIFO server of {capacity:.0}/s (5 ms each), nothing configured but the service, alone and beside OPTIONS at ten times their rate answered on a fast path (200 µs). The INVITEs' 90th percentile service time is the NIC's own (`SERVICE_TIMES`, seconds 3..7 of the load); the law of the last stop let their limit climb to 100,000 and held them 1.4 s at the 90th percentile.\n\n| INVITEs | p90 service time | goodput |\n|---|---:|---:|\n| alone | {} ms | {alone_good:.0}/s |\n| beside {} OPTIONS/s | {} ms ({:+.0}%) | {beside_good:.0}/s |",

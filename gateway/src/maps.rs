@@ -230,7 +230,9 @@ pub struct Maps {
     state: Array<MapData, ClassState>,
     services: HashMap<MapData, ServiceKey, ServiceValue>,
     service_ports: Array<MapData, u8>,
-    counters: PerCpuArray<MapData, DatapathCounters>,
+    /// Opened when first read: an older build's object (the benchmark's comparison) has fewer
+    /// counters.
+    counters: std::sync::OnceLock<PerCpuArray<MapData, DatapathCounters>>,
     config: Array<MapData, DatapathConfig>,
     tls_flows: HashMap<MapData, FlowKey, TlsFlow>,
     /// Opened when first used: an older build's object (the benchmark's comparison) lays its
@@ -310,7 +312,7 @@ impl Maps {
             state: open_as(pins, names::CLASS_STATE)?,
             services: open_as(pins, names::SERVICES)?,
             service_ports: open_as(pins, names::SERVICE_PORTS)?,
-            counters: open_as(pins, names::DP_COUNTERS)?,
+            counters: std::sync::OnceLock::new(),
             config: open_as(pins, names::DP_CONFIG)?,
             tls_flows: open_as(pins, names::TLS_FLOWS)?,
             tls_issued: std::sync::OnceLock::new(),
@@ -335,7 +337,14 @@ impl Maps {
 
     /// Parser counters summed over CPUs.
     pub fn counters(&self) -> Result<DatapathCounters, MapsError> {
-        sum(&self.counters, 0, names::DP_COUNTERS)
+        let map = match self.counters.get() {
+            Some(m) => m,
+            None => {
+                let m = open_as(&self.pins, names::DP_COUNTERS)?;
+                self.counters.get_or_init(|| m)
+            }
+        };
+        sum(map, 0, names::DP_COUNTERS)
     }
 
     /// Admission state of every class.

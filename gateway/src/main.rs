@@ -31,6 +31,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // A command that prints for a reader (`stats --watch | head -1`, `completions zsh | head`)
+    // ends quietly when its reader goes, as cat does: the default SIGPIPE, not a panic on the
+    // write Rust's runtime leaves it to see. The daemon and the probe keep it ignored: a peer
+    // that goes is an error they handle on that socket.
+    if !matches!(cli.command, cmd::Command::Run(_) | cmd::Command::Probe(_)) {
+        // SAFETY: restores a signal's default disposition before any thread is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -271,3 +271,32 @@ fn a_pinned_map_of_another_layout_is_refused_before_anything_changes() {
         "no other map was created"
     );
 }
+
+/// Issue 54, item 1: a command whose reader goes away (`gateway completions zsh | head`,
+/// `gateway man | head`) ends quietly, as cat does, where it panicked on the closed pipe
+/// (exit 101). The pipe is closed before the command writes, so every run meets it.
+#[test]
+fn a_closed_pipe_ends_a_printing_command_quietly() {
+    use std::os::unix::process::ExitStatusExt as _;
+    for args in [
+        &["completions", "zsh"][..],
+        &["man"][..],
+        &["config", "default"][..],
+    ] {
+        let mut child = std::process::Command::new(gateway_bin())
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run gateway");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(
+            out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+            "{args:?}: {:?} {err}",
+            out.status
+        );
+    }
+}

@@ -242,6 +242,8 @@ pub struct Maps {
     service_latency: PerCpuArray<MapData, LatencyHistogram>,
     /// Opened when first used: an older build's object has no such map.
     service_times: std::sync::OnceLock<PerCpuArray<MapData, ServiceTimes>>,
+    /// Opened when first used, as `service_times` (the controller writes it every interval).
+    sip_family_limits: std::sync::OnceLock<Array<MapData, u64>>,
     tls_pending: HashMap<MapData, FlowKey, Pending>,
     sip_pending: HashMap<MapData, u64, Pending>,
     tls_holds: HashMap<MapData, FlowKey, TlsHold>,
@@ -319,6 +321,7 @@ impl Maps {
             sip_txns: open_as(pins, names::SIP_TXNS)?,
             service_latency: open_as(pins, names::SERVICE_LATENCY)?,
             service_times: std::sync::OnceLock::new(),
+            sip_family_limits: std::sync::OnceLock::new(),
             tls_pending: open_as(pins, names::TLS_PENDING)?,
             sip_pending: open_as(pins, names::SIP_PENDING)?,
             tls_holds: open_as(pins, names::TLS_HOLDS)?,
@@ -771,7 +774,13 @@ impl Maps {
 
     /// Sets the backlog limit of `sip-original`'s method family `index` (0: none).
     pub fn set_sip_family_limit(&mut self, index: u32, limit: u64) -> Result<(), MapsError> {
-        let mut map: Array<MapData, u64> = open_as(&self.pins, names::SIP_FAMILY_LIMITS)?;
+        if self.sip_family_limits.get().is_none() {
+            let m = open_as(&self.pins, names::SIP_FAMILY_LIMITS)?;
+            let _ = self.sip_family_limits.set(m);
+        }
+        let Some(map) = self.sip_family_limits.get_mut() else {
+            unreachable!("opened above");
+        };
         if map.get(&index, 0).map_err(op(names::SIP_FAMILY_LIMITS))? == limit {
             return Ok(());
         }

@@ -346,11 +346,6 @@ impl QueueLaw {
         self.families[family as usize].queue
     }
 
-    /// The target.
-    pub fn target(&self) -> Duration {
-        self.target
-    }
-
     /// The age past which an outstanding unit of `family` is dead: twice its floor and twice
     /// the target (no unit the law lets queue is that old); the unit timeout before any floor
     /// is known (no evidence that anything is dead).

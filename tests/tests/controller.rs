@@ -353,6 +353,36 @@ fn refused_hello(hello: &[u8]) -> bool {
     matches!(s.read(&mut first), Ok(1)) && first[0] == 21
 }
 
+/// Runs `during` with hellos the server refuses at once (SSL 3.0 alone) sent beside it from
+/// the peer namespace, 100 a second (for at most 10 s); returns how many were answered with an alert.
+fn beside_refused_hellos(net: &TestNet, during: impl FnOnce()) -> u32 {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let alerts = scope.spawn(|| {
+            let hello = gateway_common::testing::HelloBuilder {
+                versions: Some(vec![0x0300]),
+                ..Default::default()
+            }
+            .build();
+            let mut answered = 0u32;
+            let begin = Instant::now();
+            for n in 0u32..1000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                answered += u32::from(net.in_peer(|| refused_hello(&hello)));
+                let next = begin + Duration::from_millis(10) * (n + 1);
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+            answered
+        });
+        during();
+        stop.store(true, Ordering::Relaxed);
+        alerts.join().unwrap()
+    })
+}
+
 /// Callers at [`CALLERS`] against a daemon started with [`CONTROLLED`] in front of `server`
 /// (started on the gateway's SIP socket), with `beside` running while they call: the run, the
 /// INVITE limit sampled every 100 ms, and the sip-original row at the end.
@@ -564,34 +594,13 @@ fn for_a_tls_server_it_does_not_terminate_it_infers_the_handshake_cost_from_comp
     // Hellos nginx refuses at once with an alert (SSL 3.0 alone), 100 a second for 3 s beside
     // the handshakes: they end their units untimed, so the cost stays the handshakes' (when
     // they were timed, the inferred cost fell to a fraction and tls-new's rate rose 3-6x).
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let refused = std::thread::scope(|scope| {
-        let alerts = scope.spawn(|| {
-            let hello = gateway_common::testing::HelloBuilder {
-                versions: Some(vec![0x0300]),
-                ..Default::default()
-            }
-            .build();
-            let mut answered = 0u32;
-            let begin = Instant::now();
-            for n in 0u32..300 {
-                if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    break;
-                }
-                answered += u32::from(net.in_peer(|| refused_hello(&hello)));
-                let next = begin + Duration::from_millis(10) * (n + 1);
-                std::thread::sleep(next.saturating_duration_since(Instant::now()));
-            }
-            answered
-        });
+    let refused = beside_refused_hellos(&net, || {
         let begin = Instant::now();
         for n in 1u32..=60 {
             handshake();
             let next = begin + Duration::from_millis(50) * n;
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        alerts.join().unwrap()
     });
     assert!(
         refused >= 100,
@@ -608,11 +617,12 @@ fn for_a_tls_server_it_does_not_terminate_it_infers_the_handshake_cost_from_comp
 }
 
 /// Issue 50: the cost the NIC infers from completion times, held against the one the proxy
-/// measures (the CPU time its handshakes take) for the same certificate and the same
-/// handshakes, at a quiet 20 full handshakes a second: within a quarter. (That refused hellos
-/// do not make handshakes look cheap is checked against nginx, above: the proxy's own
-/// handshakes complete faster while its worker is kept awake by other connections, which
-/// moves the two measures apart for reasons of their own.)
+/// measures (the CPU time of its last handshakes) for the same certificate and the same
+/// handshakes, at a quiet 20 full handshakes a second: within a quarter, alone and beside 100
+/// hellos a second that the proxy refuses at once with an alert. (Measured on this machine
+/// kind: 6-12% apart alone, 9-16% beside the alerts; the proxy's handshakes themselves took a
+/// fifth less CPU time beside them, which its figure, a mean since the start before, missed:
+/// then 29-30% apart.)
 #[test]
 fn the_inferred_handshake_cost_is_within_a_quarter_of_the_proxy_measured_one() {
     if !have_root("the_inferred_handshake_cost_is_within_a_quarter") {
@@ -684,6 +694,20 @@ fn the_inferred_handshake_cost_is_within_a_quarter_of_the_proxy_measured_one() {
     assert!(
         (inferred / measured - 1.0).abs() <= 0.25,
         "inferred {inferred:.0} us against {measured:.0} us measured by the proxy"
+    );
+    // The same handshakes for 6 s beside 100 hellos a second that the proxy refuses at once
+    // with an alert: they are no handshakes to either measure.
+    let refused = beside_refused_hellos(&net, || handshakes(120));
+    assert!(
+        refused >= 100,
+        "only {refused} hellos answered with an alert"
+    );
+    let (measured, inferred) = (cost("proxies"), cost(&net.gw_if));
+    println!("beside {refused} alerts: proxy-measured {measured:.0} us, inferred {inferred:.0} us");
+    assert!(
+        (inferred / measured - 1.0).abs() <= 0.25,
+        "inferred {inferred:.0} us against {measured:.0} us measured by the proxy, beside \
+         {refused} refused hellos"
     );
     let (status, log) = daemon.terminate(Duration::from_secs(10));
     assert!(status.success(), "{log:?}");

@@ -1,7 +1,11 @@
 //! The proxy's figures: handshakes and their CPU cost by kind, failures by reason, connections by
 //! outcome, and the pool's members. The controller reads them in process; Prometheus scrapes them.
 
-use std::{sync::atomic::AtomicU64, time::Duration};
+use std::{
+    collections::VecDeque,
+    sync::{Mutex, atomic::AtomicU64},
+    time::Duration,
+};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -315,6 +319,7 @@ impl ProxyStats {
                 handshake(HandshakeKind::Full),
                 handshake(HandshakeKind::Resumed),
             ],
+            recent: Default::default(),
             first_flights: [flight(FlightOn::Worker), flight(FlightOn::Thread)],
             outcomes: Outcome::ALL.map(outcome),
         }
@@ -323,7 +328,34 @@ impl ProxyStats {
 
 /// Handshakes of a kind measured before their mean is the controller's cost figure
 /// ([`ListenerStats::handshake_cost`]).
-pub const MIN_COST_SAMPLES: u64 = 16;
+pub const MIN_COST_SAMPLES: usize = 16;
+
+/// The most recent handshakes of a kind whose mean is the controller's cost figure.
+pub const COST_WINDOW: usize = 100;
+
+/// The CPU times of a kind's last [`COST_WINDOW`] handshakes, and their sum.
+#[derive(Default)]
+struct Recent {
+    times: VecDeque<Duration>,
+    sum: Duration,
+}
+
+impl Recent {
+    fn push(&mut self, cpu: Duration) {
+        if self.times.len() == COST_WINDOW
+            && let Some(oldest) = self.times.pop_front()
+        {
+            self.sum = self.sum.saturating_sub(oldest);
+        }
+        self.times.push_back(cpu);
+        self.sum += cpu;
+    }
+
+    fn mean(&self) -> Option<Duration> {
+        let n = self.times.len();
+        (n >= MIN_COST_SAMPLES).then(|| self.sum / n as u32)
+    }
+}
 
 /// One listener's series (handles onto the families of [`ProxyStats`]).
 pub struct ListenerStats {
@@ -334,6 +366,7 @@ pub struct ListenerStats {
     withdrawn: Counter,
     abandoned: Counter,
     handshakes: [(Counter, Counter<f64, AtomicU64>); 2],
+    recent: [Mutex<Recent>; 2],
     first_flights: [Counter; 2],
     outcomes: [Counter; Outcome::ALL.len()],
 }
@@ -344,27 +377,27 @@ impl ListenerStats {
         let (n, secs) = &self.handshakes[kind as usize];
         n.inc();
         secs.inc_by(cpu.as_secs_f64());
+        self.recent[kind as usize]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(cpu);
     }
 
-    /// Mean CPU time of a handshake of `kind` so far (the controller's cost figure); `None`
-    /// before the first.
-    pub fn mean_handshake_cpu(&self, kind: HandshakeKind) -> Option<Duration> {
-        let (n, secs) = &self.handshakes[kind as usize];
-        let n = n.get();
-        (n > 0).then(|| Duration::from_secs_f64(secs.get() / n as f64))
-    }
-
-    /// The controller's cost figure for `kind`: the mean CPU time of its handshakes so far, once
-    /// [`MIN_COST_SAMPLES`] of them were measured (`None` before). A node's first handshakes
-    /// can cost many times the later ones (measured: a node's first interval gave its budget a
-    /// full handshake of about 39 ms, where later ones took under 1 ms), and a budget divided
-    /// by such a figure shut tls-new on a quiet node within 100 ms of its start.
+    /// The controller's cost figure for `kind`: the mean CPU time of its last [`COST_WINDOW`]
+    /// handshakes, once [`MIN_COST_SAMPLES`] of them were measured (`None` before).
+    ///
+    /// Recent ones only: what a handshake costs moves with the certificate (a reload from
+    /// P-256 to RSA-4096 multiplies it) and with the host (on a CPU kept busy the same
+    /// handshakes took a fifth less CPU time than on an idle one, measured beside a stream of
+    /// refused hellos). A node's first handshakes can cost many times the later ones (a first
+    /// interval's once gave a full handshake about 39 ms, later ones under 1 ms): waiting for
+    /// [`MIN_COST_SAMPLES`] keeps one of them from shutting tls-new on a quiet node, and the
+    /// window lets them go.
     pub fn handshake_cost(&self, kind: HandshakeKind) -> Option<Duration> {
-        let (n, _) = &self.handshakes[kind as usize];
-        if n.get() < MIN_COST_SAMPLES {
-            return None;
-        }
-        self.mean_handshake_cpu(kind)
+        self.recent[kind as usize]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .mean()
     }
 
     /// Counts a first flight computed `on` the worker or a flight thread.
@@ -402,7 +435,6 @@ mod tests {
             l.handshake(HandshakeKind::Full, Duration::from_millis(1));
         }
         assert_eq!(l.handshake_cost(HandshakeKind::Full), None);
-        assert!(l.mean_handshake_cpu(HandshakeKind::Full).is_some());
         l.handshake(HandshakeKind::Full, Duration::from_millis(1));
         let cost = l.handshake_cost(HandshakeKind::Full).unwrap();
         assert!(
@@ -413,19 +445,41 @@ mod tests {
     }
 
     #[test]
+    fn the_cost_figure_follows_the_last_handshakes() {
+        let stats = ProxyStats::default();
+        let l = stats.listener("127.0.0.1:8443");
+        for _ in 0..COST_WINDOW * 3 {
+            l.handshake(HandshakeKind::Full, Duration::from_micros(300));
+        }
+        // A reload to a costlier certificate: within one window the figure is the new cost,
+        // where a mean since the start would still read under half of it.
+        for n in 1..=COST_WINDOW {
+            l.handshake(HandshakeKind::Full, Duration::from_micros(3_000));
+            let cost = l.handshake_cost(HandshakeKind::Full).unwrap().as_micros();
+            assert_eq!(cost, (300 * (COST_WINDOW - n) + 3_000 * n) as u128 / 100);
+        }
+        assert_eq!(
+            l.handshake_cost(HandshakeKind::Full),
+            Some(Duration::from_millis(3))
+        );
+        // The Prometheus counters keep every handshake.
+        let mut registry = Registry::default();
+        stats.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains(
+            "gateway_proxy_handshakes_total{listener=\"127.0.0.1:8443\",kind=\"full\"} 400"
+        ));
+    }
+
+    #[test]
     fn a_listener_counts_into_the_shared_families() {
         let stats = ProxyStats::default();
         let l = stats.listener("127.0.0.1:8443");
-        assert_eq!(l.mean_handshake_cpu(HandshakeKind::Full), None);
         l.handshake(HandshakeKind::Full, Duration::from_millis(2));
         l.handshake(HandshakeKind::Full, Duration::from_millis(4));
         l.outcome(Outcome::IdleTimeout);
         l.first_flight(FlightOn::Thread);
-        assert_eq!(
-            l.mean_handshake_cpu(HandshakeKind::Full),
-            Some(Duration::from_millis(3))
-        );
-        assert_eq!(l.mean_handshake_cpu(HandshakeKind::Resumed), None);
         let mut registry = Registry::default();
         stats.register(&mut registry);
         let mut text = String::new();

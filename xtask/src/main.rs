@@ -41,8 +41,22 @@ const APT_PACKAGES: &[&str] = &[
 
 const USAGE: &str = "usage: cargo xtask <setup | build-ebpf [--check] | test | fuzz [SECONDS] | demo | bench [NAME] | bench-compare REV>";
 
+/// Whether `args` ask for help (`-h`, `--help` or `help` anywhere): answered with the usage
+/// and nothing run, whatever else they name (`bench --help` started every benchmark once).
+fn wants_help(args: &[String]) -> bool {
+    args.iter()
+        .any(|a| matches!(a.as_str(), "-h" | "--help" | "help"))
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
+    if wants_help(&args) {
+        println!(
+            "{USAGE}\n\nbench NAME runs one benchmark (all of them without a NAME): {}",
+            BENCHES.map(|b| b.0).join(", ")
+        );
+        return ExitCode::SUCCESS;
+    }
     let result = match args.first().map(String::as_str) {
         Some("setup") => setup(),
         Some("build-ebpf") => build_ebpf(args.iter().any(|a| a == "--check")),
@@ -586,6 +600,24 @@ fn write_benchmarks_doc() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn help_anywhere_is_help_and_a_benchmark_name_is_not() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for asked in [
+            &["bench", "--help"][..],
+            &["bench", "-h"],
+            &["help"],
+            &["--help"],
+            &["bench-compare", "--help"],
+            &["test", "-h"],
+        ] {
+            assert!(wants_help(&args(asked)), "{asked:?}");
+        }
+        for run in [&["bench", "controller"][..], &["bench"], &["test"], &[]] {
+            assert!(!wants_help(&args(run)), "{run:?}");
+        }
+    }
 
     #[test]
     fn each_benchmarks_section_is_found_by_its_mark() {

@@ -1,6 +1,7 @@
 //! The few `bpf(2)` commands aya does not expose: open a pinned object, read an object's info
-//! (a link's interface, a map's BTF ids), read a BTF object's bytes, and the element commands
-//! on maps whose key and value types this build does not have (an older build's layout).
+//! (a link's interface, a map's BTF ids), read a BTF object's bytes, the element commands on
+//! maps whose key and value types this build does not have (an older build's layout), and
+//! making and pinning a plain array (`crate::layouts`).
 
 use std::{
     io,
@@ -8,10 +9,12 @@ use std::{
     path::Path,
 };
 
+const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
@@ -41,15 +44,49 @@ fn owned(fd: i64) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(fd as i32) }
 }
 
+/// `pin` as the C string the pin commands take.
+fn pin_path(pin: &Path) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt as _;
+    std::ffi::CString::new(pin.as_os_str().as_bytes())
+        .map_err(|_| io::Error::other("a NUL in the pin path"))
+}
+
 /// `BPF_OBJ_GET`: a descriptor of the object pinned at `pin`.
 pub fn obj_get(pin: &Path) -> io::Result<OwnedFd> {
-    use std::os::unix::ffi::OsStrExt as _;
-    let path = std::ffi::CString::new(pin.as_os_str().as_bytes())
-        .map_err(|_| io::Error::other("a NUL in the pin path"))?;
+    let path = pin_path(pin)?;
     // union bpf_attr for BPF_OBJ_GET: pathname (u64), bpf_fd (u32), file_flags (u32).
     let mut attr = [0u64; 16];
     attr[0] = path.as_ptr() as u64;
     bpf(BPF_OBJ_GET, &mut attr).map(owned)
+}
+
+/// `BPF_OBJ_PIN`: pins the object `fd` at `pin` (which must not exist).
+pub fn obj_pin(fd: &OwnedFd, pin: &Path) -> io::Result<()> {
+    let path = pin_path(pin)?;
+    // union bpf_attr for BPF_OBJ_PIN: pathname (u64), bpf_fd (u32), file_flags (u32).
+    let mut attr = [0u64; 16];
+    attr[0] = path.as_ptr() as u64;
+    attr[1] = u64::from(fd.as_raw_fd() as u32);
+    bpf(BPF_OBJ_PIN, &mut attr).map(drop)
+}
+
+/// `BPF_MAP_CREATE` of a `BPF_MAP_TYPE_ARRAY` of one `value_size`-byte value, named `name`
+/// (at most 15 bytes), without BTF.
+pub fn array_create(name: &str, value_size: u32) -> io::Result<OwnedFd> {
+    const BPF_MAP_TYPE_ARRAY: u32 = 2;
+    // union bpf_attr for BPF_MAP_CREATE: map_type, key_size, value_size, max_entries,
+    // map_flags, inner_map_fd, numa_node (u32 each), then map_name (16 bytes) at byte 28.
+    let mut bytes = [0u8; 128];
+    for (at, v) in [(0, BPF_MAP_TYPE_ARRAY), (4, 4), (8, value_size), (12, 1)] {
+        bytes[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+    }
+    let name = &name.as_bytes()[..name.len().min(15)];
+    bytes[28..28 + name.len()].copy_from_slice(name);
+    let mut attr = [0u64; 16];
+    for (word, chunk) in attr.iter_mut().zip(bytes.chunks_exact(8)) {
+        *word = u64::from_ne_bytes(chunk.try_into().expect("8 bytes"));
+    }
+    bpf(BPF_MAP_CREATE, &mut attr).map(owned)
 }
 
 /// `BPF_OBJ_GET_INFO_BY_FD` into `info` (`len` bytes at it); the length the kernel filled.
@@ -210,15 +247,20 @@ pub fn link_program(pin: &Path) -> io::Result<u32> {
     Ok(info[1] as u32)
 }
 
-/// The ids of the maps the program `id` uses.
+/// The ids of the maps the program `id` uses (opening a program by id needs CAP_SYS_ADMIN).
 pub fn program_maps(id: u32) -> io::Result<Vec<u32>> {
     // union bpf_attr for BPF_PROG_GET_FD_BY_ID: prog_id (u32).
     let mut attr = [0u64; 16];
     attr[0] = u64::from(id);
     let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr).map(owned)?;
+    program_fd_maps(&fd)
+}
+
+/// The ids of the maps the program `fd` uses.
+pub fn program_fd_maps(fd: &OwnedFd) -> io::Result<Vec<u32>> {
     // struct bpf_prog_info: nr_map_ids is the u32 at byte 52, map_ids the pointer at byte 56.
     let mut info = [0u64; 16];
-    if obj_info(&fd, &mut info)? < 64 {
+    if obj_info(fd, &mut info)? < 64 {
         return Err(io::Error::other("short bpf_prog_info"));
     }
     let n = (info[6] >> 32) as usize;
@@ -226,7 +268,7 @@ pub fn program_maps(id: u32) -> io::Result<Vec<u32>> {
     let mut info = [0u64; 16];
     info[6] = (n as u64) << 32;
     info[7] = ids.as_mut_ptr() as u64;
-    obj_info(&fd, &mut info)?;
+    obj_info(fd, &mut info)?;
     // The kernel writes at most the count it was given; a program's maps do not change.
     ids.truncate(((info[6] >> 32) as usize).min(n));
     Ok(ids)

@@ -355,14 +355,16 @@ impl Btf {
 
 /// The BTF of an eBPF object file (its `.BTF` section).
 pub fn object_btf(object: &[u8]) -> Result<Btf, BtfError> {
+    Btf::parse(object_btf_bytes(object)?)
+}
+
+/// The bytes of an eBPF object file's `.BTF` section, as the file has them.
+pub fn object_btf_bytes(object: &[u8]) -> Result<&[u8], BtfError> {
     let file = object::File::parse(object).map_err(|e| BtfError::Object(e.to_string()))?;
     let section = file
         .section_by_name(".BTF")
         .ok_or_else(|| BtfError::Object("no .BTF section".into()))?;
-    let data = section
-        .data()
-        .map_err(|e| BtfError::Object(e.to_string()))?;
-    Btf::parse(data)
+    section.data().map_err(|e| BtfError::Object(e.to_string()))
 }
 
 /// The BTF of an eBPF object file, and the key and value type ids of its BTF map definition

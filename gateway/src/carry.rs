@@ -378,8 +378,34 @@ pub fn recover(pd: &PinDir) -> Result<Vec<&'static str>, CarryError> {
 }
 
 /// The ids of the maps the programs attached in `pd` use: those of its links, and those in its
-/// jump tables.
+/// jump tables. Each program's maps as the layout record has them (`crate::layouts`), else as
+/// the kernel tells (which needs CAP_SYS_ADMIN).
 pub(crate) fn maps_in_use(pd: &PinDir) -> io::Result<HashSet<u32>> {
+    let record = crate::layouts::read(&pd.dir).map_err(io::Error::other)?;
+    let mut maps = HashSet::new();
+    for id in attached_programs(pd)? {
+        match record.program_maps(id) {
+            Some(ids) => maps.extend(ids),
+            None => maps.extend(bpfsys::program_maps(id).map_err(|e| {
+                if e.raw_os_error() == Some(libc::EPERM) {
+                    io::Error::other(format!(
+                        "{e}: program {id} is not in the attachment's layout record (`{}`, which \
+                         releases before it did not write), and the kernel tells the maps of a \
+                         program only to CAP_SYS_ADMIN; record it once by running this \
+                         version's `gateway attach` over the attachment as root",
+                        crate::layouts::PIN
+                    ))
+                } else {
+                    e
+                }
+            })?),
+        }
+    }
+    Ok(maps)
+}
+
+/// The ids of the programs attached in `pd`: those of its links, and those in its jump tables.
+pub(crate) fn attached_programs(pd: &PinDir) -> io::Result<Vec<u32>> {
     use gateway_common::maps::names;
     let mut programs = Vec::new();
     for link in [pd.link(), pd.egress_link(), pd.finish_link()] {
@@ -401,11 +427,7 @@ pub(crate) fn maps_in_use(pd: &PinDir) -> io::Result<HashSet<u32>> {
             }
         }
     }
-    let mut maps = HashSet::new();
-    for id in programs {
-        maps.extend(bpfsys::program_maps(id)?);
-    }
-    Ok(maps)
+    Ok(programs)
 }
 
 /// Converts one raw value (per CPU for a per-CPU map) into `out`.

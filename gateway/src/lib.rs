@@ -19,6 +19,7 @@ pub mod ethtool;
 pub mod health;
 pub mod issued;
 pub mod kfunc;
+pub mod layouts;
 pub mod loader;
 pub mod maps;
 pub mod metrics;

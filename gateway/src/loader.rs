@@ -32,6 +32,7 @@ use crate::{
     carry::{self, Carried, Carry, CarryError},
     config::ModeRequest,
     ethtool,
+    layouts::{self, LayoutsError},
     maps::{self, MapsError},
     pins::{self, PinDir, PinsError},
     rekey::{Moved, Moving, RekeyError},
@@ -90,6 +91,9 @@ pub enum LoaderError {
     /// The object's kfunc calls could not be resolved.
     #[error(transparent)]
     Kfunc(#[from] crate::kfunc::KfuncError),
+    /// The layout record could not be written.
+    #[error(transparent)]
+    Layouts(#[from] LayoutsError),
 }
 
 impl LoaderError {
@@ -449,6 +453,7 @@ fn fresh(
     // Maps an older build pinned without a program on them: nothing changes them meanwhile.
     let moving = Moving::begin(pd)?;
     wire_tail_calls(&mut ebpf)?;
+    record_layouts(pd, &ebpf, object)?;
     let iface = &opts.iface;
     let mut fallback_reason = None;
     let (mode, link): (AttachMode, FdLink) = match opts.mode {
@@ -508,6 +513,9 @@ fn fresh(
     if mode != AttachMode::Tc {
         attach_finisher(&mut ebpf, pd, iface, mode)?;
     }
+    // Again, now that every program is loaded and attached: the next start asks which maps
+    // the linked ones use.
+    record_layouts(pd, &ebpf, object)?;
     let moved = moving.finish()?;
     Ok(AttachOutcome {
         iface: iface.clone(),
@@ -551,6 +559,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderErr
     carry.copy()?;
     let moving = Moving::begin(pd)?;
     wire_tail_calls(&mut ebpf)?;
+    record_layouts(pd, &ebpf, EBPF_OBJECT)?;
     let what = format!("replacing the program on {} through its link", opts.iface);
     match recorded {
         AttachMode::Tc => {
@@ -572,6 +581,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderErr
     if recorded != AttachMode::Tc {
         attach_finisher(&mut ebpf, pd, &opts.iface, recorded)?;
     }
+    record_layouts(pd, &ebpf, EBPF_OBJECT)?;
     let carried = carry.finish()?;
     let moved = moving.finish()?;
     let info = FdLink::from(PinnedLink::from_pin(pd.link())?).info()?;
@@ -587,6 +597,42 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderErr
         moved,
         ebpf,
     })
+}
+
+/// Records the BTF of `object`, whose programs `ebpf` loaded, and the maps each of them uses,
+/// beside the maps pinned in `pd` (`crate::layouts`), before anything is attached: the maps it
+/// made or carries over use that BTF, and the next start asks which maps its programs use.
+fn record_layouts(pd: &PinDir, ebpf: &Ebpf, object: &[u8]) -> Result<(), LoaderError> {
+    let unreadable = |what: String| {
+        LoaderError::Layouts(LayoutsError::Io {
+            path: pd.dir.join(layouts::PIN),
+            what: "reading the programs loaded",
+            source: std::io::Error::other(what),
+        })
+    };
+    let mut load = layouts::Loaded {
+        object,
+        btf_id: 0,
+        programs: Vec::new(),
+    };
+    for (name, p) in ebpf.programs() {
+        // Only the programs this start loaded (the rest of the object stays unloaded).
+        let Ok(fd) = p.fd() else { continue };
+        let info = p.info().map_err(|e| unreadable(format!("{name}: {e}")))?;
+        let fd = std::os::fd::AsFd::as_fd(fd)
+            .try_clone_to_owned()
+            .map_err(|e| unreadable(format!("{name}: {e}")))?;
+        let maps =
+            crate::bpfsys::program_fd_maps(&fd).map_err(|e| unreadable(format!("{name}: {e}")))?;
+        load.btf_id = load.btf_id.max(info.btf_id().unwrap_or(0));
+        load.programs.push((info.id(), maps));
+    }
+    if load.btf_id == 0 {
+        return Err(unreadable("no loaded program has BTF".into()));
+    }
+    let attached = carry::attached_programs(pd).map_err(|e| unreadable(e.to_string()))?;
+    layouts::write(&pd.dir, &load, &attached)?;
+    Ok(())
 }
 
 fn record_mode(pd: &PinDir, mode: AttachMode, ifindex: u32) -> Result<(), LoaderError> {
@@ -614,8 +660,12 @@ pub struct AttachmentStatus {
     pub egress_link_id: Option<u32>,
     /// Kernel id of the finishing program's tcx ingress link (XDP attachments).
     pub finish_link_id: Option<u32>,
-    /// The `gateway run` daemon serving the attachment, if one runs.
+    /// The `gateway run` daemon serving the attachment, if one runs (it holds the datapath's
+    /// lock, `PinDir::holder`).
     pub daemon_pid: Option<u32>,
+    /// A daemon recorded as serving the attachment that no longer runs: it ended without its
+    /// exit path (killed), leaving its policy in the maps and nothing to move it.
+    pub daemon_gone: Option<u32>,
     /// Instructions the verifier processed to accept the program (its limit is 1,000,000): the
     /// margin left for the datapath to grow.
     pub verified_insns: Option<u32>,
@@ -635,6 +685,7 @@ fn pinned_link_id(path: &std::path::Path) -> Option<u32> {
 pub fn info(pd: &PinDir) -> Result<AttachmentStatus, LoaderError> {
     let cfg = maps::read_config(pd)?;
     let info = FdLink::from(PinnedLink::from_pin(pd.link())?).info()?;
+    let holder = pd.holder();
     Ok(AttachmentStatus {
         iface: pd.iface.clone(),
         mode: AttachMode::from_id(cfg.attach_mode).name(),
@@ -643,7 +694,10 @@ pub fn info(pd: &PinDir) -> Result<AttachmentStatus, LoaderError> {
         program_id: info.program_id(),
         egress_link_id: pinned_link_id(&pd.egress_link()),
         finish_link_id: pinned_link_id(&pd.finish_link()),
-        daemon_pid: (cfg.daemon_pid != 0).then_some(cfg.daemon_pid),
+        daemon_pid: (cfg.daemon_pid != 0 && holder == Some(cfg.daemon_pid))
+            .then_some(cfg.daemon_pid),
+        daemon_gone: (cfg.daemon_pid != 0 && holder != Some(cfg.daemon_pid))
+            .then_some(cfg.daemon_pid),
         verified_insns: aya::programs::loaded_programs()
             .filter_map(Result::ok)
             .find(|p| p.id() == info.program_id())

@@ -4,10 +4,11 @@
 //! <root>/<iface>/link            the XDP or tcx ingress link (bpf_link), kept across restarts
 //! <root>/<iface>/egress-link     the tcx egress link (SIP completions and service times)
 //! <root>/<iface>/<MAP_NAME>      every map of gateway_common::maps::all()
+//! <root>/<iface>/layouts         the BTF those maps were made with (`crate::layouts`)
 //! ```
 
 use std::{
-    collections::{HashMap, hash_map::Entry},
+    collections::HashMap,
     fs, io,
     os::fd::AsRawFd as _,
     path::{Path, PathBuf},
@@ -15,7 +16,7 @@ use std::{
 
 use gateway_common::maps;
 
-use crate::{bpfsys, btf, carry};
+use crate::{bpfsys, btf, carry, layouts};
 use nix::sys::statfs::{BPF_FS_MAGIC, statfs};
 use thiserror::Error;
 
@@ -196,7 +197,12 @@ impl PinDir {
     }
 
     fn compare(&self, object: &[u8], carry: bool) -> Result<Vec<carry::Grown>, PinsError> {
-        let mut fields = Fields::new(object);
+        let record = layouts::read(&self.dir).map_err(|e| PinsError::MapLayout {
+            map: "(all)",
+            found: format!("no readable layout record ({e})"),
+            expected: "one".into(),
+        })?;
+        let mut fields = Fields::new(object, record);
         let mut grown = Vec::new();
         for m in maps::all() {
             let (name, key, value) = (m.name, m.key_size, m.value_size);
@@ -302,6 +308,24 @@ impl PinDir {
         }
     }
 
+    /// The pid of the process that holds the interface's datapath ([`PinDir::lock`]: a running
+    /// `gateway run`, or an attach in progress), as the kernel lists its `flock` in
+    /// /proc/locks; `None` when no process holds it (one killed drops it with its descriptors).
+    pub fn holder(&self) -> Option<u32> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = fs::metadata(&self.dir).ok()?;
+        let dev = meta.dev();
+        // The kernel writes a lock's file as MAJOR:MINOR:INODE, the device numbers in hex.
+        let file = format!(
+            "{:02x}:{:02x}:{}",
+            libc::major(dev),
+            libc::minor(dev),
+            meta.ino()
+        );
+        let locks = fs::read_to_string("/proc/locks").ok()?;
+        holder_of(&locks, &file)
+    }
+
     /// Removes every pin and the directory itself.
     pub fn remove(&self) -> Result<(), PinsError> {
         match fs::remove_dir_all(&self.dir) {
@@ -330,20 +354,43 @@ impl PinDir {
 }
 
 /// The field-by-field half of [`PinDir::check_layout`]: the object's BTF, parsed once, and the
-/// kernel's BTF objects of the pinned maps, each read once (the maps of one load share one).
+/// BTF objects of the pinned maps, each read once (the maps of one load share one): from the
+/// attachment's layout record, else from the kernel (which needs CAP_SYS_ADMIN).
 struct Fields<'a> {
     object: &'a [u8],
     ours: Option<Result<btf::Btf, String>>,
+    record: layouts::Record,
     theirs: HashMap<u32, btf::Btf>,
 }
 
 impl<'a> Fields<'a> {
-    fn new(object: &'a [u8]) -> Self {
+    fn new(object: &'a [u8], record: layouts::Record) -> Self {
         Fields {
             object,
             ours: None,
+            record,
             theirs: HashMap::new(),
         }
+    }
+
+    /// The bytes of the BTF object `id`: recorded, else the kernel's.
+    fn btf_bytes(&self, id: u32) -> Result<Vec<u8>, String> {
+        if let Some(bytes) = self.record.bytes(id) {
+            return Ok(bytes.to_vec());
+        }
+        bpfsys::btf_bytes(id).map_err(|e| {
+            if e.raw_os_error() == Some(libc::EPERM) {
+                format!(
+                    "{e}: its BTF object {id} is not in the attachment's layout record (`{}`, \
+                     which releases before it did not write), and the kernel gives it only to \
+                     CAP_SYS_ADMIN; record it once by running this version's `gateway attach` \
+                     over the attachment as root",
+                    layouts::PIN
+                )
+            } else {
+                e.to_string()
+            }
+        })
     }
 
     /// The fields of the pinned map `name`'s key and value, as its BTF (`pinned`) says, each
@@ -361,13 +408,12 @@ impl<'a> Fields<'a> {
         if pinned.btf_id == 0 {
             return Ok(None);
         }
-        let theirs = match self.theirs.entry(pinned.btf_id) {
-            Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => {
-                let bytes = bpfsys::btf_bytes(pinned.btf_id).map_err(|e| unreadable(&e))?;
-                e.insert(btf::Btf::parse(&bytes).map_err(|e| unreadable(&e))?)
-            }
-        };
+        if !self.theirs.contains_key(&pinned.btf_id) {
+            let bytes = self.btf_bytes(pinned.btf_id).map_err(|e| unreadable(&e))?;
+            let parsed = btf::Btf::parse(&bytes).map_err(|e| unreadable(&e))?;
+            self.theirs.insert(pinned.btf_id, parsed);
+        }
+        let theirs = &self.theirs[&pinned.btf_id];
         let object = self.object;
         let ours = self
             .ours
@@ -392,6 +438,19 @@ impl<'a> Fields<'a> {
 struct Layouts {
     key: (Vec<btf::Field>, Vec<btf::Field>),
     value: (Vec<btf::Field>, Vec<btf::Field>),
+}
+
+/// The pid holding a `flock` on `file` (`MAJOR:MINOR:INODE`) in the text of /proc/locks:
+/// `1: FLOCK  ADVISORY  WRITE 1234 00:2d:5678 0 EOF` (a waiter's line, `1: -> FLOCK ...`, holds
+/// nothing).
+fn holder_of(locks: &str, file: &str) -> Option<u32> {
+    locks.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.get(1) != Some(&"FLOCK") || f.get(5) != Some(&file) {
+            return None;
+        }
+        f.get(4)?.parse().ok()
+    })
 }
 
 /// Every interface with a pinned link under `root`, sorted by name.
@@ -448,6 +507,33 @@ mod tests {
     use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
     use super::*;
+
+    #[test]
+    fn the_holder_is_the_process_with_the_lock_on_that_file_not_a_waiter() {
+        let locks = "1: POSIX  ADVISORY  WRITE 900 00:2d:5678 0 EOF\n\
+                     2: FLOCK  ADVISORY  WRITE 1234 00:2d:999 0 EOF\n\
+                     2: -> FLOCK  ADVISORY  WRITE 77 00:2d:5678 0 EOF\n\
+                     3: FLOCK  ADVISORY  WRITE 4321 00:2d:5678 0 EOF\n";
+        assert_eq!(holder_of(locks, "00:2d:5678"), Some(4321));
+        assert_eq!(holder_of(locks, "00:2d:999"), Some(1234));
+        assert_eq!(holder_of(locks, "00:2e:5678"), None);
+        assert_eq!(holder_of("", "00:2d:5678"), None);
+    }
+
+    #[test]
+    fn this_process_holds_the_directory_it_locked_and_nobody_after() {
+        let root = std::env::temp_dir().join(format!("gw-holder-{}", std::process::id()));
+        let pd = PinDir::new(&root, "lo");
+        pd.create().unwrap();
+        let file = fs::File::open(&pd.dir).unwrap();
+        assert_eq!(pd.holder(), None);
+        // SAFETY: flock on a descriptor this test owns.
+        assert_eq!(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) }, 0);
+        assert_eq!(pd.holder(), Some(std::process::id()));
+        drop(file);
+        assert_eq!(pd.holder(), None);
+        fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn pinned_maps_whose_fields_moved_within_their_sizes_are_refused() {

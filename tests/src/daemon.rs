@@ -46,15 +46,18 @@ impl Daemon {
     }
 
     /// Writes the config [`Daemon::start_config`] runs with (`body` on the gateway's veth,
-    /// detaching on exit) into `dir`; its path. Written again, it is what a reload reads.
+    /// detaching on exit unless `body` has an `on_exit:` line of its own) into `dir`; its path.
+    /// Written again, it is what a reload reads.
     pub fn write_config(net: &TestNet, dir: &std::path::Path, body: &str) -> std::path::PathBuf {
         let cfg = dir.join("gateway.yaml");
+        let on_exit = if body.lines().any(|l| l.starts_with("on_exit:")) {
+            ""
+        } else {
+            "on_exit: detach\n"
+        };
         std::fs::write(
             &cfg,
-            format!(
-                "interfaces:\n  - name: {}\n{body}on_exit: detach\n",
-                net.gw_if
-            ),
+            format!("interfaces:\n  - name: {}\n{body}{on_exit}", net.gw_if),
         )
         .expect("write config");
         cfg
@@ -88,21 +91,7 @@ impl Daemon {
         caps: &[&str],
     ) -> Daemon {
         let cfg = Self::write_config(net, dir, body);
-        let set = caps
-            .iter()
-            .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut command = Command::new("ip");
-        command
-            .args(["netns", "exec", &net.gw_ns, "setpriv"])
-            .arg(format!("--bounding-set=-all,{set}"))
-            .arg("--")
-            .arg(crate::gateway_bin())
-            .arg("--bpffs")
-            .arg(net.root())
-            .args(["run", "--config"])
-            .arg(&cfg);
+        let command = net.gateway_command_capped(&["run", "--config", cfg.to_str().unwrap()], caps);
         Self::spawn_command(command, "info", STARTUP)
     }
 

@@ -229,6 +229,26 @@ impl TestNet {
         c
     }
 
+    /// [`TestNet::gateway_command`] with no capability beyond `caps` (names as systemd writes
+    /// them, `CAP_BPF`): its bounding set is cut to them by `setpriv` inside the namespace, as
+    /// a systemd unit's `CapabilityBoundingSet=` or a pod's `capabilities.add` does.
+    pub fn gateway_command_capped(&self, args: &[&str], caps: &[&str]) -> Command {
+        let set = caps
+            .iter()
+            .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.gw_ns, "setpriv"])
+            .arg(format!("--bounding-set=-all,{set}"))
+            .arg("--")
+            .arg(crate::gateway_bin())
+            .arg("--bpffs")
+            .arg(self.root())
+            .args(args);
+        c
+    }
+
     /// Runs `gateway ARGS` that must succeed; returns stdout.
     pub fn gateway_ok(&self, args: &[&str]) -> String {
         let out = self.gateway(args);

@@ -295,3 +295,94 @@ fn with_log_format_json_every_line_is_a_json_object() {
         .expect("the ready line");
     assert!(ready["fields"]["config"].is_string(), "{ready}");
 }
+
+/// Issue 54: a start that fails after it attached (here its metrics address is taken) leaves
+/// nothing attached, even with `on_exit: keep` (the default): keeping is for a datapath a
+/// daemon served, and nobody asked to keep one that no daemon will. An attachment the failed
+/// start adopted stays as it was found.
+#[test]
+fn a_failed_start_leaves_nothing_it_attached_and_keeps_what_it_adopted() {
+    if !have_root("a_failed_start_leaves_nothing_it_attached") {
+        return;
+    }
+    let net = TestNet::new();
+    let taken = net.in_gw(|| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let port = taken.local_addr().unwrap().port();
+    let dir = gateway_tests::fresh_temp_dir("gwt-daemon-failed-start");
+    let cfg = dir.join("gateway.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "interfaces:\n  - name: {}\nservices: [{{kind: sip, port: 5062}}]\nmetrics: 127.0.0.1:{port}\non_exit: keep\n",
+            net.gw_if
+        ),
+    )
+    .unwrap();
+    let run = |what: &str| {
+        let out = net.gateway(&["run", "--config", cfg.to_str().unwrap()]);
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{what}: the start fails: {said}");
+        assert!(said.contains(&port.to_string()), "{what}: {said}");
+        said
+    };
+    let said = run("fresh");
+    assert!(
+        said.contains("detached what this failed start attached"),
+        "{said}"
+    );
+    assert_eq!(net.xdp_prog_id(), None, "nothing attached: {said}");
+    assert!(!net.pin_dir().exists(), "nothing pinned: {said}");
+    // Adopted: an attachment there before the start stays attached, its pins in place.
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    let before = net.xdp_prog_id();
+    let said = run("adopted");
+    assert!(before.is_some());
+    assert!(net.pin_dir().join("link").exists(), "{said}");
+    assert!(net.xdp_prog_id().is_some(), "{said}");
+    net.gateway_ok(&["detach", "--iface", &net.gw_if]);
+    drop(taken);
+}
+
+/// Issue 54: `status` tells a daemon that was killed from one that runs: it named the dead
+/// one's pid as the daemon and exited 0. The daemon is the process holding the datapath's lock;
+/// a pid recorded without it is reported gone, and `status` fails.
+#[test]
+fn status_reports_a_killed_daemon_as_gone_and_fails() {
+    if !have_root("status_reports_a_killed_daemon_as_gone") {
+        return;
+    }
+    let net = TestNet::new();
+    let dir = gateway_tests::fresh_temp_dir("gwt-daemon-killed");
+    let daemon = Daemon::start_config(
+        &net,
+        &dir,
+        "services: [{kind: sip, port: 5062}]\non_exit: keep\n",
+    );
+    let pid = daemon.pid();
+    let said = net.gateway_ok(&["status"]);
+    assert!(said.contains(&format!("daemon pid {pid}")), "{said}");
+    let json: serde_json::Value =
+        serde_json::from_str(&net.gateway_ok(&["status", "--json"])).unwrap();
+    assert_eq!(json[0]["daemon_pid"], pid, "{json}");
+    daemon.kill();
+    let out = net.gateway(&["status"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success(), "{stdout} {stderr}");
+    assert!(
+        stdout.contains(&format!("daemon gone (pid {pid})")),
+        "{stdout}"
+    );
+    assert!(stderr.contains("gone without stopping"), "{stderr}");
+    // A reload has nobody to ask.
+    let out = net.gateway(&["reload"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a running"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    net.gateway_ok(&["detach", "--iface", &net.gw_if]);
+}

@@ -9,6 +9,7 @@ use std::{
     time::Duration,
 };
 
+use gateway::{bpfsys, btf::Btf, pins::PinDir};
 use gateway_tests::{
     backend::{Backend, Mode},
     daemon::Daemon,
@@ -118,6 +119,171 @@ fn with_exactly_the_units_capabilities_the_daemon_attaches_proxies_on_443_and_re
     assert_eq!(row["backlog_limit"], 40, "{row}");
     let (status, _) = daemon.terminate(Duration::from_secs(30));
     assert!(status.success());
+}
+
+/// The DaemonSet's `capabilities.add`, as systemd names them (`CAP_BPF`).
+fn daemonset_caps() -> Vec<String> {
+    let manifest = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml"),
+    )
+    .unwrap();
+    let line = manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("add: ["))
+        .expect("the DaemonSet adds capabilities");
+    let list = &line[..line.find(']').expect("a closed list")];
+    list.split(',')
+        .map(|c| format!("CAP_{}", c.trim().trim_matches('"')))
+        .collect()
+}
+
+/// Issue 54: under exactly the unit's capabilities (the DaemonSet's are the same set), a start
+/// loads the sweep program, a restart adopts what the first start left attached (`on_exit:
+/// keep`, as `systemctl restart` does), `status` reads the attachment while the daemon runs,
+/// and `attach` over the attachment replaces its programs. None of them may read a pinned map's
+/// BTF by id (`BPF_BTF_GET_FD_BY_ID` needs CAP_SYS_ADMIN): each refused before, the sweep
+/// program with a warning and the restart, `status` and `attach` with "fields that cannot be
+/// read (Operation not permitted)".
+#[test]
+fn with_exactly_the_units_capabilities_a_restart_adopts_and_the_cli_reads_the_attachment() {
+    if !have_root("with_exactly_the_units_capabilities_a_restart_adopts") {
+        return;
+    }
+    let caps = unit_caps();
+    let mut pod = daemonset_caps();
+    let mut unit = caps.clone();
+    pod.sort();
+    unit.sort();
+    assert_eq!(pod, unit, "the DaemonSet and the unit grant the same set");
+    let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
+    let net = TestNet::new();
+    let dir = gateway_tests::fresh_temp_dir("gwt-unit-restart");
+    let body = "services: [{kind: sip, port: 5060}]\non_exit: keep\n";
+    let capped = |args: &[&str]| {
+        let out = net
+            .gateway_command_capped(args, &caps)
+            .output()
+            .expect("run gateway");
+        let said = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), said)
+    };
+    for start in ["first start", "restart"] {
+        let daemon = Daemon::start_config_capped(&net, &dir, body, &caps);
+        let (ok, said) = capped(&["status"]);
+        assert!(ok, "{start}: status under the unit's capabilities: {said}");
+        assert!(
+            said.contains(&format!("daemon pid {}", daemon.pid())),
+            "{start}: {said}"
+        );
+        let (status, log) = daemon.terminate(Duration::from_secs(30));
+        assert!(status.success(), "{start}: {log:?}");
+        let warned: Vec<_> = log.iter().filter(|l| l.contains("WARN")).collect();
+        assert!(warned.is_empty(), "{start}: {warned:?}");
+        assert!(
+            net.root().join(&net.gw_if).join("link").exists(),
+            "{start}: on_exit keep leaves the datapath attached"
+        );
+    }
+    let (ok, said) = capped(&["attach", "--iface", &net.gw_if]);
+    assert!(ok, "attach over the attachment: {said}");
+    assert!(said.contains("replaced"), "{said}");
+    // What the record holds is what the kernel holds: every pinned map's fields, read through
+    // its BTF object id from either, are the same.
+    let pd = PinDir::new(&net.root(), &net.gw_if);
+    let record = gateway::layouts::read(&pd.dir).expect("the record reads");
+    let mut checked = 0;
+    for m in gateway_common::maps::all() {
+        let Ok(shape) = bpfsys::map_shape(&pd.map(m.name)) else {
+            continue;
+        };
+        if shape.btf.btf_id == 0 {
+            continue;
+        }
+        let recorded = Btf::parse(record.bytes(shape.btf.btf_id).expect("recorded")).unwrap();
+        let kernel = Btf::parse(&bpfsys::btf_bytes(shape.btf.btf_id).unwrap()).unwrap();
+        for id in [shape.btf.key_type, shape.btf.value_type] {
+            assert_eq!(
+                recorded.fields(id).unwrap(),
+                kernel.fields(id).unwrap(),
+                "{}",
+                m.name
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked > 20, "{checked} maps checked");
+    // Pins of a release before the record: under the unit's capabilities their fields cannot
+    // be read, and `status` says how to record them; `attach` as root records them.
+    std::fs::remove_file(pd.dir.join(gateway::layouts::PIN)).unwrap();
+    let (ok, said) = capped(&["status"]);
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains("CAP_SYS_ADMIN") && said.contains("`gateway attach`"),
+        "{said}"
+    );
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    let (ok, said) = capped(&["status"]);
+    assert!(ok, "{said}");
+    let (ok, said) = capped(&["detach", "--iface", &net.gw_if]);
+    assert!(ok, "{said}");
+}
+
+/// The eBPF object of an older release, whose `TlsCounters` and `IssuedValue` are laid out
+/// otherwise (tests/fixtures/README.md).
+const PREVIOUS: &[u8] = include_bytes!("../fixtures/gateway-ec0acef.bpf.o");
+
+/// Issue 54: under exactly the unit's capabilities, a daemon upgrades a datapath an older
+/// build attached (attached here as a release that records its layouts does), carrying its
+/// changed maps over to this build's layout, and the CLI then finds this build's layout.
+#[test]
+fn with_exactly_the_units_capabilities_a_daemon_upgrades_across_a_map_layout_change() {
+    if !have_root("with_exactly_the_units_capabilities_a_daemon_upgrades") {
+        return;
+    }
+    let caps = unit_caps();
+    let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
+    let net = TestNet::new();
+    let opts = gateway::loader::AttachOptions {
+        iface: net.gw_if.clone(),
+        mode: gateway::config::ModeRequest::Native,
+        root: net.root(),
+        ebpf_log_level: 0,
+        issued_keys: gateway_common::maps::DEFAULT_TLS_ISSUED,
+    };
+    net.in_gw(|| {
+        drop(gateway::loader::attach_object(&opts, PREVIOUS).expect("attach the older build"))
+    });
+    let status = net.gateway(&["status"]);
+    let said = String::from_utf8_lossy(&status.stdout).into_owned()
+        + &String::from_utf8_lossy(&status.stderr);
+    assert!(
+        !status.status.success() && said.contains("laid out by another build"),
+        "{said}"
+    );
+    let dir = gateway_tests::fresh_temp_dir("gwt-unit-upgrade");
+    let daemon = Daemon::start_config_capped(
+        &net,
+        &dir,
+        "services: [{kind: tls, port: 8443}]\non_exit: keep\n",
+        &caps,
+    );
+    let out = net
+        .gateway_command_capped(&["status"], &caps)
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "after the upgrade: {said}");
+    let (status, log) = daemon.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{log:?}");
+    assert!(
+        log.iter().any(|l| l.contains("carried")),
+        "the start says what it carried over: {log:?}"
+    );
+    let warned: Vec<_> = log.iter().filter(|l| l.contains("WARN")).collect();
+    assert!(warned.is_empty(), "{warned:?}");
+    net.gateway_ok(&["detach", "--iface", &net.gw_if]);
 }
 
 /// Every key of `original` is in `typed` (its round trip through the Kubernetes API types): a key

@@ -22,19 +22,6 @@ pub struct ReloadArgs {
 /// How long the daemon may take to answer.
 const ANSWER: Duration = Duration::from_secs(15);
 
-/// Whether process `pid` runs this binary's `run` subcommand (`/proc/PID/cmdline`).
-fn is_daemon(pid: u32) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-    let ours = std::env::current_exe()
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "gateway".into());
-    args.first().is_some_and(|a| a.ends_with(ours.as_bytes())) && args.iter().any(|a| *a == b"run")
-}
-
 /// Signals the daemon and waits for the outcome.
 pub fn run(root: &Path, args: ReloadArgs) -> Result<(), CommandError> {
     let (pd, maps) = open(root, args.target.iface.as_deref())?;
@@ -45,9 +32,9 @@ pub fn run(root: &Path, args: ReloadArgs) -> Result<(), CommandError> {
             pd.iface
         )));
     }
-    // The pid is the daemon's only while that process runs `gateway run`: one killed without
-    // its exit path leaves the pid behind, and it may belong to another process since.
-    if !is_daemon(before.daemon_pid) {
+    // The pid is the daemon's only while that process holds the datapath's lock: one killed
+    // without its exit path leaves the pid behind, and it may belong to another process since.
+    if pd.holder() != Some(before.daemon_pid) {
         return Err(CommandError::Usage(format!(
             "no daemon serves {}: pid {} recorded in DP_CONFIG is not a running `gateway run` \
              (the daemon did not exit cleanly)",

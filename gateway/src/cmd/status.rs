@@ -31,10 +31,18 @@ pub fn run(root: &Path, args: StatusArgs) -> Result<(), CommandError> {
         .collect::<Result<Vec<_>, _>>()?;
     // The checks /readyz makes of an attachment: its link bound to the interface, its maps of
     // this build's layout.
-    let problems: Vec<String> = dirs
+    let mut problems: Vec<String> = dirs
         .iter()
         .filter_map(|pd| crate::health::attachment_ready(pd).err())
         .collect();
+    problems.extend(infos.iter().filter_map(|i| {
+        Some(format!(
+            "{}: the daemon that served it (pid {}) is gone without stopping (killed?): its \
+             last policy holds, and nothing moves it or answers a reload; start `gateway run` \
+             again",
+            i.iface, i.daemon_gone?
+        ))
+    }));
     if json {
         println!("{}", serde_json::to_string(&infos).expect("serializable"));
     } else if infos.is_empty() {
@@ -52,8 +60,11 @@ pub fn run(root: &Path, args: StatusArgs) -> Result<(), CommandError> {
                 i.verified_insns.map_or("?".into(), |n| n.to_string()),
                 id(i.egress_link_id),
                 id(i.finish_link_id),
-                i.daemon_pid
-                    .map_or("none".to_string(), |p| format!("pid {p}")),
+                match (i.daemon_pid, i.daemon_gone) {
+                    (Some(p), _) => format!("pid {p}"),
+                    (None, Some(p)) => format!("gone (pid {p})"),
+                    (None, None) => "none".to_string(),
+                },
                 i.pin_dir
             );
         }

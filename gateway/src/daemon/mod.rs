@@ -154,25 +154,33 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let result = control.block_on(serve(&cfg, &source, &mut attachments, proxying.handle()));
+    let mut ready = false;
+    let result = control.block_on(serve(
+        &cfg,
+        &source,
+        &mut attachments,
+        proxying.handle(),
+        &mut ready,
+    ));
     // The connections have drained (or their deadline passed) in `serve`: what is left ends now.
     proxying.shutdown_background();
-    match cfg.on_exit {
-        OnExit::Detach => {
-            // A start that failed never tears down what it did not create: an attachment it
-            // adopted (left by an earlier daemon with `on_exit: keep`) stays.
-            let failed = result.is_err();
-            for a in attachments.iter().filter(|a| !(failed && a.replaced)) {
-                match loader::detach(&cfg.bpffs, &a.iface) {
-                    Ok(()) => info!(iface = %a.iface, "detached"),
-                    Err(e) => warn!(iface = %a.iface, error = %e, "detach failed"),
-                }
-            }
+    let failed = result.is_err();
+    for a in &attachments {
+        // A start that failed never tears down what it did not create (an attachment it
+        // adopted, left by an earlier daemon with `on_exit: keep`, stays as it was found), and
+        // never leaves what it did create: nobody asked to keep a datapath no daemon served.
+        let remove = match cfg.on_exit {
+            OnExit::Detach => !(failed && a.replaced),
+            OnExit::Keep => failed && !ready && !a.replaced,
+        };
+        if !remove {
+            info!(iface = %a.iface, "leaving the datapath attached (on_exit: keep)");
+            continue;
         }
-        OnExit::Keep => {
-            for a in &attachments {
-                info!(iface = %a.iface, "leaving the datapath attached (on_exit: keep)");
-            }
+        match loader::detach(&cfg.bpffs, &a.iface) {
+            Ok(()) if ready => info!(iface = %a.iface, "detached"),
+            Ok(()) => info!(iface = %a.iface, "detached what this failed start attached"),
+            Err(e) => warn!(iface = %a.iface, error = %e, "detach failed"),
         }
     }
     result
@@ -211,6 +219,7 @@ async fn serve(
     source: &ConfigSource,
     attachments: &mut [AttachOutcome],
     proxying: &tokio::runtime::Handle,
+    ready: &mut bool,
 ) -> Result<(), DaemonError> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -319,6 +328,7 @@ async fn serve(
         info!(%addr, "metrics at /metrics, health at /healthz and /readyz");
     }
     info!(config = %cfg, "gateway ready");
+    *ready = true;
     let mut running = cfg.clone();
     loop {
         tokio::select! {

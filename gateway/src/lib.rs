@@ -23,6 +23,7 @@ pub mod layouts;
 pub mod loader;
 pub mod maps;
 pub mod metrics;
+pub mod notify;
 pub mod output;
 pub mod pins;
 pub mod plot;

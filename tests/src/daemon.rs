@@ -131,8 +131,9 @@ impl Daemon {
         Self::spawn_command(command, filter, timeout)
     }
 
-    /// Spawns `command` (a `gateway run`) and waits for it to say it is ready.
-    fn spawn_command(mut command: Command, filter: &str, timeout: Duration) -> Daemon {
+    /// Spawns `command` (a `gateway run` line) with `RUST_LOG` at `filter` and waits, at most
+    /// `timeout`, for it to log "gateway ready".
+    pub fn spawn_command(mut command: Command, filter: &str, timeout: Duration) -> Daemon {
         let mut child = command
             .env("RUST_LOG", filter)
             .stdin(Stdio::null())

@@ -105,6 +105,18 @@ fn bad_configs_are_refused_with_field_and_line() {
             &["proxies[0].tls", empty.to_str().unwrap()],
         ),
         (
+            // `run` refuses a root that is not on bpffs: so does the check.
+            "not-bpffs",
+            on_this_host.replace(
+                "bpffs: /sys/fs/bpf/gateway",
+                &format!(
+                    "bpffs: {}",
+                    std::env::temp_dir().join("gwt-not-bpffs").display()
+                ),
+            ),
+            &["bpffs:", "is not on a bpf filesystem"],
+        ),
+        (
             "no-interfaces",
             on_this_host.replace("interfaces:\n  - name: lo\n", "interfaces: []\n#"),
             &["interfaces: none listed"],

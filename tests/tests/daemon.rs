@@ -386,3 +386,67 @@ fn status_reports_a_killed_daemon_as_gone_and_fails() {
     );
     net.gateway_ok(&["detach", "--iface", &net.gw_if]);
 }
+
+/// Issue 54: the CLI finds the pins where the config puts them (`bpffs:`), from `--config` or
+/// `GATEWAY_CONFIG`, or from `GATEWAY_BPFFS`, as `run` did alone: every command needed
+/// `--bpffs` beside a config that said it already.
+#[test]
+fn the_cli_finds_the_bpffs_from_the_config_or_the_environment() {
+    if !have_root("the_cli_finds_the_bpffs_from_the_config") {
+        return;
+    }
+    let net = TestNet::new();
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    let dir = gateway_tests::fresh_temp_dir("gwt-cli-bpffs");
+    let cfg = dir.join("gateway.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "interfaces:\n  - name: {}\nbpffs: {}\n",
+            net.gw_if,
+            net.root().display()
+        ),
+    )
+    .unwrap();
+    // `gateway status` in the gateway's namespace, without --bpffs.
+    let status = |args: &[&str], env: &[(&str, &std::path::Path)]| {
+        let mut c = std::process::Command::new("ip");
+        c.args(["netns", "exec", &net.gw_ns])
+            .arg(gateway_tests::gateway_bin())
+            .arg("status")
+            .args(args)
+            .env_remove("GATEWAY_BPFFS")
+            .env_remove("GATEWAY_CONFIG");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    };
+    let mine = format!("{}: ", net.gw_if);
+    let config = cfg.to_str().unwrap();
+    for (how, said) in [
+        ("--config", status(&["--config", config], &[])),
+        ("GATEWAY_CONFIG", status(&[], &[("GATEWAY_CONFIG", &cfg)])),
+        (
+            "GATEWAY_BPFFS",
+            status(&[], &[("GATEWAY_BPFFS", &net.root())]),
+        ),
+    ] {
+        assert!(said.starts_with(&mine), "{how}: {said}");
+    }
+    // --bpffs wins over the config; with neither, the default root (not ours).
+    let elsewhere = dir.join("elsewhere");
+    let said = status(
+        &["--config", config, "--bpffs", elsewhere.to_str().unwrap()],
+        &[],
+    );
+    assert!(!said.contains(&mine), "{said}");
+    assert!(!status(&[], &[]).contains(&mine));
+    // A config that does not load is named.
+    let broken = dir.join("broken.yaml");
+    std::fs::write(&broken, "bpffs: [\n").unwrap();
+    let said = status(&["--config", broken.to_str().unwrap()], &[]);
+    assert!(said.contains("broken.yaml"), "{said}");
+    net.gateway_ok(&["detach", "--iface", &net.gw_if]);
+}

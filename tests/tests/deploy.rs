@@ -44,8 +44,8 @@ fn the_unit_passes_systemd_analyze_verify_and_a_broken_copy_does_not() {
     let (ok, said) = verify(&unit());
     assert!(ok && said.trim().is_empty(), "{said}");
     // systemd ignores a bad value with a warning: the check is that nothing is said.
-    let (_, said) = verify(&unit().replace("Type=simple", "Type=simpel"));
-    assert!(said.contains("simpel"), "{said}");
+    let (_, said) = verify(&unit().replace("Type=notify", "Type=notifx"));
+    assert!(said.contains("notifx"), "{said}");
 }
 
 /// The unit's `CapabilityBoundingSet=`.
@@ -227,6 +227,126 @@ fn with_exactly_the_units_capabilities_a_restart_adopts_and_the_cli_reads_the_at
     assert!(ok, "{said}");
     let (ok, said) = capped(&["detach", "--iface", &net.gw_if]);
     assert!(ok, "{said}");
+}
+
+/// The unit's `KEY=` value.
+fn unit_value(key: &str) -> String {
+    unit()
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("the unit sets {key}"))
+        .to_string()
+}
+
+/// An HTTP/1.0 GET of `path` from the metrics endpoint at 127.0.0.1:`port` in the gateway's
+/// namespace: its status code, 0 when nothing answered.
+fn http_status(net: &TestNet, port: u16, path: &str) -> u16 {
+    use std::io::{Read as _, Write as _};
+    net.in_gw(|| {
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return 0;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        if s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+            .is_err()
+        {
+            return 0;
+        }
+        let mut head = String::new();
+        let _ = s.read_to_string(&mut head);
+        head.split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0)
+    })
+}
+
+/// Issue 54: the unit's start and stop, played as systemd plays them (no systemd runs as PID 1
+/// on the test machines): `gateway run` as ExecStart says, under the unit's capabilities and
+/// environment, with `NOTIFY_SOCKET` (Type=notify); a client holding a proxied connection;
+/// SIGTERM (KillSignal). The daemon says READY=1 once it serves and STOPPING=1 at the signal;
+/// while it drains, /healthz answers 200 and /readyz 503 (they went silent at the signal
+/// before); it ends the held connection at its drain deadline and exits by itself, well inside
+/// TimeoutStopSec, which is longer than the default drain and its exit (it equalled the drain:
+/// a keep-alive client had systemd kill the daemon at 31.4 s).
+#[test]
+fn the_units_stop_with_a_held_connection_ends_by_itself_and_keeps_health_answering() {
+    if !have_root("the_units_stop_with_a_held_connection") {
+        return;
+    }
+    let default_drain = gateway::proxy::config::Timeouts::default().drain.0;
+    let timeout_stop = Duration::from_secs(unit_value("TimeoutStopSec").parse().unwrap());
+    assert!(
+        timeout_stop >= default_drain + Duration::from_secs(10),
+        "TimeoutStopSec {timeout_stop:?} against a default drain of {default_drain:?}"
+    );
+    assert_eq!(unit_value("Type"), "notify");
+    let caps = unit_caps();
+    let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
+    let net = TestNet::new();
+    let cert = Cert::new();
+    let backend = Backend::start(
+        net.in_gw(|| TcpListener::bind("127.0.0.1:0").unwrap()),
+        "b",
+        Mode::Answer,
+        false,
+    );
+    const METRICS: u16 = 9491;
+    // A short drain, so that the test waits seconds: what is checked is that the daemon ends
+    // the drain itself at its deadline, with health answering meanwhile.
+    let drain = Duration::from_secs(3);
+    let dir = cert.file("");
+    let cfg = Daemon::write_config(
+        &net,
+        &dir,
+        &format!(
+            "metrics: 127.0.0.1:{METRICS}\nproxies:\n  - listen: {GW_V4}:443\n    tls: {{cert: {}, key: {}}}\n    \
+             backends: [{{address: {}}}]\n    timeouts: {{drain: 3s}}\n",
+            cert.cert().display(),
+            cert.key().display(),
+            backend.addr
+        ),
+    );
+    let notify = dir.join("notify.sock");
+    let _ = std::fs::remove_file(&notify);
+    let manager = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    manager
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut command =
+        net.gateway_command_capped(&["run", "--config", cfg.to_str().unwrap()], &caps);
+    command.env("NOTIFY_SOCKET", &notify);
+    let daemon = Daemon::spawn_command(command, "info", gateway_tests::daemon::STARTUP);
+    let said = |manager: &std::os::unix::net::UnixDatagram| {
+        let mut buf = [0u8; 256];
+        let n = manager.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    assert_eq!(said(&manager), "READY=1");
+    assert_eq!(http_status(&net, METRICS, "/readyz"), 200);
+    // A client holding a proxied connection open (its stdin open: it neither sends nor closes).
+    let (held, kind) = gateway_tests::tls::HeldClient::connect(
+        &["ip", "netns", "exec", &net.peer_ns],
+        &format!("{GW_V4}:443"),
+        &[],
+        Duration::from_secs(10),
+    );
+    assert_eq!(kind, Some("New"), "the held client's handshake");
+    let stopped = std::time::Instant::now();
+    daemon.signal_term();
+    assert_eq!(said(&manager), "STOPPING=1");
+    // Draining: alive, not ready.
+    assert_eq!(http_status(&net, METRICS, "/healthz"), 200);
+    assert_eq!(http_status(&net, METRICS, "/readyz"), 503);
+    let (status, log) = daemon.wait_exit(timeout_stop);
+    let took = stopped.elapsed();
+    assert!(status.success(), "{log:?}");
+    assert!(
+        log.iter().any(|l| l.contains("drain deadline passed")),
+        "the daemon ended the held connection itself: {log:?}"
+    );
+    assert!(took >= drain && took < timeout_stop, "stopped in {took:?}");
+    drop(held);
 }
 
 /// The eBPF object of an older release, whose `TlsCounters` and `IssuedValue` are laid out

@@ -42,10 +42,14 @@ use crate::{
 #[derive(Debug, Parser)]
 #[command(name = "gateway", version, about)]
 pub struct Cli {
-    /// bpffs root of the per-interface pin directories [default: /sys/fs/bpf/gateway, or the
-    /// config's `bpffs` for `run`].
-    #[arg(long, global = true, value_name = "DIR")]
+    /// bpffs root of the per-interface pin directories [default: the `bpffs` of --config,
+    /// else /sys/fs/bpf/gateway].
+    #[arg(long, global = true, value_name = "DIR", env = "GATEWAY_BPFFS")]
     pub bpffs: Option<PathBuf>,
+    /// Configuration file: the one `run` serves [default: the embedded default]; every other
+    /// command finds the bpffs root in its `bpffs` unless --bpffs says otherwise.
+    #[arg(long, global = true, value_name = "FILE", env = "GATEWAY_CONFIG")]
+    pub config: Option<PathBuf>,
     /// Log lines as `text` or `json` (one object per line: timestamp, level, target, fields), for
     /// log shippers.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -170,11 +174,16 @@ impl CommandError {
     }
 }
 
-/// The bpffs root: `--bpffs`, or the default.
-fn root(cli_root: &Option<PathBuf>) -> PathBuf {
-    cli_root
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_ROOT))
+/// The bpffs root: `--bpffs` (or `GATEWAY_BPFFS`), else the `bpffs` of `--config` (or
+/// `GATEWAY_CONFIG`), else the default. A config that does not load is refused, naming it.
+fn root(bpffs: &Option<PathBuf>, config: &Option<PathBuf>) -> Result<PathBuf, CommandError> {
+    if let Some(root) = bpffs {
+        return Ok(root.clone());
+    }
+    match config {
+        Some(path) => Ok(crate::config::Config::load(path)?.bpffs),
+        None => Ok(PathBuf::from(DEFAULT_ROOT)),
+    }
 }
 
 /// Opens the maps of the selected attachment.
@@ -187,17 +196,18 @@ fn open(root: &std::path::Path, iface: Option<&str>) -> Result<(pins::PinDir, Ma
 
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Result<(), CommandError> {
-    let bpffs = cli.bpffs;
+    let (bpffs, config) = (cli.bpffs, cli.config);
+    let root = || root(&bpffs, &config);
     match cli.command {
-        Command::Attach(args) => attach::attach(&root(&bpffs), args),
-        Command::Detach(args) => attach::detach(&root(&bpffs), args),
-        Command::Status(args) => status::run(&root(&bpffs), args),
-        Command::Stats(args) => stats::run(&root(&bpffs), args),
-        Command::Policy { action } => policy::run(&root(&bpffs), action),
-        Command::Service { action } => service::run(&root(&bpffs), action),
-        Command::Tls { action } => tls::run(&root(&bpffs), action),
-        Command::Run(args) => run::run(bpffs, args),
-        Command::Reload(args) => reload::run(&root(&bpffs), args),
+        Command::Attach(args) => attach::attach(&root()?, args),
+        Command::Detach(args) => attach::detach(&root()?, args),
+        Command::Status(args) => status::run(&root()?, args),
+        Command::Stats(args) => stats::run(&root()?, args),
+        Command::Policy { action } => policy::run(&root()?, action),
+        Command::Service { action } => service::run(&root()?, action),
+        Command::Tls { action } => tls::run(&root()?, action),
+        Command::Run(args) => run::run(bpffs, config, args),
+        Command::Reload(args) => reload::run(&root()?, args),
         Command::Config { action } => config::run(action),
         Command::Probe(args) => probe::run(args),
         Command::Completions(args) => docs::completions(args),

@@ -14,9 +14,6 @@ use crate::{
 /// `gateway run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Configuration file [default: the embedded default, see `gateway config default`].
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
     /// Protect this interface instead of the config's `interfaces`.
     #[arg(long)]
     pub iface: Option<String>,
@@ -25,13 +22,14 @@ pub struct RunArgs {
     pub mode: Option<ModeRequest>,
 }
 
-/// Runs the daemon until SIGTERM or SIGINT; `bpffs` overrides the config's.
-pub fn run(bpffs: Option<PathBuf>, args: RunArgs) -> Result<(), CommandError> {
-    let RunArgs {
-        config,
-        iface,
-        mode,
-    } = args;
+/// Runs the daemon until SIGTERM or SIGINT with `config` (the global `--config`; the embedded
+/// default without one, see `gateway config default`); `bpffs` overrides the config's.
+pub fn run(
+    bpffs: Option<PathBuf>,
+    config: Option<PathBuf>,
+    args: RunArgs,
+) -> Result<(), CommandError> {
+    let RunArgs { iface, mode } = args;
     let source = ConfigSource {
         path: config,
         bpffs,

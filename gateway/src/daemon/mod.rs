@@ -254,6 +254,9 @@ async fn serve(
         }
     }
     let stop = CancellationToken::new();
+    // The metrics endpoint's own: cancelled once the drain ended. `stop` is `draining` to it.
+    let metrics_stop = CancellationToken::new();
+    let draining = stop.clone();
     let tracker = TaskTracker::new();
     let proxies = start_proxies(cfg, &attached, &stop, &tracker, proxying)?;
     let controller_stats = ControllerStats::default();
@@ -313,22 +316,38 @@ async fn serve(
         let endpoint = crate::metrics::Endpoint {
             registry,
             refresh,
-            checks: Arc::new(readiness_checks(
-                cfg,
-                &attached,
-                &proxies.proxies,
-                &controller_stats,
-            )),
+            checks: Arc::new({
+                let mut checks =
+                    readiness_checks(cfg, &attached, &proxies.proxies, &controller_stats);
+                // First: a stopping daemon is not ready, whatever else holds.
+                let draining = draining.clone();
+                checks.insert(
+                    0,
+                    Box::new(move || {
+                        if draining.is_cancelled() {
+                            Err("stopping: draining its connections".into())
+                        } else {
+                            Ok(())
+                        }
+                    }),
+                );
+                checks
+            }),
         };
+        // Served until the drain ends, not until it begins: /healthz, /readyz (503, draining)
+        // and the drain's own figures stay readable while connections finish.
         tokio::spawn(crate::metrics::serve(
             listener,
             Arc::new(endpoint),
-            stop.clone(),
+            metrics_stop.clone(),
         ));
         info!(%addr, "metrics at /metrics, health at /healthz and /readyz");
     }
     info!(config = %cfg, "gateway ready");
     *ready = true;
+    if let Err(e) = crate::notify::notify(crate::notify::READY) {
+        warn!(error = %e, "cannot tell the service manager the daemon is ready");
+    }
     let mut running = cfg.clone();
     loop {
         tokio::select! {
@@ -376,6 +395,7 @@ async fn serve(
             }
         }
     }
+    let _ = crate::notify::notify(crate::notify::STOPPING);
     for a in &attached {
         mark(a, |c| c.daemon_pid = 0);
     }
@@ -404,6 +424,7 @@ async fn serve(
             );
         }
     }
+    metrics_stop.cancel();
     for t in log_tasks.into_iter().chain(reject_tasks) {
         t.abort();
     }

@@ -65,8 +65,9 @@ pub enum LoaderError {
     /// The object could not be loaded.
     #[error("loading the eBPF object: {0}")]
     Load(#[from] EbpfError),
-    /// A program could not be loaded or attached.
-    #[error("{what}: {source}")]
+    /// A program could not be loaded or attached (with the causes aya keeps beneath its own
+    /// words, the kernel's errno among them).
+    #[error("{what}: {}", with_causes(source))]
     Program {
         /// What was being done.
         what: String,
@@ -108,6 +109,23 @@ impl LoaderError {
             _ => false,
         }
     }
+}
+
+/// `e` and each error beneath it, `: `-joined (aya's `bpf_link_create failed` says the errno
+/// only in its source).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    // Bounded: error chains are a few deep.
+    for _ in 0..8 {
+        let Some(cause) = next else { break };
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text = format!("{text}: {said}");
+        }
+        next = cause.source();
+    }
+    text
 }
 
 fn program_err(what: impl Into<String>) -> impl FnOnce(ProgramError) -> LoaderError {
@@ -170,6 +188,20 @@ pub fn attach(opts: &AttachOptions) -> Result<AttachOutcome, LoaderError> {
     let pd = PinDir::new(&opts.root, &opts.iface);
     if pd.is_attached() {
         return replace(&pd, opts);
+    }
+    if let Some(other) = pins::other_attachments(&opts.root, &opts.iface, ifindex).first() {
+        return Err(PinsError::Stacked {
+            iface: opts.iface.clone(),
+            other: other.dir.display().to_string(),
+            root: other
+                .dir
+                .parent()
+                .map_or_else(String::new, |r| r.display().to_string()),
+            owner: other
+                .holder()
+                .map_or_else(String::new, |pid| format!(", served by pid {pid}")),
+        }
+        .into());
     }
     pd.create()?;
     // Nothing was attached here (no link pinned): what a failed attach pinned goes, and what
@@ -704,4 +736,32 @@ pub fn info(pd: &PinDir) -> Result<AttachmentStatus, LoaderError> {
             .and_then(|p| p.verified_instruction_count()),
         pin_dir: pd.dir.display().to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_says_its_causes_once_each() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("`bpf_link_create` failed")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = Outer(std::io::Error::from_raw_os_error(libc::EBUSY));
+        assert_eq!(
+            with_causes(&e),
+            "`bpf_link_create` failed: Device or resource busy (os error 16)"
+        );
+        let plain = std::io::Error::other("alone");
+        assert_eq!(with_causes(&plain), "alone");
+    }
 }

@@ -42,6 +42,22 @@ pub enum PinsError {
     /// No attachment at all under the root, or more than one where one was needed.
     #[error("{0}")]
     Ambiguous(String),
+    /// Another gateway datapath, pinned under another bpffs root, serves the interface.
+    #[error(
+        "interface '{iface}' carries a gateway datapath pinned under {other}{owner}: one \
+         datapath per interface; detach that one first (`gateway --bpffs {root} detach --iface \
+         {iface}`), or use its root"
+    )]
+    Stacked {
+        /// Interface name.
+        iface: String,
+        /// The other pin directory.
+        other: String,
+        /// Its root.
+        root: String,
+        /// `, served by pid N` when a process holds it.
+        owner: String,
+    },
     /// Another process holds the interface's datapath (a running `gateway run`, or an attach
     /// in progress).
     #[error("{owner} serves interface '{iface}': stop it first (one daemon per datapath)")]
@@ -451,6 +467,52 @@ fn holder_of(locks: &str, file: &str) -> Option<u32> {
         }
         f.get(4)?.parse().ok()
     })
+}
+
+/// The gateway datapaths pinned for interface `iface` (index `ifindex`) under a bpffs other
+/// than `root`: the pin directories `<mount>[/A[/B]]/<iface>` of every bpf filesystem mounted
+/// here whose ingress link is bound to that interface. A second datapath stacked on the first
+/// (tcx allows several programs) would judge every packet twice, each against its own policy.
+pub fn other_attachments(root: &Path, iface: &str, ifindex: u32) -> Vec<PinDir> {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut found = Vec::new();
+    for line in mounts.lines() {
+        // `ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS... - FSTYPE SOURCE SUPER`.
+        let Some((front, back)) = line.split_once(" - ") else {
+            continue;
+        };
+        if back.split_whitespace().next() != Some("bpf") {
+            continue;
+        }
+        let Some(mount) = front.split_whitespace().nth(4) else {
+            continue;
+        };
+        // Octal escapes (`\040` for a space) are left as they are: such a mount is skipped.
+        // The mount and the directories one and two levels under it.
+        let mut level = vec![Path::new(mount).to_path_buf()];
+        let mut roots = level.clone();
+        for _ in 0..2 {
+            level = level
+                .iter()
+                .flat_map(|r| fs::read_dir(r).into_iter().flatten().flatten())
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect();
+            roots.extend(level.iter().cloned());
+        }
+        let ours = fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+        for r in roots {
+            let pd = PinDir::new(&r, iface);
+            let same = fs::canonicalize(&r).is_ok_and(|r| r == ours);
+            if same || !pd.is_attached() || found.iter().any(|f: &PinDir| f.dir == pd.dir) {
+                continue;
+            }
+            if crate::health::link_ifindex(&pd.link()).is_ok_and(|i| i == ifindex) {
+                found.push(pd);
+            }
+        }
+    }
+    found
 }
 
 /// Every interface with a pinned link under `root`, sorted by name.

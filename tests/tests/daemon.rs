@@ -450,3 +450,101 @@ fn the_cli_finds_the_bpffs_from_the_config_or_the_environment() {
     assert!(said.contains("broken.yaml"), "{said}");
     net.gateway_ok(&["detach", "--iface", &net.gw_if]);
 }
+
+/// Issue 54: `gateway detach` under a live daemon is refused, naming it (it was accepted, and
+/// the daemon then warned every second, answered /readyz 503 for good, and `status` said "not
+/// attached anywhere" with exit 0). The daemon serves on, and its own stop detaches.
+#[test]
+fn detach_under_a_live_daemon_is_refused_naming_it() {
+    if !have_root("detach_under_a_live_daemon_is_refused") {
+        return;
+    }
+    let net = TestNet::new();
+    let dir = gateway_tests::fresh_temp_dir("gwt-daemon-detach");
+    let daemon = Daemon::start_config(&net, &dir, "services: [{kind: sip, port: 5062}]\n");
+    let out = net.gateway(&["detach", "--iface", &net.gw_if]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains(&format!("`gateway run` (pid {})", daemon.pid())),
+        "{said}"
+    );
+    let status = net.gateway_ok(&["status"]);
+    assert!(
+        status.contains(&format!("daemon pid {}", daemon.pid())),
+        "{status}"
+    );
+    let (status, log) = daemon.terminate(SHUTDOWN);
+    assert!(status.success(), "{log:?}");
+    assert!(!net.pin_dir().exists(), "the daemon's on_exit: detach ran");
+}
+
+/// Issue 54: a second gateway datapath on an interface one already serves, from another bpffs
+/// root, is refused before anything is loaded, naming the first's pins (tc mode stacked a
+/// second program beside the first; native failed with "`bpf_link_create` failed" and no
+/// errno). Once the first is detached, the other root attaches.
+#[test]
+fn a_second_datapath_from_another_bpffs_is_refused_naming_the_first() {
+    if !have_root("a_second_datapath_from_another_bpffs_is_refused") {
+        return;
+    }
+    let net = TestNet::new();
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    let other = gateway_tests::netns::Bpffs::new();
+    let other_root = other.root();
+    let attach_other = |mode: &str| {
+        let bin = gateway_tests::gateway_bin();
+        net.exec(
+            &net.gw_ns,
+            bin.to_str().unwrap(),
+            &[
+                "--bpffs",
+                other_root.to_str().unwrap(),
+                "attach",
+                "--iface",
+                &net.gw_if,
+                "--mode",
+                mode,
+            ],
+        )
+    };
+    let first = net.root().join(&net.gw_if);
+    for mode in ["tc", "native", "generic", "auto"] {
+        let out = attach_other(mode);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{mode}: {said}");
+        assert!(
+            said.contains(&format!(
+                "carries a gateway datapath pinned under {}",
+                first.display()
+            )),
+            "{mode}: {said}"
+        );
+        assert!(
+            !other_root.join(&net.gw_if).exists(),
+            "{mode}: nothing pinned"
+        );
+    }
+    // The first is as it was.
+    let status = net.gateway_ok(&["status"]);
+    assert!(status.starts_with(&format!("{}: ", net.gw_if)), "{status}");
+    net.gateway_ok(&["detach", "--iface", &net.gw_if]);
+    let out = attach_other("tc");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = net.exec(
+        &net.gw_ns,
+        gateway_tests::gateway_bin().to_str().unwrap(),
+        &[
+            "--bpffs",
+            other_root.to_str().unwrap(),
+            "detach",
+            "--iface",
+            &net.gw_if,
+        ],
+    );
+    assert!(out.status.success());
+}

@@ -71,8 +71,10 @@ pub fn attach(root: &Path, args: AttachArgs) -> Result<(), CommandError> {
     Ok(())
 }
 
-/// Detaches and removes the pins.
+/// Detaches and removes the pins; refused while a daemon serves the interface (it would run
+/// on with its maps gone, its health failing for good): stop it, and its `on_exit` decides.
 pub fn detach(root: &Path, args: DetachArgs) -> Result<(), CommandError> {
+    let _held = crate::daemon::hold(&crate::pins::PinDir::new(root, &args.iface))?;
     loader::detach(root, &args.iface)?;
     println!("detached from {}", args.iface);
     Ok(())

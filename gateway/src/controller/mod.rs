@@ -137,7 +137,14 @@ struct Plant {
     /// Handshake costs inferred from completion times, for a TLS server the daemon does not
     /// terminate (mode `tls` without a proxy that measured its own).
     inferred: CostInference,
+    /// Per class, when a change of reason was last logged and the changes since unsaid.
+    said: BTreeMap<Class, (Option<std::time::Instant>, u32)>,
 }
+
+/// At most one line per class this often for the controller's changes of reason at the default
+/// level: a law at its set point can alternate reasons every interval (on a busy host it did,
+/// five lines a second); the line after a quiet spell says how many changes it stands for.
+const REASON_LOG_EVERY: Duration = Duration::from_secs(2);
 
 /// Mode `pdd`: the law and the backend pools it moves.
 struct Pdd {
@@ -384,6 +391,7 @@ impl Controller {
             .iter()
             .map(|a| Plant {
                 attached: a.clone(),
+                said: BTreeMap::new(),
                 laws: cfg
                     .classes
                     .iter()
@@ -617,12 +625,22 @@ fn step(
         let Some(d) = decision else {
             continue;
         };
-        // Once per change of reason at the default level (not every interval's step).
+        // Once per change of reason at the default level (not every interval's step), and at
+        // most once per REASON_LOG_EVERY per class.
         if policy.reason != d.reason.id() {
-            info!(
-                %iface, class = class.name(), limit = d.limit, reason = d.reason.name(),
-                was = policy.reason_name(), "controller: the limit moves for a new reason"
-            );
+            let now = std::time::Instant::now();
+            let (last, unsaid) = plant.said.entry(*class).or_insert((None, 0));
+            if last.is_none_or(|at| now.duration_since(at) >= REASON_LOG_EVERY) {
+                info!(
+                    %iface, class = class.name(), limit = d.limit, reason = d.reason.name(),
+                    was = policy.reason_name(), changes_unsaid = *unsaid,
+                    "controller: the limit moves for a new reason"
+                );
+                (*last, *unsaid) = (Some(now), 0);
+            } else {
+                *unsaid += 1;
+                debug!(%iface, class = class.name(), limit = d.limit, reason = d.reason.name(), "controller: a new reason");
+            }
         } else {
             debug!(%iface, class = class.name(), limit = d.limit, reason = d.reason.name(), "controller");
         }

@@ -416,3 +416,22 @@ fn counter_line<T: Counters>(c: &T) -> String {
         .map(|f| format!(" {} {}", f.label(), (f.get)(c)))
         .collect()
 }
+
+/// One class's limits in a line, as `policy set` and a reload's report say them.
+pub fn describe_policy(p: &gateway_common::policy::Policy) -> String {
+    let show = |v: Option<u64>| v.map_or("unlimited".to_owned(), |v| v.to_string());
+    let timeout = p.timeout.map_or("default".to_owned(), |t| {
+        humantime::format_duration(t).to_string()
+    });
+    format!(
+        "backlog {}, rate {}/s, burst {}, timeout {timeout}, refuse {}, reply rate {}/s{}",
+        show(p.backlog),
+        show(p.rate),
+        p.burst.unwrap_or(0),
+        p.refuse.map_or("default", |r| r.name()),
+        p.reply_rate
+            .unwrap_or(gateway_common::maps::DEFAULT_REPLY_RATE),
+        p.retry_after
+            .map_or(String::new(), |s| format!(", retry-after {s}s"))
+    )
+}

@@ -8,6 +8,12 @@
 
 use std::sync::Arc;
 
+use gateway_common::{
+    Class,
+    maps::{ClassPolicy, ServiceKey, ServiceValue},
+    reasons::Owner,
+};
+
 use crate::{
     apply::apply,
     attached::Attached,
@@ -19,6 +25,130 @@ use crate::{
 pub struct Plan {
     cfg: Config,
     tls: Vec<rustls::ServerConfig>,
+    certificates: Certificates,
+}
+
+/// The content of each listener's certificate, key and ticket key files, digested: a rotation
+/// writes new content under the same paths, which the config's own values do not show.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Certificates(Vec<u64>);
+
+impl Certificates {
+    /// The digests of `cfg`'s listeners' files as they are now (an unreadable file digests as
+    /// absent: the reload that needs it is refused elsewhere).
+    pub fn of(cfg: &Config) -> Self {
+        use std::hash::{Hash as _, Hasher as _};
+        Certificates(
+            cfg.proxies
+                .iter()
+                .map(|p| {
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    let files = p
+                        .tls
+                        .cert_key
+                        .iter()
+                        .flat_map(|(c, k)| [c, k])
+                        .chain(p.tls.ticket_key_file.as_ref());
+                    for f in files {
+                        std::fs::read(f).ok().hash(&mut h);
+                    }
+                    h.finish()
+                })
+                .collect(),
+        )
+    }
+
+    /// The listeners whose files' content differs from `before`'s, as `proxies[i].tls (...)`.
+    pub fn changed_since(&self, before: &Certificates) -> Vec<String> {
+        self.0
+            .iter()
+            .zip(&before.0)
+            .enumerate()
+            .filter(|(_, (a, b))| a != b)
+            .map(|(i, _)| format!("proxies[{i}].tls (the certificate or key files' content)"))
+            .collect()
+    }
+}
+
+/// What an attachment's maps hold that a reload writes: its services, and each class's policy
+/// with who set it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Datapath {
+    services: Vec<(ServiceKey, ServiceValue)>,
+    policies: Vec<(Class, ClassPolicy)>,
+}
+
+impl Datapath {
+    /// What `a`'s maps hold now (what cannot be read is left out).
+    pub fn of(a: &Attached) -> Self {
+        let maps = a.maps();
+        Datapath {
+            services: maps.services().unwrap_or_default(),
+            policies: Class::ALL
+                .iter()
+                .filter_map(|&c| Some((c, maps.policy(c).ok()?)))
+                .collect(),
+        }
+    }
+
+    /// The changes made by hand (`gateway service add/del`, `gateway policy set`) between the
+    /// `running` config's apply and `before`, that the reload undid to reach `self` on `iface`:
+    /// a service added or removed by hand, a class's policy changed with `policy set` (unpinned). Each is
+    /// named with what it was, so that an undone change is never silent.
+    pub fn undone_since(&self, before: &Datapath, running: &Config, iface: &str) -> Vec<String> {
+        let name = |(k, v): &(ServiceKey, ServiceValue)| {
+            format!(
+                "{} {}/{}",
+                gateway_common::maps::ServiceKind::from_id(v.kind).map_or("?", |k| k.name()),
+                if k.proto == gateway_common::maps::IPPROTO_TCP {
+                    "tcp"
+                } else {
+                    "udp"
+                },
+                k.port
+            )
+        };
+        let configured = running.all_services();
+        let mut out = Vec::new();
+        for s in &before.services {
+            if !configured.contains(s) && !self.services.contains(s) {
+                out.push(format!(
+                    "{iface}: service {} added by hand, removed (not in the config)",
+                    name(s)
+                ));
+            }
+        }
+        for s in &configured {
+            if !before.services.contains(s) && self.services.contains(s) {
+                out.push(format!(
+                    "{iface}: service {} removed by hand, protected again (in the config)",
+                    name(s)
+                ));
+            }
+        }
+        for (class, was) in &before.policies {
+            // The controller's moves and an operator's pinned limits are no hand changes a
+            // reload undoes (it leaves both).
+            if !class.is_limitable() || was.pinned() || was.owned_by(Owner::Controller) {
+                continue;
+            }
+            let limits = |p: &ClassPolicy| gateway_common::policy::Policy::from_map(p);
+            let now = self
+                .policies
+                .iter()
+                .find(|(c, _)| c == class)
+                .map(|(_, p)| p);
+            let (was_set, configured) = (limits(was), running.policy.of(*class));
+            if was_set != configured && now.is_some_and(|n| limits(n) != was_set) {
+                out.push(format!(
+                    "{iface}: policy {} changed by hand ({}), replaced by the config's",
+                    class.name(),
+                    crate::output::describe_policy(&was_set)
+                ));
+            }
+        }
+        out
+    }
 }
 
 /// Reads the config from `source` and checks it against the running `current`; builds the
@@ -80,7 +210,12 @@ pub fn prepare(
                 .map_err(|e| format!("proxies[{i}] ({}): {e}", p.listen))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Plan { cfg, tls })
+    let certificates = Certificates::of(&cfg);
+    Ok(Plan {
+        cfg,
+        tls,
+        certificates,
+    })
 }
 
 impl Plan {
@@ -95,15 +230,25 @@ impl Plan {
     /// carry on, and members removed drain). Returns the new config. (The daemon restarts its
     /// controller with the new settings.)
     ///
+    /// With the config, what the reload changed that the config's values do not show: in each
+    /// attachment's maps, what had been changed by hand since `running_cfg` was applied and is
+    /// put back to the config's ([`Datapath::undone_since`]), and the certificates' content
+    /// against `running` ([`Certificates::changed_since`]).
+    ///
     /// # Errors
     /// A map write failed on some interface (named); what was written stays.
     pub fn apply(
         self,
         attached: &[Arc<Attached>],
         proxies: &[Arc<Proxy>],
-    ) -> Result<Config, String> {
+        running_cfg: &Config,
+        running: &Certificates,
+    ) -> Result<Applied, String> {
+        let mut changed = self.certificates.changed_since(running);
         for a in attached {
+            let before = Datapath::of(a);
             apply(&mut a.maps(), &self.cfg).map_err(|e| format!("{}: {e}", a.iface()))?;
+            changed.extend(Datapath::of(a).undone_since(&before, running_cfg, a.iface()));
         }
         for ((proxy, tls), p) in proxies.iter().zip(self.tls).zip(&self.cfg.proxies) {
             proxy.reconfigure(p.clone());
@@ -111,8 +256,22 @@ impl Plan {
             // Session keys issued from now on: the new lifetime, resume limit and rate.
             proxy.issued().set_terms(p.tls.terms());
         }
-        Ok(self.cfg)
+        Ok(Applied {
+            cfg: self.cfg,
+            certificates: self.certificates,
+            changed,
+        })
     }
+}
+
+/// An applied reload.
+pub struct Applied {
+    /// The config now running.
+    pub cfg: Config,
+    /// Its certificates' content.
+    pub certificates: Certificates,
+    /// What changed that the config's values do not show.
+    pub changed: Vec<String>,
 }
 
 /// Where a daemon leaves the outcome of its last reload for `gateway reload` to print: one file

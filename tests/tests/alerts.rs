@@ -53,6 +53,38 @@ fn promtool_passes_the_shipped_rules_and_fails_a_broken_copy() {
     assert!(!ok, "a broken expression passed: {said}");
 }
 
+/// Issue 54: the rules' own unit tests (`promtool test rules`): the daemon down, a backend
+/// down, and a refused reload alert that ends with the next applied one. The rule as it was
+/// (any refusal in 15 minutes) fails them.
+#[test]
+fn promtool_unit_tests_of_the_rules_pass_and_catch_the_old_reload_rule() {
+    let test = |dir: &Path| {
+        gateway_tests::run_tool(
+            Command::new("promtool")
+                .args(["test", "rules"])
+                .arg(dir.join("gateway.rules.test.yaml")),
+        )
+    };
+    let (ok, said) = test(&workspace().join("deploy"));
+    assert!(ok, "{said}");
+    let dir = gateway_tests::fresh_temp_dir("gwt-rules");
+    let rules = std::fs::read_to_string(workspace().join(RULES)).unwrap();
+    let old = rules.replace(
+        "expr: gateway_config_last_reload_successful == 0",
+        "expr: increase(gateway_reloads_total{outcome=\"refused\"}[15m]) > 0",
+    );
+    assert_ne!(old, rules);
+    std::fs::write(dir.join("gateway.rules.yaml"), old).unwrap();
+    std::fs::copy(
+        workspace().join("deploy/gateway.rules.test.yaml"),
+        dir.join("gateway.rules.test.yaml"),
+    )
+    .unwrap();
+    let (ok, said) = test(&dir);
+    assert!(!ok, "the old reload rule passed: {said}");
+    assert!(said.contains("GatewayReloadRefused"), "{said}");
+}
+
 /// `GET path` from Prometheus in the gateway namespace; the JSON body.
 fn api(net: &TestNet, path: &str) -> Option<serde_json::Value> {
     in_netns(&net.gw_ns, || {

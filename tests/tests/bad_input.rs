@@ -164,6 +164,28 @@ fn bad_arguments_are_refused_before_touching_anything() {
         &gateway(&["attach", "--iface", "x", "--mode", "turbo"]),
         &["turbo"],
     );
+    // Absurd values (issue 54, item 8): refused naming the argument and its bounds.
+    refused(
+        &gateway(&["policy", "set", "tls-new", "--timeout", "99999999999h"]),
+        &["--timeout", "30 days"],
+    );
+    refused(
+        &gateway(&["policy", "set", "tls-new", "--timeout", "2h"]),
+        &["--timeout", "at most 1h"],
+    );
+    refused(
+        &gateway(&["attach", "--iface", ""]),
+        &["--iface", "interface name '' is empty"],
+    );
+    refused(&gateway(&["stats", "--iface", "a/b"]), &["--iface", "'/'"]);
+    refused(
+        &gateway(&["service", "add", "tls", "443", "--proto", "udp"]),
+        &["--proto", "tls runs over tcp"],
+    );
+    refused(
+        &gateway(&["service", "add", "sip", "5060", "--proto", "tcp"]),
+        &["--proto", "sip is classified over udp only"],
+    );
     // clap's suggestions reach the person (issue 29, case 7).
     refused(
         &gateway(&["stat"]),

@@ -509,4 +509,97 @@ fn the_daemonset_is_valid_kubernetes_and_its_config_is_valid_gateway() {
     // Adaptive with nothing written (issue 27): both services' classes under the controller.
     let moved: Vec<&str> = cfg.controller.defaulted.iter().map(|c| c.name()).collect();
     assert_eq!(moved, ["tls-new", "sip-original"], "{cfg}");
+    // Its container's args are a command line this build takes.
+    let args = daemonset_args("192.0.2.7");
+    let cli = <gateway::cmd::Cli as clap::Parser>::try_parse_from(
+        std::iter::once("gateway".to_string()).chain(args),
+    );
+    assert!(cli.is_ok(), "{:?}", cli.err());
+}
+
+/// The DaemonSet container's args, `$(NODE_IP)` read as `node_ip`.
+fn daemonset_args(node_ip: &str) -> Vec<String> {
+    let manifest = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml"),
+    )
+    .unwrap();
+    let docs: Vec<serde_json::Value> = serde_norway::Deserializer::from_str(&manifest)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    docs[1]["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("the container's args")
+        .iter()
+        .map(|a| a.as_str().unwrap().replace("$(NODE_IP)", node_ip))
+        .collect()
+}
+
+/// Issue 54: the DaemonSet's own command line, run as a node would run it (`$(NODE_IP)` the
+/// gateway's address in its namespace): it protects the interface carrying that address
+/// (interface names differ from node to node; it was `eth0` for every node), serves metrics
+/// and health on that address alone (it was 0.0.0.0 on the host network), and applies an
+/// edit of its config file as a reload, as a ConfigMap edit reaches a pod (nothing did).
+#[test]
+fn the_daemonsets_command_line_finds_the_nodes_interface_and_reloads_an_edited_config() {
+    if !have_root("the_daemonsets_command_line_finds_the_nodes_interface") {
+        return;
+    }
+    let net = TestNet::new();
+    let dir = gateway_tests::fresh_temp_dir("gwt-daemonset-args");
+    let cfg = dir.join("gateway.yaml");
+    let body = |backlog: u32| {
+        format!(
+            "services: [{{kind: sip, port: 5060}}]\npolicy:\n  sip-original: {{backlog: {backlog}}}\non_exit: detach\n"
+        )
+    };
+    std::fs::write(&cfg, body(30)).unwrap();
+    let mut args = daemonset_args(GW_V4);
+    let at = args.iter().position(|a| a == "--config").unwrap();
+    args[at + 1] = cfg.display().to_string();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let metrics: u16 = args[args.iter().position(|a| *a == "--metrics").unwrap() + 1]
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .parse()
+        .unwrap();
+    let daemon = Daemon::spawn_command(
+        net.gateway_command(&args),
+        "info",
+        gateway_tests::daemon::STARTUP,
+    );
+    let status = net.gateway_ok(&["status"]);
+    assert!(status.starts_with(&format!("{}: ", net.gw_if)), "{status}");
+    // Health on the node's address, and nowhere else.
+    let get = |host: &str| {
+        use std::io::{Read as _, Write as _};
+        net.in_gw(|| {
+            let mut s = std::net::TcpStream::connect((host, metrics)).ok()?;
+            s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").ok()?;
+            let mut text = String::new();
+            s.read_to_string(&mut text).ok()?;
+            Some(text)
+        })
+    };
+    assert!(get(GW_V4).is_some_and(|t| t.starts_with("HTTP/1.0 200")));
+    assert!(get("127.0.0.1").is_none(), "not on every address");
+    assert_eq!(net.policy("sip-original")["backlog_limit"], 30);
+    // An edit of the file, as a ConfigMap edit lands: applied within seconds, no signal sent.
+    std::fs::write(&cfg, body(45)).unwrap();
+    let started = std::time::Instant::now();
+    while net.policy("sip-original")["backlog_limit"] != 45 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the edit was not applied: {}",
+            net.policy("sip-original")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (status, log) = daemon.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{log:?}");
+    assert!(
+        log.iter()
+            .any(|l| l.contains("the config file changed: reloaded")),
+        "{log:?}"
+    );
 }

@@ -193,3 +193,55 @@ fn a_bad_config_changes_nothing_and_a_good_one_is_applied_whole_with_new_certifi
     assert!(status.success(), "{log:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 54: a reload names what it undid of the changes made by hand since the config was
+/// applied (a port added with `service add`, a class's refusal answer set with `policy set`),
+/// and a certificate rotated in place (new content under the same paths). It said "changed:
+/// nothing" for all three, while it removed the port, reset the class and served the new
+/// certificate.
+#[test]
+fn a_reload_names_what_it_undid_by_hand_and_a_certificate_rotated_in_place() {
+    if !have_root("a_reload_names_what_it_undid_by_hand") {
+        return;
+    }
+    let net = TestNet::new();
+    let dir = fresh_temp_dir("gwt-reload-undone");
+    let (cert, rotated) = (Cert::new(), Cert::new());
+    let listener = net.in_gw(|| TcpListener::bind("127.0.0.1:0").unwrap());
+    let backend = Backend::start(listener, "b", Mode::Answer, false);
+    let file = dir.join("gateway.yaml");
+    std::fs::write(
+        &file,
+        config(&net, &cert, &backend, "  sip-original: {backlog: 30}\n", ""),
+    )
+    .unwrap();
+    let daemon = Daemon::start(
+        &net,
+        &["--config", file.to_str().unwrap()],
+        gateway_tests::daemon::STARTUP,
+    );
+    // Nothing changed by hand, nothing in the files: nothing to say.
+    let said = net.gateway_ok(&["reload"]);
+    assert!(said.contains("changed: nothing"), "{said}");
+    net.gateway_ok(&["service", "add", "sip", "7777"]);
+    net.gateway_ok(&["policy", "set", "sip-original", "--refuse", "reject"]);
+    std::fs::copy(rotated.cert(), cert.cert()).unwrap();
+    std::fs::copy(rotated.key(), cert.key()).unwrap();
+    let said = net.gateway_ok(&["reload"]);
+    for needle in [
+        format!("{}: service sip udp/7777 added by hand, removed", net.gw_if),
+        format!("{}: policy sip-original changed by hand (", net.gw_if),
+        "refuse reject".to_string(),
+        "proxies[0].tls (the certificate or key files' content)".to_string(),
+    ] {
+        assert!(said.contains(&needle), "{needle:?} not in: {said}");
+    }
+    assert!(!net.gateway_ok(&["service", "list"]).contains("7777"));
+    assert!(
+        verifies(&net, &rotated),
+        "the rotated certificate is served"
+    );
+    let (status, log) = daemon.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{log:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

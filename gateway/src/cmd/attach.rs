@@ -14,7 +14,7 @@ use crate::{
 #[derive(Debug, Args)]
 pub struct AttachArgs {
     /// Interface.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::config::parse_iface)]
     pub iface: String,
     /// Hook: native XDP, generic XDP, TC ingress, or native falling back to generic.
     #[arg(long, value_enum, default_value_t = ModeRequest::Native)]
@@ -25,7 +25,7 @@ pub struct AttachArgs {
 #[derive(Debug, Args)]
 pub struct DetachArgs {
     /// Interface.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::config::parse_iface)]
     pub iface: String,
 }
 

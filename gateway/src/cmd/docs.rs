@@ -21,8 +21,46 @@ pub fn completions(args: CompletionsArgs) -> Result<(), CommandError> {
     Ok(())
 }
 
-/// Prints the manual page in roff (for example, `gateway man > /usr/share/man/man8/gateway.8`).
-pub fn man() -> Result<(), CommandError> {
+/// `gateway man`.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Write every page into DIR (gateway.8, and one per subcommand the top page names:
+    /// gateway-attach.8, gateway-policy-set.8, ...) instead of printing the top page.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<std::path::PathBuf>,
+}
+
+/// Writes the page of `cmd` and of each of its subcommands, at any depth, into `dir` (section 8);
+/// the paths written.
+pub fn write_pages(dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    fn pages(
+        cmd: clap::Command,
+        dir: &std::path::Path,
+        out: &mut Vec<std::path::PathBuf>,
+    ) -> std::io::Result<()> {
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()).cloned() {
+            pages(sub, dir, out)?;
+        }
+        out.push(clap_mangen::Man::new(cmd).section("8").generate_to(dir)?);
+        Ok(())
+    }
+    let mut cmd = Cli::command().disable_help_subcommand(true);
+    // Gives each subcommand its display name (`gateway-attach`), the pages' names.
+    cmd.build();
+    let mut out = Vec::new();
+    pages(cmd, dir, &mut out)?;
+    Ok(out)
+}
+
+/// Prints the manual page in roff (for example, `gateway man > /usr/share/man/man8/gateway.8`),
+/// or with `--dir` writes every page.
+pub fn man(args: ManArgs) -> Result<(), CommandError> {
+    if let Some(dir) = args.dir {
+        let written = write_pages(&dir)
+            .map_err(|e| CommandError::Output(format!("{}: {e}", dir.display())))?;
+        println!("{} pages written into {}", written.len(), dir.display());
+        return Ok(());
+    }
     let page = clap_mangen::Man::new(Cli::command()).section("8");
     match page.render(&mut std::io::stdout()) {
         // A reader that stopped early (`| head`) is not a failure.
@@ -36,6 +74,30 @@ pub fn man() -> Result<(), CommandError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_page_the_top_page_names_is_written() {
+        let dir = std::env::temp_dir().join(format!("gw-man-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let written = write_pages(&dir).unwrap();
+        let top = std::fs::read_to_string(dir.join("gateway.8")).unwrap();
+        // The top page's SEE ALSO: `gateway\-attach(8)`, one per subcommand.
+        let named: Vec<String> = top
+            .split_whitespace()
+            .filter_map(|w| w.trim_end_matches([',', '.']).strip_suffix("(8)"))
+            .map(|w| w.replace("\\-", "-"))
+            .collect();
+        assert!(named.len() >= 10, "{named:?}");
+        for name in &named {
+            assert!(
+                dir.join(format!("{name}.8")).exists(),
+                "{name}.8 named by the top page, not written"
+            );
+        }
+        // Nested subcommands have their pages too.
+        assert!(dir.join("gateway-policy-set.8").exists(), "{written:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn the_page_and_the_completions_carry_every_subcommand() {

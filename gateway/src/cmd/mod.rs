@@ -115,15 +115,15 @@ pub enum Command {
     },
     /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
     Completions(docs::CompletionsArgs),
-    /// Print the manual page (roff, section 8).
-    Man,
+    /// Print the manual page (roff, section 8), or write every page with --dir.
+    Man(docs::ManArgs),
 }
 
 /// The interface a map command works on.
 #[derive(Debug, Args)]
 pub struct Target {
     /// Interface [default: the only attached one].
-    #[arg(long)]
+    #[arg(long, value_parser = crate::config::parse_iface)]
     pub iface: Option<String>,
 }
 
@@ -211,7 +211,7 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Config { action } => config::run(action),
         Command::Probe(args) => probe::run(args),
         Command::Completions(args) => docs::completions(args),
-        Command::Man => docs::man(),
+        Command::Man(args) => docs::man(args),
     }
 }
 

@@ -46,8 +46,9 @@ pub enum PolicyAction {
         /// Admissions allowed in a burst above the rate.
         #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=gateway_common::policy::MAX_BURST))]
         burst: Option<u64>,
-        /// How long an admitted unit may go unanswered before it expires (`500ms`, `10s`).
-        #[arg(long)]
+        /// How long an admitted unit may go unanswered before it expires (`500ms`, `10s`; at
+        /// most 1h).
+        #[arg(long, value_parser = crate::config::parse_unit_timeout)]
         timeout: Option<crate::proxy::config::Span>,
         /// What a refusal gets: `drop` (silence) or `reject` (a TCP reset, a SIP 503 from the NIC).
         #[arg(long, value_parser = parse_refuse)]
@@ -162,7 +163,12 @@ pub fn run(root: &Path, action: PolicyAction) -> Result<(), CommandError> {
                     ..Policy::UNLIMITED
                 });
                 maps.set_policy(class, current.with_replies_of(&p.to_map()))?;
-                println!("{} on {}: {}", class.name(), pd.iface, describe(&p));
+                println!(
+                    "{} on {}: {}",
+                    class.name(),
+                    pd.iface,
+                    output::describe_policy(&p)
+                );
                 return Ok(());
             }
             let pinned = current.pinned();
@@ -197,7 +203,7 @@ pub fn run(root: &Path, action: PolicyAction) -> Result<(), CommandError> {
                 "{} on {}: {}{}",
                 class.name(),
                 pd.iface,
-                describe(&p),
+                output::describe_policy(&p),
                 if pin { " (pinned)" } else { "" }
             );
         }
@@ -269,22 +275,4 @@ fn clear_family_limits(maps: &mut crate::maps::Maps, class: Class) -> Result<(),
         }
     }
     Ok(())
-}
-
-fn describe(p: &Policy) -> String {
-    let show = |v: Option<u64>| v.map_or("unlimited".to_owned(), |v| v.to_string());
-    let timeout = p.timeout.map_or("default".to_owned(), |t| {
-        humantime::format_duration(t).to_string()
-    });
-    format!(
-        "backlog {}, rate {}/s, burst {}, timeout {timeout}, refuse {}, reply rate {}/s{}",
-        show(p.backlog),
-        show(p.rate),
-        p.burst.unwrap_or(0),
-        p.refuse.map_or("default", |r| r.name()),
-        p.reply_rate
-            .unwrap_or(gateway_common::maps::DEFAULT_REPLY_RATE),
-        p.retry_after
-            .map_or(String::new(), |s| format!(", retry-after {s}s"))
-    )
 }

@@ -66,8 +66,10 @@ pub fn run(root: &Path, action: ServiceAction) -> Result<(), CommandError> {
             syn_cookies,
             target,
         } => {
-            let (pd, mut maps) = open(root, target.iface.as_deref())?;
             let proto = proto.unwrap_or(kind.default_proto());
+            kind.check_proto(proto)
+                .map_err(|e| CommandError::Usage(format!("--proto: {e}")))?;
+            let (pd, mut maps) = open(root, target.iface.as_deref())?;
             let flags = if syn_cookies { SERVICE_SYN_COOKIES } else { 0 };
             maps.add_service(
                 ServiceKey::new(proto.number(), port),

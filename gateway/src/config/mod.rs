@@ -24,9 +24,11 @@ use thiserror::Error;
 
 pub use controller::{ClassControl, ControllerConfig, DEFAULT_RESUMED_WAIT, Mode};
 pub use datapath::{Datapath, EbpfLogLevel, OnExit, PassDrop};
-pub use interfaces::{Interface, Interfaces, ModeRequest};
+pub use interfaces::{Interface, Interfaces, ModeRequest, parse_iface};
 pub use node::NodeName;
-pub use policy::{Policies, PolicyConfig, unknown_class, unlimitable_class};
+pub use policy::{
+    MAX_UNIT_TIMEOUT, Policies, PolicyConfig, parse_unit_timeout, unknown_class, unlimitable_class,
+};
 pub use services::{Port, Proto, Service, ServiceKind, Services};
 
 /// The embedded default configuration.
@@ -40,8 +42,48 @@ pub struct ConfigSource {
     pub path: Option<PathBuf>,
     /// `--bpffs`, replacing the config's.
     pub bpffs: Option<PathBuf>,
-    /// `--iface` (and `--mode`), replacing the config's interfaces.
-    pub iface: Option<(String, ModeRequest)>,
+    /// `--iface` or `--iface-of` (and `--mode`), replacing the config's interfaces.
+    pub iface: Option<(IfaceOverride, ModeRequest)>,
+    /// `--metrics`, replacing the config's.
+    pub metrics: Option<std::net::SocketAddr>,
+    /// `--reload-on-change`: the daemon reloads when the file's content changes, as on SIGHUP.
+    pub reload_on_change: bool,
+}
+
+/// The interface the command line names in place of the config's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IfaceOverride {
+    /// By name (`--iface`).
+    Name(String),
+    /// The one carrying this address (`--iface-of`).
+    Carrying(std::net::IpAddr),
+}
+
+impl IfaceOverride {
+    /// The interface's name: looked up now for an address.
+    pub fn name(&self) -> Result<String, ConfigError> {
+        match self {
+            IfaceOverride::Name(name) => Ok(name.clone()),
+            IfaceOverride::Carrying(addr) => {
+                interface_carrying(*addr).ok_or_else(|| ConfigError::Conflict {
+                    origin: "--iface-of".into(),
+                    reason: format!("no interface here carries the address {addr}"),
+                })
+            }
+        }
+    }
+}
+
+/// The interface that carries `addr`, from the host's address list (`getifaddrs`).
+pub fn interface_carrying(addr: std::net::IpAddr) -> Option<String> {
+    nix::ifaddrs::getifaddrs().ok()?.find_map(|a| {
+        let ours = a.address?;
+        let found = match addr {
+            std::net::IpAddr::V4(v4) => ours.as_sockaddr_in().map(|s| s.ip() == v4),
+            std::net::IpAddr::V6(v6) => ours.as_sockaddr_in6().map(|s| s.ip() == v6),
+        };
+        found.unwrap_or(false).then_some(a.interface_name)
+    })
 }
 
 impl ConfigSource {
@@ -57,11 +99,14 @@ impl ConfigSource {
         if let Some(root) = &self.bpffs {
             cfg.bpffs = root.clone();
         }
-        if let Some((name, mode)) = &self.iface {
+        if let Some((iface, mode)) = &self.iface {
             cfg.interfaces.0 = vec![Interface {
-                name: name.clone(),
+                name: iface.name()?,
                 mode: *mode,
             }];
+        }
+        if let Some(addr) = self.metrics {
+            cfg.metrics = Some(addr);
         }
         Ok(cfg)
     }
@@ -194,6 +239,9 @@ impl Config {
     /// SYN cookies are for TLS over TCP only.
     fn check_proxies(&self) -> Result<(), String> {
         for (i, s) in self.services.0.iter().enumerate() {
+            s.kind
+                .check_proto(s.proto())
+                .map_err(|e| format!("services[{i}].proto: {e}"))?;
             if s.syn_cookies && (s.kind != ServiceKind::Tls || s.proto() != services::Proto::Tcp) {
                 return Err(format!(
                     "services[{i}].syn_cookies: only a tls service over tcp answers SYNs with cookies"
@@ -423,13 +471,59 @@ mod tests {
     }
 
     #[test]
+    fn the_interface_carrying_an_address_is_found_and_an_absent_one_is_named() {
+        assert_eq!(
+            interface_carrying("127.0.0.1".parse().unwrap()).as_deref(),
+            Some("lo")
+        );
+        let e = IfaceOverride::Carrying("192.0.2.250".parse().unwrap())
+            .name()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no interface here carries the address 192.0.2.250"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn same_port_different_proto_is_fine() {
         let c = Config::parse(
-            "services:\n  - {kind: sip, port: 5060}\n  - {kind: sip, port: 5060, proto: tcp}\n",
+            "services:\n  - {kind: sip, port: 5060}\n  - {kind: tls, port: 5060}\n",
             "t",
         )
         .unwrap();
         assert_eq!(c.services.0.len(), 2);
+    }
+
+    #[test]
+    fn a_kind_over_a_transport_the_nic_does_not_classify_is_refused() {
+        let e = err("services:\n  - {kind: tls, port: 443, proto: udp}\n");
+        assert!(e.contains("services[0].proto: tls runs over tcp"), "{e}");
+        let e =
+            err("services:\n  - {kind: tls, port: 443}\n  - {kind: sip, port: 5060, proto: tcp}\n");
+        assert!(
+            e.contains("services[1].proto: sip is classified over udp only"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn absurd_durations_and_names_are_refused_with_their_bounds() {
+        let e = err("policy:\n  tls-new: {timeout: 99999999999h}\n");
+        assert!(
+            e.contains("over the longest any setting takes, 30 days"),
+            "{e}"
+        );
+        let e = err("policy:\n  tls-new: {timeout: 2h}\n");
+        assert!(
+            e.contains("timeout '2h' out of range") && e.contains("1h"),
+            "{e}"
+        );
+        let e = err("interfaces:\n  - name: ''\n");
+        assert!(e.contains("interface name '' is empty"), "{e}");
+        let ok = Config::parse("policy:\n  tls-new: {timeout: 1h}\n", "t").unwrap();
+        assert_eq!(ok.policy.of(Class::TlsNew).timeout, Some(MAX_UNIT_TIMEOUT));
     }
 
     #[test]

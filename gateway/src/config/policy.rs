@@ -57,8 +57,9 @@ pub struct PolicyConfig {
     #[serde(default, deserialize_with = "de_burst")]
     pub burst: Option<u64>,
     /// How long an admitted unit (a TLS connection, a SIP request) may go unanswered before it
-    /// expires and frees its place; absent means the class's default (TLS 10 s, SIP 2 s).
-    #[serde(default)]
+    /// expires and frees its place, at most [`MAX_UNIT_TIMEOUT`]; absent means the class's
+    /// default (TLS 10 s, SIP 2 s).
+    #[serde(default, deserialize_with = "de_timeout")]
     pub timeout: Option<crate::proxy::config::Span>,
     /// What a refusal gets: `drop` (silence) or `reject` (a TCP reset, a SIP 503 from the NIC);
     /// absent means the class's default (TLS classes reject, SIP classes drop).
@@ -71,6 +72,30 @@ pub struct PolicyConfig {
     /// absent means no such header.
     #[serde(default, deserialize_with = "de_retry_after")]
     pub retry_after: Option<u32>,
+}
+
+/// The longest an admitted unit may go unanswered before it expires: an hour. A handshake or
+/// a SIP transaction unanswered that long is lost, and its place was taken all along.
+pub const MAX_UNIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Parses a class's unit timeout (`policy ... timeout`, `gateway policy set --timeout`): a
+/// duration above zero and at most [`MAX_UNIT_TIMEOUT`].
+pub fn parse_unit_timeout(text: &str) -> Result<crate::proxy::config::Span, String> {
+    let span: crate::proxy::config::Span = text.parse()?;
+    if span.0 > MAX_UNIT_TIMEOUT {
+        return Err(format!(
+            "timeout '{text}' out of range: a unit waits above zero and at most 1h"
+        ));
+    }
+    Ok(span)
+}
+
+fn de_timeout<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<crate::proxy::config::Span>, D::Error> {
+    Option::<String>::deserialize(d)?
+        .map(|t| parse_unit_timeout(&t).map_err(D::Error::custom))
+        .transpose()
 }
 
 fn de_refuse<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Refuse>, D::Error> {

@@ -59,6 +59,23 @@ impl ServiceKind {
         }
     }
 
+    /// Whether the NIC classifies this kind over `proto`; why not. TLS runs over TCP; SIP is
+    /// classified over UDP only (over TCP its packets would count as `other`, protected by
+    /// nothing, while the service list said otherwise).
+    pub fn check_proto(self, proto: Proto) -> Result<(), String> {
+        match (self, proto) {
+            (ServiceKind::Tls, Proto::Tcp) | (ServiceKind::Sip, Proto::Udp) => Ok(()),
+            (ServiceKind::Tls, Proto::Udp) => {
+                Err("tls runs over tcp (DTLS is not classified)".into())
+            }
+            (ServiceKind::Sip, Proto::Tcp) => Err(
+                "sip is classified over udp only: over tcp its packets would be `other`, \
+                 protected by nothing"
+                    .into(),
+            ),
+        }
+    }
+
     /// The transport the kind uses unless told otherwise.
     pub const fn default_proto(self) -> Proto {
         match self {

@@ -280,6 +280,8 @@ async fn serve(
         mark(a, |c| c.daemon_pid = std::process::id());
     }
     let reloads: Sorted<ReloadLabels, Counter> = Sorted::default();
+    let last_reload_ok = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+    last_reload_ok.set(1);
     for outcome in ["applied", "refused"] {
         reloads.get_or_create(&ReloadLabels { outcome });
     }
@@ -298,6 +300,11 @@ async fn serve(
             "gateway_reloads",
             "Config reloads (SIGHUP, gateway reload) by outcome: applied, or refused with nothing changed",
             reloads.clone(),
+        );
+        registry.register(
+            "gateway_config_last_reload_successful",
+            "1 when the last config reload was applied (or none was asked since the start), 0 when it was refused and the daemon runs the config before it",
+            last_reload_ok.clone(),
         );
         proxies.stats.register(&mut registry);
         controller_stats.register(&mut registry);
@@ -349,8 +356,16 @@ async fn serve(
         warn!(error = %e, "cannot tell the service manager the daemon is ready");
     }
     let mut running = cfg.clone();
+    let mut certificates = crate::reload::Certificates::of(cfg);
+    // `--reload-on-change`: the file's content looked at every CONFIG_LOOK; a change asks for
+    // a reload as SIGHUP does.
+    let (changed_tx, mut changed) = tokio::sync::mpsc::channel::<()>(1);
+    let watcher = match (&source.path, source.reload_on_change) {
+        (Some(path), true) => Some(tokio::spawn(watch_config(path.clone(), changed_tx))),
+        _ => None,
+    };
     loop {
-        tokio::select! {
+        let why = tokio::select! {
             _ = term.recv() => {
                 info!("SIGTERM: shutting down");
                 break;
@@ -359,41 +374,55 @@ async fn serve(
                 info!("SIGINT: shutting down");
                 break;
             }
-            _ = hup.recv() => {
-                let applied = crate::reload::prepare(&running, source, &proxies.proxies)
-                    .and_then(|plan| plan.apply(&attached, &proxies.proxies));
-                match applied {
-                    Ok(new) => {
-                        let (token, task) = controlling;
-                        token.cancel();
-                        let _ = task.await;
-                        controlling =
-                            start_controller(&new, &attached, &pools, &costs, &controller_stats, &stop);
-                        let changed = crate::reload::changes(&running, &new);
-                        let changed = if changed.is_empty() {
-                            "nothing".to_string()
-                        } else {
-                            changed.join(", ")
-                        };
-                        info!(%changed, config = %new, "SIGHUP: reloaded");
-                        crate::reload::record_outcome(&format!("applied\nchanged: {changed}\n"));
-                        running = new;
-                        for a in &attached {
-                            mark(a, |c| c.reloads += 1);
-                        }
-                        reloads.get_or_create(&ReloadLabels { outcome: "applied" }).inc();
+            _ = hup.recv() => "SIGHUP",
+            Some(()) = changed.recv() => "the config file changed",
+        };
+        {
+            let applied = crate::reload::prepare(&running, source, &proxies.proxies)
+                .and_then(|plan| plan.apply(&attached, &proxies.proxies, &running, &certificates));
+            match applied {
+                Ok(applied) => {
+                    let new = applied.cfg;
+                    certificates = applied.certificates;
+                    let (token, task) = controlling;
+                    token.cancel();
+                    let _ = task.await;
+                    controlling =
+                        start_controller(&new, &attached, &pools, &costs, &controller_stats, &stop);
+                    let mut changed = crate::reload::changes(&running, &new);
+                    changed.extend(applied.changed);
+                    let changed = if changed.is_empty() {
+                        "nothing".to_string()
+                    } else {
+                        changed.join(", ")
+                    };
+                    info!(%changed, config = %new, "{why}: reloaded");
+                    crate::reload::record_outcome(&format!("applied\nchanged: {changed}\n"));
+                    running = new;
+                    for a in &attached {
+                        mark(a, |c| c.reloads += 1);
                     }
-                    Err(reason) => {
-                        warn!(%reason, "SIGHUP: reload refused; nothing changed");
-                        crate::reload::record_outcome(&format!("refused\n{reason}\n"));
-                        for a in &attached {
-                            mark(a, |c| c.reloads_refused += 1);
-                        }
-                        reloads.get_or_create(&ReloadLabels { outcome: "refused" }).inc();
+                    reloads
+                        .get_or_create(&ReloadLabels { outcome: "applied" })
+                        .inc();
+                    last_reload_ok.set(1);
+                }
+                Err(reason) => {
+                    warn!(%reason, "{why}: reload refused; nothing changed");
+                    crate::reload::record_outcome(&format!("refused\n{reason}\n"));
+                    for a in &attached {
+                        mark(a, |c| c.reloads_refused += 1);
                     }
+                    reloads
+                        .get_or_create(&ReloadLabels { outcome: "refused" })
+                        .inc();
+                    last_reload_ok.set(0);
                 }
             }
         }
+    }
+    if let Some(w) = watcher {
+        w.abort();
     }
     let _ = crate::notify::notify(crate::notify::STOPPING);
     for a in &attached {
@@ -429,6 +458,31 @@ async fn serve(
         t.abort();
     }
     Ok(())
+}
+
+/// How often `--reload-on-change` looks at the config file.
+const CONFIG_LOOK: Duration = Duration::from_secs(2);
+
+/// Sends on `changed` each time the content of `path` differs from the last it read (a
+/// Kubernetes ConfigMap volume swaps the file whole; an editor's half-written file is refused
+/// by the reload and the next change is tried).
+async fn watch_config(path: std::path::PathBuf, changed: tokio::sync::mpsc::Sender<()>) {
+    // A few kilobytes from a local file: read in place (the control runtime has no blocking
+    // pool to spare, and tokio here has no fs).
+    let mut last = std::fs::read(&path).ok();
+    let mut tick = tokio::time::interval(CONFIG_LOOK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = std::fs::read(&path).ok();
+        if now.is_some() && now != last {
+            last = now;
+            info!(path = %path.display(), "the config file changed: reloading");
+            if changed.send(()).await.is_err() {
+                return;
+            }
+        }
+    }
 }
 
 /// How `cfg` attaches `iface`: at start, and again when the program is found detached.

@@ -4,15 +4,23 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de::Error as _};
 
-/// A duration written the human way (`500ms`, `10s`, `2m`, `1h`), greater than zero.
+/// A duration written the human way (`500ms`, `10s`, `2m`, `1h`), greater than zero and at
+/// most [`MAX_SPAN`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Span(pub Duration);
+
+/// The longest duration any setting takes: 30 days. Past it a value is a typo (`99999999999h`
+/// read as 11 million years, and overflowed deadlines), never a timeout anyone means.
+pub const MAX_SPAN: Duration = Duration::from_secs(30 * 86_400);
 
 impl std::str::FromStr for Span {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
         match humantime::parse_duration(text) {
+            Ok(v) if v > MAX_SPAN => Err(format!(
+                "duration '{text}' is over the longest any setting takes, 30 days"
+            )),
             Ok(v) if !v.is_zero() => Ok(Span(v)),
             Ok(_) => Err(format!("duration '{text}' must be above zero")),
             Err(e) => Err(format!(
@@ -481,10 +489,15 @@ mod tests {
             "proxies:\n  - listen: 127.0.0.1:8443\n    backends: [{address: 127.0.0.1:1}, {address: 127.0.0.1:1}]\n",
         );
         assert!(e.contains("backends[1]: duplicate address"), "{e}");
+        // A proxy's port given to SIP over TCP: SIP is classified over UDP only, which says
+        // so first.
         let e = err(
             "services: [{kind: sip, port: 8443, proto: tcp}]\nproxies:\n  - listen: 127.0.0.1:8443\n    backends: [{address: 127.0.0.1:1}]\n",
         );
-        assert!(e.contains("not tls"), "{e}");
+        assert!(
+            e.contains("services[0].proto: sip is classified over udp only"),
+            "{e}"
+        );
         // ALPN: h2 offered with no member that takes it; a name twice; an empty name.
         let e = err(
             "proxies:\n  - listen: 127.0.0.1:8443\n    alpn: [h2, http/1.1]\n    backends: [{address: 127.0.0.1:1}]\n",

@@ -294,9 +294,32 @@ pub fn record_outcome(text: &str) {
     }
 }
 
+/// Where a daemon leaves the config it runs, as it holds it (the file's, with the command
+/// line's overrides and every default written out), for `gateway config show`.
+pub fn running_config_path(pid: u32) -> std::path::PathBuf {
+    std::path::Path::new(RUN_DIR).join(format!("config-{pid}.yaml"))
+}
+
+/// Records the config this daemon runs now (at its start and after each applied reload; best
+/// effort, as the outcome).
+pub fn record_running(cfg: &Config) {
+    let Ok(text) = serde_norway::to_string(cfg) else {
+        return;
+    };
+    let path = running_config_path(std::process::id());
+    let _ = std::fs::create_dir_all(RUN_DIR);
+    let tmp = path.with_extension("tmp");
+    let header = "# The config the daemon runs, as it holds it: the file's, with the command line's\n\
+                  # overrides and every default written out (gateway config show).\n";
+    if std::fs::write(&tmp, format!("{header}{text}")).is_ok() {
+        let _ = std::fs::rename(&tmp, &path);
+    }
+}
+
 /// Removes this daemon's outcome file (on exit).
 pub fn forget_outcome() {
     let _ = std::fs::remove_file(outcome_path(std::process::id()));
+    let _ = std::fs::remove_file(running_config_path(std::process::id()));
 }
 
 /// What a reload changed, as the config's own field paths (`services`, `policy`,

@@ -548,3 +548,61 @@ fn a_second_datapath_from_another_bpffs_is_refused_naming_the_first() {
     );
     assert!(out.status.success());
 }
+
+/// Issue 54: `gateway config show` prints the config the running daemon holds (as `nginx -T`
+/// does): the file's as last applied, the command line's overrides in, every default written
+/// out; a config that parses as one, and follows a reload. Without a daemon, it says so.
+#[test]
+fn config_show_prints_what_the_daemon_runs_and_follows_a_reload() {
+    if !have_root("config_show_prints_what_the_daemon_runs") {
+        return;
+    }
+    let net = TestNet::new();
+    let dir = gateway_tests::fresh_temp_dir("gwt-config-show");
+    let body = |backlog: u32| {
+        format!(
+            "services: [{{kind: sip, port: 5062}}]\npolicy:\n  sip-original: {{backlog: {backlog}}}\n"
+        )
+    };
+    let daemon = Daemon::start_config(&net, &dir, &body(30));
+    let shown = |net: &TestNet| {
+        let text = net.gateway_ok(&["config", "show"]);
+        gateway::config::Config::parse(&text, "config show")
+            .unwrap_or_else(|e| panic!("{e}: {text}"))
+    };
+    let cfg = shown(&net);
+    assert_eq!(cfg.interfaces.0[0].name, net.gw_if);
+    assert_eq!(cfg.bpffs, net.root(), "the command line's --bpffs is in");
+    assert_eq!(
+        cfg.policy.of(gateway_common::Class::SipOriginal).backlog,
+        Some(30)
+    );
+    assert_eq!(cfg.services.0.len(), 1);
+    // Sections the file does not have, written out with the values in force.
+    let text = net.gateway_ok(&["config", "show"]);
+    assert!(
+        text.contains("\ndatapath:") && text.contains("\ncontroller:"),
+        "{text}"
+    );
+    Daemon::write_config(&net, &dir, &body(45));
+    net.gateway_ok(&["reload"]);
+    assert_eq!(
+        shown(&net)
+            .policy
+            .of(gateway_common::Class::SipOriginal)
+            .backlog,
+        Some(45)
+    );
+    let (status, log) = daemon.terminate(SHUTDOWN);
+    assert!(status.success(), "{log:?}");
+    // No daemon (and here no attachment either): said, exit 2.
+    net.gateway_ok(&["attach", "--iface", &net.gw_if]);
+    let out = net.gateway(&["config", "show"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no daemon serves"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    net.gateway_ok(&["detach", "--iface", &net.gw_if]);
+}

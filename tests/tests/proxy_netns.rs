@@ -679,6 +679,16 @@ fn the_metrics_endpoint_answers_as_scrapers_expect() {
         "{head}"
     );
     let text = curl(&["-sS", &url]);
+    // The process's own figures, under the names every client library uses (issue 54).
+    for name in [
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
+        "process_max_fds ",
+        "process_start_time_seconds ",
+    ] {
+        assert!(text.contains(name), "{name} not in the scrape");
+    }
     let mut check = std::process::Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())

@@ -20,11 +20,40 @@ pub enum ConfigAction {
     },
     /// Print the embedded default configuration.
     Default,
+    /// Print the config the running daemon holds (as `nginx -T` does): the file's as last
+    /// applied, with the command line's overrides and every default written out.
+    Show {
+        /// Which attachment's daemon.
+        #[command(flatten)]
+        target: super::Target,
+    },
 }
 
-/// Runs a `config` subcommand.
-pub fn run(action: ConfigAction) -> Result<(), CommandError> {
+/// Runs a `config` subcommand (`root`: where the pins are, for `show`).
+pub fn run(
+    root: impl FnOnce() -> Result<PathBuf, CommandError>,
+    action: ConfigAction,
+) -> Result<(), CommandError> {
     match action {
+        ConfigAction::Show { target } => {
+            let (pd, maps) = super::open(&root()?, target.iface.as_deref())?;
+            let pid = maps.config()?.daemon_pid;
+            if pid == 0 || pd.holder() != Some(pid) {
+                return Err(CommandError::Usage(format!(
+                    "no daemon serves {} (start one with `gateway run`)",
+                    pd.iface
+                )));
+            }
+            let path = crate::reload::running_config_path(pid);
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                CommandError::Usage(format!(
+                    "the daemon (pid {pid}) of {} left no config at {}: {e}",
+                    pd.iface,
+                    path.display()
+                ))
+            })?;
+            print!("{text}");
+        }
         ConfigAction::Check { file } => {
             let cfg = Config::load(&file)?;
             check_system(&cfg)

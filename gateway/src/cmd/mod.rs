@@ -208,7 +208,7 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Tls { action } => tls::run(&root()?, action),
         Command::Run(args) => run::run(bpffs, config, args),
         Command::Reload(args) => reload::run(&root()?, args),
-        Command::Config { action } => config::run(action),
+        Command::Config { action } => config::run(root, action),
         Command::Probe(args) => probe::run(args),
         Command::Completions(args) => docs::completions(args),
         Command::Man(args) => docs::man(args),

@@ -311,6 +311,7 @@ async fn serve(
         registry.register_collector(Box::new(crate::datapath_metrics::DatapathCollector::new(
             &attached,
         )));
+        registry.register_collector(Box::new(crate::metrics::process::ProcessCollector));
         let listener = bind(addr).await?;
         let refresh: Vec<crate::metrics::Refresh> = proxies
             .proxies
@@ -356,6 +357,7 @@ async fn serve(
         warn!(error = %e, "cannot tell the service manager the daemon is ready");
     }
     let mut running = cfg.clone();
+    crate::reload::record_running(&running);
     let mut certificates = crate::reload::Certificates::of(cfg);
     // `--reload-on-change`: the file's content looked at every CONFIG_LOOK; a change asks for
     // a reload as SIGHUP does.
@@ -399,6 +401,7 @@ async fn serve(
                     info!(%changed, config = %new, "{why}: reloaded");
                     crate::reload::record_outcome(&format!("applied\nchanged: {changed}\n"));
                     running = new;
+                    crate::reload::record_running(&running);
                     for a in &attached {
                         mark(a, |c| c.reloads += 1);
                     }

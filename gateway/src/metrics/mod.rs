@@ -8,6 +8,7 @@
 //! default), else the same series in the 0.0.4 text format ([`text`]).
 
 pub mod family;
+pub mod process;
 pub mod text;
 
 use std::{convert::Infallible, sync::Arc, time::Duration};

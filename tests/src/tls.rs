@@ -16,9 +16,17 @@ pub struct Cert {
 }
 
 impl Cert {
-    /// Generates a P-256 certificate for CN=gateway-test.
+    /// Generates a P-256 certificate for CN=gateway-test, valid for a day.
     pub fn new() -> Self {
-        Self::with_key(&["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
+        Self::valid_for(1)
+    }
+
+    /// [`Cert::new`], valid for `days`.
+    pub fn valid_for(days: u32) -> Self {
+        Self::with_key_days(
+            &["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"],
+            days,
+        )
     }
 
     /// Generates an RSA certificate of `bits` for CN=gateway-test (2048, the web's most common
@@ -28,14 +36,25 @@ impl Cert {
         Self::with_key(&["-newkey", &format!("rsa:{bits}")])
     }
 
-    /// Generates a certificate with the key `openssl req` makes from `key_args`.
+    /// Generates a certificate with the key `openssl req` makes from `key_args`, valid a day.
     fn with_key(key_args: &[&str]) -> Self {
+        Self::with_key_days(key_args, 1)
+    }
+
+    /// Generates a certificate with the key `openssl req` makes from `key_args`, valid `days`.
+    fn with_key_days(key_args: &[&str], days: u32) -> Self {
         let dir = crate::fresh_temp_dir("gwt-cert");
         let c = Cert { dir };
         let out = Command::new("openssl")
             .args(["req", "-x509"])
             .args(key_args)
-            .args(["-nodes", "-subj", "/CN=gateway-test", "-days", "1"])
+            .args([
+                "-nodes",
+                "-subj",
+                "/CN=gateway-test",
+                "-days",
+                &days.to_string(),
+            ])
             .args([
                 "-addext",
                 "subjectAltName=DNS:gateway-test,IP:10.99.0.1,IP:127.0.0.1",

@@ -123,6 +123,114 @@ fn wait(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// A real Prometheus in the gateway's namespace (1 s scrapes and evaluations, the shipped
+/// rules) scraping the daemon's metrics at 127.0.0.1:[`METRICS`]; returned once it scraped and
+/// evaluated every rule group.
+fn prometheus(net: &TestNet, dir: &Path) -> Proc {
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+             rule_files: [{}]\n\
+             scrape_configs:\n  - job_name: gateway\n    static_configs: [{{targets: ['127.0.0.1:{METRICS}']}}]\n",
+            workspace().join(RULES).display()
+        ),
+    )
+    .unwrap();
+    let prometheus = Proc(
+        Command::new("ip")
+            .args(["netns", "exec", &net.gw_ns, "prometheus"])
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{PROMETHEUS}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (cargo xtask setup installs it)"),
+    );
+    wait(
+        "Prometheus never scraped the daemon",
+        Duration::from_secs(60),
+        || {
+            api(net, "/api/v1/targets")
+                .is_some_and(|v| v["data"]["activeTargets"][0]["health"] == "up")
+        },
+    );
+    wait("the rules never evaluated", Duration::from_secs(30), || {
+        api(net, "/api/v1/rules").is_some_and(|v| {
+            v["data"]["groups"].as_array().is_some_and(|g| {
+                g.iter()
+                    .all(|g| g["lastEvaluation"] != "0001-01-01T00:00:00Z")
+            })
+        })
+    });
+    prometheus
+}
+
+/// Issue 54: a listener whose certificate expires within 14 days fires
+/// `GatewayCertificateExpiresSoon` in a real Prometheus, naming that listener; one valid for
+/// 30 days beside it does not, and nothing else fires.
+#[test]
+fn a_real_prometheus_fires_the_certificate_alert_for_the_listener_that_expires() {
+    if !have_root("a_real_prometheus_fires_the_certificate_alert") {
+        return;
+    }
+    use gateway_tests::{
+        backend::{Backend, Mode},
+        tls::Cert,
+    };
+    let net = TestNet::new();
+    let dir = gateway_tests::fresh_temp_dir("gwt-alerts-cert");
+    let (soon, later) = (Cert::valid_for(1), Cert::valid_for(30));
+    let backend = Backend::start(
+        net.in_gw(|| std::net::TcpListener::bind("127.0.0.1:0").unwrap()),
+        "b",
+        Mode::Answer,
+        false,
+    );
+    let listener = |port: u16, cert: &Cert| {
+        format!(
+            "  - listen: {GW_V4}:{port}\n    tls: {{cert: {}, key: {}}}\n    backends: [{{address: {}}}]\n",
+            cert.cert().display(),
+            cert.key().display(),
+            backend.addr
+        )
+    };
+    let _daemon = Daemon::start_config(
+        &net,
+        &dir,
+        &format!(
+            "metrics: 127.0.0.1:{METRICS}\nproxies:\n{}{}",
+            listener(8443, &soon),
+            listener(9443, &later)
+        ),
+    );
+    let _prometheus = prometheus(&net, &dir);
+    wait(
+        "the certificate alert never fired",
+        Duration::from_secs(60),
+        || {
+            firing(&net)
+                .iter()
+                .any(|a| a == "GatewayCertificateExpiresSoon")
+        },
+    );
+    assert_eq!(firing(&net), ["GatewayCertificateExpiresSoon"]);
+    let alerts = api(&net, "/api/v1/alerts").unwrap();
+    let listeners: Vec<&str> = alerts["data"]["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["state"] == "firing")
+        .map(|a| a["labels"]["listener"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(listeners, [format!("{GW_V4}:8443")], "{alerts}");
+}
+
 #[test]
 fn a_real_prometheus_fires_the_pending_table_full_alert_and_no_other() {
     if !have_root("a_real_prometheus_fires_the_pending_table_full_alert") {
@@ -138,48 +246,7 @@ fn a_real_prometheus_fires_the_pending_table_full_alert_and_no_other() {
             "metrics: 127.0.0.1:{METRICS}\nservices: [{{kind: sip, port: 5060}}]\npolicy:\n  sip-original: {{timeout: 60s}}\n"
         ),
     );
-    let config = dir.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
-             rule_files: [{}]\n\
-             scrape_configs:\n  - job_name: gateway\n    static_configs: [{{targets: ['127.0.0.1:{METRICS}']}}]\n",
-            workspace().join(RULES).display()
-        ),
-    )
-    .unwrap();
-    let _prometheus = Proc(
-        Command::new("ip")
-            .args(["netns", "exec", &net.gw_ns, "prometheus"])
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{PROMETHEUS}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus (cargo xtask setup installs it)"),
-    );
-    // Scraping, the rules loaded and evaluated, nothing firing.
-    wait(
-        "Prometheus never scraped the daemon",
-        Duration::from_secs(60),
-        || {
-            api(&net, "/api/v1/targets")
-                .is_some_and(|v| v["data"]["activeTargets"][0]["health"] == "up")
-        },
-    );
-    wait("the rules never evaluated", Duration::from_secs(30), || {
-        api(&net, "/api/v1/rules").is_some_and(|v| {
-            v["data"]["groups"].as_array().is_some_and(|g| {
-                g.iter()
-                    .all(|g| g["lastEvaluation"] != "0001-01-01T00:00:00Z")
-            })
-        })
-    });
+    let _prometheus = prometheus(&net, &dir);
     assert_eq!(firing(&net), Vec::<String>::new());
     // More distinct INVITEs than the pending table holds.
     // A margin over the table's size for datagrams a busy machine might drop on the way.

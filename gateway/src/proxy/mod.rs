@@ -77,6 +77,12 @@ struct Live {
     pool: Pool,
 }
 
+/// When the certificate of `cfg`'s files expires (none for a self-signed one made at start).
+fn certificate_expiry(cfg: &ProxyConfig) -> Option<i64> {
+    let (cert, _) = cfg.tls.cert_key.as_ref()?;
+    crate::tls::certs::expiry(cert)
+}
+
 /// How long a refusal's last words (a 503, close_notify) may take to write.
 const REFUSAL_WRITE: Duration = Duration::from_secs(1);
 
@@ -99,8 +105,10 @@ impl Proxy {
     ) -> Self {
         let pool = Pool::new(&cfg.backends, cfg.retry_interval.0, cfg.max_fails);
         let label = cfg.listen.to_string();
+        let own = stats.listener(&label);
+        own.certificate_expires(certificate_expiry(&cfg));
         Proxy {
-            own: stats.listener(&label),
+            own,
             label,
             listen: cfg.listen,
             acceptor: std::sync::RwLock::new(acceptor(tls, &cfg)),
@@ -118,8 +126,10 @@ impl Proxy {
     /// Serves new connections with `tls` (a reload's new certificates); open connections carry
     /// on with the configuration they started with.
     pub fn set_tls(&self, tls: rustls::ServerConfig) {
-        let acceptor = acceptor(tls, &self.live().cfg);
+        let live = self.live();
+        let acceptor = acceptor(tls, &live.cfg);
         *self.acceptor.write().unwrap_or_else(|p| p.into_inner()) = acceptor;
+        self.own.certificate_expires(certificate_expiry(&live.cfg));
     }
 
     /// Serves new connections with `cfg` (a reload; [`Proxy::set_tls`] after it, for its ALPN

@@ -188,12 +188,19 @@ pub struct ProxyStats {
     pub accept_paused: Sorted<ListenerLabels, Counter>,
     /// Connections the open-files limit allows all listeners together.
     pub connection_limit: Gauge,
+    /// When each listener's certificate (the chain's first) expires, Unix seconds.
+    pub certificate_expiry: Sorted<ListenerLabels, Gauge>,
 }
 
 impl ProxyStats {
     /// Registers every series in `registry` (prefix `gateway_proxy_`).
     pub fn register(&self, registry: &mut Registry) {
         let r = registry.sub_registry_with_prefix("gateway_proxy");
+        r.register(
+            "certificate_expiry_timestamp_seconds",
+            "When the listener's certificate (its chain's first) expires, Unix seconds (as served now: set at start and at each reload)",
+            self.certificate_expiry.clone(),
+        );
         r.register(
             "handshakes",
             "TLS handshakes finished, by kind",
@@ -322,6 +329,7 @@ impl ProxyStats {
             recent: Default::default(),
             first_flights: [flight(FlightOn::Worker), flight(FlightOn::Thread)],
             outcomes: Outcome::ALL.map(outcome),
+            certificate_expiry: (self.certificate_expiry.clone(), labels.clone()),
         }
     }
 }
@@ -369,6 +377,7 @@ pub struct ListenerStats {
     recent: [Mutex<Recent>; 2],
     first_flights: [Counter; 2],
     outcomes: [Counter; Outcome::ALL.len()],
+    certificate_expiry: (Sorted<ListenerLabels, Gauge>, ListenerLabels),
 }
 
 impl ListenerStats {
@@ -398,6 +407,21 @@ impl ListenerStats {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .mean()
+    }
+
+    /// Records when the certificate served now expires (Unix seconds); `None` (a self-signed
+    /// certificate made at start, one that does not parse) leaves no series, which no alert
+    /// would read as expired.
+    pub fn certificate_expires(&self, at: Option<i64>) {
+        let (family, labels) = &self.certificate_expiry;
+        match at {
+            Some(at) => {
+                family.get_or_create(labels).set(at);
+            }
+            None => {
+                family.remove(labels);
+            }
+        }
     }
 
     /// Counts a first flight computed `on` the worker or a flight thread.

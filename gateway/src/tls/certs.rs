@@ -60,6 +60,14 @@ pub fn load(cert: &Path, key: &Path) -> Result<CertKey, CertError> {
     Ok((chain, key))
 }
 
+/// When the first certificate of the PEM chain in `cert` expires (its `notAfter`), Unix
+/// seconds; `None` when the file holds no certificate that parses.
+pub fn expiry(cert: &Path) -> Option<i64> {
+    let first = CertificateDer::pem_file_iter(cert).ok()?.next()?.ok()?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(first.as_ref()).ok()?;
+    Some(parsed.validity().not_after.timestamp())
+}
+
 /// A self-signed certificate for `localhost`, `127.0.0.1` and `::1`, with a fresh P-256 key.
 pub fn self_signed() -> Result<CertKey, CertError> {
     let names = ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec();
@@ -71,6 +79,18 @@ pub fn self_signed() -> Result<CertKey, CertError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_certificates_expiry_is_its_not_after() {
+        let mut params = rcgen::CertificateParams::new(vec!["example.test".into()]).unwrap();
+        params.not_after = rcgen::date_time_ymd(2031, 7, 1);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let path = tmp("expiring.pem", cert.pem().as_bytes());
+        // 2031-07-01T00:00:00Z.
+        assert_eq!(expiry(&path), Some(1_940_630_400));
+        assert_eq!(expiry(&tmp("none.pem", b"no certificate")), None);
+    }
 
     fn tmp(name: &str, body: &[u8]) -> std::path::PathBuf {
         let p = std::env::temp_dir().join(format!("gw-certs-{}-{name}", std::process::id()));

@@ -2139,3 +2139,89 @@ fn pdd_gives_resumed_sessions_the_shorter_wait_for_a_backend_slot() {
         "ratio {ratio}, share {share}%: {text}"
     );
 }
+
+/// `GET /readyz` from the metrics endpoint: the status line and body.
+fn readyz(net: &TestNet) -> String {
+    net.in_gw(|| {
+        let mut s = TcpStream::connect(("127.0.0.1", METRICS)).expect("metrics endpoint");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /readyz HTTP/1.0\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        text
+    })
+}
+
+/// Issue 54: active health checks (HTTP GET) mark a member that is dead at start down before
+/// any client meets it: no client connect ever fails there, every client is served by the live
+/// member. Brought up, the member is up again within `rise` probes and takes clients; with
+/// every member dead, `/readyz` says the listener serves nobody.
+#[test]
+fn active_checks_mark_a_dead_backend_down_before_any_client_meets_it() {
+    if !have_root("active_checks_mark_a_dead_backend_down") {
+        return;
+    }
+    let mut s = Setup::new();
+    let live = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+    // A member nothing listens on: a port bound, then let go.
+    let dead = s.backend_listener().local_addr().unwrap();
+    let dead_label = dead.to_string();
+    s.start(
+        &format!("{{address: {}}}, {{address: {dead}}}", live.addr),
+        "    health_check: {interval: 1s, timeout: 500ms, http_path: /healthz}\n",
+        "",
+    );
+    let member = [("backend", dead_label.as_str())];
+    let text = scrape(&s.net, METRICS);
+    assert_eq!(
+        value(&text, "gateway_proxy_backend_up", &member),
+        0.0,
+        "down at the first scrape"
+    );
+    let config = rustls_config(&s.cert);
+    for n in 0..10 {
+        let (_, body) = s.fetch(&config).expect("served");
+        assert!(body.ends_with("b\n"), "client {n}: {body:?}");
+    }
+    let text = scrape(&s.net, METRICS);
+    assert_eq!(
+        value(&text, "gateway_proxy_backend_failures_total", &member),
+        0.0,
+        "no client met the dead member"
+    );
+    assert!(readyz(&s.net).starts_with("HTTP/1.0 200"));
+    // It comes up: up within two passed probes, and clients reach it.
+    let revived = Backend::start(
+        s.net.in_gw(|| TcpListener::bind(dead).unwrap()),
+        "c",
+        Mode::Answer,
+        false,
+    );
+    wait_for(
+        &s.net,
+        METRICS,
+        "gateway_proxy_backend_up",
+        &member,
+        |v| v == 1.0,
+        Duration::from_secs(10),
+    );
+    let bodies: Vec<String> = (0..10)
+        .map(|_| s.fetch(&config).expect("served").1)
+        .collect();
+    assert!(bodies.iter().any(|b| b.ends_with("c\n")), "{bodies:?}");
+    // Every member dead: down after `fall` failed probes, and /readyz says so.
+    drop((live, revived));
+    let started = Instant::now();
+    loop {
+        let said = readyz(&s.net);
+        if said.contains("every backend is down") {
+            assert!(said.starts_with("HTTP/1.0 503"), "{said}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "/readyz never said every backend is down: {said}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

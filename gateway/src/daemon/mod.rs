@@ -543,10 +543,12 @@ fn readiness_checks(
     for p in proxies {
         let p = p.clone();
         checks.push(Box::new(move || {
-            if p.is_accepting() {
-                Ok(())
-            } else {
+            if !p.is_accepting() {
                 Err(format!("proxy {}: not accepting", p.listen()))
+            } else if !p.has_member_up() {
+                Err(format!("proxy {}: every backend is down", p.listen()))
+            } else {
+                Ok(())
             }
         }));
     }

@@ -127,6 +127,7 @@ pub(super) fn start_proxies(
         );
         accepting.push(runtime.spawn(proxy.clone().serve(listener, stop.clone(), tracker.clone())));
         runtime.spawn(proxy.clone().housekeeping(stop.clone()));
+        runtime.spawn(proxy.clone().check_backends(stop.clone()));
         proxies.push(proxy);
     }
     Ok(Proxies {

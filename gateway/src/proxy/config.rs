@@ -71,6 +71,93 @@ pub struct ProxyConfig {
     /// `http/1.1`); empty: none negotiated. A connection that negotiated one goes only to the
     /// members whose `alpn` lists it.
     pub alpn: Vec<String>,
+    /// Active checks of the members, apart from client traffic; absent: none (a member is
+    /// marked down only by the connects it fails, `max_fails`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheck>,
+}
+
+/// Active checks of a listener's members (HAProxy's `check`, nginx's `health_check`): each is
+/// probed every `interval`, a TCP connect or an HTTP GET, and marked down after `fall` failed
+/// probes in a row, up again after `rise` passed ones. The first probe, made before the
+/// listener accepts its first connection, decides alone: a member dead at start is down before
+/// any client meets it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, try_from = "RawHealthCheck")]
+pub struct HealthCheck {
+    /// How often each member is probed.
+    pub interval: Span,
+    /// How long a probe may take (at most `interval`).
+    pub timeout: Span,
+    /// Failed probes in a row that mark a member down, 1 to 100.
+    pub fall: u32,
+    /// Passed probes in a row that bring it back, 1 to 100.
+    pub rise: u32,
+    /// An HTTP/1.1 `GET` of this path (from `/`), passed by a 2xx or 3xx status; absent: a
+    /// TCP connect.
+    pub http_path: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealthCheck {
+    #[serde(default = "t2")]
+    interval: Span,
+    #[serde(default = "t1")]
+    timeout: Span,
+    #[serde(default = "three")]
+    fall: u32,
+    #[serde(default = "two")]
+    rise: u32,
+    #[serde(default)]
+    http_path: Option<String>,
+}
+
+fn t1() -> Span {
+    Span(Duration::from_secs(1))
+}
+fn t2() -> Span {
+    Span(Duration::from_secs(2))
+}
+fn two() -> u32 {
+    2
+}
+fn three() -> u32 {
+    3
+}
+
+impl TryFrom<RawHealthCheck> for HealthCheck {
+    type Error = String;
+    fn try_from(r: RawHealthCheck) -> Result<Self, String> {
+        for (what, v) in [("fall", r.fall), ("rise", r.rise)] {
+            if !(1..=100).contains(&v) {
+                return Err(format!("health_check.{what} {v} out of range 1..=100"));
+            }
+        }
+        if r.timeout.0 > r.interval.0 {
+            return Err(format!(
+                "health_check.timeout {} is longer than its interval {}",
+                humantime::format_duration(r.timeout.0),
+                humantime::format_duration(r.interval.0)
+            ));
+        }
+        if let Some(path) = &r.http_path
+            && (!path.starts_with('/')
+                || path.len() > 1024
+                || path.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
+            return Err(format!(
+                "health_check.http_path {path:?}: a path from '/', without spaces or controls, at most 1024 bytes"
+            ));
+        }
+        Ok(HealthCheck {
+            interval: r.interval,
+            timeout: r.timeout,
+            fall: r.fall,
+            rise: r.rise,
+            http_path: r.http_path,
+        })
+    }
 }
 
 /// What a listener's clients speak inside TLS.
@@ -108,6 +195,8 @@ struct RawProxy {
     protocol: AppProtocol,
     #[serde(default)]
     alpn: Vec<String>,
+    #[serde(default)]
+    health_check: Option<HealthCheck>,
 }
 
 fn default_retry() -> Span {
@@ -164,6 +253,7 @@ impl TryFrom<RawProxy> for ProxyConfig {
             listen_backlog: r.listen_backlog,
             protocol: r.protocol,
             alpn: r.alpn,
+            health_check: r.health_check,
         })
     }
 }
@@ -497,6 +587,30 @@ mod tests {
         assert!(
             e.contains("services[0].proto: sip is classified over udp only"),
             "{e}"
+        );
+        // Active checks: bounds named.
+        let hc = |body: &str| {
+            err(&format!(
+                "proxies:\n  - listen: 127.0.0.1:8443\n    backends: [{{address: 127.0.0.1:1}}]\n    health_check: {body}\n"
+            ))
+        };
+        assert!(hc("{fall: 0}").contains("health_check.fall 0 out of range 1..=100"));
+        assert!(hc("{interval: 1s, timeout: 2s}").contains("longer than its interval"));
+        assert!(hc("{http_path: 'no slash'}").contains("health_check.http_path"));
+        let c = crate::config::Config::parse(
+            "proxies:\n  - listen: 127.0.0.1:8443\n    backends: [{address: 127.0.0.1:1}]\n    health_check: {http_path: /healthz}\n",
+            "t",
+        )
+        .unwrap();
+        let h = c.proxies[0].health_check.clone().unwrap();
+        assert_eq!(
+            (h.interval.0, h.timeout.0, h.fall, h.rise),
+            (
+                std::time::Duration::from_secs(2),
+                std::time::Duration::from_secs(1),
+                3,
+                2
+            )
         );
         // ALPN: h2 offered with no member that takes it; a name twice; an empty name.
         let e = err(

@@ -17,6 +17,7 @@
 //! 4. Bytes relayed both ways until both sides have ended (each side's end half-closes the
 //!    other), either side fails, or neither sends for the idle timeout.
 
+pub mod check;
 pub mod config;
 pub mod cputime;
 pub mod descriptors;
@@ -36,7 +37,7 @@ use tokio::{
 };
 use tokio_rustls::TlsAcceptor;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::issued::IssuedKeys;
 use config::{AppProtocol, ProxyConfig};
@@ -182,6 +183,9 @@ impl Proxy {
         stop: CancellationToken,
         tracker: TaskTracker,
     ) {
+        // The members' first probe before the first accept: a member dead at start is down
+        // before any client meets it (the kernel queues connections meanwhile).
+        self.check_round().await;
         self.accepting
             .store(true, std::sync::atomic::Ordering::Relaxed);
         crate::accept::accept_until(
@@ -203,6 +207,60 @@ impl Proxy {
         self.accepting
             .store(false, std::sync::atomic::Ordering::Relaxed);
         debug!(listener = %self.label, "stopped accepting");
+    }
+
+    /// Probes every member once, when the listener has active checks, and records what they
+    /// say; a member they mark down or up again is logged (warn, info).
+    pub async fn check_round(&self) {
+        let live = self.live();
+        let Some(hc) = live.cfg.health_check.clone() else {
+            return;
+        };
+        let mut probes = tokio::task::JoinSet::new();
+        for (i, m) in live.pool.members().iter().enumerate() {
+            let (addr, timeout, path) = (m.address, hc.timeout.0, hc.http_path.clone());
+            probes.spawn(async move { (i, check::probe(addr, timeout, path.as_deref()).await) });
+        }
+        while let Some(done) = probes.join_next().await {
+            let Ok((i, outcome)) = done else { continue };
+            let m = &live.pool.members()[i];
+            match (m.probed(outcome.is_ok(), hc.fall, hc.rise), outcome) {
+                (Some(false), Err(reason)) => warn!(
+                    listener = %self.label, backend = %m.address, %reason,
+                    "backend marked down by its health check"
+                ),
+                (Some(true), _) => info!(
+                    listener = %self.label, backend = %m.address,
+                    "backend up again by its health check"
+                ),
+                _ => {}
+            }
+        }
+    }
+
+    /// Runs [`Proxy::check_round`] every interval until `stop` (read again each round: a reload
+    /// may change the checks, or add or remove them).
+    pub async fn check_backends(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            let wait = self
+                .live()
+                .cfg
+                .health_check
+                .as_ref()
+                .map_or(Duration::from_secs(1), |h| h.interval.0);
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            self.check_round().await;
+        }
+    }
+
+    /// Whether some member is up now (`/readyz`: a listener whose every member is down serves
+    /// nobody).
+    pub fn has_member_up(&self) -> bool {
+        let now = std::time::Instant::now();
+        self.live().pool.members().iter().any(|m| m.is_up(now))
     }
 
     /// Expires published session keys as their lifetime ends, and counts them; keeps the

@@ -28,6 +28,21 @@ pub struct Member {
     down_until: Mutex<Option<Instant>>,
     /// Failures in a row, and when the last was.
     fails: Mutex<(u32, Option<Instant>)>,
+    /// What the active checks say of it.
+    checked: Mutex<Checked>,
+}
+
+/// A member's record of active checks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Checked {
+    /// Probed at least once.
+    probed: bool,
+    /// Down by the checks.
+    down: bool,
+    /// Probes in a row with the same outcome as the last.
+    streak: u32,
+    /// The last probe's outcome.
+    last_ok: bool,
 }
 
 impl Member {
@@ -41,12 +56,38 @@ impl Member {
         self.gate.waiting()
     }
 
-    /// Whether it is up (not marked down, or its retry interval has passed) at `now`.
+    /// Whether it is up at `now`: not marked down by its failed connects (or their retry
+    /// interval has passed), nor by the active checks.
     pub fn is_up(&self, now: Instant) -> bool {
-        self.down_until
+        let passive = self
+            .down_until
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .is_none_or(|t| t <= now)
+            .is_none_or(|t| t <= now);
+        passive && !self.checked.lock().unwrap_or_else(|p| p.into_inner()).down
+    }
+
+    /// Records an active probe's outcome under `fall` and `rise`; `Some(up)` when it changed
+    /// what the checks say (the first probe decides alone).
+    pub fn probed(&self, ok: bool, fall: u32, rise: u32) -> Option<bool> {
+        let mut c = self.checked.lock().unwrap_or_else(|p| p.into_inner());
+        c.streak = if c.probed && c.last_ok == ok {
+            c.streak.saturating_add(1)
+        } else {
+            1
+        };
+        let first = !c.probed;
+        (c.probed, c.last_ok) = (true, ok);
+        let down = if first {
+            !ok
+        } else if ok {
+            c.down && c.streak < rise
+        } else {
+            c.down || c.streak >= fall
+        };
+        let changed = first && down || !first && down != c.down;
+        c.down = down;
+        changed.then_some(!down)
     }
 
     fn has_room(&self) -> bool {
@@ -150,6 +191,7 @@ impl Pool {
                     gate: Gate::new(b.max_active, b.backlog, diff.clone()),
                     down_until: Mutex::new(None),
                     fails: Mutex::new((0, None)),
+                    checked: Mutex::new(Checked::default()),
                 }),
             })
             .collect();
@@ -285,6 +327,34 @@ mod tests {
             })
             .collect();
         Pool::new(&backends, Duration::from_millis(50), 3)
+    }
+
+    #[test]
+    fn active_checks_mark_down_after_fall_and_up_after_rise_and_the_first_decides() {
+        let p = pool(&[(1, 10, 0), (1, 10, 0)]);
+        let now = Instant::now;
+        let (dead, live) = (&p.members()[0], &p.members()[1]);
+        // The first probe decides alone: dead at start is down at once.
+        assert_eq!(dead.probed(false, 3, 2), Some(false));
+        assert!(!dead.is_up(now()));
+        assert_eq!(live.probed(true, 3, 2), None);
+        assert!(live.is_up(now()));
+        // No client is sent to the member the checks hold down.
+        for _ in 0..10 {
+            assert_eq!(p.reserve(&[], Priority::Low).unwrap().member, 1);
+        }
+        // Back after `rise` passed probes in a row; a failure between starts the count again.
+        assert_eq!(dead.probed(true, 3, 2), None);
+        assert_eq!(dead.probed(false, 3, 2), None);
+        assert_eq!(dead.probed(true, 3, 2), None);
+        assert_eq!(dead.probed(true, 3, 2), Some(true));
+        assert!(dead.is_up(now()));
+        // Down after `fall` failed probes in a row, not before.
+        assert_eq!(live.probed(false, 3, 2), None);
+        assert_eq!(live.probed(false, 3, 2), None);
+        assert!(live.is_up(now()));
+        assert_eq!(live.probed(false, 3, 2), Some(false));
+        assert!(!live.is_up(now()));
     }
 
     #[test]

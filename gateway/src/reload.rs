@@ -48,6 +48,7 @@ impl Certificates {
                         .cert_key
                         .iter()
                         .flat_map(|(c, k)| [c, k])
+                        .chain(p.tls.sni.iter().flat_map(|e| [&e.cert, &e.key]))
                         .chain(p.tls.ticket_key_file.as_ref());
                     for f in files {
                         std::fs::read(f).ok().hash(&mut h);

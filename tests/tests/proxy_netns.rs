@@ -2225,3 +2225,60 @@ fn active_checks_mark_a_dead_backend_down_before_any_client_meets_it() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// The first line of base64 of a PEM certificate file: enough to tell two certificates apart in
+/// what `openssl s_client` prints of the one it was served.
+fn pem_line(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .nth(1)
+        .unwrap()
+        .to_string()
+}
+
+/// Issue 54: several certificates on one listener, chosen by the name the client asks for
+/// (SNI), the listener's own to every other client; the oldest TLS version and the suites as
+/// configured (a TLS 1.2 client refused with `min_version: 1.3`; only the listed suite served).
+#[test]
+fn a_listener_serves_the_certificate_of_the_name_asked_for_and_its_versions_and_suites() {
+    if !have_root("a_listener_serves_the_certificate_of_the_name_asked_for") {
+        return;
+    }
+    let mut s = Setup::new();
+    let two = Cert::new();
+    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+    s.start_tls(
+        &format!("{{address: {}}}", backend.addr),
+        &format!(
+            ", min_version: 1.3, cipher_suites: [TLS13_AES_256_GCM_SHA384], sni: [{{names: [two.test, '*.two.test'], cert: {}, key: {}}}]",
+            two.cert().display(),
+            two.key().display()
+        ),
+        "",
+        "",
+    );
+    let (own, theirs) = (pem_line(&s.cert.cert()), pem_line(&two.cert()));
+    for (args, want, not) in [
+        (&["-servername", "two.test"][..], &theirs, &own),
+        (&["-servername", "a.two.test"][..], &theirs, &own),
+        (&["-servername", "one.test"][..], &own, &theirs),
+        (&["-noservername"][..], &own, &theirs),
+    ] {
+        let said = s.s_client(args);
+        assert!(
+            said.contains(want.as_str()) && !said.contains(not.as_str()),
+            "{args:?}: {said}"
+        );
+        assert!(
+            said.contains("New, TLSv1.3, Cipher is TLS_AES_256_GCM_SHA384"),
+            "{args:?}: {said}"
+        );
+    }
+    // Proxied as before.
+    let (_, body) = s.fetch(&rustls_config(&s.cert)).expect("served");
+    assert!(body.ends_with("b\n"), "{body:?}");
+    // TLS 1.2 alone: refused, no certificate served.
+    let said = s.s_client(&["-tls1_2"]);
+    assert!(!said.contains("BEGIN CERTIFICATE"), "{said}");
+}

@@ -281,6 +281,91 @@ pub struct TlsConfig {
     /// datapath's per-key GCRA: a farmed ticket gets one client's worth). Configured as
     /// `resume_rate`, per second.
     pub resume_per_minute: u32,
+    /// More certificates, each served to the clients that name one of its `names` (SNI); the
+    /// `cert` above to every other client.
+    pub sni: Vec<SniCert>,
+    /// The oldest TLS version served: 1.2 (default) or 1.3.
+    pub min_version: TlsVersion,
+    /// The cipher suites offered, by rustls's names (`TLS13_AES_256_GCM_SHA384`); empty: the
+    /// provider's defaults.
+    pub cipher_suites: Vec<String>,
+}
+
+/// A certificate served to the clients that name one of its `names` in their hello (SNI).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SniCert {
+    /// Host names (lower case), exact or `*.` and a suffix (one label).
+    pub names: Vec<String>,
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+}
+
+impl SniCert {
+    /// Whether `name` (lower case) is one of this certificate's names.
+    pub fn serves(&self, name: &str) -> bool {
+        self.names.iter().any(|n| name_matches(n, name))
+    }
+}
+
+/// Whether host `name` matches `pattern`: the same, or `*.` and the same suffix after exactly
+/// one label.
+pub fn name_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_prefix("*.") {
+        Some(suffix) => name
+            .split_once('.')
+            .is_some_and(|(first, rest)| !first.is_empty() && rest == suffix),
+        None => pattern == name,
+    }
+}
+
+/// A TLS protocol version.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TlsVersion {
+    /// TLS 1.2.
+    #[default]
+    V12,
+    /// TLS 1.3.
+    V13,
+}
+
+impl<'de> Deserialize<'de> for TlsVersion {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // `min_version: 1.3` reads as a number in YAML, `"1.3"` as a string: both are taken.
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Text(String),
+            Number(f64),
+        }
+        let text = match Raw::deserialize(d)? {
+            Raw::Text(t) => t,
+            Raw::Number(n) => format!("{n:.1}"),
+        };
+        match text.as_str() {
+            "1.2" => Ok(TlsVersion::V12),
+            "1.3" => Ok(TlsVersion::V13),
+            _ => Err(D::Error::custom(format!(
+                "min_version {text:?} is not one of: 1.2, 1.3"
+            ))),
+        }
+    }
+}
+
+impl Serialize for TlsVersion {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match self {
+            TlsVersion::V12 => "1.2",
+            TlsVersion::V13 => "1.3",
+        })
+    }
+}
+
+/// The name rustls gives a cipher suite (`TLS13_AES_128_GCM_SHA256`).
+pub fn suite_name(suite: &rustls::SupportedCipherSuite) -> String {
+    format!("{:?}", suite.suite())
 }
 
 impl TlsConfig {
@@ -313,6 +398,12 @@ struct RawTls {
     resume_limit: u32,
     #[serde(default = "default_resume_rate")]
     resume_rate: f64,
+    #[serde(default)]
+    sni: Vec<SniCert>,
+    #[serde(default)]
+    min_version: TlsVersion,
+    #[serde(default)]
+    cipher_suites: Vec<String>,
 }
 
 fn default_rotation() -> Span {
@@ -359,6 +450,57 @@ impl TryFrom<RawTls> for TlsConfig {
                 most / 60
             ));
         }
+        for (i, c) in r.sni.iter().enumerate() {
+            if c.names.is_empty() {
+                return Err(format!("tls.sni[{i}].names: at least one name"));
+            }
+            for (j, n) in c.names.iter().enumerate() {
+                let bare = n.strip_prefix("*.").unwrap_or(n);
+                let valid = !bare.is_empty()
+                    && bare.len() <= 253
+                    && bare.split('.').all(|l| {
+                        !l.is_empty()
+                            && l.len() <= 63
+                            && l.bytes()
+                                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    });
+                if !valid {
+                    return Err(format!(
+                        "tls.sni[{i}].names[{j}]: {n:?} is not a lower-case host name (or `*.` and one)"
+                    ));
+                }
+                if let Some(k) = r.sni[..i].iter().position(|o| o.names.contains(n)) {
+                    return Err(format!(
+                        "tls.sni[{i}].names[{j}]: {n:?} is also tls.sni[{k}]'s"
+                    ));
+                }
+            }
+        }
+        let known: Vec<String> = rustls::crypto::aws_lc_rs::ALL_CIPHER_SUITES
+            .iter()
+            .map(suite_name)
+            .collect();
+        for (i, name) in r.cipher_suites.iter().enumerate() {
+            if !known.contains(name) {
+                return Err(format!(
+                    "tls.cipher_suites[{i}]: {name:?} is not one of: {}",
+                    known.join(", ")
+                ));
+            }
+        }
+        if !r.cipher_suites.is_empty() {
+            let v13 = rustls::crypto::aws_lc_rs::ALL_CIPHER_SUITES
+                .iter()
+                .any(|s| {
+                    r.cipher_suites.contains(&suite_name(s))
+                        && s.version() == &rustls::version::TLS13
+                });
+            if !v13 {
+                return Err(
+                    "tls.cipher_suites: none for TLS 1.3 (list one of the TLS13_ suites)".into(),
+                );
+            }
+        }
         Ok(TlsConfig {
             cert_key,
             ticket_key_file: r.ticket_key_file,
@@ -367,6 +509,9 @@ impl TryFrom<RawTls> for TlsConfig {
             session_cache: r.session_cache,
             resume_limit: r.resume_limit,
             resume_per_minute: per_minute.round() as u32,
+            sni: r.sni,
+            min_version: r.min_version,
+            cipher_suites: r.cipher_suites,
         })
     }
 }
@@ -381,6 +526,9 @@ impl Default for TlsConfig {
             session_cache: default_cache(),
             resume_limit: default_resume_limit(),
             resume_per_minute: gateway_common::maps::DEFAULT_RESUME_PER_MINUTE,
+            sni: Vec::new(),
+            min_version: TlsVersion::V12,
+            cipher_suites: Vec::new(),
         }
     }
 }
@@ -388,7 +536,7 @@ impl Default for TlsConfig {
 impl Serialize for TlsConfig {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct as _;
-        let mut st = s.serialize_struct("TlsConfig", 8)?;
+        let mut st = s.serialize_struct("TlsConfig", 11)?;
         st.serialize_field("cert", &self.cert_key.as_ref().map(|c| &c.0))?;
         st.serialize_field("key", &self.cert_key.as_ref().map(|c| &c.1))?;
         st.serialize_field("ticket_key_file", &self.ticket_key_file)?;
@@ -397,6 +545,9 @@ impl Serialize for TlsConfig {
         st.serialize_field("session_cache", &self.session_cache)?;
         st.serialize_field("resume_limit", &self.resume_limit)?;
         st.serialize_field("resume_rate", &(self.resume_per_minute as f64 / 60.0))?;
+        st.serialize_field("sni", &self.sni)?;
+        st.serialize_field("min_version", &self.min_version)?;
+        st.serialize_field("cipher_suites", &self.cipher_suites)?;
         st.end()
     }
 }
@@ -532,6 +683,7 @@ impl Default for Timeouts {
 
 #[cfg(test)]
 mod tests {
+    use super::TlsVersion;
     use crate::config::Config;
 
     fn err(yaml: &str) -> String {
@@ -588,6 +740,38 @@ mod tests {
             e.contains("services[0].proto: sip is classified over udp only"),
             "{e}"
         );
+        // SNI certificates, the oldest version, the suites: each named where it is wrong.
+        let tls = |body: &str| {
+            err(&format!(
+                "proxies:\n  - listen: 127.0.0.1:8443\n    backends: [{{address: 127.0.0.1:1}}]\n    tls: {body}\n"
+            ))
+        };
+        assert!(
+            tls("{sni: [{names: [Two.Test], cert: c, key: k}]}")
+                .contains("tls.sni[0].names[0]: \"Two.Test\" is not a lower-case host name")
+        );
+        assert!(
+            tls("{sni: [{names: [a.test], cert: c, key: k}, {names: [b.test, a.test], cert: c, key: k}]}")
+                .contains("tls.sni[1].names[1]: \"a.test\" is also tls.sni[0]'s")
+        );
+        assert!(tls("{sni: [{names: [], cert: c, key: k}]}").contains("tls.sni[0].names"));
+        assert!(tls("{min_version: 1.4}").contains("min_version \"1.4\" is not one of: 1.2, 1.3"));
+        assert!(
+            tls("{cipher_suites: [TLS13_ROT13]}")
+                .contains("tls.cipher_suites[0]: \"TLS13_ROT13\" is not one of: TLS13_")
+        );
+        assert!(
+            tls("{cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]}")
+                .contains("none for TLS 1.3")
+        );
+        let c = crate::config::Config::parse(
+            "proxies:\n  - listen: 127.0.0.1:8443\n    backends: [{address: 127.0.0.1:1}]\n    tls: {min_version: 1.3, cipher_suites: [TLS13_AES_256_GCM_SHA384], sni: [{names: ['*.a.test'], cert: c, key: k}]}\n",
+            "t",
+        )
+        .unwrap();
+        let t = &c.proxies[0].tls;
+        assert_eq!(t.min_version, TlsVersion::V13);
+        assert!(t.sni[0].serves("x.a.test") && !t.sni[0].serves("a.test"));
         // Active checks: bounds named.
         let hc = |body: &str| {
             err(&format!(

@@ -78,10 +78,16 @@ struct Live {
     pool: Pool,
 }
 
-/// When the certificate of `cfg`'s files expires (none for a self-signed one made at start).
+/// When the first of `cfg`'s certificate files expires: its own `cert` and each of `tls.sni`
+/// (none for a self-signed one made at start, and no file).
 fn certificate_expiry(cfg: &ProxyConfig) -> Option<i64> {
-    let (cert, _) = cfg.tls.cert_key.as_ref()?;
-    crate::tls::certs::expiry(cert)
+    cfg.tls
+        .cert_key
+        .iter()
+        .map(|(cert, _)| cert)
+        .chain(cfg.tls.sni.iter().map(|e| &e.cert))
+        .filter_map(|cert| crate::tls::certs::expiry(cert))
+        .min()
 }
 
 /// How long a refusal's last words (a 503, close_notify) may take to write.

@@ -3,6 +3,7 @@
 //! datapath.
 
 pub mod certs;
+pub mod sni;
 pub mod store;
 pub mod tickets;
 
@@ -11,7 +12,10 @@ use std::sync::Arc;
 use rustls::{ServerConfig, crypto::aws_lc_rs};
 use thiserror::Error;
 
-use crate::{issued::IssuedKeys, proxy::config::TlsConfig};
+use crate::{
+    issued::IssuedKeys,
+    proxy::config::{TlsConfig, TlsVersion},
+};
 
 /// Errors of setting TLS up.
 #[derive(Debug, Error)]
@@ -30,24 +34,52 @@ pub enum TlsError {
 /// The server configuration of one listener: its certificate (from files, or self-signed), a
 /// publishing session cache and a publishing rotating ticketer.
 pub fn server_config(cfg: &TlsConfig, issued: Arc<IssuedKeys>) -> Result<ServerConfig, TlsError> {
-    let (chain, key) = match &cfg.cert_key {
-        Some((cert, key)) => certs::load(cert, key)?,
-        None => certs::self_signed()?,
+    let mut provider = aws_lc_rs::default_provider();
+    if !cfg.cipher_suites.is_empty() {
+        provider.cipher_suites.retain(|s| {
+            cfg.cipher_suites
+                .contains(&crate::proxy::config::suite_name(s))
+        });
+    }
+    let versions: &[&rustls::SupportedProtocolVersion] = match cfg.min_version {
+        TlsVersion::V12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
+        TlsVersion::V13 => &[&rustls::version::TLS13],
     };
-    let provider = Arc::new(aws_lc_rs::default_provider());
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .map_err(|e| match (&cfg.cert_key, e) {
-            (Some((cert, key)), rustls::Error::InconsistentKeys(_)) => {
-                TlsError::Certs(certs::CertError::Mismatch {
+    let certified = |chain, key, (cert, key_path): (&std::path::Path, &std::path::Path)| {
+        rustls::sign::CertifiedKey::from_der(chain, key, &provider)
+            .map(Arc::new)
+            .map_err(|e| match e {
+                rustls::Error::InconsistentKeys(_) => TlsError::Certs(certs::CertError::Mismatch {
                     cert: cert.display().to_string(),
-                    key: key.display().to_string(),
-                })
-            }
-            (_, e) => TlsError::Rustls(e),
-        })?;
+                    key: key_path.display().to_string(),
+                }),
+                e => TlsError::Rustls(e),
+            })
+    };
+    let default = match &cfg.cert_key {
+        Some((cert, key)) => {
+            let (chain, k) = certs::load(cert, key)?;
+            certified(chain, k, (cert, key))?
+        }
+        None => {
+            let (chain, k) = certs::self_signed()?;
+            let none = std::path::Path::new("(self-signed)");
+            certified(chain, k, (none, none))?
+        }
+    };
+    let mut by_name = Vec::new();
+    for entry in &cfg.sni {
+        let (chain, k) = certs::load(&entry.cert, &entry.key)?;
+        by_name.push((
+            entry.clone(),
+            certified(chain, k, (&entry.cert, &entry.key))?,
+        ));
+    }
+    let resolver = Arc::new(sni::Resolver::new(default, by_name));
+    let mut config = ServerConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(versions)?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
     config.session_storage = Arc::new(store::PublishingCache::new(
         cfg.session_cache,
         issued.clone(),

@@ -50,10 +50,7 @@ fn the_unit_passes_systemd_analyze_verify_and_a_broken_copy_does_not() {
 
 /// The unit's `CapabilityBoundingSet=`.
 fn unit_caps() -> Vec<String> {
-    unit()
-        .lines()
-        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
-        .expect("the unit bounds its capabilities")
+    unit_value("CapabilityBoundingSet")
         .split_whitespace()
         .map(String::from)
         .collect()

@@ -606,3 +606,53 @@ fn config_show_prints_what_the_daemon_runs_and_follows_a_reload() {
     );
     net.gateway_ok(&["detach", "--iface", &net.gw_if]);
 }
+
+/// Issue 54: a host name where an address is written (`localhost:9477` was refused): looked up
+/// when the config is read, IPv4 first; `config show` says the address it became. A name that
+/// does not resolve is refused naming the field.
+#[test]
+fn a_host_name_where_an_address_is_written_is_looked_up() {
+    if !have_root("a_host_name_where_an_address_is_written") {
+        return;
+    }
+    use std::io::{Read as _, Write as _};
+    const METRICS: u16 = 9494;
+    let net = TestNet::new();
+    let dir = gateway_tests::fresh_temp_dir("gwt-daemon-hostname");
+    let daemon = Daemon::start_config(
+        &net,
+        &dir,
+        &format!("metrics: localhost:{METRICS}\nservices: [{{kind: sip, port: 5062}}]\n"),
+    );
+    let answer = net.in_gw(|| {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", METRICS)).unwrap();
+        s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        text
+    });
+    assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+    let shown = net.gateway_ok(&["config", "show"]);
+    assert!(
+        shown.contains(&format!("metrics: 127.0.0.1:{METRICS}")),
+        "{shown}"
+    );
+    let (status, log) = daemon.terminate(SHUTDOWN);
+    assert!(status.success(), "{log:?}");
+    let bad = dir.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        format!(
+            "interfaces:\n  - name: {}\nmetrics: no-such-host.invalid:9477\n",
+            net.gw_if
+        ),
+    )
+    .unwrap();
+    let out = net.gateway(&["config", "check", bad.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("metrics") && said.contains("no-such-host.invalid does not resolve"),
+        "{said}"
+    );
+}

@@ -5,6 +5,7 @@
 //! inside deserialization, so each error names the field path and its line; unknown fields are
 //! errors; a config with any error is refused whole.
 
+pub mod address;
 mod controller;
 mod datapath;
 mod interfaces;
@@ -33,6 +34,14 @@ pub use services::{Port, Proto, Service, ServiceKind, Services};
 
 /// The embedded default configuration.
 pub const DEFAULT_YAML: &str = include_str!("../../../deploy/gateway.default.yaml");
+
+/// `metrics`, named in its error (a top-level field's error carries no path of its own).
+fn de_metrics<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<std::net::SocketAddr>, D::Error> {
+    use serde::de::Error as _;
+    address::de_opt_addr(d).map_err(|e| D::Error::custom(format!("metrics: {e}")))
+}
 
 /// Where the daemon's config comes from, read again on every reload: a file (or the embedded
 /// default) and the command line's overrides.
@@ -168,8 +177,9 @@ pub struct Config {
     /// listener's port is a protected TLS service whose completions the daemon counts.
     #[serde(default)]
     pub proxies: Vec<crate::proxy::config::ProxyConfig>,
-    /// Where the daemon serves Prometheus metrics (`GET /metrics`); absent: not served.
-    #[serde(default)]
+    /// Where the daemon serves Prometheus metrics (`GET /metrics`; `IP:PORT` or `HOST:PORT`);
+    /// absent: not served.
+    #[serde(default, deserialize_with = "de_metrics")]
     pub metrics: Option<std::net::SocketAddr>,
     /// Worker threads of the proxies' runtime; 0 (the default) is one per CPU. The daemon's own
     /// work (controller, metrics, signals) runs on one more thread, apart from them.

@@ -174,6 +174,7 @@ pub enum AppProtocol {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawProxy {
+    #[serde(deserialize_with = "crate::config::address::de_addr")]
     listen: SocketAddr,
     #[serde(default)]
     tls: TlsConfig,
@@ -556,7 +557,8 @@ impl Serialize for TlsConfig {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
-    /// Plain TCP address.
+    /// Plain TCP address (`IP:PORT` or `HOST:PORT`, looked up when the config is read).
+    #[serde(deserialize_with = "crate::config::address::de_addr")]
     pub address: SocketAddr,
     /// Share of new connections relative to the other members, 1 to 1000.
     #[serde(default = "one", deserialize_with = "de_weight")]

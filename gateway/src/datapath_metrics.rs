@@ -46,10 +46,19 @@ struct DropLabels {
 struct LimitLabels {
     iface: String,
     class: &'static str,
-    /// `backlog`, `rate` (per second) or `burst`.
-    limit: &'static str,
     /// Who set it: `config`, `operator` or `controller`.
     owner: &'static str,
+}
+
+/// The limits a class may have, each a family of its own unit.
+#[derive(Clone, Copy)]
+enum Limit {
+    /// Admitted units at once.
+    Backlog = 0,
+    /// Admissions per second.
+    Rate = 1,
+    /// Admissions above the rate at once.
+    Burst = 2,
 }
 
 /// Labels of a controller bound.
@@ -104,7 +113,7 @@ struct Scrape {
     completed: Sorted<ClassLabels, Counter>,
     expired: Sorted<ClassLabels, Counter>,
     backlog: Sorted<ClassLabels, Gauge>,
-    limits: Sorted<LimitLabels, Gauge>,
+    limits: [Sorted<LimitLabels, Gauge>; 3],
     bounds: Sorted<BoundLabels, Gauge>,
     attached: Sorted<AttachLabels, Gauge>,
     tls: Vec<(&'static str, &'static str, Sorted<IfaceLabels, Counter>)>,
@@ -174,22 +183,21 @@ impl Scrape {
             self.expired.get_or_create(&l).inc_by(state[i].expired);
             let policy = maps.policy(c)?;
             let owner = policy.owner_name();
-            let limit = |limit, v: u64| {
-                self.limits
+            let limit = |limit: Limit, v: u64| {
+                self.limits[limit as usize]
                     .get_or_create(&LimitLabels {
                         iface: iface.to_string(),
                         class: c.name(),
-                        limit,
                         owner,
                     })
                     .set(v.min(i64::MAX as u64) as i64);
             };
             if let Some(backlog) = policy.backlog_in_force() {
-                limit("backlog", backlog);
+                limit(Limit::Backlog, backlog);
             }
             if let Some(rate) = policy.rate_in_force() {
-                limit("rate", rate);
-                limit("burst", policy.burst);
+                limit(Limit::Rate, rate);
+                limit(Limit::Burst, policy.burst);
             }
             if policy.bound_max != 0 {
                 for (bound, v) in [("min", policy.bound_min), ("max", policy.bound_max)] {
@@ -264,12 +272,25 @@ impl Scrape {
             None,
             MetricType::Gauge,
         )?)?;
-        self.limits.encode(e.encode_descriptor(
-            "gateway_class_limit",
-            "A limit in force (backlog in units, rate in admissions per second, burst), with who set it; a class with no series for a limit has none",
-            None,
-            MetricType::Gauge,
-        )?)?;
+        // One family per limit, each of one unit; a class with no series in a family has no
+        // such limit.
+        let limits = [
+            (
+                "gateway_class_backlog_limit",
+                "The backlog limit in force (admitted units at once), with who set it",
+            ),
+            (
+                "gateway_class_rate_limit_per_second",
+                "The rate limit in force (admissions per second), with who set it",
+            ),
+            (
+                "gateway_class_burst_limit",
+                "The burst in force above the rate (admissions at once), with who set it",
+            ),
+        ];
+        for ((name, help), fam) in limits.into_iter().zip(&self.limits) {
+            fam.encode(e.encode_descriptor(name, help, None, MetricType::Gauge)?)?;
+        }
         self.bounds.encode(e.encode_descriptor(
             "gateway_class_controller_bound",
             "The bounds within which the controller moves a class's limit (min, max), for classes it holds",

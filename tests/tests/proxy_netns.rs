@@ -654,7 +654,10 @@ fn the_metrics_endpoint_answers_as_scrapers_expect() {
     if !have_root("the_metrics_endpoint_answers_as_scrapers_expect") {
         return;
     }
-    let (s, _backend) = Setup::answering("", "");
+    let (s, _backend) = Setup::answering(
+        "",
+        "policy:\n  tls-new: {backlog: 50, rate: 100, burst: 10}\n",
+    );
     let url = format!("http://127.0.0.1:{METRICS}/metrics");
     let curl = |args: &[&str]| {
         let out = s.net.exec(&s.net.gw_ns, "curl", args);
@@ -679,6 +682,15 @@ fn the_metrics_endpoint_answers_as_scrapers_expect() {
         "{head}"
     );
     let text = curl(&["-sS", &url]);
+    // Each limit in a family of its own unit (issue 54: one family mixed the three).
+    for (name, v) in [
+        ("gateway_class_backlog_limit", 50.0),
+        ("gateway_class_rate_limit_per_second", 100.0),
+        ("gateway_class_burst_limit", 10.0),
+    ] {
+        let labels = [("class", "tls-new"), ("owner", "config")];
+        assert_eq!(value(&text, name, &labels), v, "{name}");
+    }
     // The process's own figures, under the names every client library uses (issue 54).
     for name in [
         "process_cpu_seconds_total ",

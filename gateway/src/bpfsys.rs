@@ -236,6 +236,21 @@ pub fn map_next_key(map: &OwnedFd, key: Option<&[u8]>, next: &mut [u8]) -> io::R
     }
 }
 
+/// The interface index the BPF link pinned at `pin` is attached to; `Ok(0)` when the link was
+/// detached (by `bpftool link detach`, or the interface went away): the kernel keeps a defunct
+/// link with no interface.
+pub fn link_ifindex(pin: &Path) -> io::Result<u32> {
+    let fd = obj_get(pin)?;
+    // struct bpf_link_info: type, id, prog_id (u32 each), then the per-type union at offset 16,
+    // whose xdp and tcx members both begin with the u32 ifindex.
+    let mut info = [0u64; 16];
+    let len = obj_info(&fd, &mut info)?;
+    if len < 20 {
+        return Err(io::Error::other("short bpf_link_info"));
+    }
+    Ok(info[2] as u32)
+}
+
 /// The id of the program the link pinned at `pin` runs.
 pub fn link_program(pin: &Path) -> io::Result<u32> {
     let fd = obj_get(pin)?;

@@ -3,9 +3,9 @@
 //! interface's program attached in the mode asked for, its maps of this build's layout, every
 //! proxy listener accepting, the controller's last interval recent), else 503 with the reasons.
 
-use std::{path::Path, sync::Arc};
+use std::sync::Arc;
 
-use crate::bpfsys::{obj_get, obj_info};
+use crate::bpfsys::link_ifindex;
 
 /// One readiness check: `Err` says why not, in an operator's words.
 pub type Check = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
@@ -80,21 +80,6 @@ pub fn attachment_ready(pd: &crate::pins::PinDir) -> Result<(), String> {
     ))
 }
 
-/// The interface index the BPF link pinned at `pin` is attached to; `Ok(0)` when the link was
-/// detached (by `bpftool link detach`, or the interface went away): the kernel keeps a defunct
-/// link with no interface.
-pub fn link_ifindex(pin: &Path) -> std::io::Result<u32> {
-    let fd = obj_get(pin)?;
-    // struct bpf_link_info: type, id, prog_id (u32 each), then the per-type union at offset 16,
-    // whose xdp and tcx members both begin with the u32 ifindex.
-    let mut info = [0u64; 16];
-    let len = obj_info(&fd, &mut info)?;
-    if len < 20 {
-        return Err(std::io::Error::other("short bpf_link_info"));
-    }
-    Ok(info[2] as u32)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,6 +99,6 @@ mod tests {
 
     #[test]
     fn a_missing_pin_is_an_error_not_a_detached_link() {
-        assert!(link_ifindex(Path::new("/nonexistent/gateway/link")).is_err());
+        assert!(link_ifindex(std::path::Path::new("/nonexistent/gateway/link")).is_err());
     }
 }

@@ -507,7 +507,7 @@ pub fn other_attachments(root: &Path, iface: &str, ifindex: u32) -> Vec<PinDir> 
             if same || !pd.is_attached() || found.iter().any(|f: &PinDir| f.dir == pd.dir) {
                 continue;
             }
-            if crate::health::link_ifindex(&pd.link()).is_ok_and(|i| i == ifindex) {
+            if bpfsys::link_ifindex(&pd.link()).is_ok_and(|i| i == ifindex) {
                 found.push(pd);
             }
         }

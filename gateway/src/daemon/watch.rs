@@ -34,7 +34,7 @@ pub(super) async fn keep_attached(opts: AttachOptions, pins: PinDir) {
     let mut looks = 0u32;
     loop {
         tick.tick().await;
-        if matches!(crate::health::link_ifindex(&pins.link()), Ok(0)) {
+        if matches!(crate::bpfsys::link_ifindex(&pins.link()), Ok(0)) {
             looks += 1;
         } else {
             looks = 0;

@@ -287,11 +287,16 @@ pub const RUN_DIR: &str = "/run/gateway";
 /// Records the outcome of this daemon's last reload (best effort: without it, `gateway reload`
 /// still reports applied or refused, and the log has the reason).
 pub fn record_outcome(text: &str) {
-    let path = outcome_path(std::process::id());
+    write_run_file(&outcome_path(std::process::id()), text);
+}
+
+/// Writes `text` to `path` under [`RUN_DIR`] whole (a file beside it, renamed over it), so a
+/// reader never sees half of it; best effort.
+fn write_run_file(path: &std::path::Path, text: &str) {
     let _ = std::fs::create_dir_all(RUN_DIR);
     let tmp = path.with_extension("tmp");
     if std::fs::write(&tmp, text).is_ok() {
-        let _ = std::fs::rename(&tmp, &path);
+        let _ = std::fs::rename(&tmp, path);
     }
 }
 
@@ -307,14 +312,12 @@ pub fn record_running(cfg: &Config) {
     let Ok(text) = serde_norway::to_string(cfg) else {
         return;
     };
-    let path = running_config_path(std::process::id());
-    let _ = std::fs::create_dir_all(RUN_DIR);
-    let tmp = path.with_extension("tmp");
     let header = "# The config the daemon runs, as it holds it: the file's, with the command line's\n\
                   # overrides and every default written out (gateway config show).\n";
-    if std::fs::write(&tmp, format!("{header}{text}")).is_ok() {
-        let _ = std::fs::rename(&tmp, &path);
-    }
+    write_run_file(
+        &running_config_path(std::process::id()),
+        &format!("{header}{text}"),
+    );
 }
 
 /// Removes this daemon's outcome file (on exit).

@@ -10,15 +10,23 @@ use crate::netns::TestNet;
 
 /// `GET /metrics` from 127.0.0.1:`port` in the gateway namespace; the body.
 pub fn scrape(net: &TestNet, port: u16) -> String {
+    let text = get(net, "127.0.0.1", port, "/metrics").expect("metrics endpoint");
+    let (head, body) = text.split_once("\r\n\r\n").expect("HTTP response");
+    assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+    body.to_string()
+}
+
+/// An HTTP/1.0 `GET path` of `host:port` from the gateway namespace: the whole answer (status
+/// line, head and body), `None` when nothing answered.
+pub fn get(net: &TestNet, host: &str, port: u16, path: &str) -> Option<String> {
     net.in_gw(|| {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut s = TcpStream::connect((host, port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+            .ok()?;
         let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        let (head, body) = text.split_once("\r\n\r\n").expect("HTTP response");
-        assert!(head.starts_with("HTTP/1.0 200"), "{head}");
-        body.to_string()
+        s.read_to_string(&mut text).ok()?;
+        Some(text)
     })
 }
 

@@ -615,7 +615,6 @@ fn a_host_name_where_an_address_is_written_is_looked_up() {
     if !have_root("a_host_name_where_an_address_is_written") {
         return;
     }
-    use std::io::{Read as _, Write as _};
     const METRICS: u16 = 9494;
     let net = TestNet::new();
     let dir = gateway_tests::fresh_temp_dir("gwt-daemon-hostname");
@@ -624,13 +623,8 @@ fn a_host_name_where_an_address_is_written_is_looked_up() {
         &dir,
         &format!("metrics: localhost:{METRICS}\nservices: [{{kind: sip, port: 5062}}]\n"),
     );
-    let answer = net.in_gw(|| {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", METRICS)).unwrap();
-        s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        text
-    });
+    let answer = gateway_tests::metrics::get(&net, "127.0.0.1", METRICS, "/healthz")
+        .expect("the metrics endpoint at localhost's address");
     assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
     let shown = net.gateway_ok(&["config", "show"]);
     assert!(

@@ -238,24 +238,9 @@ fn unit_value(key: &str) -> String {
 /// An HTTP/1.0 GET of `path` from the metrics endpoint at 127.0.0.1:`port` in the gateway's
 /// namespace: its status code, 0 when nothing answered.
 fn http_status(net: &TestNet, port: u16, path: &str) -> u16 {
-    use std::io::{Read as _, Write as _};
-    net.in_gw(|| {
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-            return 0;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-        if s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
-            .is_err()
-        {
-            return 0;
-        }
-        let mut head = String::new();
-        let _ = s.read_to_string(&mut head);
-        head.split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0)
-    })
+    gateway_tests::metrics::get(net, "127.0.0.1", port, path)
+        .and_then(|t| t.split_whitespace().nth(1).and_then(|c| c.parse().ok()))
+        .unwrap_or(0)
 }
 
 /// Issue 54: the unit's start and stop, played as systemd plays them (no systemd runs as PID 1
@@ -568,16 +553,7 @@ fn the_daemonsets_command_line_finds_the_nodes_interface_and_reloads_an_edited_c
     let status = net.gateway_ok(&["status"]);
     assert!(status.starts_with(&format!("{}: ", net.gw_if)), "{status}");
     // Health on the node's address, and nowhere else.
-    let get = |host: &str| {
-        use std::io::{Read as _, Write as _};
-        net.in_gw(|| {
-            let mut s = std::net::TcpStream::connect((host, metrics)).ok()?;
-            s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").ok()?;
-            let mut text = String::new();
-            s.read_to_string(&mut text).ok()?;
-            Some(text)
-        })
-    };
+    let get = |host: &str| gateway_tests::metrics::get(&net, host, metrics, "/healthz");
     assert!(get(GW_V4).is_some_and(|t| t.starts_with("HTTP/1.0 200")));
     assert!(get("127.0.0.1").is_none(), "not on every address");
     assert_eq!(net.policy("sip-original")["backlog_limit"], 30);

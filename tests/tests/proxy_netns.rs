@@ -2154,14 +2154,7 @@ fn pdd_gives_resumed_sessions_the_shorter_wait_for_a_backend_slot() {
 
 /// `GET /readyz` from the metrics endpoint: the status line and body.
 fn readyz(net: &TestNet) -> String {
-    net.in_gw(|| {
-        let mut s = TcpStream::connect(("127.0.0.1", METRICS)).expect("metrics endpoint");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(b"GET /readyz HTTP/1.0\r\n\r\n").unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        text
-    })
+    gateway_tests::metrics::get(net, "127.0.0.1", METRICS, "/readyz").expect("metrics endpoint")
 }
 
 /// Issue 54: active health checks (HTTP GET) mark a member that is dead at start down before

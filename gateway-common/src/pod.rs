@@ -2,8 +2,9 @@
 
 use crate::maps::{
     BenchFresh, ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey,
-    FlowKey4, IssuedKey, IssuedValue, LatencyHistogram, Pending, RejectEvent, ServiceKey,
-    ServiceTimes, ServiceValue, SipDialog, SipTxn, TagKey, TagKeyId, TlsCounters, TlsFlow, TlsHold,
+    FlowKey4, IssuedKey, IssuedValue, LatencyHistogram, LearnTerms, Pending, RejectEvent,
+    ServiceKey, ServiceTimes, ServiceValue, SipDialog, SipTxn, TagKey, TagKeyId, TlsCounters,
+    TlsFlow, TlsHold,
 };
 
 // SAFETY: every type is #[repr(C)], Copy, made only of integers, and has no implicit padding
@@ -18,6 +19,7 @@ unsafe impl aya::Pod for DatapathConfig {}
 unsafe impl aya::Pod for DatapathCounters {}
 unsafe impl aya::Pod for FlowKey {}
 unsafe impl aya::Pod for FlowKey4 {}
+unsafe impl aya::Pod for LearnTerms {}
 unsafe impl aya::Pod for TlsFlow {}
 unsafe impl aya::Pod for IssuedKey {}
 unsafe impl aya::Pod for IssuedValue {}

@@ -34,6 +34,7 @@
 
 use crate::bytes::{MAX_READ_OFFSET, PacketBytes, SliceBytes};
 
+pub mod server;
 pub mod tag;
 
 use tag::TAIL_LEN;

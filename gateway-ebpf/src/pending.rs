@@ -24,9 +24,9 @@ use aya_ebpf::{
 use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
-        FlowKey, LATENCY_BUCKETS, LatencyHistogram, MAX_PENDING, PENDING_INVITE, Pending,
-        SERVICE_BUCKETS, SERVICE_SLOTS, SIP_FAMILIES_LEN, SLOT_SIP_INVITE, SWEEP_INTERVAL_NS,
-        ServiceTimes, SipFamily, sip_family,
+        FlowKey, LATENCY_BUCKETS, LatencyHistogram, MAX_PENDING, PENDING_ANSWERED, PENDING_INVITE,
+        Pending, SERVICE_BUCKETS, SERVICE_SLOTS, SIP_FAMILIES_LEN, SLOT_SIP_INVITE,
+        SWEEP_INTERVAL_NS, ServiceTimes, SipFamily, sip_family,
     },
     reasons::Refusal,
     tls::KEY_LEN,
@@ -179,9 +179,16 @@ fn count_family(unit: &Pending, field: Field) {
 #[inline(always)]
 pub fn complete<K>(table: &Table<K>, key: &K, timed: bool) -> Option<Pending> {
     let unit = end(table, key, Field::Completed)?;
-    if !timed {
-        return Some(unit);
+    if timed {
+        record_time(&unit);
     }
+    Some(unit)
+}
+
+/// Records how long the server took to answer `unit` (now, since it was admitted) in its
+/// class's latency histogram and its service-time slot.
+#[inline(always)]
+pub fn record_time(unit: &Pending) {
     let took = now_ns().saturating_sub(unit.admitted_ns);
     if let Some(h) = SERVICE_LATENCY.get_ptr_mut(unit.class) {
         let bucket = LatencyHistogram::bucket(took);
@@ -202,7 +209,6 @@ pub fn complete<K>(table: &Table<K>, key: &K, timed: bool) -> Option<Pending> {
         // SAFETY: per-CPU slot; `bucket` is under the array's length.
         unsafe { (*h).buckets[bucket as usize] += 1 };
     }
-    Some(unit)
 }
 
 /// Which counter of `ClassState` an event adds to.
@@ -319,8 +325,16 @@ extern "C" fn expire<K>(
         // allowed for hash maps.
         let ended = unsafe { *unit };
         if unsafe { bpf_map_delete_elem(map, key.cast()) } == 0 {
-            count(ended.class, Field::Expired);
-            count_family(&ended, Field::Expired);
+            // A TLS 1.2 handshake the server answered whose client never sent its second
+            // flight: the server did its part, the unit is completed (untimed: it was timed
+            // at the answer).
+            let field = if ended.flags & PENDING_ANSWERED != 0 {
+                Field::Completed
+            } else {
+                Field::Expired
+            };
+            count(ended.class, field);
+            count_family(&ended, field);
             release(&ended);
         }
     }

@@ -20,12 +20,13 @@ use aya_ebpf::{
 use gateway_common::{
     Class,
     maps::{
-        BPF_F_NO_PREALLOC, DEFAULT_TLS_ISSUED, FlowKey, ISSUED_BY_TAG, ISSUED_WITHDRAWN, IssuedKey,
-        IssuedValue, MAX_HOLD_NS, MAX_PENDING, MAX_TAG_KEYS, TagKey, TagKeyId, TlsHold,
-        resume_holders, resume_interval_ns, resume_limit,
+        BPF_F_NO_PREALLOC, DEFAULT_TLS_ISSUED, FlowKey, ISSUED_BY_SERVER, ISSUED_BY_TAG,
+        ISSUED_WITHDRAWN, IssuedKey, IssuedValue, LearnTerms, MAX_HOLD_NS, MAX_LEARN_PORTS,
+        MAX_PENDING, MAX_TAG_KEYS, TagKey, TagKeyId, TlsHold, resume_holders, resume_interval_ns,
+        resume_limit,
     },
     tls::{
-        HelloState, KEY_LEN,
+        HelloState, KEY_LEN, Offer,
         tag::{Tail, tag},
     },
 };
@@ -51,6 +52,11 @@ pub static TLS_ISSUED: HashMap<
 /// ticket secret ([`gateway_common::tls::tag`]).
 #[btf_map]
 pub static TLS_TAG_KEYS: HashMap<TagKeyId, TagKey, { MAX_TAG_KEYS as usize }> = HashMap::new();
+
+/// How the NIC learns the sessions of servers it does not terminate, by listener port: written
+/// by the daemon (a TLS service's `server:` section).
+#[btf_map]
+pub static TLS_LEARN: HashMap<u32, LearnTerms, { MAX_LEARN_PORTS as usize }> = HashMap::new();
 
 /// Resumed TLS connections the server answered that are still open, each holding a place of its
 /// issued key until it ends. Not LRU: no traffic can evict a hold.
@@ -188,6 +194,55 @@ pub extern "C" fn gateway_vouch(hello: *const HelloState, port: u32) -> i32 {
     }
     // Published meanwhile by another CPU (or the daemon), else the table is full.
     i32::from(TLS_ISSUED.get_ptr(issued(key)).is_some())
+}
+
+/// Publishes `key`, of a session id or ticket (`offer`) the server on `port` issued after a
+/// full handshake it completed (seen in its packets: `gateway_common::tls::server`), under the
+/// port's learning terms; `hint_s` is a ticket's lifetime hint (0 for none). Nothing when the
+/// port learns nothing, or the key is already published (its entry, and a withdrawal in it,
+/// stays). Counted: learnt, or not for want of room.
+#[inline(always)]
+pub fn learn(port: u16, key: &[u8; KEY_LEN], offer: Offer, hint_s: u32, now: u64) {
+    // SAFETY: a live map value, rewritten whole by the daemon; a torn read at worst gives one
+    // key a mixed lifetime.
+    let Some(terms) = TLS_LEARN.get_ptr(&u32::from(port)).map(|t| unsafe { *t }) else {
+        return;
+    };
+    let value = IssuedValue {
+        kind: offer as u32 | ISSUED_BY_SERVER,
+        limit: terms.limit,
+        per_minute: terms.per_minute,
+        issued_ns: now,
+        expires: terms.expires(now, hint_s),
+        ..IssuedValue::default()
+    };
+    match TLS_ISSUED.insert(issued(key), &value, u64::from(BPF_NOEXIST)) {
+        Ok(()) => count(|c| c.keys_learnt += 1),
+        Err(_) if TLS_ISSUED.get_ptr(issued(key)).is_some() => {}
+        Err(_) => count(|c| c.keys_unlearnt += 1),
+    }
+}
+
+/// Whether the port's sessions are learnt at the NIC (`TLS_LEARN` has terms for it).
+#[inline(always)]
+pub fn learns(port: u16) -> bool {
+    TLS_LEARN.get_ptr(&u32::from(port)).is_some()
+}
+
+/// The server declined the offer of `key` (its ServerHello started a full handshake): the key,
+/// if published, is withdrawn, as the daemon withdraws one ([`ISSUED_WITHDRAWN`]: it buys
+/// nothing until its entry ends).
+#[inline(always)]
+pub fn decline(key: &[u8; KEY_LEN]) {
+    count(|c| c.offers_declined += 1);
+    if let Some(v) = TLS_ISSUED.get_ptr_mut(issued(key)) {
+        // SAFETY: a field of a live map value; the daemon rewrites `kind` only when it publishes
+        // the entry again, which a withdrawal racing it may lose (the next decline withdraws).
+        unsafe {
+            let kind = core::ptr::read_volatile(&raw const (*v).kind);
+            core::ptr::write_volatile(&raw mut (*v).kind, kind | ISSUED_WITHDRAWN);
+        }
+    }
 }
 
 /// Gives back a place of the issued key `key` (a resumed unit ended). Never below zero: a key

@@ -17,8 +17,8 @@ use crate::{
     sip::sip_response,
     tls::{
         self,
+        answer::tls_answer,
         carry::{CARRY, carry_handed_over},
-        tls_answer,
     },
 };
 

@@ -18,7 +18,7 @@
 //!   unverified, and so are new and malformed hellos.
 //! - An admitted connection is a pending unit (`crate::pending`) until the server answers: its
 //!   first flight (a handshake or alert record) or its close, seen by the egress program
-//!   ([`tls_answer`]). Nothing the client sends completes it; unanswered, it expires.
+//!   ([`answer::tls_answer`]). Nothing the client sends completes it; unanswered, it expires.
 //! - Later packets of a decided connection cost one flow-table lookup: `tls-flow` when admitted,
 //!   dropped (or answered) when rejected. A connection refused on its first segment makes no
 //!   flow entry: it is remembered in a direct-mapped table ([`refused`]) until a later refusal
@@ -39,6 +39,7 @@
 //!   `tls-new`; one that starts with application data passes as `tls-flow`, being most likely a
 //!   connection whose entry the LRU evicted.
 
+pub mod answer;
 pub mod carry;
 pub mod cookie;
 mod flows;
@@ -837,54 +838,4 @@ fn reject<C: Rewrite>(key: &FlowKey, class: Class, reason: Refusal, answerable: 
         count(|c| c.reject_events_lost += 1);
     }
     action
-}
-
-/// A TCP segment leaving from a TLS port (the egress program): the server's first flight (a
-/// segment that starts a handshake or alert record) or its close (FIN, RST) completes the
-/// connection's pending unit, if it has one; only a handshake flight's time is recorded. Bulk
-/// data passes with one byte read.
-#[inline(always)]
-pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
-    let t = &pkt.transport;
-    let closing = t.tcp_flags & (TCP_FIN | TCP_RST) != 0;
-    let mut first = [0u8; 1];
-    let record = pkt.payload_len() > 0 && b.read(t.payload_offset as usize, &mut first);
-    // A handshake record (the first flight) or an alert: the server's answer.
-    let answer = record && (first[0] == 22 || first[0] == 21);
-    if !closing && !answer {
-        return;
-    }
-    let mut key = core::mem::MaybeUninit::<FlowKey>::uninit();
-    // SAFETY: zeroed whole first, which is a valid FlowKey (as `FlowKey::default()`, without
-    // its byte-at-a-time memset).
-    let key = unsafe {
-        zero(key.as_mut_ptr());
-        key.assume_init_mut()
-    };
-    if !flow_key(b, pkt, key, true) {
-        return;
-    }
-    // Only a handshake flight measures the server's work (a ServerHello follows its key
-    // exchange); an alert or a close answered at once ends the unit untimed, or a server's
-    // fast refusals would read as cheap handshakes.
-    let timed = !closing && first[0] == 22;
-    match pending::complete(&TLS_PENDING, key, timed) {
-        Some(unit) => {
-            count(|c| c.completions += 1);
-            if unit.class == Class::TlsResumed.id() {
-                // Answered with its first flight and not closing: the connection goes on
-                // and holds its key's place until it ends. Otherwise the place goes now.
-                if !closing && first[0] == 22 {
-                    if !resume::hold_open(key, &unit.offer) {
-                        count(|c| c.holds_full += 1);
-                    }
-                } else {
-                    resume::give_back(&unit.offer);
-                }
-            }
-        }
-        // The server ends a connection: a resumed one gives its key's place back.
-        None if closing => resume::close(key),
-        None => {}
-    }
 }

@@ -30,6 +30,10 @@ super::pinned_maps! {
     /// The SYN cookies' secret ([`crate::syncookie::CookieKey`]), one entry: written once by
     /// the daemon, kept across restarts and upgrades so that cookies in flight stay good.
     SYN_COOKIE_KEY: u32 => crate::syncookie::CookieKey,
+    /// The terms under which the NIC learns the sessions a server it does not terminate
+    /// issues, by listener port (`u32` port to [`crate::maps::LearnTerms`]): written by the
+    /// daemon for each TLS service with a `server:` section.
+    TLS_LEARN: u32 => LearnTerms,
 }
 
 /// Entries of each TLS flow table, IPv4's and IPv6's (LRU: the least recently used flow is
@@ -224,6 +228,48 @@ pub const ISSUED_BY_TAG: u32 = 1 << 8;
 /// stays until [`IssuedValue::expires`] so that its ticket's tag cannot vouch for it again; it
 /// buys nothing.
 pub const ISSUED_WITHDRAWN: u32 = 1 << 9;
+
+/// [`IssuedValue::kind`] flag: the key was published by the NIC from the server's own packets
+/// (a session id its ServerHello gave and a ticket its second flight sent, after a full
+/// handshake it completed: [`crate::tls::server`]), under its port's [`LearnTerms`], until
+/// [`IssuedValue::expires`] (the daemon removes it then).
+pub const ISSUED_BY_SERVER: u32 = 1 << 10;
+
+/// Value of `TLS_LEARN`: how the NIC publishes what a server it does not terminate issues on
+/// one port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LearnTerms {
+    /// How long a learnt session resumes, seconds (the server's own session lifetime; a
+    /// ticket's lifetime hint shortens it).
+    pub lifetime_s: u32,
+    /// [`IssuedValue::limit`] of a learnt key.
+    pub limit: u32,
+    /// [`IssuedValue::per_minute`] of a learnt key.
+    pub per_minute: u32,
+    /// Padding, zero.
+    pub pad: u32,
+    /// Unix time in nanoseconds when `bpf_ktime_get_ns` read zero (as [`TagKey::clock_ns`]):
+    /// the NIC's wall clock for a learnt key's expiry.
+    pub clock_ns: u64,
+}
+
+impl LearnTerms {
+    /// When a key learnt at monotonic time `now_ns` stops resuming, unix seconds: after the
+    /// configured lifetime, or the ticket's lifetime hint `hint_s` when shorter (0: none).
+    #[inline(always)]
+    pub const fn expires(&self, now_ns: u64, hint_s: u32) -> u64 {
+        let lifetime = if hint_s != 0 && hint_s < self.lifetime_s {
+            hint_s
+        } else {
+            self.lifetime_s
+        };
+        self.clock_ns.wrapping_add(now_ns) / 1_000_000_000 + lifetime as u64
+    }
+}
+
+/// Ports whose sessions the NIC learns, at most (entries of `TLS_LEARN`).
+pub const MAX_LEARN_PORTS: u32 = 256;
 
 /// Key of the ticket tag keys map (`TLS_TAG_KEYS`): a listener's port and a rotation period.
 #[repr(C)]
@@ -424,6 +470,14 @@ crate::counters! {
         /// key for its period, expired, or a wrong tag): classed tls-new, also counted in
         /// `unverified_offers`.
         pub tags_refused: u64,
+        /// Session ids and tickets a server the gateway does not terminate issued, learnt from
+        /// its packets after a full handshake it completed, and published ([`ISSUED_BY_SERVER`]).
+        pub keys_learnt: u64,
+        /// Keys learnt that could not be published (the issued-keys table was full).
+        pub keys_unlearnt: u64,
+        /// Offers whose server answered with a full handshake (its ServerHello did not resume
+        /// them): their key, if published, withdrawn.
+        pub offers_declined: u64,
     }
 }
 

@@ -1,0 +1,139 @@
+//! What the server sends back on a TLS port (the egress program): its answers end the
+//! connections' pending units, and its handshakes say what it resumed and what it issued
+//! (`gateway_common::tls::server`).
+//!
+//! - A first flight (a handshake record) or an alert or close ends the unit; only a handshake
+//!   flight's time is recorded. A TLS 1.2 full handshake's unit ends later, at the server's
+//!   ChangeCipherSpec (its work on the client's key exchange is done), timed at its first
+//!   flight ([`PENDING_ANSWERED`]).
+//! - A resumed connection whose server started a full handshake had its offer declined: the
+//!   key is withdrawn ([`resume::decline`]).
+//! - On a port whose sessions the NIC learns, the session id of a TLS 1.2 full handshake's
+//!   ServerHello and the ticket of its second flight are published at the server's
+//!   ChangeCipherSpec: only a client that completed the handshake gets one.
+
+use gateway_common::{
+    Class,
+    bytes::PacketBytes,
+    maps::{FlowKey, PENDING_ANSWERED, PENDING_LEARN_SID},
+    packet::{Packet, TCP_FIN, TCP_RST},
+    tls::{
+        Offer,
+        server::{
+            Answer, RECORD_ALERT, RECORD_CCS, RECORD_HANDSHAKE, second_flight, server_hello,
+            session_id_key, ticket_key_at,
+        },
+    },
+};
+
+use crate::{
+    bytes::zero,
+    pending::{self, TLS_PENDING},
+    resume,
+    sync::now_ns,
+    tls::{count, flow_key},
+};
+
+/// A TCP segment leaving from a TLS port: see the module's doc. Bulk data passes with one byte
+/// read.
+#[inline(always)]
+pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
+    let t = &pkt.transport;
+    let closing = t.tcp_flags & (TCP_FIN | TCP_RST) != 0;
+    let at = t.payload_offset as usize;
+    let mut first = [0u8; 1];
+    let kind = if pkt.payload_len() > 0 && b.read(at, &mut first) {
+        first[0]
+    } else {
+        0
+    };
+    if !closing && !matches!(kind, RECORD_CCS | RECORD_ALERT | RECORD_HANDSHAKE) {
+        return;
+    }
+    let mut key = core::mem::MaybeUninit::<FlowKey>::uninit();
+    // SAFETY: zeroed whole first, which is a valid FlowKey (as `FlowKey::default()`, without
+    // its byte-at-a-time memset).
+    let key = unsafe {
+        zero(key.as_mut_ptr());
+        key.assume_init_mut()
+    };
+    if !flow_key(b, pkt, key, true) {
+        return;
+    }
+    let Some(unit) = TLS_PENDING.get_ptr_mut(&*key) else {
+        // The server ends a connection: a resumed one gives its key's place back.
+        if closing {
+            resume::close(key);
+        }
+        return;
+    };
+    // SAFETY: a live entry of this connection, whose segments leave one at a time.
+    let (class, flags) = unsafe { ((*unit).class, (*unit).flags) };
+    // Only a handshake flight measures the server's work (a ServerHello follows its key
+    // exchange); an alert or a close answered at once ends the unit untimed, or a server's
+    // fast refusals would read as cheap handshakes.
+    let mut timed = !closing && kind == RECORD_HANDSHAKE;
+    let mut declined = false;
+    if !closing && kind != RECORD_ALERT {
+        if flags & PENDING_ANSWERED != 0 {
+            let flight = second_flight(b, at);
+            if !flight.ccs {
+                return;
+            }
+            // Timed at its first flight.
+            timed = false;
+            let now = now_ns();
+            if flags & PENDING_LEARN_SID != 0 {
+                // SAFETY: as above.
+                let sid = unsafe { (*unit).offer };
+                resume::learn(t.src_port, &sid, Offer::SessionId, 0, now);
+            }
+            if flight.ticket_at != 0
+                && let Some(k) = ticket_key_at(b, flight.ticket_at, flight.ticket_len as usize)
+            {
+                resume::learn(t.src_port, &k, Offer::Ticket, flight.lifetime_hint, now);
+            }
+        } else {
+            if kind == RECORD_CCS {
+                return;
+            }
+            let hello = server_hello(b, at);
+            if hello.answer.declined() && class == Class::TlsResumed.id() {
+                // SAFETY: as above.
+                resume::decline(unsafe { &(*unit).offer });
+                declined = true;
+            }
+            if hello.answer == Answer::Tls12Full && class == Class::TlsNew.id() {
+                // SAFETY: as above; the copy is only read.
+                pending::record_time(unsafe { &*unit });
+                let mut flags = flags | PENDING_ANSWERED;
+                if resume::learns(t.src_port)
+                    && let Some(k) = session_id_key(b, hello.sid_at, hello.sid_len as usize)
+                {
+                    // SAFETY: as above; a tls-new unit's offer is unused until now.
+                    unsafe { (*unit).offer = k };
+                    flags |= PENDING_LEARN_SID;
+                }
+                // SAFETY: as above.
+                unsafe { (*unit).flags = flags };
+                return;
+            }
+        }
+    }
+    // `None`: ended meanwhile by another CPU's sweep.
+    let Some(unit) = pending::complete(&TLS_PENDING, key, timed) else {
+        return;
+    };
+    count(|c| c.completions += 1);
+    if unit.class == Class::TlsResumed.id() {
+        // Answered with its first flight, resumed and not closing: the connection goes on and
+        // holds its key's place until it ends. Otherwise the place goes now.
+        if timed && !declined {
+            if !resume::hold_open(key, &unit.offer) {
+                count(|c| c.holds_full += 1);
+            }
+        } else {
+            resume::give_back(&unit.offer);
+        }
+    }
+}

@@ -29,6 +29,7 @@ pub fn apply(maps: &mut Maps, cfg: &Config) -> Result<(), MapsError> {
     for (key, value) in services {
         maps.add_service(key, value)?;
     }
+    learn(maps, cfg)?;
     let controlled = |class: Class| {
         cfg.controller.classes.contains_key(&class)
             || (class == Class::SipRetransmission
@@ -53,5 +54,22 @@ pub fn apply(maps: &mut Maps, cfg: &Config) -> Result<(), MapsError> {
         flags: cfg.datapath.flags(),
         ..dp
     })?;
+    Ok(())
+}
+
+/// Writes the terms of every port whose sessions the NIC learns (a tls service's `server:`),
+/// with the NIC's wall clock as of now, and removes those of ports no longer learnt. Run at
+/// start, on every reload and every second or so (`learn_clock`).
+pub fn learn(maps: &mut Maps, cfg: &Config) -> Result<(), MapsError> {
+    let clock_ns = crate::maps::wall_clock_offset_ns();
+    let wanted = cfg.learnt_ports();
+    for (port, _) in maps.learn_terms()? {
+        if !wanted.iter().any(|(p, _)| *p == port) {
+            maps.remove_learn_terms(port)?;
+        }
+    }
+    for (port, server) in wanted {
+        maps.set_learn_terms(port, server.terms(clock_ns))?;
+    }
     Ok(())
 }

@@ -5,8 +5,8 @@ use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
         ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, FlowKey4,
-        IPPROTO_TCP, ISSUED_WITHDRAWN, IssuedKey, IssuedValue, LatencyHistogram, Pending,
-        SERVICE_SYN_COOKIES, ServiceKey, ServiceTimes, ServiceValue, SipFamily, SipTxn,
+        IPPROTO_TCP, ISSUED_WITHDRAWN, IssuedKey, IssuedValue, LatencyHistogram, LearnTerms,
+        Pending, SERVICE_SYN_COOKIES, ServiceKey, ServiceTimes, ServiceValue, SipFamily, SipTxn,
         TLS_REFUSED_SLOTS, TagKey, TagKeyId, TlsCounters, TlsFlow, TlsHold, names,
     },
     syncookie::CookieKey,
@@ -543,6 +543,36 @@ impl Maps {
             let _ = map.remove(&k);
         }
         Ok(())
+    }
+
+    /// Sets the terms under which the NIC learns the sessions of the server on `port`
+    /// (`TLS_LEARN`).
+    pub fn set_learn_terms(&mut self, port: u16, terms: LearnTerms) -> Result<(), MapsError> {
+        let mut map: HashMap<MapData, u32, LearnTerms> = open_as(&self.pins, names::TLS_LEARN)?;
+        map.insert(u32::from(port), terms, 0)
+            .map_err(op(names::TLS_LEARN))
+    }
+
+    /// Stops learning the sessions of the server on `port`; whether it was learning.
+    pub fn remove_learn_terms(&mut self, port: u16) -> Result<bool, MapsError> {
+        let mut map: HashMap<MapData, u32, LearnTerms> = open_as(&self.pins, names::TLS_LEARN)?;
+        match map.remove(&u32::from(port)) {
+            Ok(()) => Ok(true),
+            Err(MapError::KeyNotFound) => Ok(false),
+            Err(e) => Err(op(names::TLS_LEARN)(e)),
+        }
+    }
+
+    /// The ports whose sessions the NIC learns, with their terms, sorted by port.
+    pub fn learn_terms(&self) -> Result<Vec<(u16, LearnTerms)>, MapsError> {
+        let map: HashMap<MapData, u32, LearnTerms> = open_as(&self.pins, names::TLS_LEARN)?;
+        let mut out = map
+            .iter()
+            .map(|r| r.map(|(k, v)| (k as u16, v)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(op(names::TLS_LEARN))?;
+        out.sort_by_key(|(p, _)| *p);
+        Ok(out)
     }
 
     /// Every ticket tag key written, sorted by port and period.

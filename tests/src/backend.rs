@@ -273,3 +273,44 @@ impl Drop for Nginx {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// HAProxy with the config `body` (everything after its `global` section), run in the
+/// foreground (`-db`) by `prefix` (e.g. `ip netns exec NS`), with its files in a temporary
+/// directory.
+pub struct Haproxy {
+    child: std::process::Child,
+    dir: PathBuf,
+}
+
+impl Haproxy {
+    /// Starts HAProxy; the caller waits for its port.
+    pub fn start(prefix: &[&str], body: &str) -> Haproxy {
+        let dir = crate::fresh_temp_dir("gwt-haproxy");
+        let conf = format!(
+            "global\n  maxconn 4096\n\ndefaults\n  mode http\n  timeout connect 5s\n  \
+             timeout client 30s\n  timeout server 30s\n\n{body}\n"
+        );
+        let path = dir.join("haproxy.cfg");
+        std::fs::write(&path, conf).unwrap();
+        let mut all: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
+        all.extend(["haproxy", "-db", "-f"].map(String::from));
+        all.push(path.display().to_string());
+        let child = Command::new(&all[0])
+            .args(&all[1..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("haproxy");
+        Haproxy { child, dir }
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        // SAFETY: signalling a process this struct started and has not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -11,6 +11,7 @@ mod datapath;
 mod interfaces;
 mod node;
 mod policy;
+mod server;
 mod services;
 mod unique;
 
@@ -30,6 +31,7 @@ pub use node::NodeName;
 pub use policy::{
     MAX_UNIT_TIMEOUT, Policies, PolicyConfig, parse_unit_timeout, unknown_class, unlimitable_class,
 };
+pub use server::TlsServer;
 pub use services::{Port, Proto, Service, ServiceKind, Services};
 
 /// The embedded default configuration.
@@ -257,6 +259,11 @@ impl Config {
                     "services[{i}].syn_cookies: only a tls service over tcp answers SYNs with cookies"
                 ));
             }
+            if s.server.is_some() && s.kind != ServiceKind::Tls {
+                return Err(format!(
+                    "services[{i}].server: only a tls service names a server whose sessions are learnt"
+                ));
+            }
         }
         for (i, p) in self.proxies.iter().enumerate() {
             if let Some(j) = self.proxies[..i].iter().position(|q| q.listen == p.listen) {
@@ -266,6 +273,18 @@ impl Config {
                 ));
             }
             let key = ServiceKey::new(IPPROTO_TCP, p.listen.port());
+            if let Some(j) = self
+                .services
+                .0
+                .iter()
+                .position(|s| s.key() == key && s.server.is_some())
+            {
+                return Err(format!(
+                    "services[{j}].server: port tcp/{} is proxies[{i}].listen: the daemon \
+                     terminates it and publishes its own sessions",
+                    p.listen.port()
+                ));
+            }
             if let Some(j) = self
                 .services
                 .0
@@ -316,6 +335,15 @@ impl Config {
             }
         }
         out
+    }
+
+    /// The TLS ports whose sessions the NIC learns from the server's packets, with how.
+    pub fn learnt_ports(&self) -> Vec<(u16, &TlsServer)> {
+        self.services
+            .0
+            .iter()
+            .filter_map(|s| Some((s.port.0, s.server.as_ref()?)))
+            .collect()
     }
 
     /// The embedded default.
@@ -492,6 +520,31 @@ mod tests {
             .to_string();
         assert!(
             e.contains("no interface here carries the address 192.0.2.250"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_server_section_is_for_a_tls_service_the_daemon_does_not_terminate() {
+        let c = Config::parse(
+            "services:\n  - {kind: tls, port: 443, server: {session_lifetime: 10m}}\n  \
+             - {kind: tls, port: 8443}\n",
+            "t",
+        )
+        .unwrap();
+        let ports = c.learnt_ports();
+        assert_eq!(ports.len(), 1);
+        assert_eq!(ports[0].0, 443);
+        assert_eq!(ports[0].1.terms(0).lifetime_s, 600);
+        let e = err("services:\n  - {kind: sip, port: 5060, server: {}}\n");
+        assert!(e.contains("services[0].server: only a tls service"), "{e}");
+        let e = err("services:\n  - {kind: tls, port: 443, server: {resume_limit: 0}}\n");
+        assert!(e.contains("resume_limit"), "{e}");
+        let e = err(
+            "services:\n  - {kind: tls, port: 8443, server: {}}\nproxies:\n  - listen: 127.0.0.1:8443\n    backends: [{address: 127.0.0.1:8080}]\n",
+        );
+        assert!(
+            e.contains("services[0].server: port tcp/8443 is proxies[0].listen"),
             "{e}"
         );
     }

@@ -117,6 +117,10 @@ pub struct Service {
     /// queues); only admitted connections are handed to the listener. Needs Linux 6.9 or later.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub syn_cookies: bool,
+    /// TLS only: a server the gateway does not terminate (nginx, HAProxy, Envoy), whose
+    /// sessions the NIC learns from its packets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<super::server::TlsServer>,
 }
 
 impl Service {

@@ -22,7 +22,7 @@ mod proxies;
 mod watch;
 
 use proxies::{raise_fd_limit, start_proxies};
-use watch::{destroy_rejected, forward_logs, keep_attached, reap_gone_units};
+use watch::{destroy_rejected, forward_logs, keep_attached, keep_learnt, reap_gone_units};
 
 use crate::{
     apply::apply,
@@ -242,6 +242,7 @@ async fn serve(
     let mut reject_tasks = Vec::new();
     for a in &attached {
         reject_tasks.push(tokio::spawn(destroy_rejected(a.clone())));
+        reject_tasks.push(tokio::spawn(keep_learnt(a.clone())));
         if let Some(i) = cfg.interfaces.0.iter().find(|i| i.name == a.iface()) {
             let opts = attach_options(cfg, i);
             reject_tasks.push(tokio::spawn(keep_attached(opts, a.pins().clone())));

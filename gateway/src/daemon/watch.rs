@@ -1,6 +1,6 @@
 //! The daemon's watch over each attachment's datapath, one task per concern: the program kept
 //! attached, the sockets of rejected connections destroyed, admitted units whose connection is
-//! gone ended, and the programs' log records forwarded.
+//! gone ended, learnt sessions kept on time, and the programs' log records forwarded.
 
 use std::{sync::Arc, time::Duration};
 
@@ -225,6 +225,46 @@ pub(super) async fn forward_logs<T: log::Log>(iface: String, logger: EbpfLogger<
                 warn!(%iface, error = %e, "eBPF log ring buffer");
                 return;
             }
+        }
+    }
+}
+
+/// How often the keys the NIC learnt are looked at (their expiry) and its wall clock set.
+const LEARNT_LOOK: Duration = Duration::from_secs(1);
+
+/// Keeps the sessions the NIC learns from servers it does not terminate
+/// (`gateway_common::tls::server`) on time: every [`LEARNT_LOOK`], while any port learns, the
+/// NIC's wall clock in each port's terms is set again (it dates the keys it publishes), and
+/// the keys whose session lifetime ended are removed.
+pub(super) async fn keep_learnt(attached: Arc<Attached>) {
+    let iface = attached.iface().to_string();
+    let mut tick = tokio::time::interval(LEARNT_LOOK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let mut maps = attached.maps();
+        let ports = match maps.learn_terms() {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(%iface, error = %e, "cannot read the ports whose sessions are learnt");
+                continue;
+            }
+        };
+        if ports.is_empty() {
+            continue;
+        }
+        let clock_ns = crate::maps::wall_clock_offset_ns();
+        for (port, terms) in ports {
+            let terms = gateway_common::maps::LearnTerms { clock_ns, ..terms };
+            if let Err(e) = maps.set_learn_terms(port, terms) {
+                warn!(%iface, port, error = %e, "cannot set the NIC's clock for learnt sessions");
+            }
+        }
+        let now_unix = clock_ns.saturating_add(crate::maps::monotonic_ns()) / 1_000_000_000;
+        match maps.sweep_issued(now_unix) {
+            Ok(n) if n > 0 => debug!(%iface, keys = n, "learnt session keys expired"),
+            Ok(_) => {}
+            Err(e) => warn!(%iface, error = %e, "cannot remove expired session keys"),
         }
     }
 }

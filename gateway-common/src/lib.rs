@@ -18,6 +18,7 @@ pub mod maps;
 pub mod packet;
 pub mod policy;
 pub mod reasons;
+pub mod sha256;
 pub mod sip;
 pub mod siphash;
 pub mod syncookie;

@@ -3,8 +3,8 @@
 use crate::maps::{
     BenchFresh, ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey,
     FlowKey4, IssuedKey, IssuedValue, LatencyHistogram, LearnTerms, Pending, RejectEvent,
-    ServiceKey, ServiceTimes, ServiceValue, SipDialog, SipTxn, TagKey, TagKeyId, TlsCounters,
-    TlsFlow, TlsHold,
+    ServiceKey, ServiceTimes, ServiceValue, SipDialog, SipTxn, TagKey, TagKeyId, TicketKeyId,
+    TicketMacKey, TlsCounters, TlsFlow, TlsHold,
 };
 
 // SAFETY: every type is #[repr(C)], Copy, made only of integers, and has no implicit padding
@@ -20,6 +20,8 @@ unsafe impl aya::Pod for DatapathCounters {}
 unsafe impl aya::Pod for FlowKey {}
 unsafe impl aya::Pod for FlowKey4 {}
 unsafe impl aya::Pod for LearnTerms {}
+unsafe impl aya::Pod for TicketKeyId {}
+unsafe impl aya::Pod for TicketMacKey {}
 unsafe impl aya::Pod for TlsFlow {}
 unsafe impl aya::Pod for IssuedKey {}
 unsafe impl aya::Pod for IssuedValue {}

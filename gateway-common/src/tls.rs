@@ -365,6 +365,23 @@ impl HelloState {
         }
     }
 
+    /// Where the offered TLS 1.3 PSK identity is in the stream, for a complete hello whose offer
+    /// is one (a key [`HelloState::offer_key_ref`] gives): its first byte's stream offset and its
+    /// length. The pre_shared_key extension ends the hello, and its identity is its first
+    /// field's first entry: `hs_end - ext_len + 4`. `None` for any other offer (a TLS 1.2
+    /// ticket's place is not kept).
+    #[inline(always)]
+    pub fn ticket_span(&self) -> Option<(u32, u32)> {
+        if self.verdict != Verdict::Offer as u8
+            || self.flags & FLAG_PSK == 0
+            || (self.ext_key_len as usize) < tag::MIN_TICKET
+        {
+            return None;
+        }
+        let ext_start = self.hs_end.checked_sub(u32::from(self.ext_len))?;
+        Some((ext_start + 4, u32::from(self.ext_key_len)))
+    }
+
     /// Feeds one segment's payload, whose first byte is at `stream_offset` in the stream, window
     /// by window (userspace; the eBPF program drives the same steps itself). Returns the verdict
     /// so far. A segment that does not start exactly where the previous one ended makes the hello

@@ -185,6 +185,36 @@ pub fn complete<K>(table: &Table<K>, key: &K, timed: bool) -> Option<Pending> {
     Some(unit)
 }
 
+/// The server answered the `tls-new` unit `unit` with the first flight of a TLS 1.2 full
+/// handshake, on a port whose sessions the NIC learns: the unit completes for its class now
+/// (counted and timed: the server's answer is what frees a place, however long the client
+/// takes), and its entry stays, flagged [`PENDING_ANSWERED`], only to carry what the server's
+/// second flight will confirm (`crate::tls::answer`); [`forget`] or its timeout removes it,
+/// uncounted.
+///
+/// # Safety
+/// `unit` points at a live entry of `TLS_PENDING`, touched only by its connection's packets.
+#[inline(always)]
+pub unsafe fn answer_and_keep(unit: *mut Pending) {
+    // SAFETY: upheld by the caller.
+    let (class, flags) = unsafe { ((*unit).class, (*unit).flags) };
+    if flags & PENDING_ANSWERED != 0 {
+        return;
+    }
+    // SAFETY: as above.
+    unsafe { (*unit).flags = flags | PENDING_ANSWERED };
+    count(class, Field::Completed);
+    // SAFETY: as above; read only.
+    record_time(unsafe { &*unit });
+}
+
+/// Removes the answered unit `key` kept by [`answer_and_keep`], uncounted (it was counted
+/// when answered).
+#[inline(always)]
+pub fn forget<K>(table: &Table<K>, key: &K) {
+    let _ = table.remove(key);
+}
+
 /// Records how long the server took to answer `unit` (now, since it was admitted) in its
 /// class's latency histogram and its service-time slot.
 #[inline(always)]
@@ -325,17 +355,13 @@ extern "C" fn expire<K>(
         // allowed for hash maps.
         let ended = unsafe { *unit };
         if unsafe { bpf_map_delete_elem(map, key.cast()) } == 0 {
-            // A TLS 1.2 handshake the server answered whose client never sent its second
-            // flight: the server did its part, the unit is completed (untimed: it was timed
-            // at the answer).
-            let field = if ended.flags & PENDING_ANSWERED != 0 {
-                Field::Completed
-            } else {
-                Field::Expired
-            };
-            count(ended.class, field);
-            count_family(&ended, field);
-            release(&ended);
+            // An answered unit kept for what the server's second flight confirms was counted
+            // when answered; it ends uncounted.
+            if ended.flags & PENDING_ANSWERED == 0 {
+                count(ended.class, Field::Expired);
+                count_family(&ended, Field::Expired);
+                release(&ended);
+            }
         }
     }
     0

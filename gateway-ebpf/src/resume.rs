@@ -203,13 +203,35 @@ pub extern "C" fn gateway_vouch(hello: *const HelloState, port: u32) -> i32 {
 /// stays). Counted: learnt, or not for want of room.
 #[inline(always)]
 pub fn learn(port: u16, key: &[u8; KEY_LEN], offer: Offer, hint_s: u32, now: u64) {
+    if matches!(
+        learn_by(port, key, offer as u32 | ISSUED_BY_SERVER, hint_s, now),
+        Learnt::New
+    ) {
+        count(|c| c.keys_learnt += 1);
+    }
+}
+
+/// What [`learn_by`] did.
+pub enum Learnt {
+    /// Published by this call.
+    New,
+    /// Already published (by a racing CPU, the daemon, or earlier).
+    Present,
+    /// Not published: the port learns nothing, or the table is full (counted).
+    No,
+}
+
+/// Publishes `key` as [`IssuedValue::kind`] `kind` under the learning terms of `port` (see
+/// [`learn`]). Counted when there was no room (`keys_unlearnt`).
+#[inline(always)]
+pub fn learn_by(port: u16, key: &[u8; KEY_LEN], kind: u32, hint_s: u32, now: u64) -> Learnt {
     // SAFETY: a live map value, rewritten whole by the daemon; a torn read at worst gives one
     // key a mixed lifetime.
     let Some(terms) = TLS_LEARN.get_ptr(&u32::from(port)).map(|t| unsafe { *t }) else {
-        return;
+        return Learnt::No;
     };
     let value = IssuedValue {
-        kind: offer as u32 | ISSUED_BY_SERVER,
+        kind,
         limit: terms.limit,
         per_minute: terms.per_minute,
         issued_ns: now,
@@ -217,9 +239,12 @@ pub fn learn(port: u16, key: &[u8; KEY_LEN], offer: Offer, hint_s: u32, now: u64
         ..IssuedValue::default()
     };
     match TLS_ISSUED.insert(issued(key), &value, u64::from(BPF_NOEXIST)) {
-        Ok(()) => count(|c| c.keys_learnt += 1),
-        Err(_) if TLS_ISSUED.get_ptr(issued(key)).is_some() => {}
-        Err(_) => count(|c| c.keys_unlearnt += 1),
+        Ok(()) => Learnt::New,
+        Err(_) if TLS_ISSUED.get_ptr(issued(key)).is_some() => Learnt::Present,
+        Err(_) => {
+            count(|c| c.keys_unlearnt += 1);
+            Learnt::No
+        }
     }
 }
 

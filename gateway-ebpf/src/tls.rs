@@ -43,6 +43,7 @@ pub mod answer;
 pub mod carry;
 pub mod cookie;
 mod flows;
+pub mod mac;
 mod refused;
 
 use core::ffi::c_void;
@@ -757,7 +758,15 @@ fn decide<C: Rewrite>(key: &FlowKey, f: &mut TlsFlow, answerable: bool) -> (Clas
                 let mut place = resume::take(key, now);
                 // A ticket no key was published for: its tag may vouch for it (a node sharing
                 // the ticket secret issued it).
-                if matches!(place, Place::Unknown) && resume::gateway_vouch(&f.hello, port) == 1 {
+                // Or the server's own ticket key its MAC (a server the gateway does not
+                // terminate).
+                if matches!(place, Place::Unknown)
+                    && (resume::gateway_vouch(&f.hello, port) == 1
+                        || (mac::gateway_mac_begin(&f.hello, port) == 1
+                            && mac::gateway_mac_blocks() == 0
+                            && mac::gateway_mac_finish() == 1
+                            && mac::gateway_mac_publish(&f.hello, port) == 1))
+                {
                     place = resume::take(key, now);
                 }
                 match place {

@@ -9,9 +9,12 @@ use gateway_common::{
     reasons::Owner,
 };
 
+use tracing::warn;
+
 use crate::{
     config::Config,
     maps::{Maps, MapsError},
+    tls::server_keys::{self, KeyFileError},
 };
 
 /// Writes the config's services, policies and datapath settings into one attachment's maps.
@@ -68,8 +71,47 @@ pub fn learn(maps: &mut Maps, cfg: &Config) -> Result<(), MapsError> {
             maps.remove_learn_terms(port)?;
         }
     }
-    for (port, server) in wanted {
-        maps.set_learn_terms(port, server.terms(clock_ns))?;
+    for (port, server) in &wanted {
+        maps.set_learn_terms(*port, server.terms(clock_ns))?;
     }
+    ticket_keys(maps, cfg, &mut |port, e| {
+        warn!(port, error = %e, "cannot read the server's ticket keys; keeping those held");
+    })?;
     Ok(())
+}
+
+/// Makes the ticket keys the NIC holds those of the servers' key files now (a tls service's
+/// `server: {ticket_keys}`); a port whose files cannot be read keeps what it held (told to
+/// `unreadable`). When a key was removed, every key published on a ticket's MAC goes with it
+/// (`Maps::remove_issued_by_key`). Returns whether anything changed.
+pub fn ticket_keys(
+    maps: &mut Maps,
+    cfg: &Config,
+    unreadable: &mut dyn FnMut(u16, &KeyFileError),
+) -> Result<bool, MapsError> {
+    let mut ports: BTreeSet<u16> = maps.ticket_keys()?.iter().map(|(k, _)| k.port).collect();
+    let (mut written, mut removed) = (0, 0);
+    for (port, server) in cfg.learnt_ports() {
+        let Some(files) = &server.ticket_keys else {
+            continue;
+        };
+        ports.remove(&port);
+        match server_keys::read(files.format, &files.files) {
+            Ok(keys) => {
+                let keys: Vec<_> = keys.iter().map(|k| k.to_map(port)).collect();
+                let (w, r) = maps.set_ticket_keys(port, &keys)?;
+                written += w;
+                removed += r;
+            }
+            Err(e) => unreadable(port, &e),
+        }
+    }
+    // Ports with keys no longer configured.
+    for port in ports {
+        removed += maps.set_ticket_keys(port, &[])?.1;
+    }
+    if removed > 0 {
+        maps.remove_issued_by_key()?;
+    }
+    Ok(written + removed > 0)
 }

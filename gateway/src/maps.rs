@@ -5,9 +5,10 @@ use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
         ClassPolicy, ClassState, ClassStats, DatapathConfig, DatapathCounters, FlowKey, FlowKey4,
-        IPPROTO_TCP, ISSUED_WITHDRAWN, IssuedKey, IssuedValue, LatencyHistogram, LearnTerms,
-        Pending, SERVICE_SYN_COOKIES, ServiceKey, ServiceTimes, ServiceValue, SipFamily, SipTxn,
-        TLS_REFUSED_SLOTS, TagKey, TagKeyId, TlsCounters, TlsFlow, TlsHold, names,
+        IPPROTO_TCP, ISSUED_BY_KEY, ISSUED_WITHDRAWN, IssuedKey, IssuedValue, LatencyHistogram,
+        LearnTerms, Pending, SERVICE_SYN_COOKIES, ServiceKey, ServiceTimes, ServiceValue,
+        SipFamily, SipTxn, TLS_REFUSED_SLOTS, TagKey, TagKeyId, TicketKeyId, TicketMacKey,
+        TlsCounters, TlsFlow, TlsHold, names,
     },
     syncookie::CookieKey,
 };
@@ -573,6 +574,63 @@ impl Maps {
             .map_err(op(names::TLS_LEARN))?;
         out.sort_by_key(|(p, _)| *p);
         Ok(out)
+    }
+
+    /// Makes `keys` the ticket keys of the server on `port` (`TLS_TICKET_KEYS`): writes those
+    /// that differ and removes the port's others. Returns (written, removed).
+    pub fn set_ticket_keys(
+        &mut self,
+        port: u16,
+        keys: &[(TicketKeyId, TicketMacKey)],
+    ) -> Result<(usize, usize), MapsError> {
+        let mut map: HashMap<MapData, TicketKeyId, TicketMacKey> =
+            open_as(&self.pins, names::TLS_TICKET_KEYS)?;
+        let held: Vec<(TicketKeyId, TicketMacKey)> = map.iter().filter_map(Result::ok).collect();
+        let mut written = 0;
+        for (id, key) in keys {
+            if !held.iter().any(|(i, k)| i == id && k == key) {
+                map.insert(id, key, 0).map_err(op(names::TLS_TICKET_KEYS))?;
+                written += 1;
+            }
+        }
+        let mut removed = 0;
+        for (id, _) in held {
+            if id.port == port && !keys.iter().any(|(i, _)| *i == id) {
+                let _ = map.remove(&id);
+                removed += 1;
+            }
+        }
+        Ok((written, removed))
+    }
+
+    /// The ticket keys held, sorted by port and name.
+    pub fn ticket_keys(&self) -> Result<Vec<(TicketKeyId, TicketMacKey)>, MapsError> {
+        let map: HashMap<MapData, TicketKeyId, TicketMacKey> =
+            open_as(&self.pins, names::TLS_TICKET_KEYS)?;
+        let mut out = map
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(op(names::TLS_TICKET_KEYS))?;
+        out.sort_by_key(|(k, _)| (k.port, k.name));
+        Ok(out)
+    }
+
+    /// Removes every issued key the NIC published for a ticket whose MAC it checked
+    /// ([`ISSUED_BY_KEY`]): after a ticket key was removed, no key it vouched for stays (the
+    /// others' next offers are checked again). Returns how many.
+    pub fn remove_issued_by_key(&mut self) -> Result<usize, MapsError> {
+        let by_key: Vec<IssuedKey> = self
+            .issued_map()?
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, v)| v.kind & ISSUED_BY_KEY != 0)
+            .map(|(k, _)| k)
+            .collect();
+        let mut n = 0;
+        for k in &by_key {
+            n += usize::from(self.remove_issued(k)?);
+        }
+        Ok(n)
     }
 
     /// Every ticket tag key written, sorted by port and period.

@@ -134,7 +134,7 @@ mod tests {
         seen.sort_unstable();
         seen.dedup();
         assert_eq!(seen.len(), n, "a map name is declared twice");
-        assert_eq!(n, 27);
+        assert_eq!(n, 28);
         assert!(seen.contains(&super::names::TLS_TAG_KEYS));
         assert!(seen.contains(&super::names::SERVICE_TIMES));
         assert!(seen.contains(&super::names::SIP_FAMILIES));
@@ -218,8 +218,10 @@ mod tests {
         assert_eq!(size_of::<TagKeyId>(), 8);
         assert_eq!(size_of::<TagKey>(), 32);
         assert_eq!(size_of::<LearnTerms>(), 24);
+        assert_eq!(size_of::<TicketKeyId>(), 20);
+        assert_eq!(size_of::<TicketMacKey>(), 64);
         assert_eq!(size_of::<TlsHold>(), 16 + 8 + 4 + 4);
-        assert_eq!(size_of::<TlsCounters>(), 8 * 31);
+        assert_eq!(size_of::<TlsCounters>(), 8 * 34);
         assert_eq!(size_of::<crate::syncookie::CookieKey>(), 16);
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);

@@ -95,14 +95,13 @@ pub const PENDING_UNMATCHED: u32 = 1;
 /// class's other methods: an INVITE's time is its own, not an OPTIONS' answered on a fast path.
 pub const PENDING_INVITE: u32 = 2;
 
-/// [`Pending::flags`]: a `tls-new` TLS 1.2 connection whose server answered with the first
-/// flight of a full handshake. The server's work ends with its ChangeCipherSpec (after the
-/// client's key exchange, which may cost it a private-key operation), so the unit ends there,
-/// seen at egress; a client that leaves before its second flight lets the unit end at its
-/// timeout, counted as completed (the server did answer).
+/// [`Pending::flags`]: a `tls-new` TLS 1.2 connection, on a port whose sessions the NIC learns
+/// (`TLS_LEARN`), whose server answered with the first flight of a full handshake. The unit was
+/// completed then (its class's place freed: a client that goes silent holds none); the entry
+/// stays only to carry what the server's second flight confirms (its ChangeCipherSpec: the
+/// client finished), and ends uncounted there, at the connection's close, or at its timeout.
 pub const PENDING_ANSWERED: u32 = 4;
 
-/// [`Pending::flags`], with [`PENDING_ANSWERED`]: the server's ServerHello issued a session id
-/// on a port whose sessions the NIC learns (`TLS_LEARN`); [`Pending::offer`] holds its key
-/// until the server's ChangeCipherSpec publishes it.
+/// [`Pending::flags`], with [`PENDING_ANSWERED`]: the server's ServerHello issued a session id;
+/// [`Pending::offer`] holds its key until the server's ChangeCipherSpec publishes it.
 pub const PENDING_LEARN_SID: u32 = 8;

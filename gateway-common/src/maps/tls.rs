@@ -34,6 +34,10 @@ super::pinned_maps! {
     /// issues, by listener port (`u32` port to [`crate::maps::LearnTerms`]): written by the
     /// daemon for each TLS service with a `server:` section.
     TLS_LEARN: u32 => LearnTerms,
+    /// A server's session ticket keys, by listener port and key name
+    /// ([`crate::maps::TicketKeyId`] to [`crate::maps::TicketMacKey`]): read by the daemon from
+    /// the server's own key files; with them the NIC checks an offered ticket's MAC.
+    TLS_TICKET_KEYS: TicketKeyId => TicketMacKey,
 }
 
 /// Entries of each TLS flow table, IPv4's and IPv6's (LRU: the least recently used flow is
@@ -268,6 +272,43 @@ impl LearnTerms {
     }
 }
 
+/// [`IssuedValue::kind`] flag: the key was published by the NIC for a ticket (or PSK identity)
+/// whose MAC it checked with the server's ticket key (`TLS_TICKET_KEYS`), under its port's
+/// [`LearnTerms`]. The daemon removes every such key when a ticket key is removed from the
+/// server's files (their next offers are checked again).
+pub const ISSUED_BY_KEY: u32 = 1 << 11;
+
+/// Key of `TLS_TICKET_KEYS`: a listener's port and the 16-byte name a ticket starts with.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TicketKeyId {
+    /// The listener's port.
+    pub port: u16,
+    /// Padding, zero.
+    pub pad: u16,
+    /// The key name.
+    pub name: [u8; 16],
+}
+
+/// Value of `TLS_TICKET_KEYS`: the HMAC-SHA256 key of one server ticket key, as the states after
+/// its inner and outer keyed blocks ([`crate::sha256::pads`]): the NIC hashes only the ticket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TicketMacKey {
+    /// SHA-256 state after `key ^ ipad`.
+    pub inner: [u32; 8],
+    /// SHA-256 state after `key ^ opad`.
+    pub outer: [u32; 8],
+}
+
+/// Ticket keys the NIC holds, at most (entries of `TLS_TICKET_KEYS`).
+pub const MAX_TICKET_KEYS: u32 = 256;
+
+/// Shortest ticket whose MAC the NIC checks: a key name (16), an IV (16), one cipher block (16)
+/// and the MAC (32), the format of OpenSSL's and BoringSSL's ticket callbacks (nginx, HAProxy,
+/// Envoy).
+pub const MIN_MAC_TICKET: u32 = 80;
+
 /// Ports whose sessions the NIC learns, at most (entries of `TLS_LEARN`).
 pub const MAX_LEARN_PORTS: u32 = 256;
 
@@ -478,6 +519,15 @@ crate::counters! {
         /// Offers whose server answered with a full handshake (its ServerHello did not resume
         /// them): their key, if published, withdrawn.
         pub offers_declined: u64,
+        /// Offers of a ticket no key was published for whose MAC checked out under the
+        /// server's ticket key of its name: its key published ([`ISSUED_BY_KEY`]).
+        pub macs_verified: u64,
+        /// Offers of a ticket whose name is a server ticket key's but whose MAC is wrong:
+        /// tls-new (a forgery, or a ticket cut or lengthened).
+        pub macs_refused: u64,
+        /// Offers of a ticket whose name a port's ticket key might be but whose bytes were not
+        /// all in the segment that ended the hello: not checked, tls-new.
+        pub macs_unchecked: u64,
     }
 }
 

@@ -498,3 +498,44 @@ fn a_tickets_tail_is_kept_apart_however_the_hello_is_cut() {
     assert_eq!(st.offer(), Offer::SessionId);
     assert_eq!(st.ticket_tail(), None);
 }
+
+#[test]
+fn the_ticket_span_points_at_the_offered_psk_identity() {
+    let ticket: Vec<u8> = (0..150u8).map(|i| i.wrapping_mul(13)).collect();
+    for b in [
+        HelloBuilder {
+            psk_identity: Some(ticket.clone()),
+            ..HelloBuilder::tls13()
+        },
+        HelloBuilder {
+            psk_identity: Some(ticket.clone()),
+            padding_extensions: alloc::vec![(21, 1500)],
+            ..HelloBuilder::tls13()
+        },
+    ] {
+        let data = b.build();
+        let whole = parse_hello(&data);
+        let (at, len) = whole.ticket_span().expect("a PSK offer");
+        assert_eq!(&data[at as usize..][..len as usize], &ticket[..]);
+        // However the hello is split.
+        for cut in (1..data.len()).step_by(37) {
+            assert_eq!(feed_split(&data, &[cut]).ticket_span(), Some((at, len)));
+        }
+    }
+    // A TLS 1.2 ticket's place is not kept; a session id offer has none.
+    for b in [
+        HelloBuilder {
+            session_id: key(32),
+            ticket: Some(ticket.clone()),
+            ..Default::default()
+        },
+        HelloBuilder {
+            session_id: key(32),
+            ..Default::default()
+        },
+    ] {
+        let st = parse_hello(&b.build());
+        assert_eq!(st.verdict(), Verdict::Offer);
+        assert_eq!(st.ticket_span(), None);
+    }
+}

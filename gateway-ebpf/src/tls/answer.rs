@@ -3,14 +3,14 @@
 //! (`gateway_common::tls::server`).
 //!
 //! - A first flight (a handshake record) or an alert or close ends the unit; only a handshake
-//!   flight's time is recorded. A TLS 1.2 full handshake's unit ends later, at the server's
-//!   ChangeCipherSpec (its work on the client's key exchange is done), timed at its first
-//!   flight ([`PENDING_ANSWERED`]).
+//!   flight's time is recorded.
 //! - A resumed connection whose server started a full handshake had its offer declined: the
 //!   key is withdrawn ([`resume::decline`]).
-//! - On a port whose sessions the NIC learns, the session id of a TLS 1.2 full handshake's
-//!   ServerHello and the ticket of its second flight are published at the server's
-//!   ChangeCipherSpec: only a client that completed the handshake gets one.
+//! - On a port whose sessions the NIC learns, a TLS 1.2 full handshake's unit ends at the
+//!   first flight as any does, but its entry stays ([`pending::answer_and_keep`]) with the
+//!   ServerHello's session id; at the server's ChangeCipherSpec (sent once it verified the
+//!   client's Finished) that id and the ticket of the same flight are published: only a client
+//!   that completed the handshake gets one.
 
 use gateway_common::{
     Class,
@@ -69,55 +69,62 @@ pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
     };
     // SAFETY: a live entry of this connection, whose segments leave one at a time.
     let (class, flags) = unsafe { ((*unit).class, (*unit).flags) };
+    if flags & PENDING_ANSWERED != 0 {
+        // Answered already: only what the second flight confirms is left.
+        if closing || kind == RECORD_ALERT {
+            pending::forget(&TLS_PENDING, key);
+            return;
+        }
+        let flight = second_flight(b, at);
+        if !flight.ccs {
+            return;
+        }
+        let now = now_ns();
+        if flags & PENDING_LEARN_SID != 0 {
+            // SAFETY: as above.
+            let sid = unsafe { (*unit).offer };
+            resume::learn(t.src_port, &sid, Offer::SessionId, 0, now);
+        }
+        if flight.ticket_at != 0
+            && let Some(k) = ticket_key_at(b, flight.ticket_at, flight.ticket_len as usize)
+        {
+            resume::learn(t.src_port, &k, Offer::Ticket, flight.lifetime_hint, now);
+        }
+        pending::forget(&TLS_PENDING, key);
+        return;
+    }
+    // A ChangeCipherSpec alone answers nothing yet.
+    if !closing && kind == RECORD_CCS {
+        return;
+    }
     // Only a handshake flight measures the server's work (a ServerHello follows its key
     // exchange); an alert or a close answered at once ends the unit untimed, or a server's
     // fast refusals would read as cheap handshakes.
-    let mut timed = !closing && kind == RECORD_HANDSHAKE;
+    let timed = !closing && kind == RECORD_HANDSHAKE;
     let mut declined = false;
-    if !closing && kind != RECORD_ALERT {
-        if flags & PENDING_ANSWERED != 0 {
-            let flight = second_flight(b, at);
-            if !flight.ccs {
-                return;
-            }
-            // Timed at its first flight.
-            timed = false;
-            let now = now_ns();
-            if flags & PENDING_LEARN_SID != 0 {
-                // SAFETY: as above.
-                let sid = unsafe { (*unit).offer };
-                resume::learn(t.src_port, &sid, Offer::SessionId, 0, now);
-            }
-            if flight.ticket_at != 0
-                && let Some(k) = ticket_key_at(b, flight.ticket_at, flight.ticket_len as usize)
-            {
-                resume::learn(t.src_port, &k, Offer::Ticket, flight.lifetime_hint, now);
-            }
-        } else {
-            if kind == RECORD_CCS {
-                return;
-            }
-            let hello = server_hello(b, at);
-            if hello.answer.declined() && class == Class::TlsResumed.id() {
-                // SAFETY: as above.
-                resume::decline(unsafe { &(*unit).offer });
-                declined = true;
-            }
-            if hello.answer == Answer::Tls12Full && class == Class::TlsNew.id() {
-                // SAFETY: as above; the copy is only read.
-                pending::record_time(unsafe { &*unit });
-                let mut flags = flags | PENDING_ANSWERED;
-                if resume::learns(t.src_port)
-                    && let Some(k) = session_id_key(b, hello.sid_at, hello.sid_len as usize)
-                {
-                    // SAFETY: as above; a tls-new unit's offer is unused until now.
-                    unsafe { (*unit).offer = k };
-                    flags |= PENDING_LEARN_SID;
+    if timed {
+        let hello = server_hello(b, at);
+        if hello.answer.declined() && class == Class::TlsResumed.id() {
+            // SAFETY: as above.
+            resume::decline(unsafe { &(*unit).offer });
+            declined = true;
+        }
+        if hello.answer == Answer::Tls12Full
+            && class == Class::TlsNew.id()
+            && resume::learns(t.src_port)
+        {
+            // The unit ends now; its entry waits for the second flight.
+            count(|c| c.completions += 1);
+            // SAFETY: as above.
+            unsafe { pending::answer_and_keep(unit) };
+            if let Some(k) = session_id_key(b, hello.sid_at, hello.sid_len as usize) {
+                // SAFETY: as above; a tls-new unit's offer is unused until now.
+                unsafe {
+                    (*unit).offer = k;
+                    (*unit).flags |= PENDING_LEARN_SID;
                 }
-                // SAFETY: as above.
-                unsafe { (*unit).flags = flags };
-                return;
             }
+            return;
         }
     }
     // `None`: ended meanwhile by another CPU's sweep.

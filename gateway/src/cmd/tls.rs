@@ -200,6 +200,9 @@ fn issued(root: &Path, action: IssuedAction) -> Result<(), CommandError> {
                     "withdrawn"
                 } else if v.kind & gateway_common::maps::ISSUED_BY_TAG != 0 {
                     "tag"
+                } else if v.kind & gateway_common::maps::ISSUED_BY_KEY != 0 {
+                    // Its ticket's MAC checked with the server's ticket key.
+                    "key"
                 } else if v.kind & gateway_common::maps::ISSUED_BY_SERVER != 0 {
                     // Learnt at the NIC from a server the gateway does not terminate.
                     "server"

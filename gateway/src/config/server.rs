@@ -9,7 +9,10 @@ use gateway_common::maps::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::proxy::config::Span;
+use crate::{
+    proxy::config::Span,
+    tls::server_keys::{self, KeyFormat},
+};
 
 /// How the sessions of a TLS server the gateway does not terminate are recognised at the NIC.
 ///
@@ -30,6 +33,21 @@ pub struct TlsServer {
     /// Resumptions one learnt session buys per minute beyond `resume_limit` (configured as
     /// `resume_rate`, per second).
     pub resume_per_minute: u32,
+    /// The server's session ticket key files: with them the NIC checks the MAC of the TLS 1.3
+    /// tickets (PSK identities) it issued. Watched: a rotated file takes effect within a
+    /// second.
+    pub ticket_keys: Option<TicketKeys>,
+}
+
+/// A server's ticket key files and their format.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TicketKeys {
+    /// Whose files: `nginx` (`ssl_session_ticket_key`), `haproxy` (`tls-ticket-keys`) or
+    /// `envoy` (`session_ticket_keys`).
+    pub format: KeyFormat,
+    /// The files, as the server names them.
+    pub files: Vec<std::path::PathBuf>,
 }
 
 impl Default for TlsServer {
@@ -38,6 +56,7 @@ impl Default for TlsServer {
             session_lifetime: Span(DEFAULT_LIFETIME),
             resume_limit: DEFAULT_RESUME_LIMIT,
             resume_per_minute: DEFAULT_RESUME_PER_MINUTE,
+            ticket_keys: None,
         }
     }
 }
@@ -68,6 +87,8 @@ struct RawServer {
     resume_limit: u32,
     #[serde(default = "default_resume_rate")]
     resume_rate: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ticket_keys: Option<TicketKeys>,
 }
 
 fn default_lifetime() -> Span {
@@ -103,10 +124,17 @@ impl TryFrom<RawServer> for TlsServer {
                 MAX_RESUME_PER_MINUTE / 60
             ));
         }
+        if let Some(k) = &r.ticket_keys {
+            if k.files.is_empty() {
+                return Err("ticket_keys.files: at least one file".into());
+            }
+            server_keys::read(k.format, &k.files).map_err(|e| format!("ticket_keys: {e}"))?;
+        }
         Ok(TlsServer {
             session_lifetime: r.session_lifetime,
             resume_limit: r.resume_limit,
             resume_per_minute: per_minute as u32,
+            ticket_keys: r.ticket_keys,
         })
     }
 }
@@ -117,6 +145,7 @@ impl From<TlsServer> for RawServer {
             session_lifetime: s.session_lifetime,
             resume_limit: s.resume_limit,
             resume_rate: f64::from(s.resume_per_minute) / 60.0,
+            ticket_keys: s.ticket_keys,
         }
     }
 }
@@ -151,6 +180,13 @@ mod tests {
             let e = parse(yaml).unwrap_err();
             assert!(e.contains(field), "{yaml}: {e}");
         }
+        let e =
+            parse("{ticket_keys: {format: nginx, files: [/nonexistent/ticket.key]}}").unwrap_err();
+        assert!(e.contains("ticket_keys: /nonexistent/ticket.key"), "{e}");
+        let e = parse("{ticket_keys: {format: nginx, files: []}}").unwrap_err();
+        assert!(e.contains("ticket_keys.files"), "{e}");
+        let e = parse("{ticket_keys: {format: apache, files: [x]}}").unwrap_err();
+        assert!(e.contains("apache"), "{e}");
         let s = parse("{session_lifetime: 10m, resume_limit: 2, resume_rate: 0.5}").unwrap();
         assert_eq!(s.session_lifetime.0, Duration::from_secs(600));
         assert_eq!((s.resume_limit, s.resume_per_minute), (2, 30));

@@ -22,7 +22,9 @@ mod proxies;
 mod watch;
 
 use proxies::{raise_fd_limit, start_proxies};
-use watch::{destroy_rejected, forward_logs, keep_attached, keep_learnt, reap_gone_units};
+use watch::{
+    destroy_rejected, forward_logs, keep_attached, keep_learnt, keep_ticket_keys, reap_gone_units,
+};
 
 use crate::{
     apply::apply,
@@ -254,6 +256,12 @@ async fn serve(
             Err(e) => warn!(iface = %a.iface(), error = %e, "cannot load the sweep program"),
         }
     }
+    // The config in force, for the tasks that follow it through reloads.
+    let (in_force, in_force_rx) = tokio::sync::watch::channel(cfg.clone());
+    reject_tasks.push(tokio::spawn(keep_ticket_keys(
+        attached.clone(),
+        in_force_rx,
+    )));
     let stop = CancellationToken::new();
     // The metrics endpoint's own: cancelled once the drain ended. `stop` is `draining` to it.
     let metrics_stop = CancellationToken::new();
@@ -402,6 +410,7 @@ async fn serve(
                     info!(%changed, config = %new, "{why}: reloaded");
                     crate::reload::record_outcome(&format!("applied\nchanged: {changed}\n"));
                     running = new;
+                    in_force.send_replace(running.clone());
                     crate::reload::record_running(&running);
                     for a in &attached {
                         mark(a, |c| c.reloads += 1);

@@ -268,3 +268,50 @@ pub(super) async fn keep_learnt(attached: Arc<Attached>) {
         }
     }
 }
+
+/// How often the servers' ticket key files are read (a rotated key verifies within a second).
+const KEY_FILES_LOOK: Duration = Duration::from_millis(250);
+
+/// Keeps the ticket keys the NIC holds those of the servers' key files
+/// (`crate::apply::ticket_keys`), for the config in force (`running`, replaced by each
+/// reload): a file rotated takes effect within [`KEY_FILES_LOOK`] and a key removed from it stops
+/// verifying. A file that cannot be read (a half-written rotation) keeps the keys held, told
+/// once until it changes.
+pub(super) async fn keep_ticket_keys(
+    attached: Vec<Arc<Attached>>,
+    running: tokio::sync::watch::Receiver<crate::config::Config>,
+) {
+    let mut tick = tokio::time::interval(KEY_FILES_LOOK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut told: Option<String> = None;
+    loop {
+        tick.tick().await;
+        let cfg = running.borrow().clone();
+        if !cfg
+            .learnt_ports()
+            .iter()
+            .any(|(_, s)| s.ticket_keys.is_some())
+        {
+            continue;
+        }
+        let mut unreadable = None;
+        for a in &attached {
+            let changed = crate::apply::ticket_keys(&mut a.maps(), &cfg, &mut |port, e| {
+                unreadable = Some(format!("port {port}: {e}"));
+            });
+            match changed {
+                Ok(true) => {
+                    info!(iface = %a.iface(), "ticket keys changed: the server's key files were rotated")
+                }
+                Ok(false) => {}
+                Err(e) => warn!(iface = %a.iface(), error = %e, "cannot write the ticket keys"),
+            }
+        }
+        if unreadable != told {
+            if let Some(why) = &unreadable {
+                warn!(%why, "cannot read the server's ticket keys; keeping those held");
+            }
+            told = unreadable;
+        }
+    }
+}

@@ -9,12 +9,13 @@ use std::{
     time::{Duration, Instant},
 };
 
+use gateway_common::testing::HelloBuilder;
 use gateway_tests::{
     backend::{Haproxy, Nginx},
     daemon::Daemon,
     have_root,
     netns::{GW_V4, TestNet, class_counter},
-    tls::{Cert, capture_hello, s_client_input, wait_listening},
+    tls::{Cert, capture_hello, s_client_input, session_key, wait_listening},
 };
 
 const SERVICES: &str = "services:\n  - {kind: tls, port: 443, server: {session_lifetime: 5m}}\n";
@@ -32,7 +33,12 @@ enum Server {
     Haproxy(#[allow(dead_code)] Haproxy),
 }
 
-fn start_server(kind: Kind, net: &TestNet, cert: &Cert) -> Server {
+/// The key file of a server started with ticket keys (`Behind::with_keys`).
+fn key_file(cert: &Cert) -> std::path::PathBuf {
+    cert.file("ticket.key")
+}
+
+fn start_server(kind: Kind, net: &TestNet, cert: &Cert, keys: bool) -> Server {
     let prefix = ["ip", "netns", "exec", net.gw_ns.as_str()];
     let server = match kind {
         Kind::Nginx => Server::Nginx(Nginx::start(
@@ -40,10 +46,15 @@ fn start_server(kind: Kind, net: &TestNet, cert: &Cert) -> Server {
             &format!(
                 "server {{ listen 443 ssl; ssl_certificate {}; ssl_certificate_key {};\n\
                  ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:gw:1m;\n\
-                 ssl_session_timeout 5m;\n\
+                 ssl_session_timeout 5m; {}\n\
                  location / {{ return 200 \"served\\n\"; }} }}",
                 cert.cert().display(),
-                cert.key().display()
+                cert.key().display(),
+                if keys {
+                    format!("ssl_session_ticket_key {};", key_file(cert).display())
+                } else {
+                    String::new()
+                }
             ),
             1,
         )),
@@ -56,9 +67,14 @@ fn start_server(kind: Kind, net: &TestNet, cert: &Cert) -> Server {
             Server::Haproxy(Haproxy::start(
                 &prefix,
                 &format!(
-                    "frontend fe\n  bind :443 ssl crt {} ssl-min-ver TLSv1.2\n  \
+                    "frontend fe\n  bind :443 ssl crt {} ssl-min-ver TLSv1.2{}\n  \
                      http-request return status 200 content-type text/plain string \"served\\n\"\n",
-                    pem.display()
+                    pem.display(),
+                    if keys {
+                        format!(" tls-ticket-keys {}", key_file(cert).display())
+                    } else {
+                        String::new()
+                    }
                 ),
             ))
         }
@@ -73,28 +89,77 @@ struct Behind {
     cert: Cert,
     kind: Kind,
     server: Option<Server>,
-    _daemon: Daemon,
+    keys: bool,
+    daemon: Daemon,
 }
 
 impl Behind {
     fn new(kind: Kind) -> Self {
         let net = TestNet::new();
         let cert = Cert::new();
-        let server = start_server(kind, &net, &cert);
+        let server = start_server(kind, &net, &cert, false);
         let daemon = Daemon::start_config(&net, &cert.file(""), SERVICES);
         Behind {
             net,
             cert,
             kind,
             server: Some(server),
-            _daemon: daemon,
+            keys: false,
+            daemon,
+        }
+    }
+
+    /// The server with its ticket keys in a file (`ticket.key`, in its format) holding `keys`,
+    /// and the gateway reading the same file.
+    fn with_keys(kind: Kind, keys: &[Vec<u8>]) -> Self {
+        let net = TestNet::new();
+        let cert = Cert::new();
+        write_keys(kind, &cert, keys);
+        let server = start_server(kind, &net, &cert, true);
+        let format = match kind {
+            Kind::Nginx => "nginx",
+            Kind::Haproxy => "haproxy",
+        };
+        let services = format!(
+            "services:\n  - {{kind: tls, port: 443, server: {{ticket_keys: {{format: {format}, \
+             files: [{}]}}}}}}\n",
+            key_file(&cert).display()
+        );
+        let daemon = Daemon::start_config(&net, &cert.file(""), &services);
+        Behind {
+            net,
+            cert,
+            kind,
+            server: Some(server),
+            keys: true,
+            daemon,
         }
     }
 
     /// The server stopped and started again: its session cache and ticket keys are new.
     fn restart_server(&mut self) {
         self.server = None;
-        self.server = Some(start_server(self.kind, &self.net, &self.cert));
+        self.server = Some(start_server(self.kind, &self.net, &self.cert, self.keys));
+    }
+
+    /// A TLS 1.3 hello offering `identity` as its PSK, sent raw from the peer namespace; the
+    /// connection is then closed.
+    fn offer_psk(&self, identity: &[u8]) {
+        // An X25519 share, as openssl's: the hello fits one segment.
+        let hello = HelloBuilder {
+            psk_identity: Some(identity.to_vec()),
+            key_share_len: 36,
+            ..HelloBuilder::tls13()
+        }
+        .build();
+        self.net.in_peer(|| {
+            let mut c = TcpStream::connect((GW_V4, 443)).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            c.write_all(&hello).unwrap();
+            // The server's answer (an alert: no binder checks out), or the NIC's reset.
+            let mut got = [0u8; 512];
+            let _ = c.read(&mut got);
+        });
     }
 
     /// s_client from the peer namespace with `args`, sending a request; its output.
@@ -291,4 +356,161 @@ fn only_completed_handshakes_are_learnt_and_declined_offers_are_withdrawn() {
     assert_eq!(s.counter("tls-resumed", "packets"), resumed + 1);
     s.backlog_drains("tls-new");
     s.backlog_drains("tls-resumed");
+}
+
+/// Writes `keys` to the server's key file in `kind`'s format: nginx reads one raw key, HAProxy
+/// a base64 key per line.
+fn write_keys(kind: Kind, cert: &Cert, keys: &[Vec<u8>]) {
+    let path = key_file(cert);
+    let tmp = cert.file("ticket.key.new");
+    match kind {
+        Kind::Nginx => std::fs::write(&tmp, &keys[0]).unwrap(),
+        Kind::Haproxy => {
+            use base64::Engine as _;
+            let text: String = keys
+                .iter()
+                .map(|k| base64::engine::general_purpose::STANDARD.encode(k) + "\n")
+                .collect();
+            std::fs::write(&tmp, text).unwrap();
+        }
+    }
+    // Swapped in whole, as a rotation script does.
+    std::fs::rename(&tmp, &path).unwrap();
+}
+
+/// A 48-byte ticket key whose every byte is derived from `seed` (its name starts with it).
+fn key48(seed: u8) -> Vec<u8> {
+    (0..48u8)
+        .map(|i| seed.wrapping_mul(151).wrapping_add(i.wrapping_mul(29)))
+        .collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// TLS 1.3 resumptions to a server whose ticket key file the gateway reads are checked at the
+/// NIC by the ticket's MAC: served as tls-resumed with tls-new closed; forgeries (a wrong MAC,
+/// a ticket cut or lengthened by a byte, another server's key name) stay tls-new.
+fn tls13_tickets_are_checked_by_the_server_key(kind: Kind) {
+    let keys = [key48(1), key48(2), key48(3)];
+    let s = Behind::with_keys(kind, &keys);
+    let sess = s.cert.file("s13.pem").display().to_string();
+    let out = s.client(&["-tls1_3", "-sess_out", &sess, "-ign_eof"]);
+    assert!(out.contains("New,"), "{kind:?}: {out}");
+    let ticket = unhex(&session_key(std::path::Path::new(&sess)));
+    assert!(
+        keys.iter().any(|k| ticket[..16] == k[..16]),
+        "{kind:?}: the ticket is sealed with a key of the file"
+    );
+    s.net
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
+    // Forgeries of it, offered raw before the real one was ever checked (its key unpublished):
+    // a wrong MAC under the right name, the ticket cut or lengthened by a byte.
+    let mut wrong_mac = ticket.clone();
+    *wrong_mac.last_mut().unwrap() ^= 1;
+    let cut = ticket[..ticket.len() - 1].to_vec();
+    let mut longer = ticket.clone();
+    longer.push(0);
+    for forged in [&wrong_mac, &cut, &longer] {
+        s.offer_psk(forged);
+    }
+    assert_eq!(s.tls("macs_refused"), 3, "{kind:?}");
+    // Another server's key name: no MAC computed.
+    let mut other = ticket.clone();
+    other[..16].copy_from_slice(&key48(9)[..16]);
+    s.offer_psk(&other);
+    assert_eq!(
+        s.tls("macs_refused"),
+        3,
+        "{kind:?}: an unknown name pays for no MAC"
+    );
+    assert_eq!(s.tls("macs_verified"), 0, "{kind:?}");
+    assert_eq!(
+        s.counter("tls-new", "rejected"),
+        4,
+        "{kind:?}: the forgeries are refused"
+    );
+    assert_eq!(s.counter("tls-resumed", "packets"), 0, "{kind:?}");
+    // The real ticket: its MAC checks out, served as tls-resumed with tls-new closed.
+    let out = s.client(&["-tls1_3", "-sess_in", &sess, "-ign_eof"]);
+    assert!(out.contains("Reused,"), "{kind:?}: {out}");
+    assert!(out.contains("served"), "{kind:?}: {out}");
+    assert_eq!(s.tls("macs_verified"), 1, "{kind:?}");
+    assert_eq!(s.counter("tls-resumed", "packets"), 1, "{kind:?}");
+    // Published now, its key buys what any published key does, replays included: the same
+    // places and rate (`resume_limit`, 6 by default), whatever its last bytes say.
+    let resumed_before = s.counter("tls-resumed", "packets");
+    for _ in 0..8 {
+        s.offer_psk(&wrong_mac);
+    }
+    let bounded = s.counter("tls-resumed", "packets") - resumed_before;
+    assert!(bounded <= 6, "{kind:?}: {bounded} replays in tls-resumed");
+    assert!(
+        s.tls("replays_bounded") + s.tls("resumptions_too_fast") >= 2,
+        "{kind:?}"
+    );
+}
+
+#[test]
+fn nginx_tls13_tickets_are_checked_by_its_ticket_key_file() {
+    if !have_root("nginx_tls13_tickets_are_checked") {
+        return;
+    }
+    tls13_tickets_are_checked_by_the_server_key(Kind::Nginx);
+}
+
+#[test]
+fn haproxy_tls13_tickets_are_checked_by_its_ticket_key_file() {
+    if !have_root("haproxy_tls13_tickets_are_checked") {
+        return;
+    }
+    tls13_tickets_are_checked_by_the_server_key(Kind::Haproxy);
+}
+
+/// A rotated key file: the new key verifies within a second of the change; tickets of the key
+/// removed from the file are tls-new again (the keys their MAC earned are withdrawn with it).
+#[test]
+fn a_rotated_key_file_takes_effect_within_a_second() {
+    if !have_root("a_rotated_key_file_takes_effect") {
+        return;
+    }
+    let mut s = Behind::with_keys(Kind::Nginx, &[key48(1)]);
+    let old = s.cert.file("old.pem").display().to_string();
+    assert!(
+        s.client(&["-tls1_3", "-sess_out", &old, "-ign_eof"])
+            .contains("New,")
+    );
+    // The old ticket verified once, its key published.
+    assert!(
+        s.client(&["-tls1_3", "-sess_in", &old, "-ign_eof"])
+            .contains("Reused,")
+    );
+    assert_eq!(s.tls("macs_verified"), 1);
+    // The file rotated (the old key removed), and the server restarted on it.
+    write_keys(Kind::Nginx, &s.cert, &[key48(2)]);
+    s.daemon
+        .wait_for("ticket keys changed", Duration::from_secs(1));
+    s.restart_server();
+    let new = s.cert.file("new.pem").display().to_string();
+    assert!(
+        s.client(&["-tls1_3", "-sess_out", &new, "-ign_eof"])
+            .contains("New,")
+    );
+    let ticket = unhex(&session_key(std::path::Path::new(&new)));
+    assert_eq!(ticket[..16], key48(2)[..16], "sealed with the new key");
+    s.net
+        .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
+    assert!(
+        s.client(&["-tls1_3", "-sess_in", &new, "-ign_eof"])
+            .contains("Reused,")
+    );
+    assert_eq!(s.tls("macs_verified"), 2);
+    // The old ticket: its key removed from the file, refused at the NIC.
+    let out = s.client(&["-tls1_3", "-sess_in", &old, "-ign_eof"]);
+    assert!(out.contains("handshake has read 0 bytes"), "{out}");
+    assert_eq!(s.counter("tls-new", "rejected"), 1);
 }

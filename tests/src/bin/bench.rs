@@ -257,6 +257,61 @@ fn tagged_hellos(prog: &mut TestProgram) -> (Vec<u8>, Vec<u8>, gateway_common::m
     )
 }
 
+/// Hellos offering a ticket of a server the gateway does not terminate, in OpenSSL's callback
+/// format (name, IV, 96 bytes of ciphertext, HMAC-SHA256: 160 bytes, as nginx's TLS 1.3
+/// tickets), sealed with a ticket key written for port 443: one with its right MAC, one with a
+/// forged MAC under the same key name; and the key the good one publishes.
+fn mac_hellos(prog: &mut TestProgram) -> (Vec<u8>, Vec<u8>, gateway_common::maps::IssuedKey) {
+    use gateway_common::{maps::LearnTerms, sha256};
+    let name = [0x42u8; 16];
+    let hmac_key = [0x24u8; 16];
+    let (inner, outer) = sha256::pads(&hmac_key).unwrap();
+    prog.maps
+        .set_ticket_keys(
+            443,
+            &[(
+                gateway_common::maps::TicketKeyId {
+                    port: 443,
+                    pad: 0,
+                    name,
+                },
+                gateway_common::maps::TicketMacKey { inner, outer },
+            )],
+        )
+        .unwrap();
+    prog.maps
+        .set_learn_terms(
+            443,
+            LearnTerms {
+                lifetime_s: 3600,
+                limit: gateway_common::maps::MAX_RESUME_LIMIT,
+                per_minute: u32::MAX,
+                pad: 0,
+                clock_ns: gateway::maps::wall_clock_offset_ns(),
+            },
+        )
+        .unwrap();
+    let mut ticket = name.to_vec();
+    ticket.extend((0..112u8).map(|i| i.wrapping_mul(7)));
+    let mac = sha256::mac(&inner, &outer, &ticket);
+    ticket.extend_from_slice(&mac);
+    let hello = |t: &[u8]| {
+        HelloBuilder {
+            psk_identity: Some(t.to_vec()),
+            ..HelloBuilder::tls13()
+        }
+        .build()
+    };
+    let mut forged = ticket.clone();
+    *forged.last_mut().unwrap() ^= 1;
+    let key = gateway_common::tls::tag::ticket_key(&ticket).unwrap();
+    (
+        hello(&ticket),
+        hello(&forged),
+        gateway_common::maps::IssuedKey { key },
+    )
+}
+
 /// The TLS path: a ClientHello (on a connection the program has not seen), a packet of an
 /// admitted connection, and one of a rejected connection.
 fn tls_costs(r: &mut Report, prog: &mut TestProgram) {
@@ -300,6 +355,9 @@ fn tls_costs(r: &mut Report, prog: &mut TestProgram) {
     // Another node's ticket of the same length, its key not published here: its tag is checked
     // and the key published by the NIC (removed again before each run), or its tag is forged.
     let (tagged, forged, vouched) = tagged_hellos(prog);
+    // A server's ticket, checked by its ticket key's MAC (published by the NIC, removed again
+    // before each run), or its MAC forged under the key's name.
+    let (maced, mac_forged, mac_key) = mac_hellos(prog);
     for (name, hello, unpublish) in [
         ("ClientHello, TLS 1.2, 153 B", &plain, None),
         (
@@ -322,6 +380,16 @@ fn tls_costs(r: &mut Report, prog: &mut TestProgram) {
             &forged,
             None,
         ),
+        (
+            "the same, a server's 160 B ticket: its MAC checked by the server's ticket key, its key published by the NIC, place taken",
+            &maced,
+            Some(mac_key),
+        ),
+        (
+            "the same, a forged MAC under the key's name: computed and refused (tls-new)",
+            &mac_forged,
+            None,
+        ),
     ] {
         let frame = Frame::tcp(443, hello).build();
         let (mut ours, mut bare) = (Vec::new(), Vec::new());
@@ -340,9 +408,11 @@ fn tls_costs(r: &mut Report, prog: &mut TestProgram) {
     say!(
         r,
         "\nTickets vouched for by their tag over the runs: {}; tags refused: {} (each run of \
-         the forged row, and none else).\n",
+         the forged row, and none else). Tickets whose MAC checked out: {}; MACs refused: {}.\n",
         tls.tags_verified,
-        tls.tags_refused
+        tls.tags_refused,
+        tls.macs_verified,
+        tls.macs_refused
     );
     // Packets of an admitted and of a rejected connection.
     let hello_frame = Frame::tcp(443, &plain).from_port(1).seq(1).build();

@@ -124,7 +124,8 @@ fn backlog_full(st: *mut ClassState, p: &ClassPolicy) -> bool {
     // SAFETY: reads of counters other CPUs add to atomically, in a live map value.
     let held = unsafe {
         backlog(
-            core::ptr::read_volatile(&raw const (*st).admitted),
+            core::ptr::read_volatile(&raw const (*st).admitted)
+                .saturating_add(core::ptr::read_volatile(&raw const (*st).continued)),
             core::ptr::read_volatile(&raw const (*st).completed),
             core::ptr::read_volatile(&raw const (*st).expired),
         )

@@ -25,8 +25,8 @@ use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
         FlowKey, LATENCY_BUCKETS, LatencyHistogram, MAX_PENDING, PENDING_ANSWERED, PENDING_INVITE,
-        Pending, SERVICE_BUCKETS, SERVICE_SLOTS, SIP_FAMILIES_LEN, SLOT_SIP_INVITE,
-        SWEEP_INTERVAL_NS, ServiceTimes, SipFamily, sip_family,
+        PENDING_KEY_EXCHANGE, Pending, SERVICE_BUCKETS, SERVICE_SLOTS, SIP_FAMILIES_LEN,
+        SLOT_SIP_INVITE, SWEEP_INTERVAL_NS, ServiceTimes, SipFamily, pending_counted, sip_family,
     },
     reasons::Refusal,
     tls::KEY_LEN,
@@ -148,8 +148,14 @@ fn hold<K>(
     {
         return false;
     }
-    count(class.id(), Field::Admitted);
-    count_family(unit, Field::Admitted);
+    // A key exchange's unit continues one admitted before.
+    let field = if flags & PENDING_KEY_EXCHANGE != 0 {
+        Field::Continued
+    } else {
+        Field::Admitted
+    };
+    count(class.id(), field);
+    count_family(unit, field);
     true
 }
 
@@ -163,7 +169,7 @@ fn count_family(unit: &Pending, field: Field) {
         // SAFETY: shared counters, only ever changed by atomic adds.
         unsafe {
             match field {
-                Field::Admitted => atomic_add(&raw mut (*f).admitted, 1),
+                Field::Admitted | Field::Continued => atomic_add(&raw mut (*f).admitted, 1),
                 Field::Completed | Field::Expired => atomic_add(&raw mut (*f).ended, 1),
             }
         }
@@ -189,8 +195,8 @@ pub fn complete<K>(table: &Table<K>, key: &K, timed: bool) -> Option<Pending> {
 /// handshake, on a port whose sessions the NIC learns: the unit completes for its class now
 /// (counted and timed: the server's answer is what frees a place, however long the client
 /// takes), and its entry stays, flagged [`PENDING_ANSWERED`], only to carry what the server's
-/// second flight will confirm (`crate::tls::answer`); [`forget`] or its timeout removes it,
-/// uncounted.
+/// second flight will confirm (`crate::tls::answer`); its end there, at the close or at its
+/// timeout is uncounted ([`pending_counted`]).
 ///
 /// # Safety
 /// `unit` points at a live entry of `TLS_PENDING`, touched only by its connection's packets.
@@ -208,11 +214,34 @@ pub unsafe fn answer_and_keep(unit: *mut Pending) {
     record_time(unsafe { &*unit });
 }
 
-/// Removes the answered unit `key` kept by [`answer_and_keep`], uncounted (it was counted
-/// when answered).
+/// The client's key exchange of the TLS 1.2 full handshake `key` arrived: the server's second
+/// piece of work is a `tls-new` unit ([`PENDING_KEY_EXCHANGE`]), admitted without a limit and
+/// counted. The entry the first flight kept (on a learning port) becomes it; otherwise one is
+/// made (nothing when the table is full).
 #[inline(always)]
-pub fn forget<K>(table: &Table<K>, key: &K) {
-    let _ = table.remove(key);
+pub fn key_exchange(key: &FlowKey) {
+    let now = now_ns();
+    if let Some(unit) = TLS_PENDING.get_ptr_mut(key) {
+        // SAFETY: a live entry of this connection, touched only by its packets.
+        unsafe {
+            let flags = (*unit).flags;
+            if flags & PENDING_ANSWERED != 0 && flags & PENDING_KEY_EXCHANGE == 0 {
+                (*unit).flags = flags | PENDING_KEY_EXCHANGE;
+                (*unit).admitted_ns = now;
+                (*unit).deadline_ns = now.saturating_add(admission::timeout(Class::TlsNew));
+                count((*unit).class, Field::Continued);
+            }
+        }
+        return;
+    }
+    hold(
+        &TLS_PENDING,
+        key,
+        Class::TlsNew,
+        None,
+        PENDING_KEY_EXCHANGE,
+        now,
+    );
 }
 
 /// Records how long the server took to answer `unit` (now, since it was admitted) in its
@@ -245,6 +274,8 @@ pub fn record_time(unit: &Pending) {
 #[derive(Clone, Copy)]
 enum Field {
     Admitted,
+    /// Held as what an admitted unit went on to ([`PENDING_KEY_EXCHANGE`]).
+    Continued,
     Completed,
     Expired,
 }
@@ -256,6 +287,9 @@ fn end<K>(table: &Table<K>, key: &K, field: Field) -> Option<Pending> {
     // SAFETY: a copy of the value is taken before the entry goes.
     let unit = unsafe { *table.get_ptr(key)? };
     table.remove(key).ok()?;
+    if !pending_counted(&unit) {
+        return Some(unit);
+    }
     count(unit.class, field);
     count_family(&unit, field);
     // A completed unit's caller decides what its place becomes (a resumed connection the
@@ -282,6 +316,7 @@ fn count(class: u32, field: Field) {
         unsafe {
             match field {
                 Field::Admitted => atomic_add(&raw mut (*st).admitted, 1),
+                Field::Continued => atomic_add(&raw mut (*st).continued, 1),
                 Field::Completed => atomic_add(&raw mut (*st).completed, 1),
                 Field::Expired => atomic_add(&raw mut (*st).expired, 1),
             }
@@ -357,7 +392,7 @@ extern "C" fn expire<K>(
         if unsafe { bpf_map_delete_elem(map, key.cast()) } == 0 {
             // An answered unit kept for what the server's second flight confirms was counted
             // when answered; it ends uncounted.
-            if ended.flags & PENDING_ANSWERED == 0 {
+            if pending_counted(&ended) {
                 count(ended.class, Field::Expired);
                 count_family(&ended, Field::Expired);
                 release(&ended);

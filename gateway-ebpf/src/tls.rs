@@ -42,7 +42,7 @@
 pub mod answer;
 pub mod carry;
 pub mod cookie;
-mod flows;
+pub(crate) mod flows;
 pub mod mac;
 mod refused;
 
@@ -58,8 +58,8 @@ use gateway_common::{
     bytes::PacketBytes,
     maps::{
         CONFIG_TRUST_UNCONNECTED, FINISHER_ATTACHED, FLOW_ADMITTED, FLOW_AWAITING_FIRST, FLOW_HELD,
-        FLOW_PENDING, FLOW_REJECTED, FlowKey, FlowKey4, RejectEvent, TLS_REJECTS_BYTES,
-        TlsCounters, TlsFlow,
+        FLOW_KEY_EXCHANGE, FLOW_PENDING, FLOW_REJECTED, FlowKey, FlowKey4, RejectEvent,
+        TLS_REJECTS_BYTES, TlsCounters, TlsFlow,
     },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     reasons::Refusal,
@@ -405,6 +405,21 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     if let Some(f) = flow {
         match f.state {
             FLOW_ADMITTED => return (Class::TlsFlow, Action::Pass),
+            FLOW_KEY_EXCHANGE => {
+                // The client's next data after its hello: a handshake record is its key
+                // exchange, the server's second piece of work.
+                let mut first = [0u8; 1];
+                if payload_len > 0
+                    && t.seq == f.next_seq
+                    && b.read(t.payload_offset as usize, &mut first)
+                {
+                    if first[0] == 22 {
+                        pending::key_exchange(&s.key);
+                    }
+                    f.state = FLOW_ADMITTED;
+                }
+                return (Class::TlsFlow, Action::Pass);
+            }
             FLOW_REJECTED => return rejected_packet(t.tcp_flags),
             FLOW_AWAITING_FIRST => return awaiting_first(ctx, pkt, s, payload_len),
             // Its first segment held back: the kernel has nothing of this connection, so

@@ -249,17 +249,26 @@ pub struct ClassState {
     pub reply_tat_ns: u64,
     /// When the datapath next looks for expired units of this class (`bpf_ktime_get_ns`).
     pub sweep_ns: u64,
+    /// Units an admitted one went on to (monotonic), held without an admission of their own: a
+    /// TLS 1.2 full handshake's key exchange, the server's second piece of work
+    /// ([`crate::maps::PENDING_KEY_EXCHANGE`]). In the backlog; `admitted` counts arrivals.
+    pub continued: u64,
 }
 
 impl ClassState {
     /// Current backlog: see [`backlog`].
     pub const fn backlog(&self) -> u64 {
-        backlog(self.admitted, self.completed, self.expired)
+        backlog(
+            self.admitted.saturating_add(self.continued),
+            self.completed,
+            self.expired,
+        )
     }
 }
 
-/// The backlog of a class: units admitted and not yet ended, `admitted - completed - expired`
-/// (never negative). The one formula the datapath, the CLI and the metrics use.
+/// The backlog of a class: units held and not yet ended, `held - completed - expired` (never
+/// negative), where `held` is what was admitted and what admitted units went on to
+/// ([`ClassState::continued`]). The one formula the datapath, the CLI and the metrics use.
 #[inline(always)]
 pub const fn backlog(admitted: u64, completed: u64, expired: u64) -> u64 {
     admitted.saturating_sub(completed).saturating_sub(expired)

@@ -193,7 +193,7 @@ mod tests {
         assert_eq!(size_of::<ClassStats>(), 7 * 8);
         assert_eq!(size_of::<BenchFresh>(), 2 + 1 + 1 + 4);
         assert_eq!(size_of::<ClassPolicy>(), 5 * 8 + 4 + 4 + 3 * 8 + 8 + 4 + 4);
-        assert_eq!(size_of::<ClassState>(), 6 * 8);
+        assert_eq!(size_of::<ClassState>(), 7 * 8);
         assert_eq!(size_of::<Pending>(), 8 + 8 + 4 + 4 + 16);
         assert_eq!(size_of::<ServiceKey>(), 2 + 1 + 1);
         assert_eq!(size_of::<ServiceValue>(), 4 + 4);

@@ -98,10 +98,25 @@ pub const PENDING_INVITE: u32 = 2;
 /// [`Pending::flags`]: a `tls-new` TLS 1.2 connection, on a port whose sessions the NIC learns
 /// (`TLS_LEARN`), whose server answered with the first flight of a full handshake. The unit was
 /// completed then (its class's place freed: a client that goes silent holds none); the entry
-/// stays only to carry what the server's second flight confirms (its ChangeCipherSpec: the
-/// client finished), and ends uncounted there, at the connection's close, or at its timeout.
+/// stays, uncounted, to carry what the server's second flight confirms (its ChangeCipherSpec:
+/// the client finished), until then, the connection's close, or its timeout.
 pub const PENDING_ANSWERED: u32 = 4;
 
 /// [`Pending::flags`], with [`PENDING_ANSWERED`]: the server's ServerHello issued a session id;
 /// [`Pending::offer`] holds its key until the server's ChangeCipherSpec publishes it.
 pub const PENDING_LEARN_SID: u32 = 8;
+
+/// [`Pending::flags`]: the second piece of a TLS 1.2 full handshake's work, a `tls-new` unit of
+/// its own: the client's key exchange arrived (its first handshake record after the server's
+/// first flight), and the server works on it (an RSA server's private-key operation, an ECDH)
+/// until its ChangeCipherSpec. Admitted without a limit (refusing it would break a handshake
+/// already under way), counted in the class's backlog, ended by the CCS, an alert or close,
+/// or its timeout (expired).
+pub const PENDING_KEY_EXCHANGE: u32 = 16;
+
+/// Whether the unit `unit` is in its class's counts: every unit but an answered one kept only
+/// to carry what the server's second flight confirms ([`PENDING_ANSWERED`] without
+/// [`PENDING_KEY_EXCHANGE`]).
+pub const fn pending_counted(unit: &Pending) -> bool {
+    unit.flags & PENDING_ANSWERED == 0 || unit.flags & PENDING_KEY_EXCHANGE != 0
+}

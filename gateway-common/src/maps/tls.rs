@@ -158,6 +158,12 @@ pub const FLOW_HELD: u8 = 3;
 /// then its other segments are dropped (they come again too).
 pub const FLOW_AWAITING_FIRST: u8 = 4;
 
+/// [`TlsFlow::state`]: admitted, a TLS 1.2 full handshake whose server sent its first flight
+/// (seen at egress): the client's next handshake record, its key exchange, starts the server's
+/// second piece of work ([`crate::maps::PENDING_KEY_EXCHANGE`]); the flow is then admitted as
+/// before. Every other packet passes as `tls-flow`.
+pub const FLOW_KEY_EXCHANGE: u8 = 5;
+
 /// State of one TLS connection.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

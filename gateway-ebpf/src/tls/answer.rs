@@ -6,22 +6,25 @@
 //!   flight's time is recorded.
 //! - A resumed connection whose server started a full handshake had its offer declined: the
 //!   key is withdrawn ([`resume::decline`]).
-//! - On a port whose sessions the NIC learns, a TLS 1.2 full handshake's unit ends at the
-//!   first flight as any does, but its entry stays ([`pending::answer_and_keep`]) with the
-//!   ServerHello's session id; at the server's ChangeCipherSpec (sent once it verified the
-//!   client's Finished) that id and the ticket of the same flight are published: only a client
-//!   that completed the handshake gets one.
+//! - A TLS 1.2 full handshake's unit ends at the first flight as any does (a client that goes
+//!   silent holds no place), and its flow then awaits the client's key exchange
+//!   (`FLOW_KEY_EXCHANGE`): that record starts the server's second piece of work, a unit of its
+//!   own ([`pending::key_exchange`]) ended by the server's ChangeCipherSpec.
+//! - On a port whose sessions the NIC learns, the first flight's entry stays, uncounted
+//!   ([`pending::answer_and_keep`]), with the ServerHello's session id; at the server's
+//!   ChangeCipherSpec (sent once it verified the client's Finished) that id and the ticket of
+//!   the same flight are published: only a client that completed the handshake gets one.
 
 use gateway_common::{
     Class,
     bytes::PacketBytes,
-    maps::{FlowKey, PENDING_ANSWERED, PENDING_LEARN_SID},
+    maps::{FlowKey, PENDING_ANSWERED, PENDING_KEY_EXCHANGE, PENDING_LEARN_SID, Pending},
     packet::{Packet, TCP_FIN, TCP_RST},
     tls::{
         Offer,
         server::{
-            Answer, RECORD_ALERT, RECORD_CCS, RECORD_HANDSHAKE, second_flight, server_hello,
-            session_id_key, ticket_key_at,
+            Answer, RECORD_ALERT, RECORD_CCS, RECORD_HANDSHAKE, SecondFlight, second_flight,
+            server_hello, session_id_key, ticket_key_at,
         },
     },
 };
@@ -31,7 +34,7 @@ use crate::{
     pending::{self, TLS_PENDING},
     resume,
     sync::now_ns,
-    tls::{count, flow_key},
+    tls::{count, flow_key, flows},
 };
 
 /// A TCP segment leaving from a TLS port: see the module's doc. Bulk data passes with one byte
@@ -69,28 +72,25 @@ pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
     };
     // SAFETY: a live entry of this connection, whose segments leave one at a time.
     let (class, flags) = unsafe { ((*unit).class, (*unit).flags) };
-    if flags & PENDING_ANSWERED != 0 {
-        // Answered already: only what the second flight confirms is left.
-        if closing || kind == RECORD_ALERT {
-            pending::forget(&TLS_PENDING, key);
-            return;
+    if flags & (PENDING_ANSWERED | PENDING_KEY_EXCHANGE) != 0 {
+        // A TLS 1.2 full handshake past its first flight: the server's second piece of work
+        // (its unit, when the client's key exchange came), and what its second flight
+        // confirms.
+        if !closing && kind != RECORD_ALERT {
+            let flight = second_flight(b, at);
+            if !flight.ccs {
+                return;
+            }
+            if flags & PENDING_ANSWERED != 0 {
+                learn_second_flight(b, t.src_port, flags, unit, &flight);
+            }
         }
-        let flight = second_flight(b, at);
-        if !flight.ccs {
-            return;
-        }
-        let now = now_ns();
-        if flags & PENDING_LEARN_SID != 0 {
-            // SAFETY: as above.
-            let sid = unsafe { (*unit).offer };
-            resume::learn(t.src_port, &sid, Offer::SessionId, 0, now);
-        }
-        if flight.ticket_at != 0
-            && let Some(k) = ticket_key_at(b, flight.ticket_at, flight.ticket_len as usize)
+        // Counted only when it is the key exchange's unit; untimed (timed at the first flight).
+        if pending::complete(&TLS_PENDING, key, false).is_some()
+            && flags & PENDING_KEY_EXCHANGE != 0
         {
-            resume::learn(t.src_port, &k, Offer::Ticket, flight.lifetime_hint, now);
+            count(|c| c.completions += 1);
         }
-        pending::forget(&TLS_PENDING, key);
         return;
     }
     // A ChangeCipherSpec alone answers nothing yet.
@@ -109,22 +109,23 @@ pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
             resume::decline(unsafe { &(*unit).offer });
             declined = true;
         }
-        if hello.answer == Answer::Tls12Full
-            && class == Class::TlsNew.id()
-            && resume::learns(t.src_port)
-        {
-            // The unit ends now; its entry waits for the second flight.
-            count(|c| c.completions += 1);
-            // SAFETY: as above.
-            unsafe { pending::answer_and_keep(unit) };
-            if let Some(k) = session_id_key(b, hello.sid_at, hello.sid_len as usize) {
-                // SAFETY: as above; a tls-new unit's offer is unused until now.
-                unsafe {
-                    (*unit).offer = k;
-                    (*unit).flags |= PENDING_LEARN_SID;
+        if hello.answer == Answer::Tls12Full && class == Class::TlsNew.id() {
+            // The client's key exchange will be the server's second piece of work.
+            flows::await_key_exchange(key, pkt.ip_version == 4);
+            if resume::learns(t.src_port) {
+                // The unit ends now; its entry waits for the second flight.
+                count(|c| c.completions += 1);
+                // SAFETY: as above.
+                unsafe { pending::answer_and_keep(unit) };
+                if let Some(k) = session_id_key(b, hello.sid_at, hello.sid_len as usize) {
+                    // SAFETY: as above; a tls-new unit's offer is unused until now.
+                    unsafe {
+                        (*unit).offer = k;
+                        (*unit).flags |= PENDING_LEARN_SID;
+                    }
                 }
+                return;
             }
-            return;
         }
     }
     // `None`: ended meanwhile by another CPU's sweep.
@@ -142,5 +143,28 @@ pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
         } else {
             resume::give_back(&unit.offer);
         }
+    }
+}
+
+/// Publishes what a learning port's server confirmed with its ChangeCipherSpec (`flight`): the
+/// session id its ServerHello gave (kept in the unit `unit`), and the ticket of the same flight.
+#[inline(always)]
+fn learn_second_flight<B: PacketBytes>(
+    b: &B,
+    port: u16,
+    flags: u32,
+    unit: *mut Pending,
+    flight: &SecondFlight,
+) {
+    let now = now_ns();
+    if flags & PENDING_LEARN_SID != 0 {
+        // SAFETY: the caller's live entry.
+        let sid = unsafe { (*unit).offer };
+        resume::learn(port, &sid, Offer::SessionId, 0, now);
+    }
+    if flight.ticket_at != 0
+        && let Some(k) = ticket_key_at(b, flight.ticket_at, flight.ticket_len as usize)
+    {
+        resume::learn(port, &k, Offer::Ticket, flight.lifetime_hint, now);
     }
 }

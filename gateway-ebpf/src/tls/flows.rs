@@ -8,7 +8,9 @@
 //! they are touched once or twice a connection.
 
 use aya_ebpf::{btf_maps::LruHashMap, macros::btf_map};
-use gateway_common::maps::{FlowKey, FlowKey4, MAX_TLS_FLOWS, TlsFlow};
+use gateway_common::maps::{
+    FLOW_ADMITTED, FLOW_KEY_EXCHANGE, FlowKey, FlowKey4, MAX_TLS_FLOWS, TlsFlow,
+};
 
 use super::Scratch;
 
@@ -51,6 +53,28 @@ pub fn insert(s: &Scratch, v4: bool) {
     } else {
         TLS_FLOWS.insert(&s.key, &s.flow, 0)
     };
+}
+
+/// Marks the admitted connection `key` as awaiting the client's key exchange
+/// ([`FLOW_KEY_EXCHANGE`]): its server sent a TLS 1.2 full handshake's first flight (the
+/// egress program). Nothing for a connection in any other state, or none.
+#[inline(always)]
+pub fn await_key_exchange(key: &FlowKey, v4: bool) {
+    let flow = if v4 {
+        let mut k4 = FlowKey4::default();
+        short_key(key, &mut k4);
+        TLS_FLOWS4.get_ptr_mut(&k4)
+    } else {
+        TLS_FLOWS.get_ptr_mut(key)
+    };
+    if let Some(f) = flow {
+        // SAFETY: the flow entry is only touched by packets of its own connection.
+        unsafe {
+            if (*f).state == FLOW_ADMITTED {
+                (*f).state = FLOW_KEY_EXCHANGE;
+            }
+        }
+    }
 }
 
 /// The IPv4 key of an IPv4 connection's [`FlowKey`] (its addresses' last four bytes).

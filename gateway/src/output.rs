@@ -105,7 +105,7 @@ impl StatsView<'_> {
                     "dropped_backlog": s.dropped_backlog,
                     "dropped_rate": s.dropped_rate, "rejected": s.rejected,
                     "replies_limited": s.replies_limited,
-                    "backlog": st.backlog(), "expired": st.expired,
+                    "backlog": st.backlog(), "expired": st.expired, "continued": st.continued,
                     "limits": limits,
                     "per_second": rates,
                     "service_time_samples": h.count(),

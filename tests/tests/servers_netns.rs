@@ -239,7 +239,11 @@ fn learnt_sessions_resume_with_tls_new_closed(kind: Kind) {
     // Every full handshake's unit ended with the server's ChangeCipherSpec, none at a timeout.
     s.backlog_drains("tls-new");
     assert_eq!(s.counter("tls-new", "expired"), 0, "{kind:?}");
-    assert_eq!(s.counter("tls-new", "completed"), 2, "{kind:?}");
+    // Each full handshake was two units of the server's work: its first flight, then the
+    // client's key exchange up to the server's ChangeCipherSpec.
+    assert_eq!(s.counter("tls-new", "admitted"), 2, "{kind:?}");
+    assert_eq!(s.counter("tls-new", "continued"), 2, "{kind:?}");
+    assert_eq!(s.counter("tls-new", "completed"), 4, "{kind:?}");
     s.net
         .gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
     let out = s.client(&["-tls1_2"]);
@@ -513,4 +517,285 @@ fn a_rotated_key_file_takes_effect_within_a_second() {
     let out = s.client(&["-tls1_3", "-sess_in", &old, "-ign_eof"]);
     assert!(out.contains("handshake has read 0 bytes"), "{out}");
     assert_eq!(s.counter("tls-new", "rejected"), 1);
+}
+
+/// A cgroup of the test's own, in the cgroup v2 hierarchy mounted at a directory of the test's
+/// (`ip netns exec`, which the daemon runs under, mounts a /sys of its own without it);
+/// removed and unmounted on drop.
+struct TestCgroup {
+    mount: std::path::PathBuf,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // Its processes back to the root first (nginx is gone by now; anything left moves).
+        if let Ok(left) = std::fs::read_to_string(self.dir.join("cgroup.procs")) {
+            for pid in left.lines() {
+                let _ = std::fs::write(self.mount.join("cgroup.procs"), pid);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+        let _ = nix::mount::umount(&self.mount);
+        let _ = std::fs::remove_dir(&self.mount);
+    }
+}
+
+/// The tls law of a server the gateway does not terminate budgets the server's CPU, read from
+/// the cgroup its config names: nginx in a cgroup of the test's, full handshakes against it,
+/// and the controller's reading of that cgroup (`gateway_controller_server_cpu_busy_ratio`)
+/// shows the server working.
+#[test]
+fn the_tls_law_reads_the_servers_cpu_from_its_cgroup() {
+    if !have_root("the_tls_law_reads_the_servers_cpu") {
+        return;
+    }
+    use gateway_tests::{
+        metrics::{scrape, value},
+        tls::{rustls_config, rustls_fetch},
+    };
+    if !std::fs::read_to_string("/proc/filesystems")
+        .unwrap()
+        .contains("cgroup2")
+    {
+        eprintln!("skipped: the kernel has no cgroup v2");
+        return;
+    }
+    const METRICS: u16 = 9487;
+    let net = TestNet::new();
+    let cert = Cert::new();
+    let mount = gateway_tests::fresh_temp_dir("gwt-cgroup2");
+    nix::mount::mount(
+        Some("cgroup2"),
+        &mount,
+        Some("cgroup2"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .expect("mount cgroup2");
+    let cg = TestCgroup {
+        dir: mount.join(format!("gwt-server-{}", std::process::id())),
+        mount,
+    };
+    std::fs::create_dir_all(&cg.dir).unwrap();
+    let nginx = Nginx::start(
+        &["ip", "netns", "exec", &net.gw_ns],
+        &format!(
+            "server {{ listen 443 ssl; ssl_certificate {}; ssl_certificate_key {};\n\
+             location / {{ return 200 \"served\\n\"; }} }}",
+            cert.cert().display(),
+            cert.key().display()
+        ),
+        1,
+    );
+    wait_listening(|| net.in_gw(|| TcpStream::connect(("127.0.0.1", 443)).is_ok()));
+    // nginx and its workers moved into the cgroup (from here: `ip netns exec` mounts a /sys of
+    // its own, without the cgroup hierarchy).
+    let procs = cg.dir.join("cgroup.procs");
+    let workers = nginx_workers(&nginx);
+    for pid in std::iter::once(nginx.pid() as i32).chain(descendants(nginx.pid())) {
+        std::fs::write(&procs, pid.to_string()).unwrap();
+    }
+    let moved = std::fs::read_to_string(&procs).unwrap();
+    assert!(
+        workers
+            .iter()
+            .all(|w| moved.lines().any(|l| l == w.to_string())),
+        "the workers {workers:?} in the cgroup: {moved}"
+    );
+    let daemon = Daemon::start_config(
+        &net,
+        &cert.file(""),
+        &format!(
+            "workers: 1\nmetrics: 127.0.0.1:{METRICS}\nservices:\n  - {{kind: tls, port: 443, \
+             server: {{cgroup: {}}}}}\ncontroller:\n  classes:\n    \
+             tls-new: {{mode: tls, cpu_target: 0.5, min: 1, max: 100000}}\n",
+            cg.dir.display()
+        ),
+    );
+    let busy = || {
+        value(
+            &scrape(&net, METRICS),
+            "gateway_controller_server_cpu_busy_ratio",
+            &[],
+        )
+    };
+    // Full handshakes (a new client configuration each) until the controller has seen the
+    // server's CPU move; bounded.
+    let started = Instant::now();
+    let mut seen = 0.0;
+    for n in 0u32.. {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the server's CPU not seen after {n} handshakes: {:?} {:?}\n{}",
+            std::fs::read_to_string(cg.dir.join("cpu.stat")),
+            std::fs::read_to_string(cg.dir.join("cgroup.procs")),
+            scrape(&net, METRICS)
+                .lines()
+                .filter(|l| l.contains("controller"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        let (_, body) = net
+            .in_peer(|| rustls_fetch(&rustls_config(&cert), &format!("{GW_V4}:443")))
+            .expect("a full handshake and an answer from nginx");
+        assert!(body.ends_with("served\n"), "{body:?}");
+        if n % 10 == 9 {
+            seen = busy();
+            if seen > 0.0 {
+                break;
+            }
+        }
+    }
+    println!("the server's cgroup: {seen:.4} of the budgeted core busy");
+    assert!(seen <= 1.0, "a share of one core: {seen}");
+    drop(daemon);
+    drop(nginx);
+}
+
+/// The processes under `pid`, all generations.
+fn descendants(pid: u32) -> Vec<i32> {
+    let mut all = Vec::new();
+    let mut next = vec![pid as i32];
+    while let Some(p) = next.pop() {
+        for c in children(p as u32) {
+            all.push(c);
+            next.push(c);
+        }
+    }
+    all
+}
+
+/// nginx's worker processes (under the process the test started), once there is one (bounded).
+fn nginx_workers(nginx: &Nginx) -> Vec<i32> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let workers: Vec<i32> = descendants(nginx.pid())
+            .into_iter()
+            .filter(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("worker process"))
+            })
+            .collect();
+        if !workers.is_empty() {
+            return workers;
+        }
+        assert!(Instant::now() < deadline, "nginx started no worker");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The pids of the children of `pid`.
+fn children(pid: u32) -> Vec<i32> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks
+        .filter_map(Result::ok)
+        .flat_map(|t| {
+            std::fs::read_to_string(t.path().join("children"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|c| c.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
+}
+
+/// A TLS 1.2 full handshake is two pieces of the server's work, each in tls-new's backlog
+/// exactly while the server does it: the hello until its first flight, then the client's key
+/// exchange until its answer. A client that goes silent after the first flight holds nothing;
+/// one whose key exchange the server has not read yet (its worker stopped) holds one unit,
+/// which ends when the server answers it; none expires.
+#[test]
+fn a_tls12_key_exchange_is_in_the_backlog_while_the_server_works_on_it() {
+    if !have_root("a_tls12_key_exchange_is_in_the_backlog") {
+        return;
+    }
+    let s = Behind::new(Kind::Nginx);
+    let hello = capture_hello(|addr| {
+        let _ = std::process::Command::new("openssl")
+            .args(["s_client", "-connect", &addr, "-tls1_2", "-no_ticket"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    });
+    let mut c = s.net.in_peer(|| TcpStream::connect((GW_V4, 443)).unwrap());
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    c.write_all(&hello).unwrap();
+    let mut got = vec![0u8; 8192];
+    let n = c.read(&mut got).unwrap();
+    assert!(n > 5 && got[5] == 2, "the server's first flight");
+    // Answered: nothing held, however long the client waits.
+    s.backlog_drains("tls-new");
+    assert_eq!(s.counter("tls-new", "continued"), 0);
+    // The server's worker stopped; the client's key exchange (a handshake record) arrives.
+    let Some(Server::Nginx(nginx)) = &s.server else {
+        unreachable!()
+    };
+    let workers = nginx_workers(nginx);
+    for w in &workers {
+        // SAFETY: signalling the test's own nginx workers.
+        unsafe { libc::kill(*w, libc::SIGSTOP) };
+    }
+    c.write_all(&[22, 3, 3, 0, 6, 16, 0, 0, 2, 1, 0]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.counter("tls-new", "continued") == 0 {
+        assert!(Instant::now() < deadline, "the key exchange is not held");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        s.counter("tls-new", "backlog"),
+        1,
+        "held while the server works on it"
+    );
+    for w in &workers {
+        // SAFETY: as above.
+        unsafe { libc::kill(*w, libc::SIGCONT) };
+    }
+    // The server answers it (an alert: it is no real key exchange) and the unit ends.
+    s.backlog_drains("tls-new");
+    assert_eq!(s.counter("tls-new", "expired"), 0);
+    assert_eq!(s.counter("tls-new", "completed"), 2);
+}
+
+/// The issued-keys table bounds what is learnt: with room for 3 keys, 5 full handshakes
+/// (session ids) publish 3 and count 2 unlearnt; the unlearnt sessions' resumptions are
+/// tls-new (their key unverified), the learnt ones' tls-resumed; nothing is evicted for them.
+#[test]
+fn learnt_sessions_never_push_out_published_ones_when_the_table_is_full() {
+    if !have_root("learnt_sessions_never_push_out") {
+        return;
+    }
+    let net = TestNet::new();
+    let cert = Cert::new();
+    let server = start_server(Kind::Nginx, &net, &cert, false);
+    let daemon = Daemon::start_config(
+        &net,
+        &cert.file(""),
+        &format!("datapath: {{issued_keys: 3}}\n{SERVICES}"),
+    );
+    let s = Behind {
+        net,
+        cert,
+        kind: Kind::Nginx,
+        server: Some(server),
+        keys: false,
+        daemon,
+    };
+    let sessions: Vec<String> = (0..5)
+        .map(|i| s.full(&format!("sid{i}.pem"), &["-no_ticket"]))
+        .collect();
+    assert_eq!(s.tls("keys_learnt"), 3);
+    assert_eq!(s.tls("keys_unlearnt"), 2);
+    for (i, sess) in sessions.iter().enumerate() {
+        let out = s.resume(sess);
+        assert!(out.contains("Reused,"), "{out}");
+        let resumed = s.counter("tls-resumed", "packets");
+        assert_eq!(
+            resumed,
+            (i as u64 + 1).min(3),
+            "session {i}: the first three learnt"
+        );
+    }
+    assert_eq!(s.tls("unverified_offers"), 2);
 }

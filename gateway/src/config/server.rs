@@ -37,6 +37,10 @@ pub struct TlsServer {
     /// tickets (PSK identities) it issued. Watched: a rotated file takes effect within a
     /// second.
     pub ticket_keys: Option<TicketKeys>,
+    /// The server's cgroup (cgroup v2: a directory with `cpu.stat`, e.g.
+    /// `/sys/fs/cgroup/system.slice/nginx.service`): the tls law budgets its CPU, not the
+    /// daemon's.
+    pub cgroup: Option<std::path::PathBuf>,
 }
 
 /// A server's ticket key files and their format.
@@ -57,6 +61,7 @@ impl Default for TlsServer {
             resume_limit: DEFAULT_RESUME_LIMIT,
             resume_per_minute: DEFAULT_RESUME_PER_MINUTE,
             ticket_keys: None,
+            cgroup: None,
         }
     }
 }
@@ -89,6 +94,8 @@ struct RawServer {
     resume_rate: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     ticket_keys: Option<TicketKeys>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cgroup: Option<std::path::PathBuf>,
 }
 
 fn default_lifetime() -> Span {
@@ -130,11 +137,15 @@ impl TryFrom<RawServer> for TlsServer {
             }
             server_keys::read(k.format, &k.files).map_err(|e| format!("ticket_keys: {e}"))?;
         }
+        if let Some(dir) = &r.cgroup {
+            crate::controller::cgroup::usage(dir).map_err(|e| format!("cgroup: {e}"))?;
+        }
         Ok(TlsServer {
             session_lifetime: r.session_lifetime,
             resume_limit: r.resume_limit,
             resume_per_minute: per_minute as u32,
             ticket_keys: r.ticket_keys,
+            cgroup: r.cgroup,
         })
     }
 }
@@ -146,6 +157,7 @@ impl From<TlsServer> for RawServer {
             resume_limit: s.resume_limit,
             resume_rate: f64::from(s.resume_per_minute) / 60.0,
             ticket_keys: s.ticket_keys,
+            cgroup: s.cgroup,
         }
     }
 }
@@ -185,6 +197,11 @@ mod tests {
         assert!(e.contains("ticket_keys: /nonexistent/ticket.key"), "{e}");
         let e = parse("{ticket_keys: {format: nginx, files: []}}").unwrap_err();
         assert!(e.contains("ticket_keys.files"), "{e}");
+        let e = parse("{cgroup: /nonexistent/nginx.service}").unwrap_err();
+        assert!(
+            e.contains("cgroup: /nonexistent/nginx.service/cpu.stat"),
+            "{e}"
+        );
         let e = parse("{ticket_keys: {format: apache, files: [x]}}").unwrap_err();
         assert!(e.contains("apache"), "{e}");
         let s = parse("{session_lifetime: 10m, resume_limit: 2, resume_rate: 0.5}").unwrap();

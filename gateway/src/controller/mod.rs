@@ -11,6 +11,7 @@
 //! pools share freed slots between resumed and new sessions ([`crate::proxy::gate`]), from the
 //! waits the pools measured.
 
+pub mod cgroup;
 pub mod floor;
 pub mod infer;
 pub mod law;
@@ -262,6 +263,7 @@ pub struct ControllerStats {
     ratio: Sorted<Labels, Gauge<f64, AtomicU64>>,
     ratio_target: Sorted<Labels, Gauge<f64, AtomicU64>>,
     cost: Sorted<Labels, Gauge<f64, AtomicU64>>,
+    server_busy: Gauge<f64, AtomicU64>,
     /// When the last interval ran, `CLOCK_MONOTONIC` nanoseconds; 0 before the first.
     last_interval_ns: Arc<AtomicU64>,
 }
@@ -280,6 +282,14 @@ impl ControllerStats {
     /// Registers the series (prefix `gateway_controller_`).
     pub fn register(&self, registry: &mut Registry) {
         let r = registry.sub_registry_with_prefix("gateway_controller");
+        r.register(
+            "server_cpu_busy_ratio",
+            "The share of the budgeted cores the servers the gateway does not terminate used in \
+             the controller's last interval, read from the cgroups their config names \
+             (services[].server.cgroup, cgroup v2 cpu.stat): what the tls law weighs when the \
+             handshake costs are inferred at the NIC",
+            self.server_busy.clone(),
+        );
         r.register(
             "limit",
             "The limit the controller set (backlog for sip, new handshakes per second for tls, \
@@ -351,6 +361,10 @@ pub struct Controller {
     cores: f64,
     /// The daemon's CPU time at the last interval.
     cpu: Option<Duration>,
+    /// The cgroups of the servers the gateway does not terminate (`services[].server.cgroup`),
+    /// and their CPU time at the last interval.
+    server_cpu: cgroup::ServerCpu,
+    server_last: Option<Duration>,
 }
 
 /// The CPU time this process has used (all threads, user and system).
@@ -422,7 +436,17 @@ impl Controller {
             stats,
             cores,
             cpu: None,
+            server_cpu: cgroup::ServerCpu::default(),
+            server_last: None,
         }
+    }
+
+    /// Budgets the CPU of the servers in the cgroups `cpu` when the handshake costs are
+    /// inferred at the NIC (no proxy of the gateway's measures them): their use, not the
+    /// daemon's, is what the tls law weighs against its target.
+    pub fn with_server_cpu(mut self, cpu: cgroup::ServerCpu) -> Self {
+        self.server_cpu = cpu;
+        self
     }
 
     /// Whether there is anything to control.
@@ -502,15 +526,41 @@ impl Controller {
             _ => None,
         };
         self.cpu = now;
+        // How busy the servers' CPUs were, from their cgroups.
+        let server_now = (!self.server_cpu.is_empty())
+            .then(|| self.server_cpu.usage())
+            .flatten();
+        let server_busy = match (self.server_last, server_now) {
+            (Some(before), Some(now)) => Some(
+                now.saturating_sub(before).as_secs_f64() / (self.cores * elapsed.as_secs_f64()),
+            ),
+            _ => None,
+        };
+        self.server_last = server_now;
+        if let Some(b) = server_busy {
+            self.stats.server_busy.set(b);
+        }
         if let Some(pdd) = &mut self.pdd {
             pdd.step(&self.stats);
         }
         for plant in &mut self.plants {
+            let busy = Busy {
+                daemon: busy,
+                server: server_busy,
+            };
             if let Err(e) = step(plant, &self.cfg, elapsed, costs, busy, &self.stats) {
                 warn!(iface = %plant.attached.iface(), error = %e, "controller: cannot read or write the maps");
             }
         }
     }
+}
+
+/// How busy the CPUs were over an interval: the daemon's (its proxies' handshakes), and the
+/// servers' it does not terminate (their cgroups), as shares of the cores budgeted.
+#[derive(Clone, Copy, Debug)]
+struct Busy {
+    daemon: Option<f64>,
+    server: Option<f64>,
 }
 
 /// One interval on one interface.
@@ -519,7 +569,7 @@ fn step(
     cfg: &ControllerConfig,
     elapsed: Duration,
     costs: Option<HandshakeCosts>,
-    busy: Option<f64>,
+    busy: Busy,
     stats: &ControllerStats,
 ) -> Result<(), MapsError> {
     let iface = plant.attached.iface().to_string();
@@ -548,7 +598,7 @@ fn step(
         before: &before,
         elapsed,
         costs,
-        busy,
+        busy: busy.daemon,
         sip_units: Vec::new(),
         now_ns: 0,
     };
@@ -563,7 +613,8 @@ fn step(
     let inferred = plant.inferred.costs();
     if costs.is_none() {
         interval.costs = inferred;
-        interval.busy = None;
+        // The servers' own CPU when their cgroups are named; the daemon's says nothing of it.
+        interval.busy = busy.server;
     }
     if plant.laws.values().any(|l| matches!(l, Law::Tls(_))) {
         for (from, c) in [(PROXIES, costs), (iface.as_str(), inferred)] {

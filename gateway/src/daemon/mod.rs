@@ -592,6 +592,11 @@ fn start_controller(
     } else {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     };
+    let servers = cfg
+        .learnt_ports()
+        .into_iter()
+        .filter_map(|(_, s)| s.cgroup.clone())
+        .collect();
     let mut controller = Controller::new(
         &cfg.controller,
         attached,
@@ -599,7 +604,8 @@ fn start_controller(
         costs.clone(),
         stats.clone(),
         cores,
-    );
+    )
+    .with_server_cpu(crate::controller::cgroup::ServerCpu::new(servers));
     // The first interval here, so that the daemon is ready only once its classes are taken over.
     controller.begin();
     let token = stop.child_token();

@@ -828,6 +828,36 @@ fn digest_finish(d: &[u64; 2]) -> [u8; KEY_LEN] {
     out
 }
 
+/// The running digest of an offered value ([`offer_digest`]'s, [`tag::ticket_key`]'s), for a
+/// caller that feeds the bytes itself (the egress program, from a `bpf_loop`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ValueDigest {
+    d: [u64; 2],
+}
+
+impl ValueDigest {
+    /// The digest of a value of `len` bytes, before its first byte.
+    #[inline(always)]
+    pub const fn start(len: u32) -> Self {
+        ValueDigest {
+            d: digest_start(len),
+        }
+    }
+
+    /// Feeds one byte.
+    #[inline(always)]
+    pub fn byte(&mut self, b: u8) {
+        digest_byte(&mut self.d, b);
+    }
+
+    /// The key of the bytes fed.
+    #[inline(always)]
+    pub fn finish(&self) -> [u8; KEY_LEN] {
+        digest_finish(&self.d)
+    }
+}
+
 /// The key of an offered session id, as the datapath computes it while parsing a hello: a
 /// 128-bit digest (two FNV-1a lanes, mixed) of the whole value and its length. (A ticket's or a
 /// PSK identity's leaves out its tail: [`tag::ticket_key`]; [`issued_key`] picks.)

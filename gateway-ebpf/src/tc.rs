@@ -98,7 +98,7 @@ pub fn gateway_tc_egress(ctx: TcContext) -> i32 {
         let t = &pkt.transport;
         match service_kind(t.proto, t.src_port) {
             Some(ServiceKind::Sip) if t.proto == IPPROTO_UDP => sip_response(&ctx, &pkt),
-            Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => tls_answer(&bytes, &pkt),
+            Some(ServiceKind::Tls) if t.proto == IPPROTO_TCP => tls_answer(&ctx, &bytes, &pkt),
             _ => {}
         }
     }

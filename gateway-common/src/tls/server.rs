@@ -266,11 +266,16 @@ fn read_u32<B: PacketBytes>(b: &B, at: usize) -> Option<u32> {
     b.read(at, &mut x).then_some(u32::from_be_bytes(x))
 }
 
-/// Feeds the `n` bytes at `at` into `d`, eight at a time while eight are left. `false` when
-/// any of them cannot be read.
+/// Feeds the `n` bytes at `at` into `d` (at most `CHUNKS` eight-byte steps and seven bytes:
+/// the bound the verifier follows), eight at a time while eight are left. `false` when any of
+/// them cannot be read.
 #[inline(always)]
-fn digest_run<B: PacketBytes>(b: &B, at: usize, n: usize, d: &mut [u64; 2]) -> bool {
-    const CHUNKS: usize = MAX_OFFER as usize / 8;
+fn digest_run<B: PacketBytes, const CHUNKS: usize>(
+    b: &B,
+    at: usize,
+    n: usize,
+    d: &mut [u64; 2],
+) -> bool {
     let mut done = 0;
     for _ in 0..CHUNKS {
         if done + 8 > n {
@@ -306,7 +311,7 @@ pub fn session_id_key<B: PacketBytes>(b: &B, at: usize, len: usize) -> Option<[u
         return None;
     }
     let mut d = digest_start(len as u32);
-    digest_run(b, at, len, &mut d).then(|| digest_finish(&d))
+    digest_run::<B, 4>(b, at, len, &mut d).then(|| digest_finish(&d))
 }
 
 /// The datapath's key of the ticket of `len` bytes at `at`, as a hello offering it gets
@@ -316,7 +321,8 @@ pub fn ticket_key_at<B: PacketBytes>(b: &B, at: usize, len: usize) -> Option<[u8
         return None;
     }
     let mut d = digest_start(len as u32);
-    digest_run(b, at, len - TAIL_LEN, &mut d).then(|| digest_finish(&d))
+    digest_run::<B, { MAX_OFFER as usize / 8 }>(b, at, len - TAIL_LEN, &mut d)
+        .then(|| digest_finish(&d))
 }
 
 #[cfg(test)]

@@ -15,32 +15,200 @@
 //!   ChangeCipherSpec (sent once it verified the client's Finished) that id and the ticket of
 //!   the same flight are published: only a client that completed the handshake gets one.
 
+use core::ffi::c_void;
+
+use aya_ebpf::{btf_maps::PerCpuArray, helpers::generated::bpf_loop, macros::btf_map};
 use gateway_common::{
     Class,
     bytes::PacketBytes,
     maps::{FlowKey, PENDING_ANSWERED, PENDING_KEY_EXCHANGE, PENDING_LEARN_SID, Pending},
     packet::{Packet, TCP_FIN, TCP_RST},
     tls::{
-        Offer,
+        KEY_LEN, MAX_OFFER, Offer, ValueDigest,
         server::{
-            Answer, RECORD_ALERT, RECORD_CCS, RECORD_HANDSHAKE, SecondFlight, second_flight,
-            server_hello, session_id_key, ticket_key_at,
+            Answer, RECORD_ALERT, RECORD_CCS, RECORD_HANDSHAKE, second_flight, server_hello,
+            session_id_key,
         },
+        tag::{MIN_TICKET, TAIL_LEN},
     },
 };
 
 use crate::{
-    bytes::zero,
+    bytes::{ScratchBytes, opaque, zero},
+    context::CopyOut,
     pending::{self, TLS_PENDING},
     resume,
     sync::now_ns,
-    tls::{count, flow_key, flows},
+    tls::{SCRATCH_LEN, count, flow_key, flows},
 };
+
+/// Per-CPU copy of a server segment's first bytes and what was read of them (not pinned): the
+/// flights are read there by global functions, which the verifier checks once each.
+#[btf_map]
+static TLS_ANSWER_SCRATCH: PerCpuArray<AnswerScratch, 1> = PerCpuArray::new();
+
+/// A server segment's first bytes and what its flight says.
+#[repr(C, align(8))]
+pub struct AnswerScratch {
+    /// The payload's first bytes, in the first half; the second half is slack for masked reads
+    /// (as the hello scratch's).
+    buf: [u8; 2 * SCRATCH_LEN],
+    /// Bytes copied.
+    len: u32,
+    /// [`Answer`] of a first flight, as a number (`answer_id`).
+    answer: u32,
+    /// 1 when [`Self::sid_key`] holds the key of the ServerHello's session id.
+    has_sid: u32,
+    /// 1 when a second flight's ChangeCipherSpec is in the segment.
+    ccs: u32,
+    /// 1 when [`Self::ticket_key`] holds the key of the second flight's ticket.
+    has_ticket: u32,
+    /// The ticket's lifetime hint, seconds.
+    hint: u32,
+    /// The session id's key.
+    sid_key: [u8; KEY_LEN],
+    /// The ticket's key.
+    ticket_key: [u8; KEY_LEN],
+    /// The ticket's digest while it is fed ([`digest_chunk`]).
+    digest: ValueDigest,
+    /// Where the bytes the digest covers start in [`Self::buf`].
+    digest_at: u32,
+    /// How many bytes it covers.
+    digest_len: u32,
+}
+
+/// [`Answer`] as stored in [`AnswerScratch::answer`].
+const fn answer_id(a: Answer) -> u32 {
+    match a {
+        Answer::Unknown => 0,
+        Answer::Retry => 1,
+        Answer::Tls12Full => 2,
+        Answer::Tls12Resumed => 3,
+        Answer::Tls13Resumed => 4,
+        Answer::Tls13Full => 5,
+    }
+}
+
+/// The bytes copied in `a`.
+#[inline(always)]
+fn copied(a: &AnswerScratch) -> ScratchBytes<'_, SCRATCH_LEN, { 2 * SCRATCH_LEN }> {
+    ScratchBytes {
+        buf: &a.buf,
+        len: a.len,
+    }
+}
+
+/// Reads the first flight copied in `a`: its [`Answer`] and its session id's key. A global
+/// function: checked once.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn gateway_read_first_flight(a: *mut AnswerScratch) -> i32 {
+    if a.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's per-CPU slot, used by this program run alone.
+    let a = unsafe { &mut *a };
+    let b = copied(a);
+    let hello = server_hello(&b, 0);
+    let sid = session_id_key(&b, hello.sid_at, hello.sid_len as usize);
+    a.answer = answer_id(hello.answer);
+    a.has_sid = u32::from(sid.is_some());
+    if let Some(k) = sid {
+        a.sid_key = k;
+    }
+    0
+}
+
+/// Reads the TLS 1.2 second flight copied in `a`: its ChangeCipherSpec, and its ticket's key
+/// and lifetime hint. A global function: checked once.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn gateway_read_second_flight(a: *mut AnswerScratch) -> i32 {
+    if a.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's per-CPU slot, used by this program run alone.
+    let slot = a;
+    // SAFETY: as above.
+    let a = unsafe { &mut *slot };
+    let flight = second_flight(&copied(a), 0);
+    a.ccs = u32::from(flight.ccs);
+    a.hint = flight.lifetime_hint;
+    let len = u32::from(flight.ticket_len);
+    // The ticket's key: the digest of all of it but its tail (`tag::ticket_key`), eight bytes
+    // a step of a `bpf_loop`.
+    if flight.ticket_at != 0 && (MIN_TICKET as u32..=MAX_OFFER).contains(&len) {
+        a.digest = ValueDigest::start(len);
+        a.digest_at = flight.ticket_at as u32;
+        a.digest_len = len - TAIL_LEN as u32;
+        // The callback gets the slot through a pointer on this frame (bpf_loop's context
+        // must be the stack).
+        let mut ptr = slot;
+        // SAFETY: `digest_chunk` has the callback signature bpf_loop expects; its context is
+        // the slot pointer on this frame, alive for the call.
+        unsafe {
+            bpf_loop(
+                a.digest_len.div_ceil(8),
+                digest_chunk as *mut c_void,
+                (&raw mut ptr).cast(),
+                0,
+            );
+        }
+        a.ticket_key = a.digest.finish();
+        a.has_ticket = 1;
+    }
+    0
+}
+
+/// One step of a ticket's digest (a `bpf_loop` callback): its bytes `8 * index` to
+/// `8 * index + 7`, those under [`AnswerScratch::digest_len`]. Returns 0 to go on.
+#[inline(never)]
+extern "C" fn digest_chunk(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` points at the caller's pointer to its per-CPU slot, used only by this
+    // program run.
+    let a = unsafe { &mut **ctx.cast::<*mut AnswerScratch>() };
+    let first = 8 * index as u32;
+    for j in 0..8u32 {
+        if first + j < a.digest_len {
+            let at = (a.digest_at + first + j) & (2 * SCRATCH_LEN as u32 - 1);
+            a.digest.byte(a.buf[at as usize]);
+        }
+    }
+    0
+}
+
+/// Copies the first bytes of the payload of `pkt` (at most a window) to this CPU's answer
+/// scratch; the slot, or `None` when nothing could be copied.
+#[inline(always)]
+fn copy_payload<C: CopyOut>(ctx: &C, pkt: &Packet) -> Option<*mut AnswerScratch> {
+    let a = TLS_ANSWER_SCRATCH.get_ptr_mut(0)?;
+    let len = u64::from(pkt.payload_len()).min(SCRATCH_LEN as u64);
+    // The zero test on the register passed to the helper (see `tls::parse_segment`).
+    let len = opaque(len);
+    // SAFETY: the per-CPU slot; its buffer has room for SCRATCH_LEN bytes.
+    unsafe {
+        if len == 0
+            || !ctx.copy_out(
+                u32::from(pkt.transport.payload_offset),
+                (*a).buf.as_mut_ptr(),
+                len,
+            )
+        {
+            return None;
+        }
+        (*a).len = len as u32;
+        (*a).answer = 0;
+        (*a).has_sid = 0;
+        (*a).ccs = 0;
+        (*a).has_ticket = 0;
+    }
+    Some(a)
+}
 
 /// A TCP segment leaving from a TLS port: see the module's doc. Bulk data passes with one byte
 /// read.
 #[inline(always)]
-pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
+pub fn tls_answer<C: CopyOut, B: PacketBytes>(ctx: &C, b: &B, pkt: &Packet) {
     let t = &pkt.transport;
     let closing = t.tcp_flags & (TCP_FIN | TCP_RST) != 0;
     let at = t.payload_offset as usize;
@@ -77,12 +245,17 @@ pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
         // (its unit, when the client's key exchange came), and what its second flight
         // confirms.
         if !closing && kind != RECORD_ALERT {
-            let flight = second_flight(b, at);
-            if !flight.ccs {
+            let Some(a) = copy_payload(ctx, pkt) else {
+                return;
+            };
+            gateway_read_second_flight(a);
+            // SAFETY: the per-CPU slot just filled.
+            let a = unsafe { &*a };
+            if a.ccs == 0 {
                 return;
             }
             if flags & PENDING_ANSWERED != 0 {
-                learn_second_flight(b, t.src_port, flags, unit, &flight);
+                learn_second_flight(a, t.src_port, flags, unit);
             }
         }
         // Counted only when it is the key exchange's unit; untimed (timed at the first flight).
@@ -102,14 +275,19 @@ pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
     // fast refusals would read as cheap handshakes.
     let timed = !closing && kind == RECORD_HANDSHAKE;
     let mut declined = false;
-    if timed {
-        let hello = server_hello(b, at);
-        if hello.answer.declined() && class == Class::TlsResumed.id() {
+    if timed && let Some(a) = copy_payload(ctx, pkt) {
+        gateway_read_first_flight(a);
+        // SAFETY: the per-CPU slot just filled.
+        let a = unsafe { &*a };
+        let answer = a.answer;
+        let declined_answer =
+            answer == answer_id(Answer::Tls12Full) || answer == answer_id(Answer::Tls13Full);
+        if declined_answer && class == Class::TlsResumed.id() {
             // SAFETY: as above.
             resume::decline(unsafe { &(*unit).offer });
             declined = true;
         }
-        if hello.answer == Answer::Tls12Full && class == Class::TlsNew.id() {
+        if answer == answer_id(Answer::Tls12Full) && class == Class::TlsNew.id() {
             // The client's key exchange will be the server's second piece of work.
             flows::await_key_exchange(key, pkt.ip_version == 4);
             if resume::learns(t.src_port) {
@@ -117,10 +295,10 @@ pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
                 count(|c| c.completions += 1);
                 // SAFETY: as above.
                 unsafe { pending::answer_and_keep(unit) };
-                if let Some(k) = session_id_key(b, hello.sid_at, hello.sid_len as usize) {
+                if a.has_sid != 0 {
                     // SAFETY: as above; a tls-new unit's offer is unused until now.
                     unsafe {
-                        (*unit).offer = k;
+                        (*unit).offer = a.sid_key;
                         (*unit).flags |= PENDING_LEARN_SID;
                     }
                 }
@@ -146,25 +324,18 @@ pub fn tls_answer<B: PacketBytes>(b: &B, pkt: &Packet) {
     }
 }
 
-/// Publishes what a learning port's server confirmed with its ChangeCipherSpec (`flight`): the
-/// session id its ServerHello gave (kept in the unit `unit`), and the ticket of the same flight.
+/// Publishes what a learning port's server confirmed with its ChangeCipherSpec (read into
+/// `a`): the session id its ServerHello gave (kept in the unit `unit`), and the ticket of the
+/// same flight.
 #[inline(always)]
-fn learn_second_flight<B: PacketBytes>(
-    b: &B,
-    port: u16,
-    flags: u32,
-    unit: *mut Pending,
-    flight: &SecondFlight,
-) {
+fn learn_second_flight(a: &AnswerScratch, port: u16, flags: u32, unit: *mut Pending) {
     let now = now_ns();
     if flags & PENDING_LEARN_SID != 0 {
         // SAFETY: the caller's live entry.
         let sid = unsafe { (*unit).offer };
         resume::learn(port, &sid, Offer::SessionId, 0, now);
     }
-    if flight.ticket_at != 0
-        && let Some(k) = ticket_key_at(b, flight.ticket_at, flight.ticket_len as usize)
-    {
-        resume::learn(port, &k, Offer::Ticket, flight.lifetime_hint, now);
+    if a.has_ticket != 0 {
+        resume::learn(port, &a.ticket_key, Offer::Ticket, a.hint, now);
     }
 }

@@ -229,3 +229,16 @@ fn a_ticket_without_its_change_cipher_spec_or_whole_record_is_not_given() {
     assert_eq!(session_id_key(&SliceBytes(&p), AT, 15), None);
     assert_eq!(session_id_key(&SliceBytes(&p), AT, 33), None);
 }
+
+#[test]
+fn a_value_digest_fed_byte_by_byte_is_the_ticket_key() {
+    use crate::tls::ValueDigest;
+    for len in [32usize, 33, 100, 1024] {
+        let t: alloc::vec::Vec<u8> = (0..len).map(|i| (i * 11) as u8).collect();
+        let mut d = ValueDigest::start(len as u32);
+        t[..len - crate::tls::tag::TAIL_LEN]
+            .iter()
+            .for_each(|&b| d.byte(b));
+        assert_eq!(Some(d.finish()), ticket_key(&t), "{len}");
+    }
+}

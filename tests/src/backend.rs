@@ -244,17 +244,11 @@ impl Nginx {
              fastcgi_temp_path {d};\n  uwsgi_temp_path {d};\n  scgi_temp_path {d};\n{http_body}\n}}\n"
         );
         std::fs::write(dir.join("nginx.conf"), conf).unwrap();
-        let mut all: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
-        all.extend(["nginx", "-p"].map(String::from));
-        all.push(dir.display().to_string());
-        all.extend(["-c", "nginx.conf", "-g", "daemon off;"].map(String::from));
-        let child = Command::new(&all[0])
-            .args(&all[1..])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nginx");
+        let d = dir.display().to_string();
+        let child = spawn_quiet(
+            prefix,
+            &["nginx", "-p", &d, "-c", "nginx.conf", "-g", "daemon off;"],
+        );
         Nginx { child, dir }
     }
 
@@ -266,11 +260,7 @@ impl Nginx {
 
 impl Drop for Nginx {
     fn drop(&mut self) {
-        // SIGTERM: the master stops its workers and exits (SIGKILL would orphan them).
-        // SAFETY: signalling a process this struct started and has not reaped.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        stop(&mut self.child, &self.dir);
     }
 }
 
@@ -292,25 +282,38 @@ impl Haproxy {
         );
         let path = dir.join("haproxy.cfg");
         std::fs::write(&path, conf).unwrap();
-        let mut all: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
-        all.extend(["haproxy", "-db", "-f"].map(String::from));
-        all.push(path.display().to_string());
-        let child = Command::new(&all[0])
-            .args(&all[1..])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("haproxy");
+        let child = spawn_quiet(
+            prefix,
+            &["haproxy", "-db", "-f", &path.display().to_string()],
+        );
         Haproxy { child, dir }
     }
 }
 
+/// Starts `command` under `prefix` (`ip netns exec NS`), its standard streams closed: a server
+/// in the foreground.
+fn spawn_quiet(prefix: &[&str], command: &[&str]) -> std::process::Child {
+    let all: Vec<&str> = prefix.iter().chain(command).copied().collect();
+    Command::new(all[0])
+        .args(&all[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", command[0]))
+}
+
+/// Stops a server started by [`spawn_quiet`] (SIGTERM: a master stops its workers and exits;
+/// SIGKILL would orphan them), waits for it, and removes its directory.
+fn stop(child: &mut std::process::Child, dir: &std::path::Path) {
+    // SAFETY: signalling a process the caller started and has not reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 impl Drop for Haproxy {
     fn drop(&mut self) {
-        // SAFETY: signalling a process this struct started and has not reaped.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        stop(&mut self.child, &self.dir);
     }
 }

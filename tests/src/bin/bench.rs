@@ -214,6 +214,15 @@ fn publish_before_tails(
         .unwrap();
 }
 
+/// A TLS 1.3 post-quantum hello (as the resuming row's) offering `identity` as its PSK.
+fn psk_hello(identity: &[u8]) -> Vec<u8> {
+    HelloBuilder {
+        psk_identity: Some(identity.to_vec()),
+        ..HelloBuilder::tls13()
+    }
+    .build()
+}
+
 /// Hellos offering a ticket another node issued, as the resuming row's (a 32-byte PSK
 /// identity): one whose tail carries a good tag under a tag key written for port 443, and one
 /// whose tag is forged; and the key the good one's tag publishes.
@@ -241,18 +250,11 @@ fn tagged_hellos(prog: &mut TestProgram) -> (Vec<u8>, Vec<u8>, gateway_common::m
         tag: tag(k0, k1, &digest, period, expires),
     };
     ticket[32 - TAIL_LEN..].copy_from_slice(&tail.to_bytes());
-    let hello = |t: &[u8]| {
-        HelloBuilder {
-            psk_identity: Some(t.to_vec()),
-            ..HelloBuilder::tls13()
-        }
-        .build()
-    };
     let mut forged = ticket.clone();
     forged[31] ^= 1;
     (
-        hello(&ticket),
-        hello(&forged),
+        psk_hello(&ticket),
+        psk_hello(&forged),
         gateway_common::maps::IssuedKey { key: digest },
     )
 }
@@ -295,19 +297,12 @@ fn mac_hellos(prog: &mut TestProgram) -> (Vec<u8>, Vec<u8>, gateway_common::maps
     ticket.extend((0..112u8).map(|i| i.wrapping_mul(7)));
     let mac = sha256::mac(&inner, &outer, &ticket);
     ticket.extend_from_slice(&mac);
-    let hello = |t: &[u8]| {
-        HelloBuilder {
-            psk_identity: Some(t.to_vec()),
-            ..HelloBuilder::tls13()
-        }
-        .build()
-    };
     let mut forged = ticket.clone();
     *forged.last_mut().unwrap() ^= 1;
     let key = gateway_common::tls::tag::ticket_key(&ticket).unwrap();
     (
-        hello(&ticket),
-        hello(&forged),
+        psk_hello(&ticket),
+        psk_hello(&forged),
         gateway_common::maps::IssuedKey { key },
     )
 }

@@ -508,15 +508,23 @@ impl Maps {
     /// or earlier: keys the NIC published for tickets whose tag vouched for them, withdrawn
     /// keys, and keys a daemon published before it stopped. Returns how many.
     pub fn sweep_issued(&mut self, now_unix: u64) -> Result<usize, MapsError> {
-        let ended: Vec<IssuedKey> = self
+        self.remove_issued_where(|v| v.expires != 0 && v.expires <= now_unix)
+    }
+
+    /// Removes every issued key whose value `ended` picks; returns how many.
+    fn remove_issued_where(
+        &mut self,
+        ended: impl Fn(&IssuedValue) -> bool,
+    ) -> Result<usize, MapsError> {
+        let keys: Vec<IssuedKey> = self
             .issued_map()?
             .iter()
             .filter_map(Result::ok)
-            .filter(|(_, v)| v.expires != 0 && v.expires <= now_unix)
+            .filter(|(_, v)| ended(v))
             .map(|(k, _)| k)
             .collect();
         let mut n = 0;
-        for k in &ended {
+        for k in &keys {
             n += usize::from(self.remove_issued(k)?);
         }
         Ok(n)
@@ -619,18 +627,7 @@ impl Maps {
     /// ([`ISSUED_BY_KEY`]): after a ticket key was removed, no key it vouched for stays (the
     /// others' next offers are checked again). Returns how many.
     pub fn remove_issued_by_key(&mut self) -> Result<usize, MapsError> {
-        let by_key: Vec<IssuedKey> = self
-            .issued_map()?
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, v)| v.kind & ISSUED_BY_KEY != 0)
-            .map(|(k, _)| k)
-            .collect();
-        let mut n = 0;
-        for k in &by_key {
-            n += usize::from(self.remove_issued(k)?);
-        }
-        Ok(n)
+        self.remove_issued_where(|v| v.kind & ISSUED_BY_KEY != 0)
     }
 
     /// Every ticket tag key written, sorted by port and period.

@@ -61,7 +61,7 @@ use gateway_common::{
         FLOW_KEY_EXCHANGE, FLOW_PENDING, FLOW_REJECTED, FlowKey, FlowKey4, RejectEvent,
         TLS_REJECTS_BYTES, TlsCounters, TlsFlow,
     },
-    packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Transport},
     reasons::Refusal,
     tls::{
         FIRST_CONTINUES, FIRST_HELLO, FIRST_NO_HELLO_YET, HelloState, MAX_STEPS, MAX_WINDOWS,
@@ -423,10 +423,13 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
             FLOW_REJECTED => return rejected_packet(t.tcp_flags),
             FLOW_AWAITING_FIRST => return awaiting_first(ctx, pkt, s, payload_len),
             // Its first segment held back: the kernel has nothing of this connection, so
-            // nothing goes on until the hello is judged. A segment other than the next one (the
-            // held one again, one past a loss) waits for the client to send it again.
-            FLOW_HELD if t.seq != f.next_seq || payload_len == 0 => {
-                return (Class::TlsFlow, Action::Drop);
+            // nothing goes on until the hello is judged.
+            FLOW_HELD if payload_len == 0 => return (Class::TlsFlow, Action::Drop),
+            FLOW_HELD if t.seq != f.next_seq => {
+                if let Some(answered) = held_again(pkt, s, f, payload_len) {
+                    return answered;
+                }
+                // Otherwise decided below with what came, as new (out of order).
             }
             _ => {}
         }
@@ -554,7 +557,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
             s.flow.state = FLOW_HELD;
             count(|c| c.hellos_held += 1);
             carry::keep(ctx, pkt, &s.key, payload_len);
-            (Class::TlsFlow, Action::Drop)
+            held_answer(s, t, data_seq, v4)
         } else {
             (Class::TlsFlow, Action::Pass)
         }
@@ -626,6 +629,53 @@ fn pending_segment<C: CopyOut + Rewrite>(
         return (Class::TlsFlow, Action::Pass);
     }
     decide::<C>(&s.key, f, true)
+}
+
+/// The answer to a segment of a hello being held (of `s.key`, from `first_seq`; `t`, with the
+/// cookie's acknowledgement): a SACK of it where the client permitted SACK
+/// ([`cookie::sack_held`]), else nothing (dropped).
+#[inline(always)]
+fn held_answer(s: &mut Scratch, t: &Transport, first_seq: u32, v4: bool) -> (Class, Action) {
+    if cookie::sack_permitted(t.ack, v4) {
+        count(|c| c.held_sacked += 1);
+        cookie::sack_held(s, first_seq);
+        (Class::TlsFlow, Action::Answer)
+    } else {
+        (Class::TlsFlow, Action::Drop)
+    }
+}
+
+/// A segment of a held hello (`f`, of `s.key`) other than the next one the parse needs. A real
+/// TCP sends bytes again only from its first unacknowledged one, at its retransmission timer,
+/// and then waits for an acknowledgement: after a loss (or the next segment coming first, and
+/// dropped: nothing here knew its connection yet), waiting for the next segment would hold the
+/// client for good. So:
+/// - bytes already held, sent again: acknowledged with a SACK of them ([`held_answer`]), so
+///   that the client sends what follows;
+/// - bytes past a gap: dropped (the client sends the gap first);
+/// - otherwise (a client that cannot be told that, without SACK; a segment reaching past the
+///   bytes held) `None`: the hello cannot be had whole, so the caller decides it with what
+///   came, as new (the least privilege). Refused, the client gets a reset; admitted (tls-new
+///   has room by now), the connection goes on as any admitted held hello's.
+#[inline(always)]
+fn held_again(
+    pkt: &Packet,
+    s: &mut Scratch,
+    f: &TlsFlow,
+    payload_len: u32,
+) -> Option<(Class, Action)> {
+    let t = &pkt.transport;
+    let held = f.next_seq.wrapping_sub(f.hello_seq);
+    let at = t.seq.wrapping_sub(f.hello_seq);
+    if at >= held {
+        return Some((Class::TlsFlow, Action::Drop));
+    }
+    count(|c| c.held_resent += 1);
+    if payload_len > held - at || pkt.fragmented {
+        return None;
+    }
+    let answer = held_answer(s, t, f.hello_seq, pkt.ip_version == 4);
+    (answer.1 == Action::Answer).then_some(answer)
 }
 
 /// What becomes of a held hello's segment that did not admit it (`result`, from

@@ -274,7 +274,7 @@ fn lossy_peer(net: &TestNet) {
 fn dropped(net: &TestNet) -> u64 {
     let out = net.exec(&net.peer_ns, "nft", &["list", "table", "inet", "loss"]);
     String::from_utf8_lossy(&out.stdout)
-        .split("packets ")
+        .split("counter packets ")
         .skip(1)
         .filter_map(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
         .sum()
@@ -567,6 +567,81 @@ fn with_syn_cookies_and_tls_new_closed_two_segment_hellos_make_no_connection_and
     assert_eq!(tls("handoffs_failed"), 0);
     assert_eq!(net.in_gw(passive_opens), opens + 3);
     assert_eq!(class_counter(&net.stats(), "tls-resumed", "admitted"), 3);
+    let (status, log) = daemon.terminate(Duration::from_secs(10));
+    assert!(status.success(), "{log:?}");
+}
+
+/// Drops, in the peer namespace, the first data segment of every connection to tcp/`port` once
+/// (its third packet: SYN, ACK, data; conntrack's count, so that exactly that one is lost).
+fn lose_first_data_segment(net: &TestNet, port: u16) {
+    let rules = format!(
+        "table inet loss {{\n\
+         chain out {{ type filter hook output priority 0; tcp dport {port} ct original packets 3 counter drop; }}\n\
+         }}\n"
+    );
+    let file = std::env::temp_dir().join(format!("gateway-first-loss-{}.nft", net.peer_ns));
+    std::fs::write(&file, rules).expect("nft rules");
+    let out = net.exec(&net.peer_ns, "nft", &["-f", file.to_str().unwrap()]);
+    let _ = std::fs::remove_file(file);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue 52, case 1: a resumed client whose two-segment hello is held (tls-new closed) and
+/// whose first data segment is lost once. Its second segment arrives first (dropped: no
+/// connection is known from it), and in loss recovery it sends only the first again until that
+/// is acknowledged: the NIC's SACK of it makes the client send the second, which admits the
+/// hello and carries the first.
+#[test]
+fn with_syn_cookies_and_tls_new_closed_a_resumed_client_whose_first_segment_is_lost_is_served() {
+    if !have_root("with_syn_cookies_a_resumed_client_whose_first_segment_is_lost") {
+        return;
+    }
+    let net = TestNet::new();
+    let cert = Cert::new();
+    let listener = net.in_gw(|| std::net::TcpListener::bind((GW_V4, 8443)).expect("bind"));
+    let server = RustlsServer::start(&cert, listener);
+    let daemon = Daemon::start_config(&net, &cert.file(""), &cookie_service(8443));
+    let addr = format!("{GW_V4}:8443");
+    let tls = |field: &str| net.stats()["tls"][field].as_u64().unwrap();
+    let config = rustls_config(&cert);
+    assert_eq!(
+        net.in_peer(|| rustls_get(&config, &addr)).unwrap(),
+        rustls::HandshakeKind::Full
+    );
+    net.gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
+    lose_first_data_segment(&net, 8443);
+    const CLIENTS: u64 = 2;
+    for client in 0..CLIENTS {
+        for key in &server.issued_keys() {
+            net.gateway_ok(&["tls", "issued", "add", key, "--kind", "psk"]);
+        }
+        let started = std::time::Instant::now();
+        let got = net.in_peer(|| rustls_get(&config, &addr));
+        eprintln!(
+            "resumed client {client}, its first segment lost: served in {:?}",
+            started.elapsed()
+        );
+        assert!(
+            matches!(got, Ok(rustls::HandshakeKind::Resumed)),
+            "{got:?} {}",
+            net.stats()["tls"]
+        );
+    }
+    assert_eq!(dropped(&net), CLIENTS, "each lost its first data segment");
+    assert_eq!(tls("held_carried"), CLIENTS, "{}", net.stats()["tls"]);
+    assert!(
+        tls("held_sacked") >= CLIENTS,
+        "the first segments told with a SACK"
+    );
+    assert_eq!(tls("handoffs_failed"), 0);
+    assert_eq!(
+        class_counter(&net.stats(), "tls-resumed", "admitted"),
+        CLIENTS
+    );
     let (status, log) = daemon.terminate(Duration::from_secs(10));
     assert!(status.success(), "{log:?}");
 }

@@ -18,7 +18,6 @@ const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
 const TC_ACT_OK: u32 = 0;
-const TC_ACT_SHOT: u32 = 2;
 const TC_ACT_REDIRECT: u32 = 7;
 const TCP_PSH: u8 = 0x08;
 
@@ -350,6 +349,33 @@ fn handshake_on(prog: &TestProgram, hook: Hook, sport: u16, isn: u32) -> u32 {
     syn_ack_of(&syn, &out, isn).0
 }
 
+/// Checks `out` as the NIC's answer to `segment` (of `payload_len` bytes from `seq`, on the
+/// connection whose cookie is `cookie`) while its hello is held: an acknowledgement of nothing
+/// from `first_seq` on, with a SACK block of the segment and no payload.
+fn assert_sack_of(segment: &[u8], out: &[u8], cookie: u32, first_seq: u32, seq: u32, len: usize) {
+    let r = check_rewritten(segment, out, true).expect("a well-formed answer");
+    let tcp = &r.segment;
+    assert_eq!(tcp[13], TCP_ACK);
+    assert_eq!(
+        &tcp[4..8],
+        &cookie.wrapping_add(1).to_be_bytes(),
+        "the SYN-ACK's next"
+    );
+    assert_eq!(
+        &tcp[8..12],
+        &first_seq.to_be_bytes(),
+        "nothing of the client's taken"
+    );
+    let mut sack = vec![1, 1, 5, 10];
+    sack.extend_from_slice(&seq.to_be_bytes());
+    sack.extend_from_slice(&seq.wrapping_add(len as u32).to_be_bytes());
+    assert_eq!(
+        &tcp[20..],
+        &sack[..],
+        "a SACK block of the segment, and no payload"
+    );
+}
+
 /// Publishes the key `hello` offers as one the server issued.
 fn publish(prog: &mut TestProgram, hello: &[u8]) {
     let key = gateway_common::tls::parse_hello(hello).offer_key().unwrap();
@@ -376,8 +402,14 @@ fn while_tls_new_refuses_a_two_segment_hello_is_held_until_judged() {
     let new = HelloBuilder::default().build();
     let cookie = handshake(&prog, 41000, 10);
     let (first, second) = two_segments(41000, 10, cookie, &new, 60);
-    assert_eq!(prog.run_out(&first).0, XDP_DROP, "held back");
+    let (action, sack) = prog.run_out(&first);
+    assert_eq!(
+        action, XDP_TX,
+        "held back, and its arrival told with a SACK"
+    );
+    assert_sack_of(&first, &sack, cookie, 11, 11, 60);
     assert_eq!(tls(&prog, "hellos_held"), 1);
+    assert_eq!(tls(&prog, "held_sacked"), 1);
     assert_eq!(prog.hash_entries("HELD_SEGMENTS"), 1, "its payload kept");
     let (action, reset) = prog.run_out(&second);
     assert_eq!(action, XDP_TX, "refused, with a reset from the NIC");
@@ -410,7 +442,7 @@ fn while_tls_new_refuses_a_two_segment_hello_is_held_until_judged() {
         .unwrap();
     let cookie = handshake(&prog, 41001, 20);
     let (first, second) = two_segments(41001, 20, cookie, &resumed, 61);
-    assert_eq!(prog.run_out(&first).0, XDP_DROP);
+    assert_eq!(prog.run_out(&first).0, XDP_TX);
     let before = prog.counters();
     let (action, out) = prog.run_out(&second);
     assert_eq!(action, XDP_PASS, "handed to the finishing program");
@@ -433,7 +465,7 @@ fn while_tls_new_refuses_a_two_segment_hello_is_held_until_judged() {
     let first = tcp4(41003, 41, ack, TCP_ACK, &[], &resumed[..a]);
     let middle = tcp4(41003, 41 + a as u32, ack, TCP_ACK, &[], &resumed[a..b]);
     let last = tcp4(41003, 41 + b as u32, ack, TCP_ACK, &[], &resumed[b..]);
-    assert_eq!(prog.run_out(&first).0, XDP_DROP);
+    assert_eq!(prog.run_out(&first).0, XDP_TX);
     assert_eq!(prog.run_out(&middle).0, XDP_DROP, "still pending: held too");
     let (action, answer) = prog.run_out(&last);
     assert_eq!(action, XDP_TX);
@@ -455,7 +487,7 @@ fn while_tls_new_refuses_a_two_segment_hello_is_held_until_judged() {
         &sack[..],
         "a SACK block of the segment, and no payload"
     );
-    // Its last segment again (the client's tail-loss probe): still waiting.
+    // Its last segment again (the client's tail-loss probe): still waiting, for the first.
     assert_eq!(prog.run_out(&last).0, XDP_DROP);
     assert_eq!(tls(&prog, "held_handoffs"), 0);
     // A first segment of other bytes (one changed), its cookie good: dropped, as not the bytes
@@ -519,8 +551,8 @@ fn through_tc_a_held_first_segment_is_carried_in_the_segment_that_admitted_its_h
     );
     assert_eq!(
         prog.run_out_on(Hook::Tc, &first).0,
-        TC_ACT_SHOT,
-        "held back"
+        TC_ACT_REDIRECT,
+        "held back, and its arrival told with a SACK"
     );
     let (action, carried) = prog.run_out_on(Hook::Tc, &second);
     assert_eq!(action, TC_ACT_OK);
@@ -547,4 +579,110 @@ fn through_tc_a_held_first_segment_is_carried_in_the_segment_that_admitted_its_h
         assert_eq!(prog.counters().class_since(&before), Some(Class::TlsFlow));
     }
     assert_eq!(tls(&prog, "held_handoffs"), 0);
+}
+
+/// A held hello after a lost or reordered segment (issue 52, case 1): the second segment first
+/// (dropped: its connection is not known yet), then the first; the client, in loss recovery,
+/// sends only the first again until it is acknowledged.
+#[test]
+fn a_held_hello_goes_on_after_its_second_segment_came_first_or_was_lost() {
+    if !have_root("a_held_hello_goes_on_after_its_second_segment_came_first") {
+        return;
+    }
+    let mut prog = cookie_program();
+    close_tls_new(&mut prog);
+    let cfg = prog.maps.config().unwrap();
+    prog.maps
+        .set_config(gateway_common::maps::DatapathConfig {
+            finisher: gateway_common::maps::FINISHER_ATTACHED,
+            // The socket lookup as attached: a segment of no connection is dropped.
+            flags: cfg.flags & !gateway_common::maps::CONFIG_TRUST_UNCONNECTED,
+            ..cfg
+        })
+        .unwrap();
+    let resumed = HelloBuilder {
+        session_id: (0..32).collect(),
+        ..Default::default()
+    }
+    .build();
+    publish(&mut prog, &resumed);
+    // SACK permitted: each copy of the first segment is answered with a SACK of it (so the
+    // client sends the second again), and the second then admits the hello and carries the
+    // first.
+    let cookie = handshake(&prog, 42000, 100);
+    let (first, second) = two_segments(42000, 100, cookie, &resumed, 61);
+    assert_eq!(prog.run_out(&second).0, XDP_DROP, "no connection known yet");
+    assert_eq!(prog.hash_entries("HELD_SEGMENTS"), 0);
+    for copy in 0..3 {
+        let (action, sack) = prog.run_out(&first);
+        assert_eq!(action, XDP_TX, "copy {copy} of the first segment answered");
+        assert_sack_of(&first, &sack, cookie, 101, 101, 61);
+    }
+    assert_eq!(tls(&prog, "hellos_held"), 1);
+    assert_eq!(tls(&prog, "held_resent"), 2);
+    assert_eq!(tls(&prog, "held_sacked"), 3);
+    let before = prog.counters();
+    let (action, out) = prog.run_out(&second);
+    assert_eq!(action, XDP_PASS, "handed to the finishing program to carry");
+    assert_eq!(
+        prog.counters().class_since(&before),
+        Some(Class::TlsResumed)
+    );
+    assert_eq!(&out[..4], &u32::from_be_bytes(*b"GWCA").to_ne_bytes());
+
+    // Without SACK the client cannot be told: the first segment sent again decides the hello
+    // with what came, as new. tls-new refusing: a reset from the NIC, nothing kept.
+    let no_sack = |sport: u16, isn: u32| {
+        let syn = tcp4(sport, isn, 0, TCP_SYN, &[2, 4, 0x05, 0xb4], &[]);
+        let (action, out) = prog.run_out(&syn);
+        assert_eq!(action, XDP_TX);
+        syn_ack_of(&syn, &out, isn).0
+    };
+    // (The first connection's payload is still kept: the finishing program carries it.)
+    let kept = prog.hash_entries("HELD_SEGMENTS");
+    let cookie = no_sack(42001, 200);
+    let (first, _) = two_segments(42001, 200, cookie, &resumed, 61);
+    assert_eq!(prog.run_out(&first).0, XDP_DROP, "held, unanswered");
+    assert_eq!(prog.hash_entries("HELD_SEGMENTS"), kept + 1);
+    let before = prog.counters();
+    let (action, reset) = prog.run_out(&first);
+    assert_eq!(
+        action, XDP_PASS,
+        "decided as new and refused: the resets handed to the finishing program"
+    );
+    assert_eq!(&reset[..4], &u32::from_be_bytes(*b"GWRS").to_ne_bytes());
+    assert_eq!(prog.counters().class_since(&before), Some(Class::TlsNew));
+    assert_eq!(tls(&prog, "held_resent"), 3);
+    assert_eq!(prog.hash_entries("HELD_SEGMENTS"), kept, "nothing kept");
+    // tls-new open by the time the client sends it again: admitted as new (answered, as an
+    // admitted held hello's segment that cannot carry the first, with an acknowledgement of
+    // nothing new), and the first segment's next copy, the bytes kept, handed to the listener.
+    let cookie = no_sack(42002, 300);
+    let (first, second) = two_segments(42002, 300, cookie, &resumed, 61);
+    assert_eq!(prog.run_out(&first).0, XDP_DROP);
+    prog.maps
+        .set_policy(Class::TlsNew, Default::default())
+        .unwrap();
+    let handoffs = tls(&prog, "held_handoffs");
+    let before = prog.counters();
+    assert_eq!(prog.run_out(&first).0, XDP_TX);
+    assert_eq!(prog.counters().class_since(&before), Some(Class::TlsNew));
+    let (action, out) = prog.run_out(&first);
+    assert_eq!(action, XDP_PASS, "handed over");
+    assert_eq!(&out[..4], &u32::from_be_bytes(*b"GWHO").to_ne_bytes());
+    assert_eq!(tls(&prog, "held_handoffs"), handoffs + 1);
+    let before = prog.counters();
+    assert_eq!(prog.run_out(&second).0, XDP_PASS);
+    assert_eq!(prog.counters().class_since(&before), Some(Class::TlsFlow));
+    // Bytes past a gap (a third segment's, before the second): dropped, unanswered.
+    close_tls_new(&mut prog);
+    let cookie = handshake(&prog, 42003, 400);
+    let ack = cookie.wrapping_add(1);
+    let first = tcp4(42003, 401, ack, TCP_ACK, &[], &resumed[..60]);
+    let third = tcp4(42003, 401 + 120, ack, TCP_ACK, &[], &resumed[120..]);
+    assert_eq!(prog.run_out(&first).0, XDP_TX);
+    let sacked = tls(&prog, "held_sacked");
+    assert_eq!(prog.run_out(&third).0, XDP_DROP);
+    assert_eq!(tls(&prog, "held_sacked"), sacked);
+    assert_eq!(tls(&prog, "held_resent"), 4);
 }

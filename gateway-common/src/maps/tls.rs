@@ -534,6 +534,12 @@ crate::counters! {
         /// Offers of a ticket whose name a port's ticket key might be but whose bytes were not
         /// all in the segment that ended the hello: not checked, tls-new.
         pub macs_unchecked: u64,
+        /// Segments of held hellos answered with a SACK of themselves (the first one held, or
+        /// bytes held sent again), so that the client sends what follows them.
+        pub held_sacked: u64,
+        /// Segments of held hellos sent again (bytes already held: the client's timer fired, the
+        /// segment after them lost or dropped).
+        pub held_resent: u64,
     }
 }
 

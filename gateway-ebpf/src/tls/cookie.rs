@@ -104,6 +104,9 @@ fn walk_options(c: &mut CookieScratch) -> TcpOptions {
 /// [`CookieScratch::answer_pending`] of a held hello's acknowledgement, made by the reply
 /// program from the segment ([`hold`]).
 const HELD_ANSWER: u32 = 2;
+/// [`CookieScratch::answer_pending`] of a held segment's own acknowledgement ([`sack_held`]):
+/// made the same way, never carried.
+const SACK_ANSWER: u32 = 3;
 
 /// The secret, once set.
 #[inline(always)]
@@ -202,7 +205,27 @@ pub fn hold(s: &mut Scratch, first_seq: u32) {
     s.cookie.answer_pending = HELD_ANSWER;
 }
 
-/// [`hold`]'s answer made on the segment copied into `s`, as a global function (the verifier
+/// Marks the answer to a segment of a hello being held (the first one, or one the client sent
+/// again), for the reply program to make and send ([`send_answer`]): an acknowledgement of
+/// nothing new (from `first_seq`) with a SACK block of the segment, so that the client knows
+/// these bytes arrived and sends what follows them. Without it, a client whose next segment was
+/// lost (or came first, and was dropped: nothing here knew its connection yet) would only ever
+/// send the held one again at its retransmission timer, and never be acknowledged. Only for a
+/// client that permitted SACK ([`sack_permitted`]).
+#[inline(always)]
+pub fn sack_held(s: &mut Scratch, first_seq: u32) {
+    s.cookie.answer_ack = first_seq;
+    s.cookie.answer_pending = SACK_ANSWER;
+}
+
+/// Whether the client of a connection the NIC answered permitted SACK, from the cookie its
+/// segment acknowledges (`ack`, which the caller checked once already).
+#[inline(always)]
+pub fn sack_permitted(ack: u32, v4: bool) -> bool {
+    decode_options(ack.wrapping_sub(1) as u8, v4).sack
+}
+
+/// [`hold`]'s and [`sack_held`]'s answer made on the segment copied into `s`, as a global function (the verifier
 /// checks it once, with its own stack).
 #[unsafe(no_mangle)]
 #[inline(never)]
@@ -244,11 +267,13 @@ pub fn send_answer<R: Rewrite + CopyOut>(ctx: &R, pkt: &Packet) -> Option<Action
         return None;
     }
     s.cookie.answer_pending = 0;
-    if pending == HELD_ANSWER {
+    if pending == HELD_ANSWER || pending == SACK_ANSWER {
         let first_seq = s.cookie.answer_ack;
         take_segment(ctx, pkt, &mut s.cookie);
-        // The held first segment carried in this one, where it can be.
-        if let Some(carried) = carry_or_hand_over(ctx, pkt, s, first_seq) {
+        // The held first segment carried in this one, where it can be (an admitted hello's).
+        if pending == HELD_ANSWER
+            && let Some(carried) = carry_or_hand_over(ctx, pkt, s, first_seq)
+        {
             return Some(carried);
         }
         gateway_held_answer(s, u32::from(pkt.payload_len()), first_seq);

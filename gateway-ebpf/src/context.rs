@@ -150,6 +150,12 @@ impl Rewrite for XdpContext {
 
     #[inline(always)]
     fn hand_over(&self, tag: u32, value: u32) -> bool {
+        // Tagged with this attachment's key, which only its finishing program knows.
+        let key = crate::maps::handover_key();
+        if key == 0 {
+            return false;
+        }
+        let tag = tag ^ key;
         // SAFETY: growing the metadata area by 8 bytes in front of the frame.
         if unsafe { bpf_xdp_adjust_meta(self.ctx, -8) } != 0 {
             return false;
@@ -217,9 +223,15 @@ impl Rewrite for TcContext {
 }
 
 /// The tag and value the XDP reply program handed over with a frame ([`Rewrite::hand_over`]),
-/// if it did: read by the finishing program at TC ingress.
+/// if it did: read by the finishing program at TC ingress. Only a tag made with this
+/// attachment's key is one: metadata that came with the frame from elsewhere (a veth carries
+/// it over from its peer, whose own gateway may have tagged it) is not.
 #[inline(always)]
 pub fn handed_over(ctx: &TcContext) -> Option<(u32, u32)> {
+    let key = crate::maps::handover_key();
+    if key == 0 {
+        return None;
+    }
     // SAFETY: reads of the skb's metadata bounds, then of the 8 bytes checked against them.
     unsafe {
         let skb = ctx.skb.skb;
@@ -228,7 +240,7 @@ pub fn handed_over(ctx: &TcContext) -> Option<(u32, u32)> {
         if meta + 8 > data {
             return None;
         }
-        let tag = u32::from_ne_bytes(*(meta as *const [u8; 4]));
+        let tag = u32::from_ne_bytes(*(meta as *const [u8; 4])) ^ key;
         let value = u32::from_ne_bytes(*((meta + 4) as *const [u8; 4]));
         (tag == HANDED_OVER || tag == SEND_OUT || tag == HANDOFF || tag == crate::tls::carry::CARRY)
             .then_some((tag, value))

@@ -60,6 +60,13 @@ pub fn finisher(bit: u32) -> bool {
     DP_CONFIG.get(0).is_some_and(|c| c.finisher & bit != 0)
 }
 
+/// The key of this attachment's metadata tags (`DatapathConfig::handover_key`); 0 when not
+/// drawn.
+#[inline(always)]
+pub fn handover_key() -> u32 {
+    DP_CONFIG.get(0).map_or(0, |c| c.handover_key)
+}
+
 /// Counts in this CPU's parser counters.
 #[inline(always)]
 pub fn count(f: impl FnOnce(&mut DatapathCounters)) {

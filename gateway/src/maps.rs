@@ -288,6 +288,19 @@ pub fn change_config(
     config.set(0, value, 0).map_err(op(names::DP_CONFIG))
 }
 
+/// A key for the metadata tags of an attachment (`DatapathConfig::handover_key`): random, never
+/// 0 (which hands nothing over).
+pub fn draw_handover_key() -> Result<u32, MapsError> {
+    loop {
+        let mut bytes = [0u8; 4];
+        aws_lc_rs::rand::fill(&mut bytes).map_err(|_| MapsError::Random)?;
+        let key = u32::from_ne_bytes(bytes);
+        if key != 0 {
+            return Ok(key);
+        }
+    }
+}
+
 /// Unix time in nanoseconds when `CLOCK_MONOTONIC` read zero: what the datapath adds to
 /// `bpf_ktime_get_ns` for the wall clock (`TagKey::clock_ns`).
 pub fn wall_clock_offset_ns() -> u64 {

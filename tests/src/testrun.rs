@@ -139,6 +139,14 @@ fn program_frames(id: u32) -> Vec<(String, u32)> {
 }
 
 impl TestProgram {
+    /// The metadata word the XDP program hands a frame over with for `tag` (`b"GWRS"`, ...):
+    /// the tag mixed with this attachment's key, as the frame's first four bytes come out of
+    /// a test run.
+    pub fn meta_tag(&self, tag: &[u8; 4]) -> [u8; 4] {
+        let key = self.maps.config().unwrap().handover_key;
+        (u32::from_be_bytes(*tag) ^ key).to_ne_bytes()
+    }
+
     /// Every loaded program of the object, by name.
     pub fn program_stats(&self) -> Vec<ProgramStats> {
         let mut all: Vec<ProgramStats> = self
@@ -214,6 +222,7 @@ impl TestProgram {
         // tests run the real check with real connections).
         maps.set_config(gateway_common::maps::DatapathConfig {
             flags: gateway_common::maps::CONFIG_TRUST_UNCONNECTED,
+            handover_key: gateway::maps::draw_handover_key().unwrap(),
             ..Default::default()
         })
         .unwrap();

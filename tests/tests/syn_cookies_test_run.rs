@@ -452,7 +452,7 @@ fn while_tls_new_refuses_a_two_segment_hello_is_held_until_judged() {
     );
     // The test run returns the metadata in front of the frame.
     let (meta, out) = out.split_at(8);
-    assert_eq!(&meta[..4], &u32::from_be_bytes(*b"GWCA").to_ne_bytes());
+    assert_eq!(&meta[..4], &prog.meta_tag(b"GWCA"));
     assert_eq!(meta[4..8], 21u32.to_ne_bytes());
     assert_eq!(out, &second[..]);
 
@@ -628,7 +628,7 @@ fn a_held_hello_goes_on_after_its_second_segment_came_first_or_was_lost() {
         prog.counters().class_since(&before),
         Some(Class::TlsResumed)
     );
-    assert_eq!(&out[..4], &u32::from_be_bytes(*b"GWCA").to_ne_bytes());
+    assert_eq!(&out[..4], &prog.meta_tag(b"GWCA"));
 
     // Without SACK the client cannot be told: the first segment sent again decides the hello
     // with what came, as new. tls-new refusing: a reset from the NIC, nothing kept.
@@ -650,7 +650,7 @@ fn a_held_hello_goes_on_after_its_second_segment_came_first_or_was_lost() {
         action, XDP_PASS,
         "decided as new and refused: the resets handed to the finishing program"
     );
-    assert_eq!(&reset[..4], &u32::from_be_bytes(*b"GWRS").to_ne_bytes());
+    assert_eq!(&reset[..4], &prog.meta_tag(b"GWRS"));
     assert_eq!(prog.counters().class_since(&before), Some(Class::TlsNew));
     assert_eq!(tls(&prog, "held_resent"), 3);
     assert_eq!(prog.hash_entries("HELD_SEGMENTS"), kept, "nothing kept");
@@ -669,7 +669,7 @@ fn a_held_hello_goes_on_after_its_second_segment_came_first_or_was_lost() {
     assert_eq!(prog.counters().class_since(&before), Some(Class::TlsNew));
     let (action, out) = prog.run_out(&first);
     assert_eq!(action, XDP_PASS, "handed over");
-    assert_eq!(&out[..4], &u32::from_be_bytes(*b"GWHO").to_ne_bytes());
+    assert_eq!(&out[..4], &prog.meta_tag(b"GWHO"));
     assert_eq!(tls(&prog, "held_handoffs"), handoffs + 1);
     let before = prog.counters();
     assert_eq!(prog.run_out(&second).0, XDP_PASS);

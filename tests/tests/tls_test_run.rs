@@ -1144,7 +1144,7 @@ fn a_refused_hello_is_answered_with_a_reset_from_the_nic() {
     assert_eq!(action, XDP_PASS);
     // The test run returns the metadata in front of the frame.
     let (meta, out) = out.split_at(8);
-    assert_eq!(&meta[..4], &u32::from_be_bytes(*b"GWRS").to_ne_bytes());
+    assert_eq!(&meta[..4], &prog.meta_tag(b"GWRS"));
     assert_eq!(meta[4..8], (1000 + hello.len() as u32).to_ne_bytes());
     let server = check_rewritten(&f, out, false).unwrap();
     assert_eq!(server.segment.len(), 20);

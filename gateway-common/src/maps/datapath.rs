@@ -94,6 +94,15 @@ pub struct DatapathConfig {
     /// (XDP_TX). [`FINISHER_SENDS_REPLIES`] too where XDP_TX may not deliver (native XDP on a
     /// veth): SIP 503s are handed to the finishing program, which sends them out.
     pub finisher: u32,
+    /// The key this attachment's programs mix into the metadata tags the XDP program hands a
+    /// frame to the finishing program with (XORed into the tag word): drawn at random by the
+    /// loader when it attaches the finishing program, and kept across upgrades. A veth carries
+    /// a frame's metadata over to its peer, so the finishing program trusts only tags made
+    /// with this key: a frame another host's gateway (or a forger) tagged is not handed over.
+    /// 0 (not drawn): nothing is handed over.
+    pub handover_key: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 
 crate::counters! {

@@ -8,15 +8,17 @@ use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, bpf_sock_tuple, xdp_action},
     btf_maps::ProgramArray,
     helpers::generated::{
-        bpf_clone_redirect, bpf_csum_level, bpf_redirect, bpf_sk_release, bpf_skb_change_tail,
-        bpf_skb_load_bytes, bpf_skb_pull_data, bpf_skb_store_bytes, bpf_skc_lookup_tcp,
-        bpf_tcp_check_syncookie, bpf_xdp_adjust_meta, bpf_xdp_adjust_tail, bpf_xdp_load_bytes,
-        bpf_xdp_store_bytes,
+        bpf_clone_redirect, bpf_csum_level, bpf_redirect, bpf_sk_release, bpf_skb_adjust_room,
+        bpf_skb_change_tail, bpf_skb_load_bytes, bpf_skb_pull_data, bpf_skb_store_bytes,
+        bpf_skc_lookup_tcp, bpf_tcp_check_syncookie, bpf_xdp_adjust_head, bpf_xdp_adjust_meta,
+        bpf_xdp_adjust_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
     },
     macros::btf_map,
     programs::{TcContext, XdpContext},
 };
 use gateway_common::reasons::Jump;
+
+use crate::bytes::opaque;
 
 /// What to do with a packet.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -94,6 +96,11 @@ pub trait Rewrite {
     /// Writes `len` bytes from `src` at `offset`; whether it could.
     fn store(&self, offset: u32, src: *const u8, len: u32) -> bool;
 
+    /// Takes `extra` bytes (at most [`MAX_EXTRA`]) out of the frame right after its link and
+    /// base IP headers (`keep` bytes, at most [`MAX_KEEP`]): IPv4 options or IPv6 extension
+    /// headers. Whether it could; the caller then sets the IP header's fields.
+    fn remove_after(&self, keep: u32, extra: u32) -> bool;
+
     /// Sends a copy of the frame as it is now out of the device it came in on, and keeps the
     /// frame; whether the copy went (the TC hook only).
     fn send_copy(&self) -> bool;
@@ -102,6 +109,11 @@ pub trait Rewrite {
     /// `tag` ([`HANDED_OVER`] or [`SEND_OUT`]) and `value`. Whether it could.
     fn hand_over(&self, tag: u32, value: u32) -> bool;
 }
+
+/// Most bytes [`Rewrite::remove_after`] keeps in front: two VLAN tags and an IPv6 header.
+pub const MAX_KEEP: u32 = 72;
+/// Most bytes [`Rewrite::remove_after`] takes out.
+pub const MAX_EXTRA: u32 = 256;
 
 /// The metadata tag of a frame the XDP reply program hands to the finishing program
 /// (`b"GWRS"`): the server's reset, whose client still needs its own.
@@ -141,6 +153,24 @@ impl Rewrite for XdpContext {
     fn store(&self, offset: u32, src: *const u8, len: u32) -> bool {
         // SAFETY: `src` holds `len` bytes (the caller's bound).
         unsafe { bpf_xdp_store_bytes(self.ctx, offset, src as *mut _, len) == 0 }
+    }
+
+    #[inline(always)]
+    fn remove_after(&self, keep: u32, extra: u32) -> bool {
+        let mut front = [0u8; MAX_KEEP as usize];
+        let keep = opaque(u64::from(keep));
+        let extra = opaque(u64::from(extra));
+        if keep == 0 || keep > u64::from(MAX_KEEP) || extra == 0 || extra > u64::from(MAX_EXTRA) {
+            return false;
+        }
+        // The headers in front moved up by `extra`, then the frame's start too.
+        // SAFETY: `keep` bytes into and out of a buffer of MAX_KEEP; the frame's start moved
+        // forward inside the frame (the helper refuses more).
+        unsafe {
+            bpf_xdp_load_bytes(self.ctx, 0, front.as_mut_ptr().cast(), keep as u32) == 0
+                && bpf_xdp_adjust_head(self.ctx, extra as i32) == 0
+                && bpf_xdp_store_bytes(self.ctx, 0, front.as_mut_ptr().cast(), keep as u32) == 0
+        }
     }
 
     #[inline(always)]
@@ -211,6 +241,25 @@ impl Rewrite for TcContext {
     }
 
     #[inline(always)]
+    fn remove_after(&self, _keep: u32, extra: u32) -> bool {
+        // The kernel takes the bytes out right after the base IP header (`BPF_ADJ_ROOM_NET`,
+        // its network header's offset plus 20 or 40 bytes), which is `keep`.
+        let extra = opaque(u64::from(extra));
+        if extra == 0 || extra > u64::from(MAX_EXTRA) {
+            return false;
+        }
+        // SAFETY: a plain helper call on the program's own skb.
+        unsafe {
+            bpf_skb_adjust_room(
+                self.skb.skb,
+                -(extra as i32),
+                aya_ebpf::bindings::bpf_adj_room_mode::BPF_ADJ_ROOM_NET,
+                0,
+            ) == 0
+        }
+    }
+
+    #[inline(always)]
     fn send_copy(&self) -> bool {
         // SAFETY: a clone of the program's own skb, to its own device's egress.
         unsafe { bpf_clone_redirect(self.skb.skb, (*self.skb.skb).ifindex, 0) == 0 }
@@ -228,16 +277,17 @@ impl Rewrite for TcContext {
 /// it over from its peer, whose own gateway may have tagged it) is not.
 #[inline(always)]
 pub fn handed_over(ctx: &TcContext) -> Option<(u32, u32)> {
-    let key = crate::maps::handover_key();
-    if key == 0 {
-        return None;
-    }
     // SAFETY: reads of the skb's metadata bounds, then of the 8 bytes checked against them.
     unsafe {
         let skb = ctx.skb.skb;
         let meta = core::ptr::read_volatile(&(*skb).data_meta) as usize;
         let data = core::ptr::read_volatile(&(*skb).data) as usize;
         if meta + 8 > data {
+            return None;
+        }
+        // Read only for a frame with metadata: the others pay nothing more for it.
+        let key = crate::maps::handover_key();
+        if key == 0 {
             return None;
         }
         let tag = u32::from_ne_bytes(*(meta as *const [u8; 4])) ^ key;

@@ -18,7 +18,7 @@ use crate::{
     admission::count_class,
     context::{Action, ConnectionLookup, CopyOut, Rewrite, TailCall},
     maps::{count, service_byte, setting},
-    reply::{reset, sip_503},
+    reply::{make_plain, reset, sip_503},
     sip::{compose_reply, sip_packet},
     tls::{self, tls_packet},
 };
@@ -186,12 +186,16 @@ fn may_reach_a_service(pkt: &Packet) -> bool {
 /// answered (`crate::reply`); else dropped. Counted either way.
 #[inline(always)]
 pub fn process_reply<R: Rewrite + CopyOut, B: PacketBytes>(ctx: &R, b: &B, len: u64) -> Action {
-    let pkt = parse(b);
+    let mut pkt = parse(b);
     if pkt.kind != PacketKind::Transport {
         return Action::Drop;
     }
-    let len = len as usize;
+    let mut len = len as usize;
     if pkt.transport.proto == IPPROTO_TCP {
+        // Options of the client's taken out of the frame first, so it can be answered.
+        if !make_plain(ctx, &mut pkt, &mut len) {
+            return Action::Drop;
+        }
         // A SYN-ACK or a held hello's acknowledgement, prepared by the classifier.
         if let Some(answered) = tls::cookie::send_answer(ctx, &pkt) {
             return answered;

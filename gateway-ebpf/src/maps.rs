@@ -60,11 +60,14 @@ pub fn finisher(bit: u32) -> bool {
     DP_CONFIG.get(0).is_some_and(|c| c.finisher & bit != 0)
 }
 
-/// The key of this attachment's metadata tags (`DatapathConfig::handover_key`); 0 when not
-/// drawn.
+/// The key of this attachment's metadata tags (`HANDOVER_KEY`): written by the loader.
+#[btf_map]
+pub static HANDOVER_KEY: Array<u32, 1> = Array::new();
+
+/// The key of this attachment's metadata tags; 0 when not drawn.
 #[inline(always)]
 pub fn handover_key() -> u32 {
-    DP_CONFIG.get(0).map_or(0, |c| c.handover_key)
+    HANDOVER_KEY.get(0).copied().unwrap_or(0)
 }
 
 /// Counts in this CPU's parser counters.

@@ -10,8 +10,9 @@
 //!   (`gateway_common::sip::reply`).
 //! - Ethernet addresses are swapped (VLAN tags kept as they are), IP addresses swapped, lengths,
 //!   TTL and checksums set. A reply is never longer than the packet it answers (no
-//!   amplification), and only plain headers are answered: IPv4 without options, IPv6 without
-//!   extension headers. Anything else is dropped and counted as withheld.
+//!   amplification), and carries plain headers only: a TCP segment's IPv4 options or IPv6
+//!   extension headers are taken out of the frame first ([`make_plain`]); a SIP request with
+//!   them is not answered (dropped and counted as withheld).
 //! - Whether a refusal is answered at all, and how often, is the class's policy
 //!   (`crate::admission::answer`: a reply rate per class), decided before the jump here.
 
@@ -21,8 +22,9 @@ use gateway_common::{
 };
 
 use crate::{
-    context::{Action, HANDED_OVER, Rewrite, SEND_OUT},
-    maps::finisher,
+    bytes::opaque,
+    context::{Action, CopyOut, HANDED_OVER, MAX_EXTRA, MAX_KEEP, Rewrite, SEND_OUT},
+    maps::{count, finisher},
 };
 
 /// A reply's payload, built elsewhere (a SIP 503: `crate::sip::compose_reply`): its bytes, its
@@ -273,11 +275,71 @@ pub fn reset<R: Rewrite>(ctx: &R, pkt: &Packet, frame_len: usize) -> Option<Acti
     Some(Action::Pass)
 }
 
-/// Whether [`answer_tcp`] answers the TCP segment `pkt`: plain headers (IPv4 without options,
-/// IPv6 without extension headers).
+/// Makes the headers of the TCP segment `pkt` (of a frame of `len` bytes) plain, so that they
+/// can be answered: IPv4 options or IPv6 extension headers taken out of the frame
+/// ([`Rewrite::remove_after`]), the IP header's length (and IPv4's header length and checksum,
+/// IPv6's next header) set to match, and `pkt` and `len` moved to the new frame. A SYN with
+/// options (any client may set them, `IP_OPTIONS`) is then answered from the NIC like any
+/// other, and so is a refused segment with its reset: an answer carries no options of the
+/// client's. False when the frame was changed and could not be finished (the caller drops it);
+/// true otherwise, changed or not (not for a segment already plain, a fragment, or headers
+/// past the bounds).
+#[inline(always)]
+pub fn make_plain<R: Rewrite + CopyOut>(ctx: &R, pkt: &mut Packet, len: &mut usize) -> bool {
+    let v4 = pkt.ip_version == 4;
+    let l3 = u32::from(pkt.l3_offset);
+    let base: u32 = if v4 { 20 } else { 40 };
+    let l4 = u32::from(pkt.transport.l4_offset);
+    if pkt.transport.proto != IPPROTO_TCP || pkt.fragmented || l4 <= l3 + base || l3 > 30 {
+        return true;
+    }
+    let extra = l4 - l3 - base;
+    if extra > MAX_EXTRA || l3 + base > MAX_KEEP || !ctx.remove_after(l3 + base, extra) {
+        return true;
+    }
+    let mut ip = [0u8; 40];
+    let n = opaque(u64::from(base));
+    if n != 20 && n != 40 || !ctx.copy_out(l3, ip.as_mut_ptr(), n) {
+        return false;
+    }
+    let extra16 = extra as u16;
+    if v4 {
+        ip[0] = 0x45;
+        let total = u16::from_be_bytes([ip[2], ip[3]]).wrapping_sub(extra16);
+        ip[2..4].copy_from_slice(&total.to_be_bytes());
+        ip[10] = 0;
+        ip[11] = 0;
+        // SAFETY: 20 bytes of the buffer.
+        let sum = fold(unsafe { sum16(ip.as_ptr(), 20) });
+        ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    } else {
+        ip[6] = IPPROTO_TCP;
+        let payload = u16::from_be_bytes([ip[4], ip[5]]).wrapping_sub(extra16);
+        ip[4..6].copy_from_slice(&payload.to_be_bytes());
+    }
+    if !ctx.store(l3, ip.as_ptr(), n as u32) {
+        return false;
+    }
+    pkt.ipv4_options = false;
+    pkt.ip_end = pkt.ip_end.wrapping_sub(extra16);
+    pkt.transport.l4_offset -= extra16;
+    pkt.transport.payload_offset = pkt.transport.payload_offset.wrapping_sub(extra16);
+    *len = len.saturating_sub(extra as usize);
+    count(|c| c.ip_options_removed += 1);
+    true
+}
+
+/// Whether the reply program answers the TCP segment `pkt`: plain headers, or ones
+/// [`make_plain`] makes plain.
 #[inline(always)]
 pub fn answerable(pkt: &Packet) -> bool {
-    Headers::of(pkt, IPPROTO_TCP).is_some()
+    let base = if pkt.ip_version == 4 { 20 } else { 40 };
+    let (l3, l4) = (u32::from(pkt.l3_offset), u32::from(pkt.transport.l4_offset));
+    pkt.transport.proto == IPPROTO_TCP
+        && !pkt.fragmented
+        && l3 <= 30
+        && l4 >= l3 + base
+        && l4 - l3 - base <= MAX_EXTRA
 }
 
 /// Answers the TCP segment `pkt` with a segment of the NIC's own back to its sender: `seq`,

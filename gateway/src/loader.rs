@@ -417,8 +417,8 @@ fn attach_egress(ebpf: &mut Ebpf, pd: &PinDir, iface: &str) -> Result<(), Loader
 
 /// Attaches an XDP attachment's finishing program at tcx ingress (pinned in `pd`, or replaced
 /// through its pinned link), then tells the datapath it may hand refused connections over to it
-/// (`DatapathConfig::finisher`, with the key of the frames' tags), and, in native mode on a
-/// device whose XDP_TX may not deliver (a veth), its replies too.
+/// (`DatapathConfig::finisher`, once the key of the frames' tags is drawn), and, in native mode
+/// on a device whose XDP_TX may not deliver (a veth), its replies too.
 fn attach_finisher(
     ebpf: &mut Ebpf,
     pd: &PinDir,
@@ -436,15 +436,10 @@ fn attach_finisher(
     if mode == AttachMode::Native && ethtool::xdp_tx_may_vanish(iface) {
         finisher |= FINISHER_SENDS_REPLIES;
     }
-    // The tags' key: drawn once per attachment, kept through restarts and upgrades (the XDP
-    // program of the moment and the finishing program must agree on it).
-    let key = maps::draw_handover_key()?;
-    maps::change_config(pd, |cfg| {
-        cfg.finisher = finisher;
-        if cfg.handover_key == 0 {
-            cfg.handover_key = key;
-        }
-    })?;
+    // The tags' key first: drawn once per attachment, kept through restarts and upgrades (the
+    // XDP program of the moment and the finishing program must agree on it).
+    maps::ensure_handover_key(pd)?;
+    maps::change_config(pd, |cfg| cfg.finisher = finisher)?;
     Ok(())
 }
 

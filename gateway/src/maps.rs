@@ -288,8 +288,8 @@ pub fn change_config(
     config.set(0, value, 0).map_err(op(names::DP_CONFIG))
 }
 
-/// A key for the metadata tags of an attachment (`DatapathConfig::handover_key`): random, never
-/// 0 (which hands nothing over).
+/// A key for the metadata tags of an attachment (`HANDOVER_KEY`): random, never 0 (which hands
+/// nothing over).
 pub fn draw_handover_key() -> Result<u32, MapsError> {
     loop {
         let mut bytes = [0u8; 4];
@@ -299,6 +299,32 @@ pub fn draw_handover_key() -> Result<u32, MapsError> {
             return Ok(key);
         }
     }
+}
+
+/// Draws the key of the attachment's metadata tags (`HANDOVER_KEY`) unless it has one; a pin
+/// set of a build without the map has nothing to draw.
+pub fn ensure_handover_key(pins: &PinDir) -> Result<(), MapsError> {
+    if !pins.map(names::HANDOVER_KEY).exists() {
+        return Ok(());
+    }
+    let mut map: Array<MapData, u32> = open_as(pins, names::HANDOVER_KEY)?;
+    if map.get(&0, 0).map_err(op(names::HANDOVER_KEY))? != 0 {
+        return Ok(());
+    }
+    map.set(0, draw_handover_key()?, 0)
+        .map_err(op(names::HANDOVER_KEY))
+}
+
+/// Sets the key of the attachment's metadata tags (`HANDOVER_KEY`), as the test programs do.
+pub fn set_handover_key(pins: &PinDir, key: u32) -> Result<(), MapsError> {
+    let mut map: Array<MapData, u32> = open_as(pins, names::HANDOVER_KEY)?;
+    map.set(0, key, 0).map_err(op(names::HANDOVER_KEY))
+}
+
+/// The key of the attachment's metadata tags (`HANDOVER_KEY`); 0 when none is drawn.
+pub fn handover_key(pins: &PinDir) -> Result<u32, MapsError> {
+    let map: Array<MapData, u32> = open_as(pins, names::HANDOVER_KEY)?;
+    map.get(&0, 0).map_err(op(names::HANDOVER_KEY))
 }
 
 /// Unix time in nanoseconds when `CLOCK_MONOTONIC` read zero: what the datapath adds to

@@ -143,7 +143,7 @@ impl TestProgram {
     /// the tag mixed with this attachment's key, as the frame's first four bytes come out of
     /// a test run.
     pub fn meta_tag(&self, tag: &[u8; 4]) -> [u8; 4] {
-        let key = self.maps.config().unwrap().handover_key;
+        let key = gateway::maps::handover_key(&self.pins).unwrap();
         (u32::from_be_bytes(*tag) ^ key).to_ne_bytes()
     }
 
@@ -222,10 +222,11 @@ impl TestProgram {
         // tests run the real check with real connections).
         maps.set_config(gateway_common::maps::DatapathConfig {
             flags: gateway_common::maps::CONFIG_TRUST_UNCONNECTED,
-            handover_key: gateway::maps::draw_handover_key().unwrap(),
             ..Default::default()
         })
         .unwrap();
+        // The key of the frames' metadata tags, as the loader draws it.
+        gateway::maps::ensure_handover_key(&pd).unwrap();
         TestProgram {
             ebpf,
             pins: pd,

@@ -406,6 +406,15 @@ fn cookies_attached_by_hand(attach_args: &[&str]) {
             assert_eq!(got, Err(std::io::ErrorKind::ConnectionReset), "{addr}");
         }
     }
+    // A client setting an IPv4 option: its SYN answered and its refusal reset all the same
+    // (the options taken out of the frame by the hook's own means).
+    let got = net.in_peer(|| {
+        let mut c = connect_with_ip_options(&addrs[0]).expect("connect (the NIC's SYN-ACK)");
+        c.write_all(&hello).expect("hello");
+        let mut b = [0u8; 1];
+        c.read(&mut b).map_err(|e| e.kind())
+    });
+    assert_eq!(got, Err(std::io::ErrorKind::ConnectionReset));
     assert_eq!(
         net.in_gw(passive_opens),
         opens,
@@ -722,4 +731,110 @@ fn gateways_at_both_ends_of_a_veth_hand_each_other_nothing() {
     drop(listener);
     peer_gateway(&["detach", "--iface", &net.peer_if]);
     net.gateway_ok(&["detach", "--iface", &net.gw_if]);
+}
+
+/// A TCP connection to `to` whose every packet carries a 4-byte IPv4 option (NOP, NOP, NOP,
+/// end: `IP_OPTIONS`, which needs no privilege).
+fn connect_with_ip_options(to: &str) -> std::io::Result<TcpStream> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _};
+    let addr: std::net::SocketAddr = to.parse().unwrap();
+    // SAFETY: plain socket calls on a descriptor owned by the socket made here.
+    let sock = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0);
+        std::net::TcpStream::from_raw_fd(fd)
+    };
+    let options = [1u8, 1, 1, 0];
+    // SAFETY: as above.
+    let set = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_OPTIONS,
+            options.as_ptr().cast(),
+            options.len() as u32,
+        )
+    };
+    assert_eq!(set, 0, "IP_OPTIONS: {}", std::io::Error::last_os_error());
+    let std::net::SocketAddr::V4(v4) = addr else {
+        panic!("IPv4 only")
+    };
+    let mut remote: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    remote.sin_family = libc::AF_INET as u16;
+    remote.sin_port = v4.port().to_be();
+    remote.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+    // SAFETY: as above; a blocking connect, bounded by the kernel's SYN retries.
+    let rc = unsafe {
+        libc::connect(
+            sock.as_raw_fd(),
+            (&raw const remote).cast(),
+            size_of::<libc::sockaddr_in>() as u32,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    sock.set_read_timeout(Some(Duration::from_secs(5)))?;
+    Ok(sock)
+}
+
+/// Issue 52, case 3: clients setting an IPv4 option used to walk around the NIC's SYN cookies
+/// (the NIC could not answer their SYNs, so the kernel did: 10 of 10 made a server socket with
+/// tls-new closed, and their refused hellos got no reset). Their SYNs are now answered from the
+/// NIC like any others, options taken out of the answer, and their refusals reset.
+#[test]
+fn with_syn_cookies_clients_setting_ip_options_are_judged_like_any_other() {
+    if !have_root("with_syn_cookies_clients_setting_ip_options") {
+        return;
+    }
+    let net = TestNet::new();
+    let cert = Cert::new();
+    let listener = net.in_gw(|| std::net::TcpListener::bind((GW_V4, 8443)).expect("bind"));
+    let _server = RustlsServer::start(&cert, listener);
+    let daemon = Daemon::start_config(&net, &cert.file(""), &cookie_service(8443));
+    let addr = format!("{GW_V4}:8443");
+    let dp = |field: &str| net.stats()["datapath"][field].as_u64().unwrap();
+    let hello = gateway_common::testing::HelloBuilder::default().build();
+    net.gateway_ok(&["policy", "set", "tls-new", "--backlog", "0", "--pin"]);
+    let opens = net.in_gw(passive_opens);
+    const CLIENTS: usize = 10;
+    for client in 0..CLIENTS {
+        let got = net.in_peer(|| {
+            let mut c = connect_with_ip_options(&addr).expect("connect (the NIC's SYN-ACK)");
+            c.write_all(&hello).expect("hello");
+            let mut b = [0u8; 1];
+            c.read(&mut b).map_err(|e| e.kind())
+        });
+        assert_eq!(
+            got,
+            Err(std::io::ErrorKind::ConnectionReset),
+            "client {client}"
+        );
+    }
+    assert_eq!(
+        net.in_gw(passive_opens),
+        opens,
+        "no server socket for a client with IP options"
+    );
+    assert_eq!(
+        net.stats()["tls"]["cookies_sent"].as_u64(),
+        Some(CLIENTS as u64)
+    );
+    assert!(
+        dp("ip_options_removed") >= 2 * CLIENTS as u64,
+        "SYN-ACKs and resets"
+    );
+    // With tls-new open, such a client is served: its first segment handed to the listener,
+    // which answers its hello.
+    net.gateway_ok(&["policy", "set", "tls-new", "--backlog", "100", "--pin"]);
+    let answered = net.in_peer(|| {
+        let mut c = connect_with_ip_options(&addr).expect("connect");
+        c.write_all(&hello).expect("hello");
+        let mut b = [0u8; 5];
+        c.read(&mut b)
+    });
+    assert!(matches!(answered, Ok(n) if n > 0), "{answered:?}");
+    assert_eq!(net.in_gw(passive_opens), opens + 1);
+    let (status, log) = daemon.terminate(Duration::from_secs(10));
+    assert!(status.success(), "{log:?}");
 }

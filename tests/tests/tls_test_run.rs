@@ -1109,14 +1109,27 @@ fn a_refused_hello_is_answered_with_a_reset_from_the_nic() {
         let after = prog.counters().tls;
         assert_eq!(after.resets_sent, before.resets_sent + 1, "{name}");
     }
-    // A frame this does not answer (IPv4 options): dropped, counted as withheld.
+    // A segment with IPv4 options (any client may set them): the options taken out, and the
+    // reset made as for any other (issue 52, case 3: before, dropped unanswered).
     let f = Frame::tcp(443, &hello)
         .from_port(4000)
         .ipv4_options(4)
         .build();
-    let before = prog.counters().tls.resets_withheld;
-    assert_eq!(prog.run_out(&f).0, XDP_DROP);
-    assert_eq!(prog.counters().tls.resets_withheld, before + 1);
+    let before = prog.counters();
+    let (action, out) = prog.run_out(&f);
+    assert_eq!(action, XDP_TX);
+    // Checked as the answer to the same segment without options.
+    let plain = Frame::tcp(443, &hello).from_port(4000).build();
+    let reset = check_rewritten(&plain, &out, true).expect("a plain reset");
+    assert_eq!(out.len(), 14 + 20 + 20, "no options, no payload");
+    assert_eq!(reset.segment[13], 0x14, "RST|ACK");
+    let after = prog.counters();
+    assert_eq!(after.tls.resets_sent, before.tls.resets_sent + 1);
+    assert_eq!(after.tls.resets_withheld, before.tls.resets_withheld);
+    assert_eq!(
+        after.datapath.ip_options_removed,
+        before.datapath.ip_options_removed + 1
+    );
     // The client's own reset on a refused connection passes, so the server's socket ends too;
     // its other segments are answered again.
     let rst = Frame::tcp(443, &[])

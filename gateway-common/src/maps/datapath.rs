@@ -6,6 +6,13 @@ super::pinned_maps! {
     DP_COUNTERS: u32 => DatapathCounters,
     /// Datapath-wide settings ([`crate::maps::DatapathConfig`]).
     DP_CONFIG: u32 => DatapathConfig,
+    /// The key this attachment's programs mix into the metadata tags the XDP program hands a
+    /// frame to the finishing program with (XORed into the tag word), its one entry: drawn at
+    /// random by the loader when it attaches the finishing program, and kept across restarts
+    /// and upgrades. A veth carries a frame's metadata over to its peer, so the finishing
+    /// program trusts only tags made with this key: a frame another host's gateway (or a
+    /// forger) tagged is not handed over. 0 (not drawn): nothing is handed over.
+    HANDOVER_KEY: u32 => u32,
     /// The XDP hook's jump table (index 0: the SIP program). Pinned: the kernel empties a program
     /// array when its last userspace reference goes away, and a pin is one.
     XDP_JUMP: u32 => u32,
@@ -94,15 +101,6 @@ pub struct DatapathConfig {
     /// (XDP_TX). [`FINISHER_SENDS_REPLIES`] too where XDP_TX may not deliver (native XDP on a
     /// veth): SIP 503s are handed to the finishing program, which sends them out.
     pub finisher: u32,
-    /// The key this attachment's programs mix into the metadata tags the XDP program hands a
-    /// frame to the finishing program with (XORed into the tag word): drawn at random by the
-    /// loader when it attaches the finishing program, and kept across upgrades. A veth carries
-    /// a frame's metadata over to its peer, so the finishing program trusts only tags made
-    /// with this key: a frame another host's gateway (or a forger) tagged is not handed over.
-    /// 0 (not drawn): nothing is handed over.
-    pub handover_key: u32,
-    /// Zero.
-    pub reserved: u32,
 }
 
 crate::counters! {
@@ -156,5 +154,12 @@ crate::counters! {
         /// Copies of an admitted SIP request past `MAX_TXN_COPIES` (more than an RFC 3261
         /// client sends): refused.
         pub sip_copies_over: u64,
+        /// TCP segments answered from the NIC (a SYN-ACK, a reset) whose IPv4 options or IPv6
+        /// extension headers were taken out of the frame first: an answer carries none.
+        pub ip_options_removed: u64,
+        /// SYNs to a port in SYN-cookie mode that could not be answered from the NIC (headers
+        /// past the bounds a reply is made within): dropped, never passed to the kernel
+        /// unjudged.
+        pub syns_unanswerable: u64,
     }
 }

@@ -303,14 +303,16 @@ pub fn forget_answer() {
 
 /// Answers the SYN `pkt` (of the connection `s.key`) with a SYN-ACK carrying a cookie, from the
 /// NIC: prepared here, sent by the reply program ([`Action::Answer`], [`send_answer`]); nothing is
-/// kept, and the kernel never sees the SYN. Passed to the kernel instead when the secret is not
-/// set yet or the headers are not ones the NIC answers (IPv4 options, IPv6 extension headers):
-/// the kernel then makes the connection as it would without this mode, and its hello is judged
-/// as any connection's the kernel has.
+/// kept, and the kernel never sees the SYN. IPv4 options and IPv6 extension headers are taken
+/// out of the answer (`crate::reply::make_plain`). Passed to the kernel instead when the
+/// secret is not set yet (the kernel then makes the connection as it would without this mode,
+/// and its hello is judged as any connection's the kernel has); dropped when its headers are
+/// past the bounds an answer is made within (never to the kernel unjudged).
 #[inline(always)]
 pub fn answer_syn<C: CopyOut>(ctx: &C, pkt: &Packet, s: &mut Scratch) -> (Class, Action) {
     if !answerable(pkt) {
-        return (Class::TlsFlow, Action::Pass);
+        crate::maps::count(|c| c.syns_unanswerable += 1);
+        return (Class::TlsFlow, Action::Drop);
     }
     take_segment(ctx, pkt, &mut s.cookie);
     if gateway_syn_cookie(s) <= 0 {

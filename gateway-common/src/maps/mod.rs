@@ -134,7 +134,8 @@ mod tests {
         seen.sort_unstable();
         seen.dedup();
         assert_eq!(seen.len(), n, "a map name is declared twice");
-        assert_eq!(n, 28);
+        assert_eq!(n, 29);
+        assert!(seen.contains(&super::names::HANDOVER_KEY));
         assert!(seen.contains(&super::names::TLS_TAG_KEYS));
         assert!(seen.contains(&super::names::SERVICE_TIMES));
         assert!(seen.contains(&super::names::SIP_FAMILIES));
@@ -198,7 +199,7 @@ mod tests {
         assert_eq!(size_of::<ServiceKey>(), 2 + 1 + 1);
         assert_eq!(size_of::<ServiceValue>(), 4 + 4);
         assert_eq!(size_of::<DatapathConfig>(), 8 + 4 * 6);
-        assert_eq!(size_of::<DatapathCounters>(), 19 * 8);
+        assert_eq!(size_of::<DatapathCounters>(), 21 * 8);
         assert_eq!(size_of::<SipDialog>(), 8 + 8 + 4 + 4);
         assert_eq!(size_of::<FlowKey>(), 16 + 16 + 2 + 2 + 4);
         assert_eq!(size_of::<FlowKey4>(), 4 + 4 + 2 + 2);
@@ -221,7 +222,7 @@ mod tests {
         assert_eq!(size_of::<TicketKeyId>(), 20);
         assert_eq!(size_of::<TicketMacKey>(), 64);
         assert_eq!(size_of::<TlsHold>(), 16 + 8 + 4 + 4);
-        assert_eq!(size_of::<TlsCounters>(), 8 * 34);
+        assert_eq!(size_of::<TlsCounters>(), 8 * 36);
         assert_eq!(size_of::<crate::syncookie::CookieKey>(), 16);
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);

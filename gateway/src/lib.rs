@@ -9,6 +9,7 @@ pub mod bpfsys;
 pub mod btf;
 pub mod caps;
 pub mod carry;
+pub mod client_places;
 pub mod cmd;
 pub mod config;
 pub mod controller;

@@ -1,7 +1,9 @@
 //! The daemon's HTTP endpoint, served with hyper: `/metrics` for Prometheus, `/healthz` and
 //! `/readyz` for supervisors and load balancers ([`crate::health`]). `GET` and `HEAD`, any query
-//! string ignored; one connection's requests are bounded in time, and at most
-//! [`MAX_CONNECTIONS`] are served at once.
+//! string ignored; one connection's requests are bounded in time, at most [`MAX_CONNECTIONS`]
+//! are served at once, and at most [`PER_CLIENT`] of them for one client address, so that a
+//! scrape and a probe are answered whatever other clients hold (the endpoint may listen on the
+//! node's network, as the DaemonSet's does for its probes).
 //!
 //! What `/metrics` serves follows the request's `Accept`, as Prometheus's own client libraries
 //! do: the OpenMetrics text `prometheus-client` encodes when asked for (Prometheus asks by
@@ -27,7 +29,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::health::{Checks, Readiness};
+use crate::{
+    client_places::ClientPlaces,
+    health::{Checks, Readiness},
+};
 
 /// Time a client has to send a request's head.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -38,6 +43,9 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
 /// out of the daemon's descriptor reserve ([`crate::proxy::descriptors::RESERVE`]), which a peer
 /// holding connections open must not spend (a scraper and a few probes need one or two each).
 pub const MAX_CONNECTIONS: usize = 16;
+/// Connections one client address (an IPv6 /64) is served at once: a scraper and a kubelet's
+/// probes need one or two. Past them its connection is closed at once, without taking a place.
+pub const PER_CLIENT: usize = 4;
 
 /// Called before each scrape, to bring gauges up to date.
 pub type Refresh = Box<dyn Fn() + Send + Sync>;
@@ -55,16 +63,21 @@ pub struct Endpoint {
 /// Serves `endpoint` on `listener` until `stop` is cancelled.
 pub async fn serve(listener: TcpListener, endpoint: Arc<Endpoint>, stop: CancellationToken) {
     let places = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let clients = ClientPlaces::new(PER_CLIENT);
     crate::accept::accept_until(
         listener,
         &stop,
         "metrics",
         || places.clone().acquire_owned(),
-        |sock, _, place| {
+        |sock, peer, place| {
+            let Some(client) = clients.take(peer.ip()) else {
+                debug!(%peer, "metrics connection over its address's bound: closed");
+                return;
+            };
             let endpoint = endpoint.clone();
             tokio::spawn(async move {
                 // Held while the connection lasts; the semaphore is never closed.
-                let _place = place;
+                let _place = (place, client);
                 let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                     let endpoint = endpoint.clone();
                     async move { Ok::<_, Infallible>(endpoint.answer(&req)) }

@@ -7,7 +7,7 @@
 //! interface attached) gets an empty one, whose calls do nothing.
 
 use std::{
-    collections::VecDeque,
+    collections::{HashMap, HashSet, VecDeque},
     sync::{
         Arc, Mutex, MutexGuard,
         atomic::{AtomicU64, Ordering},
@@ -38,9 +38,19 @@ pub struct Terms {
     pub per_minute: u32,
 }
 
+/// Keys of one chain published at once, at most: the tickets a session begets when it is
+/// resumed, and those theirs beget, share one window ([`IssuedKeys::publish_chained`]). Room for
+/// a browser's parallel connections, each resuming a ticket of its own and given two more.
+pub const CHAIN_KEYS: usize = 32;
+
 /// The issued keys a listener published to every attached interface.
 ///
 /// A published key stays until its lifetime ends (or it is withdrawn): load never evicts one.
+/// Except within a chain: the keys of the tickets issued on resumed connections belong to the
+/// chain of the session resumed, and a chain holds at most [`CHAIN_KEYS`] at once, its oldest
+/// withdrawn for a new one. One ticket holder resuming each new ticket once, as fast as it can,
+/// so spends its own window and never the table (issue 52: it used to fill it in seconds, and
+/// returning clients' new tickets could no longer be published).
 /// When the table is full (`capacity` keys of this listener's, or the map itself, shared by
 /// every listener, refused the key on every interface), a new key is not published and is
 /// counted ([`IssuedKeys::take_unpublished`]): its resumptions are then judged as new hellos at
@@ -57,6 +67,55 @@ pub struct IssuedKeys {
     port: u16,
     /// The tag keys of the listener's ticket secret, once its ticketer is made.
     tags: Mutex<Option<Arc<TagKeys>>>,
+    /// Keys by chain.
+    chains: Mutex<Chains>,
+    /// Keys withdrawn before their expiry (a chain's oldest), still in `expiry`: not counted
+    /// against `capacity`, and not removed again when their time comes.
+    early: Mutex<HashSet<IssuedKey>>,
+    /// Keys withdrawn for a newer one of their chain.
+    chain_withdrawn: AtomicU64,
+}
+
+/// The published keys by chain: each key's chain (named by its first key), and each chain's
+/// keys, oldest first.
+#[derive(Debug, Default)]
+struct Chains {
+    root_of: HashMap<IssuedKey, IssuedKey>,
+    keys: HashMap<IssuedKey, VecDeque<IssuedKey>>,
+}
+
+impl Chains {
+    /// Adds `key` to the chain of `parent` (a chain of its own without one, or when `parent`
+    /// is not known here: issued elsewhere, or gone); the key that must go to keep that chain
+    /// within [`CHAIN_KEYS`], if one must.
+    fn add(&mut self, key: IssuedKey, parent: Option<IssuedKey>) -> Option<IssuedKey> {
+        let root = parent.map_or(key, |p| self.root_of.get(&p).copied().unwrap_or(p));
+        let chain = self.keys.entry(root).or_default();
+        let out = if chain.len() >= CHAIN_KEYS {
+            chain.pop_front()
+        } else {
+            None
+        };
+        chain.push_back(key);
+        self.root_of.insert(key, root);
+        if let Some(out) = out {
+            self.root_of.remove(&out);
+        }
+        out
+    }
+
+    /// Forgets `key` (expired or withdrawn).
+    fn remove(&mut self, key: &IssuedKey) {
+        let Some(root) = self.root_of.remove(key) else {
+            return;
+        };
+        if let Some(chain) = self.keys.get_mut(&root) {
+            chain.retain(|k| k != key);
+            if chain.is_empty() {
+                self.keys.remove(&root);
+            }
+        }
+    }
 }
 
 impl IssuedKeys {
@@ -71,6 +130,9 @@ impl IssuedKeys {
             unpublished: AtomicU64::new(0),
             port,
             tags: Mutex::new(None),
+            chains: Mutex::new(Chains::default()),
+            early: Mutex::new(HashSet::new()),
+            chain_withdrawn: AtomicU64::new(0),
         }
     }
 
@@ -157,6 +219,13 @@ impl IssuedKeys {
     /// `gateway_common::tls::issued_key`; values the datapath never verifies are not
     /// published). A ticket's key expires with the ticket (its tail says when).
     pub fn publish(&self, issued: &[u8], kind: Offer) {
+        self.publish_chained(issued, kind, None);
+    }
+
+    /// [`IssuedKeys::publish`], for a session issued on a connection that resumed the session
+    /// whose key is `parent`: in that session's chain, which keeps at most [`CHAIN_KEYS`]
+    /// published (its oldest withdrawn for this one).
+    pub fn publish_chained(&self, issued: &[u8], kind: Offer, parent: Option<[u8; KEY_LEN]>) {
         let Some(key) = issued_key(kind, issued).map(|key| IssuedKey { key }) else {
             return;
         };
@@ -176,7 +245,7 @@ impl IssuedKeys {
             ..Default::default()
         };
         let mut expiry = self.expiry();
-        if expiry.len() >= self.capacity {
+        if expiry.len() - lock(&self.early).len() >= self.capacity {
             // Full: no key that a session still needs is pushed out for it.
             self.unpublished.fetch_add(1, Ordering::Relaxed);
             return;
@@ -203,6 +272,19 @@ impl IssuedKeys {
         let at = Instant::now() + key_lifetime(expires, terms.lifetime, SystemTime::now());
         let place = expiry.partition_point(|(t, _)| *t <= at);
         expiry.insert(place, (at, key));
+        drop(expiry);
+        let parent = parent.map(|key| IssuedKey { key });
+        let out = lock(&self.chains).add(key, parent);
+        if let Some(out) = out {
+            self.remove(&out);
+            lock(&self.early).insert(out);
+            self.chain_withdrawn.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Keys withdrawn so far for a newer one of their chain ([`CHAIN_KEYS`]).
+    pub fn chain_withdrawn(&self) -> u64 {
+        self.chain_withdrawn.load(Ordering::Relaxed)
     }
 
     /// Withdraws the key of an issued session id (a single-use session was taken).
@@ -247,15 +329,20 @@ impl IssuedKeys {
         let mut n = 0;
         while expiry.front().is_some_and(|(t, _)| *t <= now) {
             let (_, key) = expiry.pop_front().expect("non-empty");
+            if lock(&self.early).remove(&key) {
+                continue;
+            }
             self.remove(&key);
+            lock(&self.chains).remove(&key);
             n += 1;
         }
         n
     }
 
-    /// Keys published and not yet expired.
+    /// Keys published and not yet expired (nor withdrawn for a newer one of their chain).
     pub fn published(&self) -> usize {
-        self.expiry().len()
+        let expiry = self.expiry();
+        expiry.len() - lock(&self.early).len()
     }
 }
 
@@ -351,5 +438,53 @@ mod tests {
         // The first keys are still there: none ends before its lifetime.
         assert_eq!(keys.expire(Instant::now() + Duration::from_secs(30)), 0);
         assert_eq!(keys.expire(Instant::now() + Duration::from_secs(61)), 100);
+    }
+
+    #[test]
+    fn a_chain_keeps_its_window_and_leaves_the_table_to_everyone_else() {
+        let keys = IssuedKeys::new(
+            &[],
+            0,
+            Terms {
+                lifetime: Duration::from_secs(60),
+                resume_limit: 1,
+                per_minute: 0,
+            },
+            600,
+        );
+        let id = |i: u32| i.to_le_bytes().repeat(8);
+        let key = |i: u32| issued_key(Offer::SessionId, &id(i)).unwrap();
+        // A returning client's session, and one holder's chain: each resumption of the newest
+        // key begets two more, 2,000 times (a table of 600 would have filled at the 300th).
+        keys.publish(&id(1), Offer::SessionId);
+        keys.publish(&id(2), Offer::SessionId);
+        let mut newest = 2;
+        for i in 0..2000u32 {
+            let a = 10 + 2 * i;
+            keys.publish_chained(&id(a), Offer::SessionId, Some(key(newest)));
+            keys.publish_chained(&id(a + 1), Offer::SessionId, Some(key(newest)));
+            newest = a + 1;
+        }
+        assert_eq!(
+            keys.published(),
+            1 + CHAIN_KEYS,
+            "the client's key and the chain's window"
+        );
+        assert_eq!(keys.chain_withdrawn(), 4001 - CHAIN_KEYS as u64);
+        assert_eq!(keys.take_unpublished(), 0);
+        // The returning client's new keys are published: it resumes, and its chain begins.
+        for i in 0..10u32 {
+            keys.publish_chained(&id(100_000 + i), Offer::SessionId, Some(key(1)));
+        }
+        assert_eq!(keys.published(), 1 + 10 + CHAIN_KEYS);
+        assert_eq!(keys.take_unpublished(), 0);
+        // Everything ends at its time, withdrawn keys counted once.
+        assert_eq!(
+            keys.expire(Instant::now() + Duration::from_secs(61)),
+            1 + 10 + CHAIN_KEYS
+        );
+        assert_eq!(keys.published(), 0);
+        assert!(lock(&keys.chains).keys.is_empty());
+        assert!(lock(&keys.early).is_empty());
     }
 }

@@ -538,3 +538,46 @@ impl Drop for RustlsServer {
         }
     }
 }
+
+/// A TCP connection to `to` from the local address `from` (any port): the holders of the
+/// per-address tests come from an address of their own.
+pub fn connect_from_address(
+    from: std::net::IpAddr,
+    to: std::net::SocketAddr,
+) -> std::io::Result<TcpStream> {
+    let domain = if to.is_ipv4() {
+        socket2::Domain::IPV4
+    } else {
+        socket2::Domain::IPV6
+    };
+    let sock = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
+    sock.bind(&std::net::SocketAddr::new(from, 0).into())?;
+    sock.connect_timeout(&to.into(), Duration::from_secs(5))?;
+    Ok(sock.into())
+}
+
+/// A TLS connection to `to` from the local address `from` whose handshake finished, then `send`
+/// written (nothing when empty), kept open and silent while held.
+pub fn hold_tls(
+    config: &std::sync::Arc<rustls::ClientConfig>,
+    from: std::net::IpAddr,
+    to: std::net::SocketAddr,
+    send: &[u8],
+) -> std::io::Result<(rustls::ClientConnection, TcpStream)> {
+    use std::io::Write as _;
+    let name = rustls::pki_types::ServerName::try_from("gateway-test").unwrap();
+    let mut conn =
+        rustls::ClientConnection::new(config.clone(), name).map_err(std::io::Error::other)?;
+    let mut sock = connect_from_address(from, to)?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut sock)?;
+    }
+    if !send.is_empty() {
+        conn.writer().write_all(send)?;
+        while conn.wants_write() {
+            conn.write_tls(&mut sock)?;
+        }
+    }
+    Ok((conn, sock))
+}

@@ -75,6 +75,15 @@ pub struct ProxyConfig {
     /// marked down only by the connects it fails, `max_fails`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub health_check: Option<HealthCheck>,
+    /// Connections of one client address (an IPv6 /64) that may hold backend places at once
+    /// (nginx's `limit_conn`); past them a connection is refused after its handshake, as when no
+    /// member has room. 0: no bound. Default 32.
+    pub max_per_client: u32,
+    /// The backends speak first (IMAP, POP3, SMTP over TLS): a connection reserves its backend
+    /// place right after its handshake. Otherwise (default) only once the client has sent its
+    /// first byte, within `timeouts.request`: a connection that finished its handshake and sends
+    /// nothing holds no backend place.
+    pub server_speaks_first: bool,
 }
 
 /// Active checks of a listener's members (HAProxy's `check`, nginx's `health_check`): each is
@@ -198,6 +207,19 @@ struct RawProxy {
     alpn: Vec<String>,
     #[serde(default)]
     health_check: Option<HealthCheck>,
+    #[serde(
+        default = "default_max_per_client",
+        deserialize_with = "de_max_per_client"
+    )]
+    max_per_client: u32,
+    #[serde(default)]
+    server_speaks_first: bool,
+}
+
+/// One address's share of a listener's backend places: room for a busy NAT or a browser's
+/// parallel connections, far from a default member's 200.
+fn default_max_per_client() -> u32 {
+    32
 }
 
 fn default_retry() -> Span {
@@ -255,6 +277,8 @@ impl TryFrom<RawProxy> for ProxyConfig {
             protocol: r.protocol,
             alpn: r.alpn,
             health_check: r.health_check,
+            max_per_client: r.max_per_client,
+            server_speaks_first: r.server_speaks_first,
         })
     }
 }
@@ -623,6 +647,9 @@ fn ranged<'de, D: Deserializer<'de>>(
 fn de_max_fails<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     ranged(d, "max_fails", 1, 100)
 }
+fn de_max_per_client<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    ranged(d, "max_per_client", 0, 1_000_000)
+}
 fn de_listen_backlog<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     ranged(d, "listen_backlog", 1, 65535)
 }
@@ -653,6 +680,11 @@ pub struct Timeouts {
     /// (HAProxy's `timeout queue`); beyond, it is refused.
     #[serde(default = "t10")]
     pub queue: Span,
+    /// From the end of the handshake to the client's first byte (HAProxy's `timeout
+    /// http-request`, nginx's `client_header_timeout`); beyond, the connection is closed, having
+    /// held no backend place. Not for a listener whose servers speak first.
+    #[serde(default = "t10")]
+    pub request: Span,
     /// On SIGTERM, how long in-flight connections may take to finish.
     #[serde(default = "t30")]
     pub drain: Span,
@@ -678,6 +710,7 @@ impl Default for Timeouts {
             idle: t60(),
             connect: t3(),
             queue: t10(),
+            request: t10(),
             drain: t30(),
         }
     }

@@ -26,7 +26,7 @@ use super::{
     stats::{FlightOn, ListenerStats},
     tap::{Recorded, Tap},
 };
-use crate::issued::IssuedKeys;
+use crate::{issued::IssuedKeys, tls::lineage::Lineage};
 
 /// Completes the handshake of `stream`, whose first bytes `recorded` holds, with `config`: the
 /// stream, and the CPU time its first flight took on a flight thread (zero when it was
@@ -60,6 +60,9 @@ pub async fn accept(
     // threads compute, the queue ends on its own instead of spending signatures on the dead.
     let abandoned = Abandoned::default();
     let (gone, expired) = (abandoned.0.clone(), stats.flights_abandoned());
+    // The connection's lineage goes with its hello: a ticket opened there is the session it
+    // resumes.
+    let lineage = Lineage::of_task();
     let flight = FIRST_FLIGHTS.spawn_blocking(move || {
         if gone.load(Ordering::Relaxed) {
             expired.inc();
@@ -67,7 +70,10 @@ pub async fn accept(
         }
         let before = thread_cpu_time();
         // Processes the hello: key exchange, certificate, signature, the whole first flight.
-        let accept = start.into_stream(config);
+        let accept = match lineage {
+            Some(l) => l.on_thread(|| start.into_stream(config)),
+            None => start.into_stream(config),
+        };
         Some((accept, thread_cpu_time().saturating_sub(before)))
     });
     let done = flight.await;

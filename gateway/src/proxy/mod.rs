@@ -9,12 +9,15 @@
 //!    lower priority ([`handshake`]). A hello that offered an issued key and did not resume (a
 //!    full handshake, a failure, a timeout) withdraws that key from the datapath ([`tap`]): a
 //!    replayed or stale key keeps no resumed places.
-//! 3. The backend connection: a place with the next member by weight is reserved only now, so a
-//!    slow or stalled handshake (slowloris) holds no backend capacity. After a wait in the
+//! 3. The client's first bytes, within `timeouts.request` (unless its servers speak first): a
+//!    connection that finished its handshake and sends nothing ends holding nothing. At most
+//!    `max_per_client` connections of one address go on from here at once.
+//! 4. The backend connection: a place with the next member by weight is reserved only now, so a
+//!    slow or stalled handshake (slowloris) or a silent client holds no backend capacity. After a wait in the
 //!    member's backlog if it had no free slot, a bounded connect; a member that refuses or times
 //!    out is marked down and the next is tried. With `proxy_protocol`, a PROXY v2 header goes
 //!    first.
-//! 4. Bytes relayed both ways until both sides have ended (each side's end half-closes the
+//! 5. The first bytes, then bytes relayed both ways until both sides have ended (each side's end half-closes the
 //!    other), either side fails, or neither sends for the idle timeout.
 
 pub mod check;
@@ -32,14 +35,14 @@ pub mod tap;
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use tokio::{
-    io::AsyncWriteExt as _,
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpListener, TcpStream},
 };
 use tokio_rustls::TlsAcceptor;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{debug, info, warn};
 
-use crate::issued::IssuedKeys;
+use crate::{client_places::ClientPlaces, issued::IssuedKeys, tls::lineage::Lineage};
 use config::{AppProtocol, ProxyConfig};
 use cputime::CpuTimed;
 use descriptors::{Descriptors, Place};
@@ -70,6 +73,8 @@ pub struct Proxy {
     pause_logged: std::sync::Mutex<Option<std::time::Instant>>,
     /// Whether its accept loop runs (readiness).
     accepting: std::sync::atomic::AtomicBool,
+    /// Backend places by client address (`max_per_client`), kept across reloads.
+    clients: Arc<ClientPlaces>,
 }
 
 /// A listener's reloadable settings and the pool made from them.
@@ -89,6 +94,10 @@ fn certificate_expiry(cfg: &ProxyConfig) -> Option<i64> {
         .filter_map(|cert| crate::tls::certs::expiry(cert))
         .min()
 }
+
+/// Most bytes of a client's first read held before its backend is connected (one TLS
+/// record's plaintext).
+const FIRST_READ: usize = 16 * 1024;
 
 /// How long a refusal's last words (a 503, close_notify) may take to write.
 const REFUSAL_WRITE: Duration = Duration::from_secs(1);
@@ -114,7 +123,9 @@ impl Proxy {
         let label = cfg.listen.to_string();
         let own = stats.listener(&label);
         own.certificate_expires(certificate_expiry(&cfg));
+        let clients = ClientPlaces::new(cfg.max_per_client as usize);
         Proxy {
+            clients,
             own,
             label,
             listen: cfg.listen,
@@ -149,6 +160,7 @@ impl Proxy {
         let pool = live
             .pool
             .reconfigured(&cfg.backends, cfg.retry_interval.0, cfg.max_fails);
+        self.clients.set_per_client(cfg.max_per_client as usize);
         *live = Arc::new(Live { cfg, pool });
     }
 
@@ -278,6 +290,11 @@ impl Proxy {
         };
         let published = self.stats.keys_published.get_or_create(&labels).clone();
         let unpublished = self.stats.keys_unpublished.get_or_create(&labels).clone();
+        let chain_withdrawn = self
+            .stats
+            .keys_chain_withdrawn
+            .get_or_create(&labels)
+            .clone();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         for n in 0u64.. {
             tokio::select! {
@@ -295,6 +312,8 @@ impl Proxy {
                 self.issued.sweep(unix);
             }
             published.set(self.issued.published() as i64);
+            let withdrawn = self.issued.chain_withdrawn();
+            chain_withdrawn.inc_by(withdrawn.saturating_sub(chain_withdrawn.get()));
             let refused = self.issued.take_unpublished();
             if refused > 0 {
                 unpublished.inc_by(refused);
@@ -365,7 +384,8 @@ impl Proxy {
     async fn connection(self: Arc<Self>, sock: TcpStream, peer: SocketAddr, place: Place) {
         let _place = place;
         self.own.open.inc();
-        let outcome = self.run(sock, peer).await;
+        // The session it resumes, for the tickets it is issued (`crate::tls::lineage`).
+        let outcome = Lineage::new().scope(self.run(sock, peer)).await;
         self.own.open.dec();
         self.own.outcome(outcome);
         debug!(listener = %self.label, %peer, outcome = outcome.name(), "connection ended");
@@ -429,6 +449,23 @@ impl Proxy {
             }
             Err(outcome) => return outcome,
         };
+        // The client's first bytes before any backend place: a connection that finished its
+        // handshake and sends nothing holds none (unless its servers speak first).
+        let first = if cfg.server_speaks_first {
+            Vec::new()
+        } else {
+            match self.first_bytes(cfg, &mut tls).await {
+                Some(first) => first,
+                None => return Outcome::RequestTimeout,
+            }
+        };
+        // At most `max_per_client` places for one address: refused past them, as when no
+        // member has room.
+        let Some(_client) = self.clients.take(peer.ip()) else {
+            debug!(listener = %self.label, %peer, "its address holds its share of places: refused");
+            self.refuse(cfg, &mut tls, Outcome::ClientLimit).await;
+            return Outcome::ClientLimit;
+        };
         // Resumed sessions and new ones wait for a backend slot apart (seed 002).
         let class = match kind {
             Some(HandshakeKind::Resumed) => gate::Priority::High,
@@ -454,10 +491,33 @@ impl Proxy {
                 return Outcome::BackendUnavailable;
             }
         }
+        if !first.is_empty()
+            && let Err(e) = backend.write_all(&first).await
+        {
+            debug!(listener = %self.label, error = %e, "the client's first bytes not sent");
+            return Outcome::BackendUnavailable;
+        }
         match relay::relay(&mut tls, &mut backend, cfg.timeouts.idle.0).await {
             Ok(true) => Outcome::IdleTimeout,
             // How the relay ended (either side's close or error) is the connection's own business.
             _ => Outcome::Proxied,
+        }
+    }
+
+    /// The first bytes a client sends after its handshake (at most [`FIRST_READ`]), within
+    /// `timeouts.request`; `None` when none came in time (or it closed first).
+    async fn first_bytes<S: tokio::io::AsyncRead + Unpin>(
+        &self,
+        cfg: &ProxyConfig,
+        tls: &mut S,
+    ) -> Option<Vec<u8>> {
+        let mut first = vec![0u8; FIRST_READ];
+        match tokio::time::timeout(cfg.timeouts.request.0, tls.read(&mut first)).await {
+            Ok(Ok(n)) if n > 0 => {
+                first.truncate(n);
+                Some(first)
+            }
+            _ => None,
         }
     }
 

@@ -77,11 +77,16 @@ pub enum Outcome {
     /// Reset before the proxy read anything (a hello the datapath refused, whose server's reset
     /// came after the connection was queued for accept): closed at accept, no task.
     ResetAtAccept,
+    /// Sent no byte within `timeouts.request` of its handshake (or closed first): ended holding
+    /// no backend place.
+    RequestTimeout,
+    /// Its client address held `max_per_client` backend places already: refused.
+    ClientLimit,
 }
 
 impl Outcome {
     /// Every outcome, in discriminant order.
-    pub const ALL: [Outcome; 9] = [
+    pub const ALL: [Outcome; 11] = [
         Outcome::Proxied,
         Outcome::RefusedFull,
         Outcome::HandshakeTimeout,
@@ -91,6 +96,8 @@ impl Outcome {
         Outcome::LocalFailure,
         Outcome::IdleTimeout,
         Outcome::ResetAtAccept,
+        Outcome::RequestTimeout,
+        Outcome::ClientLimit,
     ];
 
     /// The label value.
@@ -105,6 +112,8 @@ impl Outcome {
             Outcome::ResetAtAccept => "reset_at_accept",
             Outcome::QueueTimeout => "queue_timeout",
             Outcome::LocalFailure => "local_failure",
+            Outcome::RequestTimeout => "request_timeout",
+            Outcome::ClientLimit => "client_limit",
         }
     }
 }
@@ -184,6 +193,8 @@ pub struct ProxyStats {
     pub keys_published: Sorted<ListenerLabels, Gauge>,
     /// Issued keys not published because the issued-keys table was full.
     pub keys_unpublished: Sorted<ListenerLabels, Counter>,
+    /// Issued keys withdrawn for a newer one of their chain (`crate::issued::CHAIN_KEYS`).
+    pub keys_chain_withdrawn: Sorted<ListenerLabels, Counter>,
     /// Times accepting paused because every connection the open-files limit allows was open.
     pub accept_paused: Sorted<ListenerLabels, Counter>,
     /// Connections the open-files limit allows all listeners together.
@@ -271,6 +282,12 @@ impl ProxyStats {
             "Session keys not published because the issued-keys table (datapath.issued_keys) was full: \
              their resumptions are judged as new hellos at the NIC",
             self.keys_unpublished.clone(),
+        );
+        r.register(
+            "issued_keys_chain_withdrawn",
+            "Session keys withdrawn for a newer one of their chain: the tickets issued on resumed connections share \
+             their first session's window of keys",
+            self.keys_chain_withdrawn.clone(),
         );
         r.register(
             "accept_paused",

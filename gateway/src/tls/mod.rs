@@ -3,6 +3,7 @@
 //! datapath.
 
 pub mod certs;
+pub mod lineage;
 pub mod server_keys;
 pub mod sni;
 pub mod store;

@@ -33,12 +33,12 @@ use thiserror::Error;
 use gateway_common::{
     maps::MAX_TAG_PERIODS,
     tls::{
-        Offer,
+        Offer, issued_key,
         tag::{TAIL_LEN, Tail, tag, ticket_key},
     },
 };
 
-use crate::issued::IssuedKeys;
+use crate::{issued::IssuedKeys, tls::lineage};
 
 /// Smallest accepted secret, bytes.
 pub const MIN_SECRET: usize = 32;
@@ -239,7 +239,15 @@ impl RotatingTicketer {
     }
 
     /// Seals `plain` under the key of the period of `now`.
+    #[cfg(test)]
     fn seal(&self, plain: &[u8], now: SystemTime) -> Option<Vec<u8>> {
+        self.seal_in_chain(plain, now, unix_ms(now))
+    }
+
+    /// Seals `plain` at `now` as a ticket of a chain that began at `start_ms` (unix ms; `now`
+    /// for a chain of its own): it carries that start as its issue time, and resumes until one
+    /// lifetime past it (`crate::tls::lineage`).
+    fn seal_in_chain(&self, plain: &[u8], now: SystemTime, start_ms: u64) -> Option<Vec<u8>> {
         let period = self.tags.period_at(now);
         let key = self.key(period)?;
         let mut nonce = [0u8; NONCE_LEN];
@@ -248,7 +256,7 @@ impl RotatingTicketer {
         ticket.extend_from_slice(&nonce);
         ticket.extend_from_slice(&(period as u32).to_be_bytes());
         let mut body = Vec::with_capacity(8 + plain.len() + TAG);
-        body.extend_from_slice(&unix_ms(now).to_be_bytes());
+        body.extend_from_slice(&start_ms.to_be_bytes());
         body.extend_from_slice(plain);
         key.seal_in_place_append_tag(
             Nonce::assume_unique_for_key(nonce),
@@ -258,7 +266,7 @@ impl RotatingTicketer {
         .ok()?;
         ticket.extend_from_slice(&body);
         // The first whole second past the lifetime: it resumes until then.
-        let end_ms = unix_ms(now) + self.tags.lifetime.as_millis() as u64;
+        let end_ms = start_ms + self.tags.lifetime.as_millis() as u64;
         let expires = u32::try_from(end_ms / 1000 + 1).ok()?;
         let tail = self.tags.tail(&ticket, period, expires);
         ticket.extend_from_slice(&tail);
@@ -266,7 +274,13 @@ impl RotatingTicketer {
     }
 
     /// Opens a ticket if its period is still accepted at `now` and it authenticates.
+    #[cfg(test)]
     fn open(&self, ticket: &[u8], now: SystemTime) -> Option<Vec<u8>> {
+        self.open_in_chain(ticket, now).map(|(_, state)| state)
+    }
+
+    /// [`RotatingTicketer::open`], with when the ticket's chain began (unix ms).
+    fn open_in_chain(&self, ticket: &[u8], now: SystemTime) -> Option<(u64, Vec<u8>)> {
         if ticket.len() < HEADER + TAG + TAIL_LEN {
             return None;
         }
@@ -304,7 +318,7 @@ impl RotatingTicketer {
         {
             return None;
         }
-        Some(state.to_vec())
+        Some((issued, state.to_vec()))
     }
 }
 
@@ -326,13 +340,22 @@ impl ProducesTickets for RotatingTicketer {
     }
 
     fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
-        let ticket = self.seal(plain, SystemTime::now())?;
-        self.issued.publish(&ticket, Offer::Ticket);
+        // On a resumed connection, a ticket of the resumed session's chain.
+        let now = SystemTime::now();
+        let parent = lineage::parent();
+        let start = parent.map_or(unix_ms(now), |p| p.start_ms);
+        let ticket = self.seal_in_chain(plain, now, start)?;
+        self.issued
+            .publish_chained(&ticket, Offer::Ticket, parent.map(|p| p.key));
         Some(ticket)
     }
 
     fn decrypt(&self, cipher: &[u8]) -> Option<Vec<u8>> {
-        self.open(cipher, SystemTime::now())
+        let (start_ms, state) = self.open_in_chain(cipher, SystemTime::now())?;
+        if let Some(key) = issued_key(Offer::Ticket, cipher) {
+            lineage::resumed(lineage::Parent { key, start_ms });
+        }
+        Some(state)
     }
 }
 

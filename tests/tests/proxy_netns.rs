@@ -1343,7 +1343,9 @@ fn a_backends_end_half_closes_and_the_clients_upload_still_reaches_it() {
         return;
     }
     let mut s = Setup::new();
-    let backend = s.with_backend(Mode::SpeakFirst, "", "");
+    // The backend speaks first: its place is taken at the handshake's end, not at the
+    // client's first byte (which would never come before the banner).
+    let backend = s.with_backend(Mode::SpeakFirst, "", "    server_speaks_first: true\n");
     let mut tls = tls_stream(&s);
     let mut banner = Vec::new();
     tls.read_to_end(&mut banner).unwrap();
@@ -1626,7 +1628,7 @@ fn bad_handshakes_and_silent_backends_are_bounded_counted_and_leak_no_descriptor
     let _good = s.with_backend(
         Mode::Answer,
         "",
-        "    timeouts: {handshake: 1s, idle: 1s}\n",
+        "    timeouts: {handshake: 1s, idle: 1s, request: 1s}\n",
     );
     let config = rustls_config(&s.cert);
     // Warm up (lazily opened descriptors), then take the baseline.
@@ -1647,30 +1649,37 @@ fn bad_handshakes_and_silent_backends_are_bounded_counted_and_leak_no_descriptor
         took >= Duration::from_millis(900) && took < Duration::from_secs(5),
         "{took:?}"
     );
-    // A good handshake whose client then sends nothing: cut by the idle timeout (the backend
-    // waits for a request that never comes).
-    let (addr, cfg) = (s.addr(), config.clone());
-    let took = s.net.in_peer(move || {
-        use std::io::Read as _;
-        let name = rustls::pki_types::ServerName::try_from("gateway-test").unwrap();
-        let mut conn = rustls::ClientConnection::new(cfg, name).unwrap();
-        let mut sock = TcpStream::connect(&addr).unwrap();
-        sock.set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
-        while conn.is_handshaking() {
-            conn.complete_io(&mut sock).unwrap();
-        }
-        let started = Instant::now();
-        let mut tls = rustls::Stream::new(&mut conn, &mut sock);
-        let mut sink = Vec::new();
-        let _ = tls.read_to_end(&mut sink);
-        started.elapsed()
-    });
-    assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
-        "{took:?}"
-    );
+    // A good handshake whose client then sends nothing: cut by the request timeout, with no
+    // backend place taken; one that sends the first byte of a request and stops: cut by the
+    // idle timeout (the backend waits for the rest of a request that never comes).
+    for first in [&b""[..], b"G"] {
+        let (addr, cfg) = (s.addr(), config.clone());
+        let took = s.net.in_peer(move || {
+            use std::io::{Read as _, Write as _};
+            let name = rustls::pki_types::ServerName::try_from("gateway-test").unwrap();
+            let mut conn = rustls::ClientConnection::new(cfg, name).unwrap();
+            let mut sock = TcpStream::connect(&addr).unwrap();
+            sock.set_read_timeout(Some(Duration::from_secs(20)))
+                .unwrap();
+            while conn.is_handshaking() {
+                conn.complete_io(&mut sock).unwrap();
+            }
+            let started = Instant::now();
+            let mut tls = rustls::Stream::new(&mut conn, &mut sock);
+            if !first.is_empty() {
+                tls.write_all(first).unwrap();
+            }
+            let mut sink = Vec::new();
+            let _ = tls.read_to_end(&mut sink);
+            started.elapsed()
+        });
+        assert!(
+            took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+            "{first:?}: {took:?}"
+        );
+    }
     let text = s.idle();
+    assert_eq!(outcome(&text, "request_timeout"), 1.0, "{text}");
     assert_eq!(outcome(&text, "idle_timeout"), 1.0, "{text}");
     assert_eq!(outcome(&text, "handshake_error"), 2.0, "{text}");
     assert_eq!(outcome(&text, "handshake_timeout"), 1.0, "{text}");

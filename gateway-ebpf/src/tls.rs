@@ -446,7 +446,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
                 // Refused: its kept first segment has no more use.
                 carry::forget(&s.key);
             }
-            return after_hold(f, result);
+            return after_hold(s, f, &pkt.transport, v4, result);
         }
         // A held hello admitted: the client is told at once to send its first segment again
         // (by the reply program).
@@ -678,15 +678,22 @@ fn held_again(
     (answer.1 == Action::Answer).then_some(answer)
 }
 
-/// What becomes of a held hello's segment that did not admit it (`result`, from
-/// [`pending_segment`]): still pending, dropped; refused, as decided (a reset from the NIC: the
-/// kernel never had the connection).
+/// What becomes of a held hello's segment `t` that did not admit it (`result`, from
+/// [`pending_segment`]): still pending, held too, and told with a SACK of it
+/// ([`held_answer`]) so that the client sends what follows at once; refused, as decided (a
+/// reset from the NIC: the kernel never had the connection).
 #[inline(always)]
-fn after_hold(f: &TlsFlow, result: (Class, Action)) -> (Class, Action) {
+fn after_hold(
+    s: &mut Scratch,
+    f: &TlsFlow,
+    t: &Transport,
+    v4: bool,
+    result: (Class, Action),
+) -> (Class, Action) {
     if f.state == FLOW_REJECTED {
         result
     } else {
-        (Class::TlsFlow, Action::Drop)
+        held_answer(s, t, f.hello_seq, v4)
     }
 }
 

@@ -342,7 +342,7 @@ const DEFAULT_FUZZ_SECONDS: u32 = 300;
 
 /// The fuzz targets (`tests/fuzz/fuzz_targets/`, one per property in
 /// `gateway_common::testing::properties`).
-const FUZZ_TARGETS: [&str; 3] = ["client_hello", "packet", "sip"];
+const FUZZ_TARGETS: [&str; 4] = ["client_hello", "packet", "sip", "syn_cookie"];
 
 /// Open-ended fuzzing, outside CI: runs every target for `seconds` (cargo-fuzz, libFuzzer, on
 /// nightly), growing `tests/fuzz/corpus/TARGET/`, then minimizes the corpus. A crash stops it and

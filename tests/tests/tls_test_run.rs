@@ -9,7 +9,7 @@ use gateway_common::{
     tls::parse_hello,
 };
 use gateway_tests::{
-    frames::{Frame, check_rewritten, ones_sum},
+    frames::{Frame, check_rewritten, ext, ones_sum},
     have_root,
     testrun::{Hook, TestProgram},
 };
@@ -1128,6 +1128,22 @@ fn a_refused_hello_is_answered_with_a_reset_from_the_nic() {
     assert_eq!(after.tls.resets_withheld, before.tls.resets_withheld);
     assert_eq!(
         after.datapath.ip_options_removed,
+        before.datapath.ip_options_removed + 1
+    );
+    // Likewise an IPv6 segment behind a destination options header: the header taken out.
+    let f = Frame::tcp(443, &hello)
+        .from_port(4001)
+        .ipv6(&[(ext::DEST_OPTS, 16)])
+        .build();
+    let before = prog.counters();
+    let (action, out) = prog.run_out(&f);
+    assert_eq!(action, XDP_TX);
+    let plain = Frame::tcp(443, &hello).from_port(4001).ipv6(&[]).build();
+    let reset = check_rewritten(&plain, &out, true).expect("a plain IPv6 reset");
+    assert_eq!(out.len(), 14 + 40 + 20, "no extension header, no payload");
+    assert_eq!(reset.segment[13], 0x14, "RST|ACK");
+    assert_eq!(
+        prog.counters().datapath.ip_options_removed,
         before.datapath.ip_options_removed + 1
     );
     // The client's own reset on a refused connection passes, so the server's socket ends too;

@@ -7,6 +7,7 @@
 use std::{
     net::UdpSocket,
     path::Path,
+    sync::{RwLock, RwLockReadGuard, RwLockWriteGuard},
     time::{Duration, Instant},
 };
 
@@ -26,6 +27,27 @@ const OTHER_COST: Duration = Duration::from_micros(200);
 /// Seconds of load; goodput is averaged from second WARM on.
 const SECONDS: u64 = 8;
 const WARM: usize = 3;
+
+/// Held by each test for its whole run. Every test here measures what a server answers against
+/// the capacity it has on this machine, and the harness runs two at once. A server that is not
+/// paced (a spinning FIFO, Kamailio, nginx, the proxy) loses capacity to another test's load
+/// generator, not to the law under test: its tests take the machine alone. Paced servers hold
+/// their capacity on a busy machine: their tests share it with each other.
+static MACHINE: RwLock<()> = RwLock::new(());
+
+/// The machine to this test alone (a test that failed while holding it leaves it usable).
+fn machine_to_myself() -> RwLockWriteGuard<'static, ()> {
+    MACHINE
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The machine shared with other tests of paced servers only.
+fn machine_shared() -> RwLockReadGuard<'static, ()> {
+    MACHINE
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// The `policy show --json` row of `class`.
 fn policy(net: &TestNet, class: &str) -> Value {
@@ -138,6 +160,7 @@ fn with_no_limit_set_the_controller_keeps_a_server_at_capacity_and_yields_to_an_
     if !have_root("with_no_limit_set_the_controller_keeps_a_server_at_capacity") {
         return;
     }
+    let _machine = machine_to_myself();
     let net = TestNet::new();
     let dir = fresh_temp_dir("gwt-controller");
     let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
@@ -225,6 +248,7 @@ fn with_no_limit_set_the_controller_keeps_a_real_kamailio_at_capacity_and_relaxe
     if !have_root("with_no_limit_set_the_controller_keeps_a_real_kamailio_at_capacity") {
         return;
     }
+    let _machine = machine_to_myself();
     let net = TestNet::new();
     let dir = fresh_temp_dir("gwt-controller-kamailio");
     let _kamailio = Kamailio::start_with_cost(
@@ -267,6 +291,7 @@ fn unanswerable_invites_do_not_steer_the_controller_but_a_server_that_stops_is_c
     if !have_root("unanswerable_invites_do_not_steer_the_controller") {
         return;
     }
+    let _machine = machine_shared();
     let net = TestNet::new();
     let dir = fresh_temp_dir("gwt-controller-trickle");
     let socket = net.in_gw(|| UdpSocket::bind((GW_V4, 5060)).unwrap());
@@ -418,6 +443,7 @@ fn a_server_with_a_fixed_answer_time_is_answered_in_full_whatever_that_time() {
     if !have_root("a_server_with_a_fixed_answer_time_is_answered_in_full") {
         return;
     }
+    let _machine = machine_shared();
     for ms in [40, 75, 95, 150] {
         let after = Answer::After(Duration::from_millis(ms));
         let (uac, samples, end) = callers_against(
@@ -445,6 +471,7 @@ fn slow_answers_to_a_minority_of_requests_do_not_cut_the_callers() {
     if !have_root("slow_answers_to_a_minority_of_requests_do_not_cut_the_callers") {
         return;
     }
+    let _machine = machine_shared();
     let (uac, _, end) = callers_against(
         "gwt-controller-minority",
         |s| {
@@ -473,6 +500,7 @@ fn dead_invites_at_the_callers_own_rate_cost_their_places_and_no_more() {
     if !have_root("dead_invites_at_the_callers_own_rate") {
         return;
     }
+    let _machine = machine_shared();
     let (uac, samples, end) = callers_against(
         "gwt-controller-dead",
         |s| SlowSipServer::start_paced(s, 8 << 20, INVITE_COST, OTHER_COST),
@@ -503,6 +531,7 @@ fn for_a_tls_server_it_does_not_terminate_it_infers_the_handshake_cost_from_comp
     if !have_root("for_a_tls_server_it_does_not_terminate_it_infers_the_handshake_cost") {
         return;
     }
+    let _machine = machine_to_myself();
     use gateway_tests::{
         backend::Nginx,
         metrics::{scrape, value},
@@ -628,6 +657,7 @@ fn the_inferred_handshake_cost_is_within_a_quarter_of_the_proxy_measured_one() {
     if !have_root("the_inferred_handshake_cost_is_within_a_quarter") {
         return;
     }
+    let _machine = machine_to_myself();
     use gateway_tests::{
         backend::{Backend, Mode},
         metrics::{scrape, value},
@@ -724,6 +754,7 @@ fn fast_answers_of_another_method_leave_the_invites_queue_as_it_is() {
     if !have_root("fast_answers_of_another_method_leave_the_invites_queue") {
         return;
     }
+    let _machine = machine_shared();
     use gateway_tests::shapes::fast_options;
     let alone = fast_options(INVITE_COST, false);
     let beside = fast_options(INVITE_COST, true);
@@ -753,6 +784,7 @@ fn the_default_config_keeps_a_server_at_capacity_at_one_three_and_ten_times_it()
     if !have_root("the_default_config_keeps_a_server_at_capacity") {
         return;
     }
+    let _machine = machine_to_myself();
     let nominal = 1.0 / (INVITE_COST + OTHER_COST * 2).as_secs_f64();
     for server in ["fifo", "kamailio"] {
         let net = TestNet::new();

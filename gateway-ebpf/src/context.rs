@@ -327,8 +327,18 @@ pub enum Wanted {
     Connection,
     /// A listener that takes a new connection on the tuple's port.
     Listener,
-    /// Any socket of the tuple's own but a listener: a connection in any state, TIME_WAIT
-    /// included (a SYN there is the kernel's to answer: it ends the TIME_WAIT first).
+}
+
+/// What a SYN's 4-tuple reaches in the device's namespace ([`ConnectionLookup::reach`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// Nothing: no listener here takes the port (the connection is forwarded to a server
+    /// elsewhere, or the kernel resets it).
+    Nothing,
+    /// A listener that takes a new connection on the port.
+    Listener,
+    /// A socket of the tuple's own: a connection in any state, TIME_WAIT included (a SYN there
+    /// is the kernel's to answer: it ends the TIME_WAIT first).
     Socket,
 }
 
@@ -358,6 +368,10 @@ pub trait ConnectionLookup {
         wanted: Wanted,
         cookie: impl FnOnce() -> Option<CookieAck>,
     ) -> bool;
+
+    /// What `tuple` (`size` bytes, the packet's own direction) reaches in the device's
+    /// namespace: one lookup.
+    fn reach(&self, tuple: *mut u8, size: u32) -> Reach;
 }
 
 /// `struct sock` states that are a connection the client really made: established, and a
@@ -408,11 +422,36 @@ fn lookup<C: EbpfContext>(
                     }))
         }
         Wanted::Listener => state == TCP_LISTEN,
-        Wanted::Socket => state != TCP_LISTEN,
     };
     // SAFETY: the reference taken above, released once.
     unsafe { bpf_sk_release(sk.cast()) };
     found
+}
+
+#[inline(always)]
+fn reach<C: EbpfContext>(ctx: &C, tuple: *mut u8, size: u32) -> Reach {
+    // SAFETY: as in [`lookup`].
+    let sk = unsafe {
+        bpf_skc_lookup_tcp(
+            ctx.as_ptr(),
+            tuple.cast::<bpf_sock_tuple>(),
+            size,
+            u64::MAX,
+            0,
+        )
+    };
+    if sk.is_null() {
+        return Reach::Nothing;
+    }
+    // SAFETY: a live socket reference, released right after its use.
+    let listener = unsafe { (*sk).state } == TCP_LISTEN;
+    // SAFETY: the reference taken above, released once.
+    unsafe { bpf_sk_release(sk.cast()) };
+    if listener {
+        Reach::Listener
+    } else {
+        Reach::Socket
+    }
 }
 
 /// The same helpers serve both hooks.
@@ -426,6 +465,11 @@ impl<C: EbpfContext> ConnectionLookup for C {
         cookie: impl FnOnce() -> Option<CookieAck>,
     ) -> bool {
         lookup(self, tuple, size, wanted, cookie)
+    }
+
+    #[inline(always)]
+    fn reach(&self, tuple: *mut u8, size: u32) -> Reach {
+        reach(self, tuple, size)
     }
 }
 

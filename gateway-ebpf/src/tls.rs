@@ -72,7 +72,7 @@ use gateway_common::{
 use crate::{
     admission::{answer, count_refusal, refusal, refusing},
     bytes::{ScratchBytes, copy, opaque, zero},
-    context::{Action, ConnectionLookup, CookieAck, CopyOut, Rewrite, Wanted},
+    context::{Action, ConnectionLookup, CookieAck, CopyOut, Reach, Rewrite, Wanted},
     maps::{finisher, setting},
     pending::{self, TLS_PENDING},
     resume::{self, Place},
@@ -751,8 +751,11 @@ fn awaiting_first<C: CopyOut>(
 /// - a socket that is not live (TIME_WAIT) is the kernel's to answer, which ends it first (the
 ///   NIC's cookie would leave it in the way of the connection handed over), and the hello is
 ///   judged as any connection's the kernel has (`cookies_declined`);
-/// - no socket: answered from the NIC with a cookie, data and all (TCP Fast Open's data is sent
-///   again once the client is connected): nothing kept, nothing in the kernel.
+/// - no socket and no listener in the device's namespace: the kernel's (it forwards the SYN
+///   to a server elsewhere, or resets it): a cookie would be handed to nobody
+///   (`cookies_no_listener`);
+/// - a listener: answered from the NIC with a cookie, data and all (TCP Fast Open's data is
+///   sent again once the client is connected): nothing kept, nothing in the kernel.
 #[inline(always)]
 fn cookie_syn<C: CopyOut + ConnectionLookup, B: PacketBytes>(
     ctx: &C,
@@ -761,10 +764,16 @@ fn cookie_syn<C: CopyOut + ConnectionLookup, B: PacketBytes>(
     v4: bool,
     known: bool,
 ) -> (Class, Action) {
-    let socket = !trusting() && lookup::<C, B>(ctx, None, s, v4, Wanted::Socket);
+    // A fixture with no sockets at all (`trusting`) has a listener for every port.
+    let reach = if trusting() {
+        Reach::Listener
+    } else {
+        let size = fill_tuple(&s.key, &mut s.tuple, v4);
+        ctx.reach(s.tuple.as_mut_ptr(), size)
+    };
     let remembered = !known && refused::holds(&s.key);
     if known || remembered {
-        if socket && kernel_has_live_connection::<C, B>(ctx, s, v4) {
+        if reach == Reach::Socket && kernel_has_live_connection::<C, B>(ctx, s, v4) {
             return (Class::TlsFlow, Action::Pass);
         }
         if remembered {
@@ -773,11 +782,17 @@ fn cookie_syn<C: CopyOut + ConnectionLookup, B: PacketBytes>(
             flows::remove(s, v4);
         }
     }
-    if socket {
-        count(|c| c.cookies_declined += 1);
-        return (Class::TlsFlow, Action::Pass);
+    match reach {
+        Reach::Listener => cookie::answer_syn(ctx, pkt, s),
+        Reach::Socket => {
+            count(|c| c.cookies_declined += 1);
+            (Class::TlsFlow, Action::Pass)
+        }
+        Reach::Nothing => {
+            count(|c| c.cookies_no_listener += 1);
+            (Class::TlsFlow, Action::Pass)
+        }
     }
-    cookie::answer_syn(ctx, pkt, s)
 }
 
 /// A SYN on the 4-tuple of a connection [`refused`] remembers (in `s.key`): nothing changes

@@ -546,6 +546,50 @@ pub fn expected_class(frame: &[u8], issued: &[[u8; KEY_LEN]]) -> Class {
     }
 }
 
+/// Runs `f` on a new thread in a network namespace of its own, made for it (empty: only a
+/// loopback device, down). A program's test runs there look sockets up in that namespace, so a
+/// test can give them the listener a server would have ([`listener_at`]) and nothing else.
+pub fn in_own_netns<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                .expect("unshare(CLONE_NEWNET)");
+            f()
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+/// A TCP listener on `addr`, which need not be an address of the namespace (`IP_FREEBIND`): the
+/// socket lookup of a test run on a synthetic frame to `addr` finds it, as a server's would be
+/// found. Call it inside [`in_own_netns`].
+pub fn listener_at(addr: std::net::SocketAddr) -> std::net::TcpListener {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )
+    .expect("socket");
+    let on: libc::c_int = 1;
+    // SAFETY: an int option of the socket just made, its size given.
+    let set = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&socket),
+            libc::IPPROTO_IP,
+            libc::IP_FREEBIND,
+            (&raw const on).cast(),
+            std::mem::size_of_val(&on) as libc::socklen_t,
+        )
+    };
+    assert_eq!(set, 0, "IP_FREEBIND: {}", std::io::Error::last_os_error());
+    socket
+        .bind(&addr.into())
+        .unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+    socket.listen(16).expect("listen");
+    socket.into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::frames;

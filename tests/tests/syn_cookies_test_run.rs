@@ -11,7 +11,7 @@ use gateway_common::{
 use gateway_tests::{
     frames::{check_rewritten, ones_sum},
     have_root,
-    testrun::{Hook, TestProgram},
+    testrun::{Hook, TestProgram, in_own_netns, listener_at},
 };
 
 const XDP_DROP: u32 = 1;
@@ -90,6 +90,28 @@ fn cookie_program() -> TestProgram {
         )
         .unwrap();
     prog
+}
+
+/// Marks the finishing program attached (the XDP reply program leaves a carry to it, as on an
+/// XDP attachment). With `lookup`, the socket lookup as attached too (no
+/// `CONFIG_TRUST_UNCONNECTED`): a segment of no connection is dropped and a SYN answered only
+/// where a listener takes it; call it inside [`in_own_netns`] and keep the listener it returns
+/// (on SERVER:443, the frames' destination).
+fn as_attached(prog: &mut TestProgram, lookup: bool) -> Option<std::net::TcpListener> {
+    let cfg = prog.maps.config().unwrap();
+    let flags = if lookup {
+        cfg.flags & !gateway_common::maps::CONFIG_TRUST_UNCONNECTED
+    } else {
+        cfg.flags
+    };
+    prog.maps
+        .set_config(gateway_common::maps::DatapathConfig {
+            finisher: gateway_common::maps::FINISHER_ATTACHED,
+            flags,
+            ..cfg
+        })
+        .unwrap();
+    lookup.then(|| listener_at((SERVER, 443).into()))
 }
 
 /// Closes tls-new (a backlog of 0).
@@ -183,6 +205,36 @@ fn a_syn_gets_the_nics_syn_ack_and_only_the_segments_that_carry_its_cookie_go_on
     assert_eq!(prog.counters().class_since(&before), Some(Class::TlsNew));
     assert_eq!(tls(&prog, "cookie_hellos"), 1);
     assert_eq!(prog.maps.tls_flows().unwrap().len(), 1, "the admitted flow");
+}
+
+/// A SYN that no listener of the namespace takes (its server elsewhere, the connection
+/// forwarded; or a closed port) is the kernel's to forward or reset: a cookie would hand the
+/// connection to nobody, and a closed port would look open. Once a listener is there, the same
+/// SYN is answered from the NIC.
+#[test]
+fn a_syn_no_listener_takes_is_left_to_the_kernel() {
+    if !have_root("a_syn_no_listener_takes_is_left_to_the_kernel") {
+        return;
+    }
+    in_own_netns(|| {
+        let mut prog = cookie_program();
+        drop(as_attached(&mut prog, true));
+        let syn = tcp4(40010, 77, 0, TCP_SYN, &linux_syn_options(5), &[]);
+        assert_eq!(prog.run_out(&syn).0, XDP_PASS, "no listener: the kernel's");
+        assert_eq!(prog.run_out_on(Hook::Tc, &syn).0, TC_ACT_OK);
+        assert_eq!(tls(&prog, "cookies_no_listener"), 2);
+        assert_eq!(tls(&prog, "cookies_sent"), 0);
+        // A listener on another address of the same port takes nothing for this one.
+        let _elsewhere = listener_at(([10, 9, 9, 9], 443).into());
+        assert_eq!(prog.run_out(&syn).0, XDP_PASS);
+        assert_eq!(tls(&prog, "cookies_no_listener"), 3);
+        let _listener = listener_at((SERVER, 443).into());
+        let (action, out) = prog.run_out(&syn);
+        assert_eq!(action, XDP_TX, "a listener: answered from the NIC");
+        syn_ack_of(&syn, &out, 77);
+        assert_eq!(tls(&prog, "cookies_sent"), 1);
+        assert_eq!(tls(&prog, "cookies_no_listener"), 3);
+    });
 }
 
 #[test]
@@ -434,12 +486,7 @@ fn while_tls_new_refuses_a_two_segment_hello_is_held_until_judged() {
     // into (an XDP buffer seldom has room for it): unchanged, marked with the first segment's
     // sequence number. The carrying itself is the TC hook's (the next test).
     let cfg = prog.maps.config().unwrap();
-    prog.maps
-        .set_config(gateway_common::maps::DatapathConfig {
-            finisher: gateway_common::maps::FINISHER_ATTACHED,
-            ..cfg
-        })
-        .unwrap();
+    as_attached(&mut prog, false);
     let cookie = handshake(&prog, 41001, 20);
     let (first, second) = two_segments(41001, 20, cookie, &resumed, 61);
     assert_eq!(prog.run_out(&first).0, XDP_TX);
@@ -594,17 +641,15 @@ fn a_held_hello_goes_on_after_its_second_segment_came_first_or_was_lost() {
     if !have_root("a_held_hello_goes_on_after_its_second_segment_came_first") {
         return;
     }
+    // Its own namespace: the socket lookup finds the listener given there and nothing else.
+    in_own_netns(held_hello_after_loss);
+}
+
+fn held_hello_after_loss() {
     let mut prog = cookie_program();
     close_tls_new(&mut prog);
-    let cfg = prog.maps.config().unwrap();
-    prog.maps
-        .set_config(gateway_common::maps::DatapathConfig {
-            finisher: gateway_common::maps::FINISHER_ATTACHED,
-            // The socket lookup as attached: a segment of no connection is dropped.
-            flags: cfg.flags & !gateway_common::maps::CONFIG_TRUST_UNCONNECTED,
-            ..cfg
-        })
-        .unwrap();
+    // The socket lookup as attached: a segment of no connection is dropped.
+    let _listener = as_attached(&mut prog, true);
     let resumed = HelloBuilder {
         session_id: (0..32).collect(),
         ..Default::default()
@@ -762,16 +807,14 @@ fn lost_duplicated_reordered_and_cut_segments_never_hang_a_connection_nor_hand_o
     if !have_root("lost_duplicated_reordered_and_cut_segments") {
         return;
     }
+    // Its own namespace: the socket lookup finds the listener given there and nothing else.
+    in_own_netns(campaign);
+}
+
+fn campaign() {
     let mut prog = cookie_program();
     close_tls_new(&mut prog);
-    let cfg = prog.maps.config().unwrap();
-    prog.maps
-        .set_config(gateway_common::maps::DatapathConfig {
-            finisher: gateway_common::maps::FINISHER_ATTACHED,
-            flags: cfg.flags & !gateway_common::maps::CONFIG_TRUST_UNCONNECTED,
-            ..cfg
-        })
-        .unwrap();
+    let _listener = as_attached(&mut prog, true);
     let new = HelloBuilder {
         tls13: true,
         key_share_len: 600,

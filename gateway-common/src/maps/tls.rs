@@ -540,6 +540,10 @@ crate::counters! {
         /// Segments of held hellos sent again (bytes already held: the client's timer fired, the
         /// segment after them lost or dropped).
         pub held_resent: u64,
+        /// SYNs in SYN-cookie mode left to the kernel because no listener in the device's
+        /// namespace takes their port (the connection is forwarded to a server elsewhere, or
+        /// the kernel resets it): a cookie would be handed to nobody.
+        pub cookies_no_listener: u64,
     }
 }
 

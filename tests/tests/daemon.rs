@@ -49,9 +49,17 @@ fn run_applies_the_config_and_detaches_on_sigterm() {
         services,
         serde_json::json!([
             {"kind": "sip", "proto": "udp", "port": 5062, "syn_cookies": false},
-            {"kind": "tls", "proto": "tcp", "port": 8443, "syn_cookies": false},
+            {"kind": "tls", "proto": "tcp", "port": 8443, "syn_cookies": true},
         ]),
-        "exactly the config's services, sorted by port"
+        "exactly the config's services, sorted by port (SYN cookies for TLS by default)"
+    );
+    assert!(
+        daemon.log.iter().any(|l| l.contains(
+            "tls tcp/8443: SYNs answered from the NIC with SYN cookies (the default; \
+             syn_cookies: false leaves them to the kernel)"
+        )),
+        "{:?}",
+        daemon.log
     );
     let policy: serde_json::Value =
         serde_json::from_str(&net.gateway_ok(&["policy", "show", "--json"])).unwrap();

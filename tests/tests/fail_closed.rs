@@ -115,11 +115,19 @@ impl Drop for RecordingServer {
 /// Namespaces with the datapath attached (no daemon) protecting tls/443, and a recording server
 /// on 443 (IPv4 and IPv6).
 fn tls_behind_the_gateway() -> (TestNet, RecordingServer) {
+    tls_behind_the_gateway_with(&[])
+}
+
+/// As [`tls_behind_the_gateway`], `service add` given `args` too (`--no-syn-cookies`: the
+/// kernel answers SYNs).
+fn tls_behind_the_gateway_with(args: &[&str]) -> (TestNet, RecordingServer) {
     let net = TestNet::new();
     let listener = net.in_gw(|| TcpListener::bind("[::]:443").expect("bind"));
     let server = RecordingServer::start(listener);
     net.gateway_ok(&["attach", "--iface", &net.gw_if]);
-    net.gateway_ok(&["service", "add", "tls", "443"]);
+    let mut add = vec!["service", "add", "tls", "443"];
+    add.extend_from_slice(args);
+    net.gateway_ok(&add);
     (net, server)
 }
 
@@ -224,9 +232,10 @@ fn hello_served(
 /// Each shape to tls-new closed (never served, judged tls-new) and then open (served).
 fn tls_shape_obeys_tls_new(
     v6: bool,
+    service_args: &[&str],
     shape: impl Fn(u16) -> Box<dyn Fn(&[u8]) -> Vec<Vec<u8>> + Send>,
 ) {
-    let (net, server) = tls_behind_the_gateway();
+    let (net, server) = tls_behind_the_gateway_with(service_args);
     close_tls_new(&net);
     for n in 0..5u8 {
         assert!(
@@ -270,7 +279,40 @@ fn tiny_first_fragments_of_a_hello_obey_tls_new() {
     if !have_root("tiny_first_fragments_of_a_hello_obey_tls_new") {
         return;
     }
-    tls_shape_obeys_tls_new(false, |id| Box::new(tiny_fragments(TCP, 0x100 + id)));
+    // The kernel answering SYNs: it has the connection, and reassembles what the NIC judged.
+    tls_shape_obeys_tls_new(false, &["--no-syn-cookies"], |id| {
+        Box::new(tiny_fragments(TCP, 0x100 + id))
+    });
+}
+
+/// With SYN cookies (the default for TLS), a connection exists nowhere until the segment that
+/// carries its cookie is judged, and a fragment's cookie cannot be checked (its TCP header is in
+/// one fragment, its hello in others): a first segment in fragments never connects, whatever
+/// tls-new allows, and nothing of it reaches the server. A real TCP sets Don't Fragment and
+/// sizes its segments by the path's MTU, so this costs honest clients nothing.
+#[test]
+fn with_syn_cookies_tiny_first_fragments_of_a_hello_never_connect() {
+    if !have_root("with_syn_cookies_tiny_first_fragments_of_a_hello_never_connect") {
+        return;
+    }
+    let (net, server) = tls_behind_the_gateway();
+    for n in 0..3u8 {
+        let shape = tiny_fragments(TCP, 0x200 + u16::from(n));
+        assert!(
+            !hello_served(&net, &server, false, n, shape, Duration::from_millis(300)),
+            "hello {n} in fragments reached the server"
+        );
+    }
+    let stats = net.stats();
+    assert_eq!(class_counter(&stats, "tls-new", "admitted"), 0, "{stats}");
+    assert!(
+        stats["tls"]["no_connection"].as_u64().unwrap() >= 3,
+        "{stats}"
+    );
+    assert!(
+        stats["tls"]["cookies_sent"].as_u64().unwrap() >= 3,
+        "{stats}"
+    );
 }
 
 #[test]
@@ -278,7 +320,7 @@ fn a_hello_behind_seven_destination_options_headers_obeys_tls_new() {
     if !have_root("a_hello_behind_seven_destination_options_headers") {
         return;
     }
-    tls_shape_obeys_tls_new(true, |_| Box::new(behind_dest_opts(TCP, &[8; 7])));
+    tls_shape_obeys_tls_new(true, &[], |_| Box::new(behind_dest_opts(TCP, &[8; 7])));
 }
 
 #[test]
@@ -286,7 +328,7 @@ fn a_hello_behind_a_520_byte_destination_options_header_obeys_tls_new() {
     if !have_root("a_hello_behind_a_520_byte_destination_options_header") {
         return;
     }
-    tls_shape_obeys_tls_new(true, |_| Box::new(behind_dest_opts(TCP, &[520])));
+    tls_shape_obeys_tls_new(true, &[], |_| Box::new(behind_dest_opts(TCP, &[520])));
 }
 
 #[test]
@@ -575,7 +617,9 @@ fn a_hello_in_a_fast_open_syn_is_judged_like_any_other() {
     assert_eq!(r, 0);
     let server = RecordingServer::start(listener);
     net.gateway_ok(&["attach", "--iface", &net.gw_if]);
-    net.gateway_ok(&["service", "add", "tls", "443"]);
+    // The kernel answering SYNs: with SYN cookies at the NIC, a Fast Open SYN's data is not
+    // taken (the client sends it again once connected; `syn_cookies_netns`).
+    net.gateway_ok(&["service", "add", "tls", "443", "--no-syn-cookies"]);
     // The first connection fetches the cookie (its data goes after the handshake) and is
     // served; the second carries its hello in the SYN and is served too.
     for n in 0..2 {
@@ -962,7 +1006,8 @@ fn after_hellos_that_overflow_the_listen_queue_the_backlog_heals_within_a_second
     let _daemon = gateway_tests::daemon::Daemon::start_config(
         &net,
         &dir,
-        "services:\n  - kind: tls\n    port: 443\npolicy:\n  tls-new:\n    backlog: 50\n    timeout: 60s\n",
+        // The kernel answering SYNs (its own cookies, as a flood switches them on).
+        "services:\n  - kind: tls\n    port: 443\n    syn_cookies: false\npolicy:\n  tls-new:\n    backlog: 50\n    timeout: 60s\n",
     );
     let stats = || net.stats();
     let backlog = || class_counter(&stats(), "tls-new", "backlog");

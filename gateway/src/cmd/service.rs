@@ -7,7 +7,7 @@ use gateway_common::maps::{SERVICE_SYN_COOKIES, ServiceKey, ServiceValue};
 
 use super::{CommandError, Target, open};
 use crate::{
-    config::{Proto, ServiceKind},
+    config::{Proto, ServiceKind, cookies_by_default},
     output,
 };
 
@@ -26,9 +26,13 @@ pub enum ServiceAction {
         #[arg(long, value_enum)]
         proto: Option<Proto>,
         /// TLS over TCP: answer SYNs from the NIC with SYN cookies and judge each new
-        /// connection's hello before the kernel holds anything for it (Linux 6.9 and later).
-        #[arg(long)]
+        /// connection's hello before the kernel holds anything for it; refused where the kernel
+        /// cannot (before Linux 6.9) [default: on for tls over tcp where the kernel can].
+        #[arg(long, conflicts_with = "no_syn_cookies")]
         syn_cookies: bool,
+        /// Leave the port's SYNs to the kernel.
+        #[arg(long)]
+        no_syn_cookies: bool,
         /// Which attachment.
         #[command(flatten)]
         target: Target,
@@ -64,12 +68,17 @@ pub fn run(root: &Path, action: ServiceAction) -> Result<(), CommandError> {
             port,
             proto,
             syn_cookies,
+            no_syn_cookies,
             target,
         } => {
             let proto = proto.unwrap_or(kind.default_proto());
             kind.check_proto(proto)
                 .map_err(|e| CommandError::Usage(format!("--proto: {e}")))?;
             let (pd, mut maps) = open(root, target.iface.as_deref())?;
+            let syn_cookies = syn_cookies
+                || (!no_syn_cookies
+                    && cookies_by_default(kind, proto)
+                    && crate::kfunc::available(crate::maps::HANDOFF_KFUNC));
             let flags = if syn_cookies { SERVICE_SYN_COOKIES } else { 0 };
             maps.add_service(
                 ServiceKey::new(proto.number(), port),

@@ -32,7 +32,7 @@ pub use policy::{
     MAX_UNIT_TIMEOUT, Policies, PolicyConfig, parse_unit_timeout, unknown_class, unlimitable_class,
 };
 pub use server::TlsServer;
-pub use services::{Port, Proto, Service, ServiceKind, Services};
+pub use services::{Port, Proto, Service, ServiceKind, Services, cookies_by_default};
 
 /// The embedded default configuration.
 pub const DEFAULT_YAML: &str = include_str!("../../../deploy/gateway.default.yaml");
@@ -254,7 +254,7 @@ impl Config {
             s.kind
                 .check_proto(s.proto())
                 .map_err(|e| format!("services[{i}].proto: {e}"))?;
-            if s.syn_cookies && (s.kind != ServiceKind::Tls || s.proto() != services::Proto::Tcp) {
+            if s.syn_cookies == Some(true) && !services::cookies_by_default(s.kind, s.proto()) {
                 return Err(format!(
                     "services[{i}].syn_cookies: only a tls service over tcp answers SYNs with cookies"
                 ));
@@ -300,9 +300,48 @@ impl Config {
         Ok(())
     }
 
-    /// Every protected service: the services list, then each proxy listener's port (tls,
-    /// terminated by the daemon) that the list does not already carry.
+    /// Who answers each TLS-over-TCP service's SYNs and why, one line each, for the log:
+    /// the operator sees a default at work, and where the kernel takes it away.
+    pub fn syn_answers(&self, kernel_can: bool) -> Vec<String> {
+        self.all_services_where(kernel_can)
+            .iter()
+            .filter(|(k, v)| k.proto == IPPROTO_TCP && v.kind == maps::ServiceKind::Tls as u32)
+            .map(|(k, v)| {
+                let set = self
+                    .services
+                    .0
+                    .iter()
+                    .find(|s| s.key() == *k)
+                    .and_then(|s| s.syn_cookies);
+                let on = v.flags & SERVICE_SYN_COOKIES != 0;
+                let why = match (set, on) {
+                    (Some(_), _) => "as the config sets",
+                    (None, true) => "the default; syn_cookies: false leaves them to the kernel",
+                    (None, false) => {
+                        "this kernel cannot hand connections to listeners from BPF \
+                         (bpf_sk_assign_tcp_reqsk, Linux 6.9 and later)"
+                    }
+                };
+                let who = if on {
+                    "answered from the NIC with SYN cookies"
+                } else {
+                    "left to the kernel"
+                };
+                format!("tls tcp/{}: SYNs {who} ({why})", k.port)
+            })
+            .collect()
+    }
+
+    /// Every protected service, as [`Config::all_services_where`] on this machine's kernel.
     pub fn all_services(&self) -> Vec<(ServiceKey, ServiceValue)> {
+        self.all_services_where(crate::kfunc::available(crate::maps::HANDOFF_KFUNC))
+    }
+
+    /// Every protected service: the services list, then each proxy listener's port (tls,
+    /// terminated by the daemon) that the list does not already carry. SYN cookies where a
+    /// service sets them, and by default for TLS over TCP where `kernel_can` hand connections
+    /// to listeners from BPF (a proxy's port too).
+    pub fn all_services_where(&self, kernel_can: bool) -> Vec<(ServiceKey, ServiceValue)> {
         let terminated: BTreeSet<ServiceKey> = self
             .proxies
             .iter()
@@ -318,7 +357,7 @@ impl Config {
                 } else {
                     0
                 };
-                if s.syn_cookies {
+                if s.syn_cookies(kernel_can) {
                     flags |= SERVICE_SYN_COOKIES;
                 }
                 let kind = s.kind.service_kind() as u32;
@@ -327,9 +366,10 @@ impl Config {
             .collect();
         for key in terminated {
             if !out.iter().any(|(k, _)| *k == key) {
+                let cookies = if kernel_can { SERVICE_SYN_COOKIES } else { 0 };
                 let value = ServiceValue {
                     kind: maps::ServiceKind::Tls as u32,
-                    flags: SERVICE_TERMINATED,
+                    flags: SERVICE_TERMINATED | cookies,
                 };
                 out.push((key, value));
             }
@@ -417,6 +457,67 @@ mod tests {
         assert!(e.contains("node: \"gw a\" has ' '"), "{e}");
         let c = Config::parse("{}", "test").unwrap();
         assert_eq!(c.node(), NodeName::this_host());
+    }
+
+    #[test]
+    fn syn_cookies_are_on_by_default_for_tls_over_tcp_where_the_kernel_can() {
+        let c = Config::parse(
+            "services:\n  - {kind: tls, port: 443}\n  - {kind: tls, port: 8443, syn_cookies: false}\n  - {kind: sip, port: 5060}\n  - {kind: tls, port: 9443, syn_cookies: true}\nproxies:\n  - listen: 127.0.0.1:7443\n    backends: [{address: 127.0.0.1:1}]\n",
+            "t",
+        )
+        .unwrap();
+        let cookies = |kernel_can: bool| -> Vec<(u16, bool)> {
+            c.all_services_where(kernel_can)
+                .iter()
+                .map(|(k, v)| (k.port, v.flags & SERVICE_SYN_COOKIES != 0))
+                .collect()
+        };
+        assert_eq!(
+            cookies(true),
+            [
+                (443, true),
+                (8443, false),
+                (5060, false),
+                (9443, true),
+                (7443, true)
+            ]
+        );
+        // A kernel that cannot hand connections over: the default is off; a service that
+        // asks for them keeps asking (and is refused whole where it is written to the maps).
+        assert_eq!(
+            cookies(false),
+            [
+                (443, false),
+                (8443, false),
+                (5060, false),
+                (9443, true),
+                (7443, false)
+            ]
+        );
+        // The log says who answers and why.
+        let said = c.syn_answers(false).join("\n");
+        assert!(
+            said.contains("tls tcp/443: SYNs left to the kernel (this kernel cannot"),
+            "{said}"
+        );
+        assert!(said.contains("tls tcp/8443: SYNs left to the kernel (as the config sets)"));
+        assert!(said.contains("tls tcp/9443: SYNs answered from the NIC with SYN cookies"));
+        let said = c.syn_answers(true).join("\n");
+        assert!(
+            said.contains("tls tcp/7443: SYNs answered from the NIC with SYN cookies (the default"),
+            "{said}"
+        );
+        // Said as written when the config is shown: unset stays unset.
+        let shown = serde_norway::to_string(&c.services).unwrap();
+        assert_eq!(shown.matches("syn_cookies").count(), 2, "{shown}");
+        let e = err("services:\n  - {kind: sip, port: 5060, syn_cookies: true}\n");
+        assert!(e.contains("services[0].syn_cookies"), "{e}");
+        // Off for a service that cannot have them is no error.
+        Config::parse(
+            "services:\n  - {kind: sip, port: 5060, syn_cookies: false}\n",
+            "t",
+        )
+        .unwrap();
     }
 
     #[test]

@@ -114,9 +114,11 @@ pub struct Service {
     pub proto: Option<Proto>,
     /// TLS over TCP only: the NIC answers SYNs with SYN cookies and judges each new
     /// connection's hello before the kernel holds anything for it (a socket, a place in its
-    /// queues); only admitted connections are handed to the listener. Needs Linux 6.9 or later.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub syn_cookies: bool,
+    /// queues); only admitted connections are handed to the listener. Unset, on wherever the
+    /// kernel can hand connections to listeners from BPF (Linux 6.9 and later); `true` refuses
+    /// the service on a kernel that cannot; `false` leaves SYNs to the kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syn_cookies: Option<bool>,
     /// TLS only: a server the gateway does not terminate (nginx, HAProxy, Envoy), whose
     /// sessions the NIC learns from its packets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -129,6 +131,13 @@ impl Service {
         self.proto.unwrap_or(self.kind.default_proto())
     }
 
+    /// Whether the NIC answers this service's SYNs with cookies: as set, else on for TLS over
+    /// TCP where the kernel can hand connections over (`kernel_can`).
+    pub fn syn_cookies(&self, kernel_can: bool) -> bool {
+        self.syn_cookies
+            .unwrap_or(kernel_can && cookies_by_default(self.kind, self.proto()))
+    }
+
     /// The services-map key.
     pub fn key(&self) -> ServiceKey {
         ServiceKey::new(self.proto().number(), self.port.0)
@@ -139,3 +148,10 @@ impl Service {
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(transparent)]
 pub struct Services(pub Vec<Service>);
+
+/// Whether a service of `kind` over `proto` has SYN cookies unless its config says otherwise
+/// (where the kernel can hand connections over): TLS over TCP, whose new connections a flood
+/// of hellos would otherwise hold in the kernel's queues before they are judged.
+pub const fn cookies_by_default(kind: ServiceKind, proto: Proto) -> bool {
+    matches!((kind, proto), (ServiceKind::Tls, Proto::Tcp))
+}

@@ -128,6 +128,10 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
                 for m in &a.moved {
                     info!(iface = %a.iface, "{m}");
                 }
+                let kernel_can = crate::kfunc::available(crate::maps::HANDOFF_KFUNC);
+                for line in cfg.syn_answers(kernel_can) {
+                    info!(iface = %a.iface, "{line}");
+                }
                 info!(
                     iface = %a.iface, mode = a.mode.name(), link_id = a.link_id,
                     program_id = a.program_id, replaced = a.replaced,

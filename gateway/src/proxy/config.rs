@@ -720,6 +720,7 @@ impl Default for Timeouts {
 mod tests {
     use super::TlsVersion;
     use crate::config::Config;
+    use gateway_common::maps::{SERVICE_SYN_COOKIES, SERVICE_TERMINATED};
 
     fn err(yaml: &str) -> String {
         Config::parse(yaml, "t.yaml").unwrap_err().to_string()
@@ -739,8 +740,11 @@ mod tests {
         assert_eq!(p.tls.ticket_rotation.0.as_secs(), 1800);
         assert!(p.tls.cert_key.is_some());
         // The listener's port is a terminated tls service.
-        let (key, value) = c.all_services()[0];
-        assert_eq!((key.port, value.flags), (8443, 1));
+        let (key, value) = c.all_services_where(false)[0];
+        assert_eq!((key.port, value.flags), (8443, SERVICE_TERMINATED));
+        // With SYN cookies where the kernel can hand connections over.
+        let (_, value) = c.all_services_where(true)[0];
+        assert_eq!(value.flags, SERVICE_TERMINATED | SERVICE_SYN_COOKIES);
     }
 
     #[test]

@@ -22,6 +22,30 @@ fn cookie_service(port: u16) -> String {
     format!("services:\n  - {{kind: tls, port: {port}, syn_cookies: true}}\n")
 }
 
+/// A rustls server on GW_V4:`port` behind `gateway run` with the port in SYN-cookie mode
+/// (the daemon first among the fields: it stops before the namespaces go). Taken apart, bind
+/// `net` first and `daemon` last, so that they drop the same way round.
+struct CookieServer {
+    daemon: Daemon,
+    server: RustlsServer,
+    cert: Cert,
+    net: TestNet,
+}
+
+fn rustls_behind_cookies(port: u16) -> CookieServer {
+    let net = TestNet::new();
+    let cert = Cert::new();
+    let listener = net.in_gw(|| std::net::TcpListener::bind((GW_V4, port)).expect("bind"));
+    let server = RustlsServer::start(&cert, listener);
+    let daemon = Daemon::start_config(&net, &cert.file(""), &cookie_service(port));
+    CookieServer {
+        daemon,
+        server,
+        cert,
+        net,
+    }
+}
+
 /// An s_server on 443 behind `gateway run` with 443 in SYN-cookie mode.
 fn setup() -> BehindGateway {
     BehindGateway::new(&[], &cookie_service(443))
@@ -224,11 +248,12 @@ fn with_syn_cookies_a_post_quantum_rustls_resumption_spans_two_segments_and_is_v
     if !have_root("with_syn_cookies_a_post_quantum_rustls_resumption") {
         return;
     }
-    let net = TestNet::new();
-    let cert = Cert::new();
-    let listener = net.in_gw(|| std::net::TcpListener::bind("0.0.0.0:8443").unwrap());
-    let server = RustlsServer::start(&cert, listener);
-    let daemon = Daemon::start_config(&net, &cert.file(""), &cookie_service(8443));
+    let CookieServer {
+        net,
+        cert,
+        server,
+        daemon,
+    } = rustls_behind_cookies(8443);
     let config = rustls_config(&cert);
     let addr = format!("{GW_V4}:8443");
     let tls = |field: &str| net.stats()["tls"][field].as_u64().unwrap();
@@ -465,13 +490,14 @@ fn with_syn_cookies_a_client_reusing_its_port_while_the_server_holds_it_in_time_
     if !have_root("with_syn_cookies_a_client_reusing_its_port") {
         return;
     }
-    let net = TestNet::new();
-    let cert = Cert::new();
     // The rustls server closes first: its end of each connection stays in TIME_WAIT, and the
     // client's next connection from the same port arrives on that 4-tuple.
-    let listener = net.in_gw(|| std::net::TcpListener::bind((GW_V4, 443)).expect("bind"));
-    let _server = RustlsServer::start(&cert, listener);
-    let daemon = Daemon::start_config(&net, &cert.file(""), &cookie_service(443));
+    let CookieServer {
+        net,
+        cert,
+        server: _server,
+        daemon,
+    } = rustls_behind_cookies(443);
     let config = rustls_config(&cert);
     // rustls from port 40404 each time: a GET, the answer read to its end (the server closes).
     let fetch = || {
@@ -512,11 +538,12 @@ fn with_syn_cookies_and_tls_new_closed_two_segment_hellos_make_no_connection_and
     if !have_root("with_syn_cookies_and_tls_new_closed_two_segment_hellos") {
         return;
     }
-    let net = TestNet::new();
-    let cert = Cert::new();
-    let listener = net.in_gw(|| std::net::TcpListener::bind((GW_V4, 8443)).expect("bind"));
-    let server = RustlsServer::start(&cert, listener);
-    let daemon = Daemon::start_config(&net, &cert.file(""), &cookie_service(8443));
+    let CookieServer {
+        net,
+        cert,
+        server,
+        daemon,
+    } = rustls_behind_cookies(8443);
     let addr = format!("{GW_V4}:8443");
     let tls = |field: &str| net.stats()["tls"][field].as_u64().unwrap();
     // A session for the resumed clients, its tickets published.
@@ -609,11 +636,12 @@ fn with_syn_cookies_and_tls_new_closed_a_resumed_client_whose_first_segment_is_l
     if !have_root("with_syn_cookies_a_resumed_client_whose_first_segment_is_lost") {
         return;
     }
-    let net = TestNet::new();
-    let cert = Cert::new();
-    let listener = net.in_gw(|| std::net::TcpListener::bind((GW_V4, 8443)).expect("bind"));
-    let server = RustlsServer::start(&cert, listener);
-    let daemon = Daemon::start_config(&net, &cert.file(""), &cookie_service(8443));
+    let CookieServer {
+        net,
+        cert,
+        server,
+        daemon,
+    } = rustls_behind_cookies(8443);
     let addr = format!("{GW_V4}:8443");
     let tls = |field: &str| net.stats()["tls"][field].as_u64().unwrap();
     let config = rustls_config(&cert);
@@ -787,11 +815,12 @@ fn with_syn_cookies_clients_setting_ip_options_are_judged_like_any_other() {
     if !have_root("with_syn_cookies_clients_setting_ip_options") {
         return;
     }
-    let net = TestNet::new();
-    let cert = Cert::new();
-    let listener = net.in_gw(|| std::net::TcpListener::bind((GW_V4, 8443)).expect("bind"));
-    let _server = RustlsServer::start(&cert, listener);
-    let daemon = Daemon::start_config(&net, &cert.file(""), &cookie_service(8443));
+    let CookieServer {
+        net,
+        cert: _cert,
+        server: _server,
+        daemon,
+    } = rustls_behind_cookies(8443);
     let addr = format!("{GW_V4}:8443");
     let dp = |field: &str| net.stats()["datapath"][field].as_u64().unwrap();
     let hello = gateway_common::testing::HelloBuilder::default().build();

@@ -3,7 +3,10 @@
 
 use gateway_common::{
     Class,
-    maps::{SERVICE_SYN_COOKIES, ServiceKey, ServiceKind, ServiceValue},
+    maps::{
+        HOLDS_PER_SOURCE_BURST, HOLDS_PER_SOURCE_PER_SECOND, SERVICE_SYN_COOKIES, ServiceKey,
+        ServiceKind, ServiceValue,
+    },
     packet::{TCP_ACK, TCP_RST, TCP_SYN},
     syncookie::{OUR_WSCALE, SYNACK_WINDOW, parse_options},
     testing::HelloBuilder,
@@ -26,13 +29,26 @@ const SERVER: [u8; 4] = [10, 0, 0, 1];
 
 /// An Ethernet + IPv4 + TCP frame from the client to tcp/443, checksums right.
 fn tcp4(sport: u16, seq: u32, ack: u32, flags: u8, opts: &[u8], payload: &[u8]) -> Vec<u8> {
+    tcp4_from(CLIENT, sport, seq, ack, flags, opts, payload)
+}
+
+/// The same from the address `client`.
+fn tcp4_from(
+    client: [u8; 4],
+    sport: u16,
+    seq: u32,
+    ack: u32,
+    flags: u8,
+    opts: &[u8],
+    payload: &[u8],
+) -> Vec<u8> {
     assert_eq!(opts.len() % 4, 0);
     let tcp_len = 20 + opts.len() + payload.len();
     let mut f = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00];
     let mut ip = vec![0x45, 0];
     ip.extend_from_slice(&((20 + tcp_len) as u16).to_be_bytes());
     ip.extend_from_slice(&[0, 0, 0x40, 0, 64, 6, 0, 0]);
-    ip.extend_from_slice(&CLIENT);
+    ip.extend_from_slice(&client);
     ip.extend_from_slice(&SERVER);
     let c = !(ones_sum(&ip) as u16);
     ip[10..12].copy_from_slice(&c.to_be_bytes());
@@ -48,7 +64,7 @@ fn tcp4(sport: u16, seq: u32, ack: u32, flags: u8, opts: &[u8], payload: &[u8]) 
     tcp.extend_from_slice(opts);
     tcp.extend_from_slice(payload);
     let mut pseudo = Vec::new();
-    pseudo.extend_from_slice(&CLIENT);
+    pseudo.extend_from_slice(&client);
     pseudo.extend_from_slice(&SERVER);
     pseudo.extend_from_slice(&[0, 6]);
     pseudo.extend_from_slice(&(tcp_len as u16).to_be_bytes());
@@ -737,6 +753,109 @@ fn held_hello_after_loss() {
     assert_eq!(tls(&prog, "held_resent"), 4);
 }
 
+/// Issue 52: one address finishing handshakes and sending first segments of hellos while
+/// tls-new refuses keeps at most its budget of them in the bounded table of held payloads,
+/// where other clients' held payloads wait (a retransmission timeout, after a loss); its
+/// further holds are kept in a small table of their own, which only it churns. Its own
+/// clients are held and served as ever, and another address's hold goes to the main table.
+#[test]
+fn one_address_keeps_at_most_its_budget_of_held_payloads_among_other_clients() {
+    if !have_root("one_address_keeps_at_most_its_budget_of_held_payloads") {
+        return;
+    }
+    let mut prog = cookie_program();
+    close_tls_new(&mut prog);
+    as_attached(&mut prog, false);
+    let new = HelloBuilder::default().build();
+    let resumed = HelloBuilder {
+        session_id: (0..32).collect(),
+        ..Default::default()
+    }
+    .build();
+    publish(&mut prog, &resumed);
+    let segments_from = |client: [u8; 4], sport: u16, hello: &[u8]| {
+        let syn = tcp4_from(
+            client,
+            sport,
+            10,
+            0,
+            TCP_SYN,
+            &[2, 4, 0x05, 0xb4, 1, 1, 4, 2],
+            &[],
+        );
+        let (action, out) = prog.run_out(&syn);
+        assert_eq!(action, XDP_TX, "the NIC's SYN-ACK");
+        let ack = syn_ack_of(&syn, &out, 10).0.wrapping_add(1);
+        (
+            tcp4_from(client, sport, 11, ack, TCP_ACK, &[], &hello[..60]),
+            tcp4_from(client, sport, 71, ack, TCP_ACK, &[], &hello[60..]),
+        )
+    };
+    let main = || prog.hash_entries("HELD_SEGMENTS") as u64;
+    let apart = || prog.hash_entries("HELD_OVER_BUDGET") as u64;
+    let given_back = |since: std::time::Instant| {
+        (since.elapsed().as_secs_f64() * HOLDS_PER_SOURCE_PER_SECOND as f64).ceil() as u64
+    };
+    // Handshakes first (they spend no budget), then first segments as fast as one thread can
+    // send them, from one address, until its holds are kept apart: the budget's burst, plus
+    // what its rate gave back meanwhile, in the main table.
+    let cap = 4 * HOLDS_PER_SOURCE_BURST;
+    let firsts: Vec<_> = (1..=cap)
+        .map(|sport| segments_from(CLIENT, sport as u16, &new).0)
+        .collect();
+    let started = std::time::Instant::now();
+    let mut in_main = 0;
+    for first in &firsts {
+        assert_eq!(seen(&prog, first), Seen::Acked(vec![(11, 71)]), "held");
+        if tls(&prog, "holds_over_budget") > 0 {
+            break;
+        }
+        in_main += 1;
+    }
+    let bound = HOLDS_PER_SOURCE_BURST + 1 + given_back(started);
+    assert!(
+        in_main > HOLDS_PER_SOURCE_BURST && in_main <= bound,
+        "{in_main} kept in the main table before the budget bound (at most {bound})"
+    );
+    assert_eq!(main(), in_main);
+    assert_eq!(apart(), 1);
+    // Twice as many as the table apart keeps, more: each still held and answered, the main
+    // table growing only by what the rate gives back.
+    let more: Vec<_> = (cap + 1..=cap + 2 * 1024)
+        .map(|sport| segments_from(CLIENT, sport as u16, &new).0)
+        .collect();
+    for first in &more {
+        assert_eq!(seen(&prog, first), Seen::Acked(vec![(11, 71)]), "held");
+    }
+    let bound = HOLDS_PER_SOURCE_BURST + 1 + given_back(started);
+    assert!(
+        main() <= bound,
+        "{} in the main table (at most {bound})",
+        main()
+    );
+    assert!(apart() <= 1024, "{} kept apart", apart());
+    assert!(
+        tls(&prog, "holds_over_budget") >= (more.len() as u64).saturating_sub(given_back(started)),
+        "{} kept apart",
+        tls(&prog, "holds_over_budget")
+    );
+    // A resumed client of that address (kept apart unless the rate gave a place back): held,
+    // and carried when its second segment admits its hello.
+    let (first, second) = segments_from(CLIENT, (cap + 2 * 1024 + 1) as u16, &resumed);
+    assert_eq!(seen(&prog, &first), Seen::Acked(vec![(11, 71)]));
+    let before = prog.counters();
+    assert_eq!(seen(&prog, &second), Seen::HandedOver);
+    assert_eq!(
+        prog.counters().class_since(&before),
+        Some(Class::TlsResumed)
+    );
+    // Another address: kept in the main table.
+    let over = tls(&prog, "holds_over_budget");
+    let (first, _) = segments_from([10, 0, 0, 3], 1, &new);
+    assert_eq!(seen(&prog, &first), Seen::Acked(vec![(11, 71)]));
+    assert_eq!(tls(&prog, "holds_over_budget"), over);
+}
+
 /// What the NIC made of one of a client's segments, as the client (or the kernel behind the
 /// NIC) would see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -839,6 +958,8 @@ fn campaign() {
     };
     let (mut handed, mut reset, mut rounds_most) = (0, 0, 0);
     for c in 0..3000u32 {
+        // Each connection a client of its own (one address has a budget of holds).
+        let client = [10, 1, (c >> 8) as u8, c as u8];
         let sport = 20000 + c as u16;
         let isn = next() as u32;
         let sack = next() % 4 != 0;
@@ -849,7 +970,7 @@ fn campaign() {
         } else {
             &[2, 4, 0x05, 0xb4]
         };
-        let syn = tcp4(sport, isn, 0, TCP_SYN, syn_opts, &[]);
+        let syn = tcp4_from(client, sport, isn, 0, TCP_SYN, syn_opts, &[]);
         let (action, out) = prog.run_out(&syn);
         assert_eq!(action, XDP_TX);
         let ack = syn_ack_of(&syn, &out, isn).0.wrapping_add(1);
@@ -866,7 +987,8 @@ fn campaign() {
         let segment = |j: usize, len: Option<usize>| {
             let (from, to) = (bounds[j], bounds[j + 1]);
             let to = len.map_or(to, |l| from + l.min(to - from));
-            tcp4(
+            tcp4_from(
+                client,
                 sport,
                 isn.wrapping_add(1 + from as u32),
                 ack,

@@ -251,7 +251,7 @@ fn a_build_whose_map_layout_differs_takes_over_under_traffic_and_loses_nothing()
         .unwrap_or_else(|| panic!("the changed map is carried over: {:?}", daemon.log));
     // The fields this build added since the previous release, each at zero.
     assert!(
-        carried.contains("with holds_full, cookies_sent, cookie_acks, cookie_hellos, handoffs, handoffs_failed, cookies_declined, hellos_held, held_handoffs, held_carried, held_unmatched, tags_verified, tags_refused, keys_learnt, keys_unlearnt, offers_declined, macs_verified, macs_refused, macs_unchecked, held_sacked, held_resent, cookies_no_listener added at zero"),
+        carried.contains("with holds_full, cookies_sent, cookie_acks, cookie_hellos, handoffs, handoffs_failed, cookies_declined, hellos_held, held_handoffs, held_carried, held_unmatched, tags_verified, tags_refused, keys_learnt, keys_unlearnt, offers_declined, macs_verified, macs_refused, macs_unchecked, held_sacked, held_resent, cookies_no_listener, holds_over_budget added at zero"),
         "{carried}"
     );
     // The issued keys too: the ticket expiry this build added starts at zero (the daemon

@@ -109,6 +109,16 @@ impl FlowKey4 {
 pub const TLS_REFUSED_SLOTS: u32 = 4096;
 
 impl FlowKey {
+    /// The client's address as a per-client budget counts it: an IPv4 address whole (mapped),
+    /// an IPv6 address's /64 (its last eight bytes zero), since one host has a whole /64.
+    pub fn client_source(&self) -> [u8; 16] {
+        let mut source = self.saddr;
+        if self.saddr[..12] != V4_MAPPED {
+            source[8..].copy_from_slice(&[0; 8]);
+        }
+        source
+    }
+
     /// The key of an IPv4 connection (both addresses IPv4-mapped, no padding set) as a
     /// [`FlowKey4`]; `None` for any other key.
     pub fn v4(&self) -> Option<FlowKey4> {
@@ -544,8 +554,21 @@ crate::counters! {
         /// namespace takes their port (the connection is forwarded to a server elsewhere, or
         /// the kernel resets it): a cookie would be handed to nobody.
         pub cookies_no_listener: u64,
+        /// First segments of held hellos kept apart, in a small table of their own, because
+        /// their client's address (an IPv6 /64) was over its budget of holds
+        /// ([`HOLDS_PER_SOURCE_PER_SECOND`]): they cannot evict other clients' held payloads.
+        pub holds_over_budget: u64,
     }
 }
+
+/// First segments of multi-segment hellos one client address (an IPv6 /64) may have kept in the
+/// main table of held payloads a second, on average (SYN-cookie mode, while tls-new refuses).
+/// That table is bounded (4,096, LRU) and a client whose next segment was lost needs its
+/// payload kept for a retransmission timeout: so one address finishing handshakes faster has
+/// its further holds kept in a small table of their own, which only it churns.
+pub const HOLDS_PER_SOURCE_PER_SECOND: u64 = 64;
+/// Holds one client address may have in the main table at once beyond its rate (the burst).
+pub const HOLDS_PER_SOURCE_BURST: u64 = 256;
 
 /// Bytes of the `TLS_REJECTS` ring buffer.
 pub const TLS_REJECTS_BYTES: u32 = 64 * 1024;
@@ -582,6 +605,24 @@ mod tests {
         key.daddr[10..12].copy_from_slice(&[0xff, 0xff]);
         key.daddr[12..].copy_from_slice(&[10, 99, 0, 1]);
         key
+    }
+
+    /// An IPv4 client is budgeted by its address, an IPv6 one by its /64.
+    #[test]
+    fn a_client_source_is_an_ipv4_address_or_an_ipv6_64() {
+        let key = v4_key([10, 99, 0, 2], 40000);
+        assert_eq!(key.client_source(), key.saddr);
+        let mut other = v4_key([10, 99, 0, 3], 40000);
+        assert_ne!(other.client_source(), key.client_source());
+        other.saddr = [0x20, 1, 0xd, 0xb8, 0, 0, 0, 7, 1, 2, 3, 4, 5, 6, 7, 8];
+        let mut same_64 = other;
+        same_64.saddr[15] = 9;
+        same_64.sport = 1;
+        assert_eq!(other.client_source(), same_64.client_source());
+        assert_eq!(other.client_source()[8..], [0; 8]);
+        let mut next_64 = other;
+        next_64.saddr[7] = 8;
+        assert_ne!(other.client_source(), next_64.client_source());
     }
 
     /// An IPv4 key goes to a `FlowKey4` and back unchanged; an IPv6 key (even one of the

@@ -27,7 +27,10 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use gateway_common::{
-    maps::{FINISHER_ATTACHED, FLOW_ADMITTED, FlowKey, IPPROTO_TCP},
+    maps::{
+        FINISHER_ATTACHED, FLOW_ADMITTED, FlowKey, HOLDS_PER_SOURCE_BURST,
+        HOLDS_PER_SOURCE_PER_SECOND, IPPROTO_TCP,
+    },
     packet::{Packet, PacketKind, parse},
 };
 
@@ -37,6 +40,7 @@ use crate::{
     context::{Action, CopyOut, Rewrite},
     maps::finisher,
     reply::resegment,
+    sync::{gcra, now_ns},
 };
 
 /// The metadata tag of a frame the XDP reply program hands to the finishing program to carry a
@@ -48,8 +52,9 @@ pub const HELD_MAX: u32 = 1500;
 /// Bytes of a kept payload's buffer: [`HELD_MAX`] rounded up to whole checksum chunks, zero
 /// past the payload.
 const HELD_BYTES: usize = 1536;
-/// Held first segments kept at most (about 6 MB): a flood of held hellos evicts the oldest,
-/// which a client's next segment follows by microseconds.
+/// Held first segments kept at most within their addresses' budgets (about 6 MB): a flood of
+/// held hellos from many addresses evicts the oldest, which a client's next segment follows by
+/// microseconds (after a loss, by a retransmission timeout: such a client is reset).
 const MAX_HELD: usize = 4096;
 /// Bytes `bpf_csum_diff` sums in one call at most.
 const CSUM_CHUNK: u32 = 512;
@@ -66,16 +71,59 @@ pub struct HeldSegment {
 }
 
 /// Held first segments' payloads by connection (LRU; not pinned: a hello's two segments come
-/// microseconds apart).
+/// microseconds apart), each client address within its budget ([`may_hold`]).
 #[btf_map]
 static HELD_SEGMENTS: LruHashMap<FlowKey, HeldSegment, MAX_HELD> = LruHashMap::new();
+
+/// Payloads held past their client address's budget (LRU, not pinned): one address holding
+/// faster than its budget churns this table, not the payloads of other clients' holds, which
+/// may wait a retransmission timeout for a lost segment. Its own clients' hellos are still
+/// carried (their two segments come microseconds apart), unless they meet a loss.
+#[btf_map]
+static HELD_OVER_BUDGET: LruHashMap<FlowKey, HeldSegment, MAX_HELD_OVER_BUDGET> = LruHashMap::new();
+
+/// Payloads held past their address's budget kept at most (about 1.5 MB).
+const MAX_HELD_OVER_BUDGET: usize = 1024;
 
 /// An all-zero [`HeldSegment`], the value each kept payload starts from (never written).
 #[btf_map]
 static HELD_EMPTY: Array<HeldSegment, 1> = Array::new();
 
+/// Client addresses whose holds are budgeted at most: an address evicted from here starts a
+/// fresh budget, which only many addresses can make happen.
+const MAX_HOLDERS: usize = 4096;
+
+/// Each client address's budget of holds (an IPv6 /64's; LRU, not pinned): the theoretical
+/// arrival time of its next hold, in ns ([`may_hold`]).
+#[btf_map]
+static HOLDS_BY_SOURCE: LruHashMap<[u8; 16], u64, MAX_HOLDERS> = LruHashMap::new();
+
+/// Whether the client of `key` may have one more first segment kept in [`HELD_SEGMENTS`] at
+/// `now`: within [`HOLDS_PER_SOURCE_PER_SECOND`] a second and [`HOLDS_PER_SOURCE_BURST`] at
+/// once, counted per address (an IPv6 /64: one host has a whole one).
+#[inline(always)]
+fn may_hold(key: &FlowKey, now: u64) -> bool {
+    let interval = 1_000_000_000 / HOLDS_PER_SOURCE_PER_SECOND;
+    let source = key.client_source();
+    if let Some(tat) = HOLDS_BY_SOURCE.get_ptr_mut(&source) {
+        return gcra(tat, interval, HOLDS_PER_SOURCE_BURST, now);
+    }
+    // The address's first hold (or first since its budget was evicted).
+    let _ = HOLDS_BY_SOURCE.insert(&source, &(now + interval), 0);
+    true
+}
+
+/// The payload kept for the connection `key`, in either table.
+#[inline(always)]
+fn kept(key: &FlowKey) -> Option<*mut HeldSegment> {
+    HELD_SEGMENTS
+        .get_ptr_mut(key)
+        .or_else(|| HELD_OVER_BUDGET.get_ptr_mut(key))
+}
+
 /// Keeps the payload (`payload_len` bytes) of `pkt`, the held first segment of the connection
-/// `key`. Nothing is kept for a payload longer than [`HELD_MAX`].
+/// `key`: in [`HELD_SEGMENTS`] within its client address's budget, else in
+/// [`HELD_OVER_BUDGET`]. Nothing is kept for a payload longer than [`HELD_MAX`].
 #[inline(always)]
 pub fn keep<C: CopyOut>(ctx: &C, pkt: &Packet, key: &FlowKey, payload_len: u32) {
     let n = opaque(u64::from(payload_len));
@@ -86,10 +134,21 @@ pub fn keep<C: CopyOut>(ctx: &C, pkt: &Packet, key: &FlowKey, payload_len: u32) 
         return;
     };
     // SAFETY: the array's one entry, never written.
-    if HELD_SEGMENTS.insert(key, unsafe { &*empty }, 0).is_err() {
+    let empty = unsafe { &*empty };
+    // In one table, and not the other (a payload of an earlier connection of the same
+    // 4-tuple would be found first).
+    let inserted = if may_hold(key, now_ns()) {
+        let _ = HELD_OVER_BUDGET.remove(key);
+        HELD_SEGMENTS.insert(key, empty, 0)
+    } else {
+        count(|c| c.holds_over_budget += 1);
+        let _ = HELD_SEGMENTS.remove(key);
+        HELD_OVER_BUDGET.insert(key, empty, 0)
+    };
+    if inserted.is_err() {
         return;
     }
-    let Some(h) = HELD_SEGMENTS.get_ptr_mut(key) else {
+    let Some(h) = kept(key) else {
         return;
     };
     // SAFETY: the entry just inserted, touched only by this connection's packets.
@@ -101,10 +160,12 @@ pub fn keep<C: CopyOut>(ctx: &C, pkt: &Packet, key: &FlowKey, payload_len: u32) 
     }
 }
 
-/// Forgets the first segment kept for the connection `key` (its hello was refused).
+/// Forgets the first segment kept for the connection `key` (its hello was refused, or its
+/// payload went to the listener).
 #[inline(always)]
 pub fn forget(key: &FlowKey) {
     let _ = HELD_SEGMENTS.remove(key);
+    let _ = HELD_OVER_BUDGET.remove(key);
 }
 
 /// Whether the `len` payload bytes copied into `s.buf` (zero past them to a word), from `seq`,
@@ -118,7 +179,7 @@ pub extern "C" fn gateway_kept_matches(s: *const Scratch, seq: u32, len: u32) ->
     }
     // SAFETY: the caller's per-CPU scratch.
     let s = unsafe { &*s };
-    let Some(h) = HELD_SEGMENTS.get_ptr(&s.key) else {
+    let Some(h) = kept(&s.key) else {
         return -1;
     };
     // SAFETY: this connection's entry, touched only by its packets.
@@ -178,7 +239,7 @@ pub fn compare_kept<C: CopyOut>(ctx: &C, pkt: &Packet, s: &mut Scratch, payload_
     }
     match gateway_kept_matches(s, t.seq, n as u32) {
         1 => {
-            let _ = HELD_SEGMENTS.remove(&s.key);
+            forget(&s.key);
             Kept::Same
         }
         -1 => Kept::Gone,
@@ -242,7 +303,7 @@ fn sum_at(p: *const u8, n: u32, chunks: u32, odd: bool) -> u64 {
 /// and both can be carried in one segment: its payload's length.
 #[inline(always)]
 fn held(s: &Scratch, pkt: &Packet, first_seq: u32) -> Option<(*const HeldSegment, u32)> {
-    let h = HELD_SEGMENTS.get_ptr(&s.key)?;
+    let h: *const HeldSegment = kept(&s.key)?;
     // SAFETY: this connection's entry, touched only by its packets.
     let (seq, l1) = unsafe { ((*h).seq, (*h).len) };
     let l2 = u32::from(pkt.payload_len());
@@ -358,7 +419,7 @@ fn carry<R: Rewrite + CopyOut>(
     ) {
         return Some(Action::Drop);
     }
-    let _ = HELD_SEGMENTS.remove(&s.key);
+    forget(&s.key);
     // The kernel has the connection now: its later segments (and copies of these) pass.
     if let Some(f) = flows::get(s, pkt.ip_version == 4) {
         // SAFETY: the entry of this connection, touched only by its packets.

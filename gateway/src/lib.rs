@@ -22,6 +22,7 @@ pub mod issued;
 pub mod kfunc;
 pub mod layouts;
 pub mod loader;
+pub mod logging;
 pub mod maps;
 pub mod metrics;
 pub mod notify;

@@ -1,10 +1,9 @@
 //! The `gateway` binary: parses the command line and runs the command.
 
-use std::{io::IsTerminal as _, process::ExitCode};
+use std::process::ExitCode;
 
 use clap::Parser as _;
 use gateway::cmd::{self, Cli};
-use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -41,26 +40,27 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match cli.log_format {
-        cmd::LogFormat::Json => logs.json().init(),
-        cmd::LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+    let logs = gateway::logging::init(cli.log_format);
+    let result = cmd::run(cli);
+    // One line. A kernel refusal can carry the verifier's whole log: that goes to the debug log,
+    // and the line keeps its first and last sentences.
+    let text = result.as_ref().err().map(ToString::to_string);
+    if let Some(text) = &text
+        && text.lines().filter(|l| !l.trim().is_empty()).count() > 1
+    {
+        tracing::debug!("{text}");
     }
-    match cmd::run(cli) {
+    // Every line logged is written before the last words.
+    drop(logs);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // One line. A kernel refusal can carry the verifier's whole log: that goes to the debug
-            // log, and the line keeps its first and last sentences.
-            let text = e.to_string();
+            let text = text.unwrap_or_default();
             let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
             let first = lines.next().unwrap_or_default();
             match lines.next_back() {
                 Some(last) => {
-                    tracing::debug!("{text}");
-                    eprintln!("gateway: error: {first} ... {last} (full log: RUST_LOG=debug)");
+                    eprintln!("gateway: error: {first} ... {last} (full log: RUST_LOG=debug)")
                 }
                 None => eprintln!("gateway: error: {first}"),
             }

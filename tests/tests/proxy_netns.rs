@@ -2465,3 +2465,93 @@ fn a_listener_serves_the_certificate_of_the_name_asked_for_and_its_versions_and_
     let said = s.s_client(&["-tls1_2"]);
     assert!(!said.contains("BEGIN CERTIFICATE"), "{said}");
 }
+
+/// Issue 54: the access log. Each connection leaves one line as it ends (target
+/// `gateway::access`; one JSON object with `--log-format json`): the client, the server name it
+/// asked for, its TLS version, a full or resumed handshake, the backend, the bytes each way,
+/// its duration and outcome; a hello that is no TLS leaves one too. A listener's
+/// `access_log: false` writes none, and a reload turns it back on.
+#[test]
+fn each_connection_leaves_an_access_line_of_what_it_was() {
+    if !have_root("each_connection_leaves_an_access_line") {
+        return;
+    }
+    let mut s = Setup::new();
+    let backend = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+    let members = format!("{{address: {}}}", backend.addr);
+    let cfg = Daemon::write_config(&s.net, &s.cert.file(""), &s.body(&members, "", "", ""));
+    s.daemon = Some(Daemon::start(
+        &s.net,
+        &["--log-format", "json", "--config", cfg.to_str().unwrap()],
+        Duration::from_secs(30),
+    ));
+    let next_access = |s: &mut Setup| {
+        let line = s
+            .daemon
+            .as_mut()
+            .unwrap()
+            .wait_for("\"gateway::access\"", Duration::from_secs(10));
+        let v: serde_json::Value = serde_json::from_str(&line).expect("a JSON line");
+        assert_eq!(v["level"], "INFO", "{line}");
+        v["fields"].clone()
+    };
+    let config = rustls_config(&s.cert);
+    let peer = gateway_tests::netns::PEER_V4;
+    for kind in [HandshakeKind::Full, HandshakeKind::Resumed] {
+        let (got, answer) = s.fetch(&config).expect("a fetch through the proxy");
+        assert_eq!(got, kind);
+        let f = next_access(&mut s);
+        let client = f["client"].as_str().unwrap();
+        assert!(client.starts_with(&format!("{peer}:")), "{f}");
+        assert_eq!(f["listener"], format!("{GW_V4}:{PORT}"), "{f}");
+        assert_eq!(f["sni"], "gateway-test", "{f}");
+        assert_eq!(f["tls"], "TLSv1.3", "{f}");
+        let handshake = if kind == HandshakeKind::Full {
+            "full"
+        } else {
+            "resumed"
+        };
+        assert_eq!(f["handshake"], handshake, "{f}");
+        assert_eq!(f["backend"], backend.addr.to_string(), "{f}");
+        assert_eq!(f["bytes_in"], GET.len() as u64, "{f}");
+        assert_eq!(f["bytes_out"], answer.len() as u64, "{f}");
+        assert!(f["duration_ms"].as_f64().unwrap() > 0.0, "{f}");
+        assert_eq!(f["outcome"], "proxied", "{f}");
+    }
+    // Plain HTTP where a hello must be: a failed handshake, nothing negotiated.
+    let plain = |s: &Setup| {
+        let addr = s.addr();
+        s.net.in_peer(|| {
+            let mut c = TcpStream::connect(&addr).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            c.write_all(GET).unwrap();
+            let _ = c.read_to_end(&mut Vec::new());
+        });
+    };
+    plain(&s);
+    let f = next_access(&mut s);
+    assert_eq!(f["outcome"], "handshake_error", "{f}");
+    assert_eq!(
+        (&f["sni"], &f["tls"], &f["handshake"]),
+        (&"-".into(), &"-".into(), &"-".into())
+    );
+    assert_eq!(f["backend"], "-", "{f}");
+    assert_eq!(
+        (&f["bytes_in"], &f["bytes_out"]),
+        (&0.into(), &0.into()),
+        "{f}"
+    );
+    // Off, a plain connection leaves no line: the next one is the proxied fetch after it, once
+    // a reload turned the log on again.
+    s.reload(&members, "    access_log: false\n", "");
+    plain(&s);
+    s.reload(&members, "", "");
+    s.fetch(&config).expect("a fetch through the proxy");
+    let f = next_access(&mut s);
+    assert_eq!(
+        f["outcome"], "proxied",
+        "the connection made while off left none: {f}"
+    );
+    let (status, log) = s.daemon.take().unwrap().terminate(Duration::from_secs(10));
+    assert!(status.success(), "{log:?}");
+}

@@ -325,6 +325,7 @@ async fn serve(
             &attached,
         )));
         registry.register_collector(Box::new(crate::metrics::process::ProcessCollector));
+        registry.register_collector(Box::new(crate::logging::LogCollector));
         let listener = bind(addr).await?;
         let refresh: Vec<crate::metrics::Refresh> = proxies
             .proxies

@@ -84,6 +84,10 @@ pub struct ProxyConfig {
     /// first byte, within `timeouts.request`: a connection that finished its handshake and sends
     /// nothing holds no backend place.
     pub server_speaks_first: bool,
+    /// One line per connection in the daemon's log (target `gateway::access`: client, SNI, TLS
+    /// version, resumed or not, backend, bytes each way, duration, outcome; JSON with
+    /// `--log-format json`), as nginx's `access_log`. Default on; `false` writes none.
+    pub access_log: bool,
 }
 
 /// Active checks of a listener's members (HAProxy's `check`, nginx's `health_check`): each is
@@ -214,6 +218,12 @@ struct RawProxy {
     max_per_client: u32,
     #[serde(default)]
     server_speaks_first: bool,
+    #[serde(default = "yes")]
+    access_log: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// One address's share of a listener's backend places: room for a busy NAT or a browser's
@@ -279,6 +289,7 @@ impl TryFrom<RawProxy> for ProxyConfig {
             health_check: r.health_check,
             max_per_client: r.max_per_client,
             server_speaks_first: r.server_speaks_first,
+            access_log: r.access_log,
         })
     }
 }

@@ -20,6 +20,7 @@
 //! 5. The first bytes, then bytes relayed both ways until both sides have ended (each side's end half-closes the
 //!    other), either side fails, or neither sends for the idle timeout.
 
+pub mod access;
 pub mod check;
 pub mod config;
 pub mod cputime;
@@ -384,14 +385,18 @@ impl Proxy {
     async fn connection(self: Arc<Self>, sock: TcpStream, peer: SocketAddr, place: Place) {
         let _place = place;
         self.own.open.inc();
+        let began = tokio::time::Instant::now();
+        let mut entry = access::Entry::default();
         // The session it resumes, for the tickets it is issued (`crate::tls::lineage`).
-        let outcome = Lineage::new().scope(self.run(sock, peer)).await;
+        let outcome = Lineage::new().scope(self.run(sock, peer, &mut entry)).await;
         self.own.open.dec();
         self.own.outcome(outcome);
-        debug!(listener = %self.label, %peer, outcome = outcome.name(), "connection ended");
+        if self.live().cfg.access_log {
+            access::log(&self.label, peer, &entry, outcome, began.elapsed());
+        }
     }
 
-    async fn run(&self, sock: TcpStream, peer: SocketAddr) -> Outcome {
+    async fn run(&self, sock: TcpStream, peer: SocketAddr, entry: &mut access::Entry) -> Outcome {
         let live = self.live();
         let (cfg, pool) = (&live.cfg, &live.pool);
         let local = sock.local_addr().unwrap_or(self.listen);
@@ -427,10 +432,14 @@ impl Proxy {
                 (Err(Outcome::HandshakeError), None)
             }
             Ok(((Ok(tls), offloaded), polled)) => {
-                let kind = match tls.get_ref().1.handshake_kind() {
+                let session = tls.get_ref().1;
+                let kind = match session.handshake_kind() {
                     Some(rustls::HandshakeKind::Resumed) => HandshakeKind::Resumed,
                     _ => HandshakeKind::Full,
                 };
+                entry.sni = session.server_name().map(str::to_owned);
+                entry.version = session.protocol_version();
+                entry.kind = Some(kind);
                 self.own.handshake(kind, polled + offloaded);
                 (Ok(tls), Some(kind))
             }
@@ -459,6 +468,7 @@ impl Proxy {
                 None => return Outcome::RequestTimeout,
             }
         };
+        entry.bytes.from_client = first.len() as u64;
         // At most `max_per_client` places for one address: refused past them, as when no
         // member has room.
         let Some(_client) = self.clients.take(peer.ip()) else {
@@ -473,7 +483,9 @@ impl Proxy {
         };
         // A negotiated protocol goes only to the members that take it.
         let speaks = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
-        let (mut backend, _slot) = match self.connect_backend(&live, class, speaks.as_deref()).await
+        let (mut backend, _slot) = match self
+            .connect_backend(&live, class, speaks.as_deref(), entry)
+            .await
         {
             Ok(connected) => connected,
             Err(refused) => {
@@ -497,7 +509,14 @@ impl Proxy {
             debug!(listener = %self.label, error = %e, "the client's first bytes not sent");
             return Outcome::BackendUnavailable;
         }
-        match relay::relay(&mut tls, &mut backend, cfg.timeouts.idle.0).await {
+        match relay::relay(
+            &mut tls,
+            &mut backend,
+            cfg.timeouts.idle.0,
+            &mut entry.bytes,
+        )
+        .await
+        {
             Ok(true) => Outcome::IdleTimeout,
             // How the relay ended (either side's close or error) is the connection's own business.
             _ => Outcome::Proxied,
@@ -553,6 +572,7 @@ impl Proxy {
         live: &Live,
         class: gate::Priority,
         speaks: Option<&[u8]>,
+        entry: &mut access::Entry,
     ) -> Result<(TcpStream, Slot), Outcome> {
         let (cfg, pool) = (&live.cfg, &live.pool);
         let deadline = tokio::time::Instant::now() + cfg.timeouts.queue.0;
@@ -596,6 +616,7 @@ impl Proxy {
                 continue;
             };
             let address = pool.members()[member].address;
+            entry.backend = Some(address);
             let connect = tokio::time::timeout(cfg.timeouts.connect.0, TcpStream::connect(address));
             match connect.await {
                 Ok(Ok(s)) => {

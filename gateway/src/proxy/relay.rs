@@ -36,6 +36,17 @@ struct Direction {
     eof: bool,
     /// The writer was shut down after the end: this direction is over.
     done: bool,
+    /// Bytes read so far.
+    read: u64,
+}
+
+/// Application bytes a relay moved each way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bytes {
+    /// From the client to the backend.
+    pub from_client: u64,
+    /// From the backend to the client.
+    pub to_client: u64,
 }
 
 impl Direction {
@@ -95,6 +106,7 @@ impl Direction {
             }
             *moved = true;
             self.flush = true;
+            self.read += n as u64;
             // Straight from the scratch buffer; what the writer cannot take now is kept.
             let mut off = 0;
             while off < n {
@@ -120,7 +132,14 @@ impl Direction {
 ///
 /// A reader's end without a TLS close_notify (a TCP FIN, as `shutdown(SHUT_WR)` sends) is an
 /// end like any other, as nginx and HAProxy treat it: the backend is told by a FIN either way.
-pub async fn relay<C, B>(client: &mut C, backend: &mut B, idle: Duration) -> io::Result<bool>
+///
+/// The bytes read each way are added to `bytes`, however it ended.
+pub async fn relay<C, B>(
+    client: &mut C,
+    backend: &mut B,
+    idle: Duration,
+    bytes: &mut Bytes,
+) -> io::Result<bool>
 where
     C: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
@@ -128,7 +147,7 @@ where
     let (mut up, mut down) = (Direction::default(), Direction::default());
     let timer = sleep(idle);
     tokio::pin!(timer);
-    poll_fn(|cx| {
+    let ended = poll_fn(|cx| {
         let mut moved = false;
         let result = SCRATCH_BUF.with(|s| {
             let mut scratch = s.borrow_mut();
@@ -161,7 +180,10 @@ where
             Poll::Pending => Poll::Pending,
         }
     })
-    .await
+    .await;
+    bytes.from_client += up.read;
+    bytes.to_client += down.read;
+    ended
 }
 
 #[cfg(test)]
@@ -181,7 +203,15 @@ mod tests {
         let (client, mut client_side) = duplex(1024);
         let (mut backend_side, mut backend) = duplex(1024);
         let relay = tokio::spawn(async move {
-            relay(&mut client_side, &mut backend_side, Duration::from_secs(10)).await
+            let mut bytes = Bytes::default();
+            let ended = relay(
+                &mut client_side,
+                &mut backend_side,
+                Duration::from_secs(10),
+                &mut bytes,
+            )
+            .await;
+            (ended, bytes)
         });
         let (up, down) = (data(300_000, 1), data(500_000, 2));
         let (u, d) = (up.clone(), down.clone());
@@ -203,7 +233,15 @@ mod tests {
         backend.write_all(&d).await.unwrap();
         backend.shutdown().await.unwrap();
         assert_eq!(client_task.await.unwrap(), down);
-        assert!(!relay.await.unwrap().unwrap());
+        let (ended, bytes) = relay.await.unwrap();
+        assert!(!ended.unwrap());
+        assert_eq!(
+            bytes,
+            Bytes {
+                from_client: 300_000,
+                to_client: 500_000
+            }
+        );
     }
 
     #[tokio::test]
@@ -216,6 +254,7 @@ mod tests {
                 &mut client_side,
                 &mut backend_side,
                 Duration::from_millis(300),
+                &mut Bytes::default(),
             )
             .await
         });
@@ -271,7 +310,13 @@ mod tests {
         let (mut backend_side, mut backend) = duplex(1024);
         let relay = tokio::spawn(async move {
             let mut client_side = NoCloseNotify(client_side);
-            relay(&mut client_side, &mut backend_side, Duration::from_secs(10)).await
+            relay(
+                &mut client_side,
+                &mut backend_side,
+                Duration::from_secs(10),
+                &mut Bytes::default(),
+            )
+            .await
         });
         client.write_all(b"request").await.unwrap();
         client.shutdown().await.unwrap();
@@ -295,7 +340,13 @@ mod tests {
         let (mut client, mut client_side) = duplex(1024);
         let (mut backend_side, mut backend) = duplex(1024);
         let relay = tokio::spawn(async move {
-            relay(&mut client_side, &mut backend_side, Duration::from_secs(10)).await
+            relay(
+                &mut client_side,
+                &mut backend_side,
+                Duration::from_secs(10),
+                &mut Bytes::default(),
+            )
+            .await
         });
         // The backend speaks first and ends its side.
         backend.write_all(b"banner\n").await.unwrap();
@@ -327,6 +378,7 @@ mod tests {
                 &mut client_side,
                 &mut backend_side,
                 Duration::from_millis(100),
+                &mut Bytes::default(),
             )
             .await
         });

@@ -61,15 +61,6 @@ enum Limit {
     Burst = 2,
 }
 
-/// Labels of a controller bound.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
-struct BoundLabels {
-    iface: String,
-    class: &'static str,
-    /// `min` or `max`.
-    bound: &'static str,
-}
-
 /// Labels of the attachment gauge.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 struct AttachLabels {
@@ -114,7 +105,6 @@ struct Scrape {
     expired: Sorted<ClassLabels, Counter>,
     backlog: Sorted<ClassLabels, Gauge>,
     limits: [Sorted<LimitLabels, Gauge>; 3],
-    bounds: Sorted<BoundLabels, Gauge>,
     attached: Sorted<AttachLabels, Gauge>,
     tls: Vec<(&'static str, &'static str, Sorted<IfaceLabels, Counter>)>,
     parser: Vec<(&'static str, &'static str, Sorted<IfaceLabels, Counter>)>,
@@ -199,17 +189,6 @@ impl Scrape {
                 limit(Limit::Rate, rate);
                 limit(Limit::Burst, policy.burst);
             }
-            if policy.bound_max != 0 {
-                for (bound, v) in [("min", policy.bound_min), ("max", policy.bound_max)] {
-                    self.bounds
-                        .get_or_create(&BoundLabels {
-                            iface: iface.to_string(),
-                            class: c.name(),
-                            bound,
-                        })
-                        .set(v.min(i64::MAX as u64) as i64);
-                }
-            }
             for (reason, v) in [("backlog", s.dropped_backlog), ("rate", s.dropped_rate)] {
                 let d = DropLabels {
                     iface: iface.to_string(),
@@ -291,12 +270,6 @@ impl Scrape {
         for ((name, help), fam) in limits.into_iter().zip(&self.limits) {
             fam.encode(e.encode_descriptor(name, help, None, MetricType::Gauge)?)?;
         }
-        self.bounds.encode(e.encode_descriptor(
-            "gateway_class_controller_bound",
-            "The bounds within which the controller moves a class's limit (min, max), for classes it holds",
-            None,
-            MetricType::Gauge,
-        )?)?;
         self.attached.encode(e.encode_descriptor(
             "gateway_datapath_attached",
             "1 while the interface's program is attached (its link pinned), 0 once it is gone",

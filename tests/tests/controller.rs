@@ -621,6 +621,26 @@ fn for_a_tls_server_it_does_not_terminate_it_infers_the_handshake_cost_from_comp
     println!(
         "inferred a full handshake of {cost_us} µs: tls-new at {rate}/s (budget {budget:.0}/s)"
     );
+    // Prometheus has the limit in the family of its unit (a rate, for the tls mode), its bounds
+    // as configured, and whether it sits at the lower one (issue 54: one family mixed backlogs,
+    // rates and percentages, and the alert compared it with a bound of another family).
+    let text = scrape(&net, METRICS);
+    let bound = |b: &str| {
+        let with = [labels[0], labels[1], ("bound", b)];
+        value(&text, "gateway_controller_rate_bound_per_second", &with)
+    };
+    assert_eq!((bound("min"), bound("max")), (1.0, 100_000.0), "{text}");
+    let shown = value(&text, "gateway_controller_rate_limit_per_second", &labels);
+    assert!((1.0..=100_000.0).contains(&shown), "{text}");
+    assert_eq!(
+        value(&text, "gateway_controller_at_minimum", &labels),
+        f64::from(shown <= 1.0),
+        "{text}"
+    );
+    assert!(
+        !text.contains("gateway_controller_backlog_limit{"),
+        "no backlog for the tls mode: {text}"
+    );
     // Hellos nginx refuses at once with an alert (SSL 3.0 alone), 100 a second for 3 s beside
     // the handshakes: they end their units untimed, so the cost stays the handshakes' (when
     // they were timed, the inferred cost fell to a fraction and tls-new's rate rose 3-6x).

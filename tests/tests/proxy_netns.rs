@@ -2316,7 +2316,7 @@ fn pdd_gives_resumed_sessions_the_shorter_wait_for_a_backend_slot() {
     let text = s.metrics();
     let labels = [("iface", "proxies"), ("class", "tls-resumed")];
     let ratio = value(&text, "gateway_controller_delay_ratio", &labels);
-    let share = value(&text, "gateway_controller_limit", &labels);
+    let share = 100.0 * value(&text, "gateway_controller_resumed_share_ratio", &labels);
     assert_eq!(
         value(&text, "gateway_controller_delay_ratio_target", &labels),
         4.0

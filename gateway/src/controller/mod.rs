@@ -226,9 +226,9 @@ impl Pdd {
             p.set_share(Some(share));
         }
         stats
-            .limit
+            .resumed_share
             .get_or_create(&labels(Class::TlsResumed))
-            .set((share * 100.0).round() as i64);
+            .set(share);
         debug!(share, ?high, ?low, "controller: pdd");
     }
 }
@@ -243,6 +243,14 @@ struct Labels {
     class: &'static str,
 }
 
+/// Labels of a bound's series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct BoundLabels {
+    iface: String,
+    class: &'static str,
+    bound: &'static str,
+}
+
 /// Labels of a method family's series (mode sip).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 struct FamilyLabels {
@@ -254,7 +262,14 @@ struct FamilyLabels {
 /// The controller's inputs and outputs, for Prometheus.
 #[derive(Default, Clone)]
 pub struct ControllerStats {
-    limit: Sorted<Labels, Gauge>,
+    /// The limit a sip law set (a backlog), a tls law's (a rate), pdd's share: one unit each.
+    backlog_limit: Sorted<Labels, Gauge>,
+    rate_limit: Sorted<Labels, Gauge>,
+    resumed_share: Sorted<Labels, Gauge<f64, AtomicU64>>,
+    /// The bounds of each law's limit, in its unit.
+    backlog_bound: Sorted<BoundLabels, Gauge>,
+    rate_bound: Sorted<BoundLabels, Gauge>,
+    at_minimum: Sorted<Labels, Gauge>,
     floor: Sorted<FamilyLabels, Gauge<f64, AtomicU64>>,
     family_limit: Sorted<FamilyLabels, Gauge>,
     dead: Sorted<Labels, Gauge>,
@@ -279,6 +294,28 @@ impl ControllerStats {
 }
 
 impl ControllerStats {
+    /// Shows the limit `law` set for the class of `labels`, in the family of its unit, with its
+    /// bounds and whether it is at the lower one.
+    fn set_limit(&self, law: &Law, labels: &Labels, limit: u64, (min, max): (u64, u64)) {
+        let (limits, bounds) = match law {
+            Law::Sip(_) => (&self.backlog_limit, &self.backlog_bound),
+            Law::Tls(_) => (&self.rate_limit, &self.rate_bound),
+        };
+        let gauge = |v: u64| v.min(i64::MAX as u64) as i64;
+        limits.get_or_create(labels).set(gauge(limit));
+        for (bound, v) in [("min", min), ("max", max)] {
+            let l = BoundLabels {
+                iface: labels.iface.clone(),
+                class: labels.class,
+                bound,
+            };
+            bounds.get_or_create(&l).set(gauge(v));
+        }
+        self.at_minimum
+            .get_or_create(labels)
+            .set(i64::from(limit <= min));
+    }
+
     /// Registers the series (prefix `gateway_controller_`).
     pub fn register(&self, registry: &mut Registry) {
         let r = registry.sub_registry_with_prefix("gateway_controller");
@@ -291,10 +328,36 @@ impl ControllerStats {
             self.server_busy.clone(),
         );
         r.register(
-            "limit",
-            "The limit the controller set (backlog for sip, new handshakes per second for tls, \
-             resumed sessions' share of contended backend slots in percent for pdd, iface \"proxies\")",
-            self.limit.clone(),
+            "backlog_limit",
+            "The backlog limit the controller set (sip mode: units at once)",
+            self.backlog_limit.clone(),
+        );
+        r.register(
+            "rate_limit_per_second",
+            "The rate limit the controller set (tls mode: new handshakes per second)",
+            self.rate_limit.clone(),
+        );
+        r.register(
+            "resumed_share_ratio",
+            "Resumed sessions' share of contended backend slots as the pdd mode set it (iface \
+             \"proxies\")",
+            self.resumed_share.clone(),
+        );
+        r.register(
+            "backlog_bound",
+            "The bounds (min, max) within which the sip mode moves a class's backlog limit",
+            self.backlog_bound.clone(),
+        );
+        r.register(
+            "rate_bound_per_second",
+            "The bounds (min, max) within which the tls mode moves a class's rate limit",
+            self.rate_bound.clone(),
+        );
+        r.register(
+            "at_minimum",
+            "1 while the limit the controller set for a class is at its lower bound (it cannot \
+             cut further), else 0",
+            self.at_minimum.clone(),
         );
         r.register(
             "delay_seconds",
@@ -653,10 +716,7 @@ fn step(
             law.adopt(&policy);
             let from = law.limit();
             write(&mut maps, *class, law, from, Reason::Start, bounds)?;
-            stats
-                .limit
-                .get_or_create(&labels)
-                .set(from.min(i64::MAX as u64) as i64);
+            stats.set_limit(law, &labels, from, bounds);
             continue;
         }
         let mode = &cfg.classes[class].mode;
@@ -696,10 +756,7 @@ fn step(
             debug!(%iface, class = class.name(), limit = d.limit, reason = d.reason.name(), "controller");
         }
         write(&mut maps, *class, law, d.limit, d.reason, bounds)?;
-        stats
-            .limit
-            .get_or_create(&labels)
-            .set(d.limit.min(i64::MAX as u64) as i64);
+        stats.set_limit(law, &labels, d.limit, bounds);
     }
     Ok(())
 }

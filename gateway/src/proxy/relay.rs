@@ -24,6 +24,20 @@ thread_local! {
     static SCRATCH_BUF: RefCell<Vec<u8>> = RefCell::new(vec![0; SCRATCH]);
 }
 
+/// The next bytes `r` gives (at most [`SCRATCH`]), read through this thread's scratch buffer so
+/// that a connection waiting for them holds no buffer of its own; empty at its end.
+pub async fn read_some<R: AsyncRead + Unpin + ?Sized>(r: &mut R) -> io::Result<Vec<u8>> {
+    poll_fn(|cx| {
+        SCRATCH_BUF.with(|s| {
+            let mut scratch = s.borrow_mut();
+            let mut buf = ReadBuf::new(&mut scratch);
+            ready!(Pin::new(&mut *r).poll_read(cx, &mut buf))?;
+            Poll::Ready(Ok(buf.filled().to_vec()))
+        })
+    })
+    .await
+}
+
 /// One direction of the relay.
 #[derive(Default)]
 struct Direction {
@@ -242,6 +256,25 @@ mod tests {
                 to_client: 500_000
             }
         );
+    }
+
+    #[tokio::test]
+    async fn read_some_gives_what_came_and_nothing_at_the_end() {
+        let (mut client, mut server) = duplex(64 * 1024);
+        let sent = data(40_000, 5);
+        client.write_all(&sent).await.unwrap();
+        drop(client);
+        let mut got = Vec::new();
+        loop {
+            let part = read_some(&mut server).await.unwrap();
+            if part.is_empty() {
+                break;
+            }
+            assert!(part.len() <= SCRATCH);
+            assert_eq!(part.capacity(), part.len(), "no room kept beyond the bytes");
+            got.extend_from_slice(&part);
+        }
+        assert_eq!(got, sent);
     }
 
     #[tokio::test]

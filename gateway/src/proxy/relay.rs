@@ -211,6 +211,21 @@ mod tests {
             .collect()
     }
 
+    /// The relay between `client` and `backend` on a task of its own, its counts not kept.
+    fn spawn_relay<C, B>(
+        mut client: C,
+        mut backend: B,
+        idle: Duration,
+    ) -> tokio::task::JoinHandle<io::Result<bool>>
+    where
+        C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        B: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        tokio::spawn(
+            async move { relay(&mut client, &mut backend, idle, &mut Bytes::default()).await },
+        )
+    }
+
     #[tokio::test]
     async fn moves_everything_both_ways_through_small_pipes_and_passes_ends_on() {
         // Pipes of 1 KiB force partial writes, so the pending path runs.
@@ -279,18 +294,10 @@ mod tests {
 
     #[tokio::test]
     async fn ends_for_idleness_and_activity_postpones_it() {
-        let (mut client, mut client_side) = duplex(1024);
-        let (mut backend_side, mut backend) = duplex(1024);
+        let (mut client, client_side) = duplex(1024);
+        let (backend_side, mut backend) = duplex(1024);
         let started = Instant::now();
-        let relay = tokio::spawn(async move {
-            relay(
-                &mut client_side,
-                &mut backend_side,
-                Duration::from_millis(300),
-                &mut Bytes::default(),
-            )
-            .await
-        });
+        let relay = spawn_relay(client_side, backend_side, Duration::from_millis(300));
         // Activity every 100 ms for 600 ms keeps it open.
         for _ in 0..6 {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -340,17 +347,12 @@ mod tests {
     #[tokio::test]
     async fn a_client_end_without_close_notify_half_closes_and_the_answer_still_flows() {
         let (mut client, client_side) = duplex(1024);
-        let (mut backend_side, mut backend) = duplex(1024);
-        let relay = tokio::spawn(async move {
-            let mut client_side = NoCloseNotify(client_side);
-            relay(
-                &mut client_side,
-                &mut backend_side,
-                Duration::from_secs(10),
-                &mut Bytes::default(),
-            )
-            .await
-        });
+        let (backend_side, mut backend) = duplex(1024);
+        let relay = spawn_relay(
+            NoCloseNotify(client_side),
+            backend_side,
+            Duration::from_secs(10),
+        );
         client.write_all(b"request").await.unwrap();
         client.shutdown().await.unwrap();
         let mut got = Vec::new();
@@ -370,17 +372,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_backend_end_half_closes_and_the_clients_upload_still_reaches_it() {
-        let (mut client, mut client_side) = duplex(1024);
-        let (mut backend_side, mut backend) = duplex(1024);
-        let relay = tokio::spawn(async move {
-            relay(
-                &mut client_side,
-                &mut backend_side,
-                Duration::from_secs(10),
-                &mut Bytes::default(),
-            )
-            .await
-        });
+        let (mut client, client_side) = duplex(1024);
+        let (backend_side, mut backend) = duplex(1024);
+        let relay = spawn_relay(client_side, backend_side, Duration::from_secs(10));
         // The backend speaks first and ends its side.
         backend.write_all(b"banner\n").await.unwrap();
         backend.shutdown().await.unwrap();
@@ -404,17 +398,9 @@ mod tests {
 
     #[tokio::test]
     async fn waiting_out_a_client_after_the_backends_end_is_not_idleness() {
-        let (_client, mut client_side) = duplex(1024);
-        let (mut backend_side, mut backend) = duplex(1024);
-        let relay = tokio::spawn(async move {
-            relay(
-                &mut client_side,
-                &mut backend_side,
-                Duration::from_millis(100),
-                &mut Bytes::default(),
-            )
-            .await
-        });
+        let (_client, client_side) = duplex(1024);
+        let (backend_side, mut backend) = duplex(1024);
+        let relay = spawn_relay(client_side, backend_side, Duration::from_millis(100));
         backend.shutdown().await.unwrap();
         assert!(!relay.await.unwrap().unwrap());
     }

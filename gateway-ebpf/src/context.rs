@@ -180,6 +180,10 @@ impl Rewrite for XdpContext {
 
     #[inline(always)]
     fn hand_over(&self, tag: u32, value: u32) -> bool {
+        // A kernel without XDP metadata: the loader attached no finishing program to XDP.
+        if crate::maps::XDP_METADATA.load() == 0 {
+            return false;
+        }
         // Tagged with this attachment's key, which only its finishing program knows.
         let key = crate::maps::handover_key();
         if key == 0 {

@@ -60,6 +60,14 @@ pub fn finisher(bit: u32) -> bool {
     DP_CONFIG.get(0).is_some_and(|c| c.finisher & bit != 0)
 }
 
+/// Whether this kernel lets XDP programs grow a frame's metadata (`bpf_xdp_adjust_meta`), the
+/// only way a frame carries a tag from XDP to TC ingress: set by the loader from its probe
+/// (`gateway::bpfsys::xdp_metadata_allowed`). A read-only global, frozen before the programs
+/// load, so with 0 the verifier never walks the helper's call (a kernel that refuses the
+/// helper refuses any program that can reach it).
+#[unsafe(no_mangle)]
+pub static XDP_METADATA: aya_ebpf::Global<u8> = aya_ebpf::Global::new(1);
+
 /// The key of this attachment's metadata tags (`HANDOVER_KEY`): written by the loader.
 #[btf_map]
 pub static HANDOVER_KEY: Array<u32, 1> = Array::new();

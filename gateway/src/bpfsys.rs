@@ -1,7 +1,8 @@
 //! The few `bpf(2)` commands aya does not expose: open a pinned object, read an object's info
 //! (a link's interface, a map's BTF ids), read a BTF object's bytes, the element commands on
 //! maps whose key and value types this build does not have (an older build's layout), and
-//! making and pinning a plain array (`crate::layouts`).
+//! making and pinning a plain array (`crate::layouts`), and the probe of a helper the kernel may
+//! refuse XDP programs.
 
 use std::{
     io,
@@ -14,6 +15,7 @@ const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
@@ -287,4 +289,37 @@ pub fn program_fd_maps(fd: &OwnedFd) -> io::Result<Vec<u32>> {
     // The kernel writes at most the count it was given; a program's maps do not change.
     ids.truncate(((info[6] >> 32) as usize).min(n));
     Ok(ids)
+}
+
+/// Whether this kernel lets an XDP program call `bpf_xdp_adjust_meta` (helper 54): loads a
+/// four-instruction program that calls it. Some kernels refuse the helper to XDP programs at
+/// load ("program of this type cannot use helper"), and then refuse any program that can reach
+/// it. `Err` when the probe itself could not run (no permission to load programs, say).
+pub fn xdp_metadata_allowed() -> io::Result<bool> {
+    const BPF_PROG_TYPE_XDP: u64 = 6;
+    // r2 = -8; call bpf_xdp_adjust_meta (r1 is the context); r0 = XDP_PASS; exit.
+    let insn = |code: u8, regs: u8, imm: i32| {
+        u64::from(code) | (u64::from(regs) << 8) | (u64::from(imm as u32) << 32)
+    };
+    let insns = [
+        insn(0xb7, 0x02, -8),
+        insn(0x85, 0x00, 54),
+        insn(0xb7, 0x00, 2),
+        insn(0x95, 0x00, 0),
+    ];
+    let license = c"GPL";
+    // union bpf_attr for BPF_PROG_LOAD: prog_type (u32), insn_cnt (u32), insns (u64),
+    // license (u64), then log fields left 0.
+    let mut attr = [0u64; 16];
+    attr[0] = BPF_PROG_TYPE_XDP | ((insns.len() as u64) << 32);
+    attr[1] = insns.as_ptr() as u64;
+    attr[2] = license.as_ptr() as u64;
+    match bpf(BPF_PROG_LOAD, &mut attr) {
+        Ok(fd) => {
+            drop(owned(fd));
+            Ok(true)
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+        Err(e) => Err(e),
+    }
 }

@@ -95,6 +95,16 @@ pub enum LoaderError {
     /// The layout record could not be written.
     #[error(transparent)]
     Layouts(#[from] LayoutsError),
+    /// XDP was asked for on a kernel that refuses XDP programs frame metadata.
+    #[error(
+        "interface '{iface}': {requested} XDP needs `bpf_xdp_adjust_meta` (XDP hands frames to its TC finishing program in their metadata), which this kernel refuses XDP programs; attach with mode tc, or auto, which picks tc here"
+    )]
+    NoXdpMetadata {
+        /// Interface name.
+        iface: String,
+        /// Mode asked for.
+        requested: &'static str,
+    },
 }
 
 impl LoaderError {
@@ -103,7 +113,8 @@ impl LoaderError {
         match self {
             LoaderError::UnknownInterface(_)
             | LoaderError::Caps(_)
-            | LoaderError::ModeMismatch { .. } => true,
+            | LoaderError::ModeMismatch { .. }
+            | LoaderError::NoXdpMetadata { .. } => true,
             LoaderError::Pins(p) => !matches!(p, PinsError::Io { .. }),
             LoaderError::Carry(c) => matches!(c, CarryError::MapType { .. }),
             _ => false,
@@ -271,6 +282,7 @@ fn load_object(
     object: &[u8],
     carry: Option<&Carry>,
 ) -> Result<Ebpf, LoaderError> {
+    let metadata = u8::from(xdp_metadata());
     let mut loader = EbpfLoader::new();
     for m in gateway_common::maps::all() {
         loader.map_pin_path(m.name, pd.map(m.name));
@@ -280,8 +292,23 @@ fn load_object(
     }
     loader.map_max_entries(names::TLS_ISSUED, issued_keys);
     loader.override_global("AYA_LOG_LEVEL", &log_level, false);
+    loader.override_global("XDP_METADATA", &metadata, false);
     let object = crate::kfunc::resolve(object)?;
     Ok(loader.load(&object)?)
+}
+
+/// Whether this kernel lets XDP programs grow a frame's metadata, probed once
+/// ([`crate::bpfsys::xdp_metadata_allowed`]). A probe that could not run says yes: loading the
+/// programs then reports what the kernel refuses.
+pub fn xdp_metadata() -> bool {
+    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ALLOWED.get_or_init(|| match crate::bpfsys::xdp_metadata_allowed() {
+        Ok(allowed) => allowed,
+        Err(e) => {
+            tracing::debug!("could not probe bpf_xdp_adjust_meta for XDP programs: {e}");
+            true
+        }
+    })
 }
 
 /// An attachment's sweep program (`programs::SWEEP`), loaded against its pinned maps and
@@ -478,20 +505,44 @@ fn attach_tcx(
     Ok(())
 }
 
+/// The hook `opts` asks for as this kernel can give it: auto takes tc ingress where the kernel
+/// refuses XDP programs frame metadata (with the reason, reported), and an explicit XDP mode is
+/// refused there.
+fn hook_for(opts: &AttachOptions) -> Result<(ModeRequest, Option<String>), LoaderError> {
+    match opts.mode {
+        ModeRequest::Auto if !xdp_metadata() => Ok((
+            ModeRequest::Tc,
+            Some(
+                "this kernel refuses XDP programs bpf_xdp_adjust_meta, by which XDP hands frames \
+                 to its TC finishing program"
+                    .to_owned(),
+            ),
+        )),
+        ModeRequest::Native | ModeRequest::Generic if !xdp_metadata() => {
+            Err(LoaderError::NoXdpMetadata {
+                iface: opts.iface.clone(),
+                requested: opts.mode.exact().map_or("", AttachMode::name),
+            })
+        }
+        request => Ok((request, None)),
+    }
+}
+
 fn fresh(
     pd: &PinDir,
     ifindex: u32,
     opts: &AttachOptions,
     object: &[u8],
 ) -> Result<AttachOutcome, LoaderError> {
+    let (request, fallback) = hook_for(opts)?;
     let mut ebpf = load_pinned_object(pd, opts.ebpf_log_level, opts.issued_keys, object)?;
     // Maps an older build pinned without a program on them: nothing changes them meanwhile.
     let moving = Moving::begin(pd)?;
     wire_tail_calls(&mut ebpf)?;
     record_layouts(pd, &ebpf, object)?;
     let iface = &opts.iface;
-    let mut fallback_reason = None;
-    let (mode, link): (AttachMode, FdLink) = match opts.mode {
+    let mut fallback_reason = fallback;
+    let (mode, link): (AttachMode, FdLink) = match request {
         ModeRequest::Tc => {
             let prog = tc(&mut ebpf)?;
             let what = format!("attaching tc ingress to {iface}");
@@ -572,6 +623,12 @@ fn fresh(
 /// its pin once the older programs' last runs ended.
 fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderError> {
     let recorded = AttachMode::from_id(maps::read_config(pd)?.attach_mode);
+    if recorded != AttachMode::Tc && !xdp_metadata() {
+        return Err(LoaderError::NoXdpMetadata {
+            iface: opts.iface.clone(),
+            requested: recorded.name(),
+        });
+    }
     if let Some(requested) = opts.mode.exact()
         && requested != recorded
     {

@@ -40,6 +40,30 @@ pub fn have_root(test: &str) -> bool {
     false
 }
 
+/// Whether this kernel runs the gateway's XDP datapath: it lets XDP programs call
+/// `bpf_xdp_adjust_meta`, by which XDP hands frames to its TC finishing program (some kernel
+/// builds refuse it; the gateway then attaches at tc ingress). Where it does not, says why
+/// `test`, which is about the XDP hook itself, is skipped. Call after [`have_root`].
+pub fn have_xdp(test: &str) -> bool {
+    if gateway::loader::xdp_metadata() {
+        return true;
+    }
+    eprintln!(
+        "SKIP {test}: this kernel refuses XDP programs bpf_xdp_adjust_meta, so the gateway attaches at tc ingress and its XDP hook cannot be tried here"
+    );
+    false
+}
+
+/// The mode `gateway attach` without `--mode` (auto) takes on a veth here: native XDP, or tc
+/// where the kernel refuses XDP frame metadata.
+pub fn auto_mode() -> &'static str {
+    if gateway::loader::xdp_metadata() {
+        "native"
+    } else {
+        "tc"
+    }
+}
+
 /// Runs `command` to its end: whether it succeeded, and everything it printed (stdout, then
 /// stderr). Panics, naming the program, when it cannot be started.
 pub fn run_tool(command: &mut std::process::Command) -> (bool, String) {

@@ -306,6 +306,20 @@ impl TestNet {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ip -j JSON");
         v[0]["xdp"]["prog"]["id"].as_u64()
     }
+
+    /// The id of the program at the gateway interface's first hook: its XDP program, or where
+    /// none is attached the program of the tc ingress link pinned for it, while that link is
+    /// attached to an interface (this bpftool lists tcx links without their interface).
+    pub fn ingress_prog_id(&self) -> Option<u64> {
+        if let Some(id) = self.xdp_prog_id() {
+            return Some(id);
+        }
+        let pin = self.pin_dir().join("link");
+        match gateway::bpfsys::link_ifindex(&pin) {
+            Ok(ifindex) if ifindex != 0 => gateway::bpfsys::link_program(&pin).ok().map(u64::from),
+            _ => None,
+        }
+    }
 }
 
 impl Default for TestNet {

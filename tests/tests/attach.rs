@@ -9,8 +9,9 @@ use std::{
 };
 
 use gateway_tests::{
+    auto_mode,
     frames::client_hello,
-    have_root,
+    have_root, have_xdp,
     netns::{GW_V4, GW_V6, TestNet, class_counter, sh},
 };
 
@@ -63,14 +64,16 @@ fn status_json(net: &TestNet) -> serde_json::Value {
     serde_json::from_str(&net.gateway_ok(&["status", "--json"])).expect("status JSON")
 }
 
+/// The default attachment of a veth (native XDP, or tc where the kernel refuses XDP frame
+/// metadata) counts each class.
 #[test]
-fn native_xdp_counts_real_udp_and_tcp_per_class() {
-    if !have_root("native_xdp_counts_real_udp_and_tcp_per_class") {
+fn the_default_attachment_counts_real_udp_and_tcp_per_class() {
+    if !have_root("the_default_attachment_counts_real_udp_and_tcp_per_class") {
         return;
     }
     let net = TestNet::new();
     let out = net.gateway_ok(&["attach", "--iface", &net.gw_if]);
-    assert!(out.contains("native mode"), "{out}");
+    assert!(out.contains(&format!("{} mode", auto_mode())), "{out}");
     net.gateway_ok(&["service", "add", "sip", "5060"]);
     net.gateway_ok(&["service", "add", "tls", "443"]);
 
@@ -88,7 +91,7 @@ fn native_xdp_counts_real_udp_and_tcp_per_class() {
     tls_like_connection(&net, 443);
 
     let s = net.stats();
-    assert_eq!(s["mode"], "native");
+    assert_eq!(s["mode"], auto_mode());
     // The BYE belongs to no dialog the server made: judged as an original, and (no Via, no
     // Call-ID: no key a response could complete) refused.
     assert_eq!(class_counter(&s, "sip-original", "packets"), 8);
@@ -188,7 +191,7 @@ fn reattach_replaces_the_program_through_the_same_link_and_keeps_the_maps() {
     let first = status_json(&net)[0].clone();
     assert_eq!(
         Some(first["program_id"].as_u64().unwrap()),
-        net.xdp_prog_id()
+        net.ingress_prog_id()
     );
 
     let out = net.gateway_ok(&["attach", "--iface", &net.gw_if]);
@@ -198,7 +201,7 @@ fn reattach_replaces_the_program_through_the_same_link_and_keeps_the_maps() {
     assert_ne!(second["program_id"], first["program_id"], "new program");
     assert_eq!(
         Some(second["program_id"].as_u64().unwrap()),
-        net.xdp_prog_id()
+        net.ingress_prog_id()
     );
     // The new program adopted the pinned maps: services and counters survived.
     let s = net.stats();
@@ -277,9 +280,9 @@ fn detach_leaves_no_program_and_no_pins() {
     let net = TestNet::new();
     net.gateway_ok(&["attach", "--iface", &net.gw_if]);
     let info = status_json(&net)[0].clone();
-    assert!(net.xdp_prog_id().is_some());
+    assert!(net.ingress_prog_id().is_some());
     net.gateway_ok(&["detach", "--iface", &net.gw_if]);
-    assert_eq!(net.xdp_prog_id(), None, "no XDP program on the interface");
+    assert_eq!(net.ingress_prog_id(), None, "no program on the interface");
     assert!(!net.pin_dir().exists(), "pin directory removed");
     let (prog, link) = (info["program_id"].to_string(), info["link_id"].to_string());
     wait_until("program and link freed", || {
@@ -345,12 +348,12 @@ fn tc_hook_counts_traffic_and_refuses_a_silent_mode_change() {
 
 #[test]
 fn native_failure_leaves_nothing_and_auto_falls_back_with_a_report() {
-    if !have_root("native_failure_leaves_nothing") {
+    if !have_root("native_failure_leaves_nothing") || !have_xdp("native_failure_leaves_nothing") {
         return;
     }
     let net = TestNet::new();
     // Loopback has no native XDP.
-    let out = net.gateway(&["attach", "--iface", "lo"]);
+    let out = net.gateway(&["attach", "--iface", "lo", "--mode", "native"]);
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -369,6 +372,49 @@ fn native_failure_leaves_nothing_and_auto_falls_back_with_a_report() {
         serde_json::from_str(&net.gateway_ok(&["stats", "--iface", "lo", "--json"])).unwrap();
     assert_eq!(s["mode"], "generic");
     net.gateway_ok(&["detach", "--iface", "lo"]);
+}
+
+/// On a kernel that refuses XDP programs frame metadata (`bpf_xdp_adjust_meta`), by which the
+/// XDP datapath hands frames to its TC finishing program, auto attaches at tc ingress and says
+/// why, and an explicit XDP mode is refused whole, naming the helper; where the kernel allows it,
+/// auto takes native XDP on a veth without a word of fallback.
+#[test]
+fn auto_takes_tc_where_the_kernel_refuses_xdp_metadata_and_xdp_modes_are_refused_there() {
+    if !have_root("auto_takes_tc_where_the_kernel_refuses_xdp_metadata") {
+        return;
+    }
+    let net = TestNet::new();
+    let allowed = gateway::loader::xdp_metadata();
+    let out = net.gateway(&["attach", "--iface", &net.gw_if]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    if allowed {
+        assert!(stdout.contains("native mode"), "{stdout}");
+        assert!(!stderr.contains("refused"), "{stderr}");
+        return;
+    }
+    assert!(stdout.contains("tc mode"), "{stdout}");
+    assert!(
+        stderr.contains("native XDP refused") && stderr.contains("bpf_xdp_adjust_meta"),
+        "{stderr}"
+    );
+    assert_eq!(net.stats()["mode"], "tc");
+    assert_eq!(net.xdp_prog_id(), None);
+    net.gateway_ok(&["detach", "--iface", &net.gw_if]);
+    for mode in ["native", "generic"] {
+        let out = net.gateway(&["attach", "--iface", &net.gw_if, "--mode", mode]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{mode}: {err}");
+        assert!(
+            err.contains(&format!("{mode} XDP needs `bpf_xdp_adjust_meta`")),
+            "{mode}: {err}"
+        );
+        assert!(!net.pin_dir().exists(), "{mode}: nothing half-attached");
+        assert_eq!(net.ingress_prog_id(), None, "{mode}");
+    }
 }
 
 /// Issue 29, case 7: one vocabulary. `stats --json` and `policy show --json` name a class's

@@ -14,7 +14,7 @@ const SHUTDOWN: Duration = Duration::from_secs(10);
 
 fn config(net: &TestNet, on_exit: &str) -> std::path::PathBuf {
     let yaml = format!(
-        "interfaces:\n  - name: {}\n    mode: native\nservices:\n  - {{kind: tls, port: 8443}}\n  - {{kind: sip, port: 5062}}\npolicy:\n  tls-new: {{backlog: 10, rate: 50, burst: 5}}\ndatapath:\n  fragments: drop\non_exit: {on_exit}\n",
+        "interfaces:\n  - name: {}\nservices:\n  - {{kind: tls, port: 8443}}\n  - {{kind: sip, port: 5062}}\npolicy:\n  tls-new: {{backlog: 10, rate: 50, burst: 5}}\ndatapath:\n  fragments: drop\non_exit: {on_exit}\n",
         net.gw_if
     );
     let p = std::env::temp_dir().join(format!(
@@ -80,7 +80,7 @@ fn run_applies_the_config_and_detaches_on_sigterm() {
     let (status, log) = daemon.terminate(SHUTDOWN);
     assert!(status.success(), "{status}: {log:?}");
     assert!(log.iter().any(|l| l.contains("SIGTERM")), "{log:?}");
-    assert_eq!(net.xdp_prog_id(), None, "detached on exit");
+    assert_eq!(net.ingress_prog_id(), None, "detached on exit");
     assert!(!net.pin_dir().exists());
     std::fs::remove_file(cfg).unwrap();
 }
@@ -107,7 +107,7 @@ fn keep_on_exit_leaves_protection_and_a_restart_adopts_the_same_link() {
     let (exit, log) = daemon.terminate(SHUTDOWN);
     assert!(exit.success(), "{log:?}");
     assert_eq!(
-        net.xdp_prog_id(),
+        net.ingress_prog_id(),
         prog.as_u64(),
         "still protecting after exit"
     );
@@ -144,7 +144,7 @@ fn a_second_daemon_is_refused_and_the_first_keeps_its_datapath() {
     for (first_exit, second_exit) in [("keep", "detach"), ("detach", "keep")] {
         let cfg = config(&net, first_exit);
         let first = Daemon::start(&net, &["--config", cfg.to_str().unwrap()], STARTUP);
-        let prog = net.xdp_prog_id();
+        let prog = net.ingress_prog_id();
         assert!(prog.is_some());
         let second_cfg = cfg.with_extension("second.yaml");
         std::fs::write(
@@ -182,7 +182,11 @@ fn a_second_daemon_is_refused_and_the_first_keeps_its_datapath() {
         );
         let attach = net.gateway(&["attach", "--iface", &net.gw_if]);
         assert_eq!(attach.status.code(), Some(2), "{attach:?}");
-        assert_eq!(net.xdp_prog_id(), prog, "the same program, not replaced");
+        assert_eq!(
+            net.ingress_prog_id(),
+            prog,
+            "the same program, not replaced"
+        );
         let reloaded = net.gateway_ok(&["reload"]);
         assert!(
             reloaded.contains(&format!("daemon pid {}", first.pid())),
@@ -191,10 +195,10 @@ fn a_second_daemon_is_refused_and_the_first_keeps_its_datapath() {
         let (exit, log) = first.terminate(SHUTDOWN);
         assert!(exit.success(), "{log:?}");
         if first_exit == "keep" {
-            assert_eq!(net.xdp_prog_id(), prog, "kept on exit");
+            assert_eq!(net.ingress_prog_id(), prog, "kept on exit");
             net.gateway_ok(&["detach", "--iface", &net.gw_if]);
         } else {
-            assert_eq!(net.xdp_prog_id(), None, "detached by its own daemon");
+            assert_eq!(net.ingress_prog_id(), None, "detached by its own daemon");
         }
         std::fs::remove_file(second_cfg).unwrap();
         std::fs::remove_file(cfg).unwrap();
@@ -214,7 +218,7 @@ fn embedded_default_serves_on_a_given_interface() {
     let (exit, log) = daemon.terminate(SHUTDOWN);
     assert!(exit.success(), "{log:?}");
     // The embedded default is a sandbox default: it leaves nothing behind.
-    assert_eq!(net.xdp_prog_id(), None);
+    assert_eq!(net.ingress_prog_id(), None);
 }
 
 #[test]
@@ -338,15 +342,15 @@ fn a_failed_start_leaves_nothing_it_attached_and_keeps_what_it_adopted() {
         said.contains("detached what this failed start attached"),
         "{said}"
     );
-    assert_eq!(net.xdp_prog_id(), None, "nothing attached: {said}");
+    assert_eq!(net.ingress_prog_id(), None, "nothing attached: {said}");
     assert!(!net.pin_dir().exists(), "nothing pinned: {said}");
     // Adopted: an attachment there before the start stays attached, its pins in place.
     net.gateway_ok(&["attach", "--iface", &net.gw_if]);
-    let before = net.xdp_prog_id();
+    let before = net.ingress_prog_id();
     let said = run("adopted");
     assert!(before.is_some());
     assert!(net.pin_dir().join("link").exists(), "{said}");
-    assert!(net.xdp_prog_id().is_some(), "{said}");
+    assert!(net.ingress_prog_id().is_some(), "{said}");
     net.gateway_ok(&["detach", "--iface", &net.gw_if]);
     drop(taken);
 }

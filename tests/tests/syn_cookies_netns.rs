@@ -12,7 +12,7 @@ use std::{
 use gateway_tests::{
     behind::{BehindGateway, GET},
     daemon::Daemon,
-    have_root,
+    have_root, have_xdp,
     netns::{GW_V4, GW_V6, TestNet, class_counter},
     tls::{Cert, RustlsServer, rustls_config, rustls_get, session_key},
 };
@@ -245,7 +245,9 @@ fn with_syn_cookies_and_tls_new_closed_refused_clients_leave_no_socket_and_resum
 
 #[test]
 fn with_syn_cookies_a_post_quantum_rustls_resumption_spans_two_segments_and_is_verified() {
-    if !have_root("with_syn_cookies_a_post_quantum_rustls_resumption") {
+    if !have_root("with_syn_cookies_a_post_quantum_rustls_resumption")
+        || !have_xdp("with_syn_cookies_a_post_quantum_rustls_resumption")
+    {
         return;
     }
     let CookieServer {
@@ -307,7 +309,9 @@ fn dropped(net: &TestNet) -> u64 {
 
 #[test]
 fn with_syn_cookies_every_kind_of_client_connects_over_a_link_that_loses_one_packet_in_a_hundred() {
-    if !have_root("with_syn_cookies_every_kind_of_client_connects_over_a_lossy_link") {
+    if !have_root("with_syn_cookies_every_kind_of_client_connects_over_a_lossy_link")
+        || !have_xdp("with_syn_cookies_every_kind_of_client_connects_over_a_lossy_link")
+    {
         return;
     }
     let s = setup();
@@ -542,7 +546,9 @@ fn with_syn_cookies_a_client_reusing_its_port_while_the_server_holds_it_in_time_
 #[test]
 fn with_syn_cookies_and_tls_new_closed_two_segment_hellos_make_no_connection_and_resumed_ones_connect()
  {
-    if !have_root("with_syn_cookies_and_tls_new_closed_two_segment_hellos") {
+    if !have_root("with_syn_cookies_and_tls_new_closed_two_segment_hellos")
+        || !have_xdp("with_syn_cookies_and_tls_new_closed_two_segment_hellos")
+    {
         return;
     }
     let CookieServer {

@@ -13,7 +13,7 @@ use gateway_common::{
 };
 use gateway_tests::{
     frames::{check_rewritten, ones_sum},
-    have_root,
+    have_root, have_xdp,
     testrun::{Hook, TestProgram, in_own_netns, listener_at},
 };
 
@@ -461,7 +461,9 @@ fn publish(prog: &mut TestProgram, hello: &[u8]) {
 
 #[test]
 fn while_tls_new_refuses_a_two_segment_hello_is_held_until_judged() {
-    if !have_root("while_tls_new_refuses_a_two_segment_hello_is_held") {
+    if !have_root("while_tls_new_refuses_a_two_segment_hello_is_held")
+        || !have_xdp("while_tls_new_refuses_a_two_segment_hello_is_held")
+    {
         return;
     }
     let mut prog = cookie_program();
@@ -654,7 +656,9 @@ fn through_tc_a_held_first_segment_is_carried_in_the_segment_that_admitted_its_h
 /// sends only the first again until it is acknowledged.
 #[test]
 fn a_held_hello_goes_on_after_its_second_segment_came_first_or_was_lost() {
-    if !have_root("a_held_hello_goes_on_after_its_second_segment_came_first") {
+    if !have_root("a_held_hello_goes_on_after_its_second_segment_came_first")
+        || !have_xdp("a_held_hello_goes_on_after_its_second_segment_came_first")
+    {
         return;
     }
     // Its own namespace: the socket lookup finds the listener given there and nothing else.
@@ -760,7 +764,9 @@ fn held_hello_after_loss() {
 /// clients are held and served as ever, and another address's hold goes to the main table.
 #[test]
 fn one_address_keeps_at_most_its_budget_of_held_payloads_among_other_clients() {
-    if !have_root("one_address_keeps_at_most_its_budget_of_held_payloads") {
+    if !have_root("one_address_keeps_at_most_its_budget_of_held_payloads")
+        || !have_xdp("one_address_keeps_at_most_its_budget_of_held_payloads")
+    {
         return;
     }
     let mut prog = cookie_program();
@@ -923,7 +929,9 @@ fn seen(prog: &TestProgram, frame: &[u8]) -> Seen {
 /// cut is always handed over.
 #[test]
 fn lost_duplicated_reordered_and_cut_segments_never_hang_a_connection_nor_hand_over_a_new_hello() {
-    if !have_root("lost_duplicated_reordered_and_cut_segments") {
+    if !have_root("lost_duplicated_reordered_and_cut_segments")
+        || !have_xdp("lost_duplicated_reordered_and_cut_segments")
+    {
         return;
     }
     // Its own namespace: the socket lookup finds the listener given there and nothing else.

@@ -9,7 +9,7 @@ use std::{
 use gateway_tests::{
     behind::BehindGateway,
     daemon::Daemon,
-    have_root,
+    have_root, have_xdp,
     netns::{GW_V4, TestNet, class_counter, must},
     tls::{Cert, RustlsServer, rustls_config, rustls_get, session_key},
 };
@@ -74,7 +74,9 @@ fn tls12_session_id_resumption_is_verified_against_published_keys() {
 
 #[test]
 fn a_resuming_hello_split_by_a_small_mtu_is_still_verified() {
-    if !have_root("a_resuming_hello_split_by_a_small_mtu") {
+    if !have_root("a_resuming_hello_split_by_a_small_mtu")
+        || !have_xdp("a_resuming_hello_split_by_a_small_mtu")
+    {
         return;
     }
     let s = setup(&[]);
@@ -138,7 +140,9 @@ fn with_tls_new_closed_new_clients_are_reset_at_once_and_resumed_ones_connect() 
 
 #[test]
 fn a_post_quantum_rustls_resumption_spans_two_segments_and_is_verified() {
-    if !have_root("a_post_quantum_rustls_resumption") {
+    if !have_root("a_post_quantum_rustls_resumption")
+        || !have_xdp("a_post_quantum_rustls_resumption")
+    {
         return;
     }
     let net = TestNet::new();

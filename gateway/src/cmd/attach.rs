@@ -16,8 +16,9 @@ pub struct AttachArgs {
     /// Interface.
     #[arg(long, value_parser = crate::config::parse_iface)]
     pub iface: String,
-    /// Hook: native XDP, generic XDP, TC ingress, or native falling back to generic.
-    #[arg(long, value_enum, default_value_t = ModeRequest::Native)]
+    /// Hook: native XDP, generic XDP, TC ingress, or auto (native, falling back to generic XDP,
+    /// and to TC ingress where the kernel refuses XDP frame metadata).
+    #[arg(long, value_enum, default_value_t = ModeRequest::Auto)]
     pub mode: ModeRequest,
 }
 
@@ -43,8 +44,9 @@ pub fn attach(root: &Path, args: AttachArgs) -> Result<(), CommandError> {
     })?;
     if let Some(reason) = &a.fallback_reason {
         eprintln!(
-            "warning: native XDP refused on {} ({reason}); using generic XDP",
-            a.iface
+            "warning: native XDP refused on {} ({reason}); using {} mode",
+            a.iface,
+            a.mode.name()
         );
     }
     for map in &a.finished {

@@ -8,13 +8,14 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "lowercase")]
 pub enum ModeRequest {
     /// Native (driver) XDP.
-    #[default]
     Native,
     /// Generic (SKB) XDP.
     Generic,
     /// TC ingress (tcx link).
     Tc,
-    /// Native XDP, falling back to generic XDP when the driver refuses (reported).
+    /// Native XDP, falling back to generic XDP when the driver refuses, and to TC ingress when
+    /// the kernel refuses XDP programs frame metadata (each fallback reported). The default.
+    #[default]
     Auto,
 }
 

@@ -117,7 +117,7 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
         match result {
             Ok(a) => {
                 if let Some(reason) = &a.fallback_reason {
-                    warn!(iface = %a.iface, %reason, "native XDP refused; using generic XDP");
+                    warn!(iface = %a.iface, %reason, mode = a.mode.name(), "native XDP refused; attached in a fallback mode");
                 }
                 for map in &a.finished {
                     warn!(iface = %a.iface, map, "finished carrying a map over that an earlier start left unfinished");

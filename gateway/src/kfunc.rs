@@ -46,19 +46,40 @@ pub enum KfuncError {
     },
 }
 
-/// The running kernel's BTF, read once (`None` where the kernel has none).
-fn kernel_btf() -> Option<&'static Btf> {
-    static BTF: OnceLock<Option<Btf>> = OnceLock::new();
-    BTF.get_or_init(|| {
-        let blob = std::fs::read(VMLINUX_BTF).ok()?;
-        Btf::parse(&blob).ok()
-    })
-    .as_ref()
+/// The running kernel's BTF ids of the functions `names` (`None` where the kernel, or its BTF,
+/// lacks one). The BTF (megabytes, parsed) is dropped once they are read.
+fn kernel_ids(names: &[String]) -> Vec<(String, Option<u32>)> {
+    let btf = std::fs::read(VMLINUX_BTF)
+        .ok()
+        .and_then(|blob| Btf::parse(&blob).ok());
+    names
+        .iter()
+        .map(|n| (n.clone(), btf.as_ref().and_then(|b| b.func_id(n))))
+        .collect()
+}
+
+/// The id of kfunc `name` in the running kernel. Those this build's object calls and the one
+/// [`available`] is asked about are looked up once, together, and kept (a few names, not the
+/// kernel's BTF: keeping that held over ten megabytes for the daemon's life); any other name
+/// reads the BTF again.
+fn kernel_id(name: &str) -> Option<u32> {
+    static KNOWN: OnceLock<Vec<(String, Option<u32>)>> = OnceLock::new();
+    let known = KNOWN.get_or_init(|| {
+        let mut names = resolve_with(crate::EBPF_OBJECT, |_| None)
+            .map(|(_, r)| r.missing)
+            .unwrap_or_default();
+        names.push(crate::maps::HANDOFF_KFUNC.to_owned());
+        kernel_ids(&names)
+    });
+    match known.iter().find(|(n, _)| n == name) {
+        Some((_, id)) => *id,
+        None => kernel_ids(&[name.to_owned()])[0].1,
+    }
 }
 
 /// Whether the running kernel has the kfunc `name`.
 pub fn available(name: &str) -> bool {
-    kernel_btf().is_some_and(|b| b.func_id(name).is_some())
+    kernel_id(name).is_some()
 }
 
 /// What [`resolve_with`] did: each kfunc called, and whether the kernel has it.
@@ -73,7 +94,7 @@ pub struct Resolution {
 /// `object` with its kfunc calls resolved against the running kernel (borrowed as it is when it
 /// calls none).
 pub fn resolve(object: &[u8]) -> Result<Cow<'_, [u8]>, KfuncError> {
-    let (patched, _) = resolve_with(object, |name| kernel_btf()?.func_id(name))?;
+    let (patched, _) = resolve_with(object, kernel_id)?;
     Ok(patched)
 }
 

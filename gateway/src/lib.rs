@@ -24,6 +24,7 @@ pub mod layouts;
 pub mod loader;
 pub mod logging;
 pub mod maps;
+pub mod memory;
 pub mod metrics;
 pub mod notify;
 pub mod output;

@@ -98,3 +98,25 @@ pub fn idle_current_thread() {
         std::io::Error::last_os_error()
     );
 }
+
+/// Resident bytes of `pid`'s executable code: the executable mappings of its own binary. A
+/// debug build carries three times the code of a release build, all of it read at start.
+pub fn code_rss_bytes(pid: u32) -> u64 {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let mut in_code = false;
+    let mut total = 0;
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // A mapping's first line: range, permissions, offset, device, inode, path.
+        if fields.len() >= 5 && fields[0].contains('-') && fields[1].len() == 4 {
+            in_code = fields[1].contains('x')
+                && fields
+                    .get(5)
+                    .is_some_and(|p| std::path::Path::new(p) == exe);
+        } else if in_code && fields.first() == Some(&"Rss:") {
+            total += fields[1].parse::<u64>().unwrap_or(0) * 1024;
+        }
+    }
+    total
+}

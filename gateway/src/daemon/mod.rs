@@ -365,6 +365,9 @@ async fn serve(
         ));
         info!(%addr, "metrics at /metrics, health at /healthz and /readyz");
     }
+    // Loading parsed the kernel's BTF and the object (tens of megabytes, freed since): give
+    // the freed pages back rather than hold them for the daemon's life.
+    crate::memory::release_freed();
     info!(config = %cfg, "gateway ready");
     *ready = true;
     if let Err(e) = crate::notify::notify(crate::notify::READY) {
@@ -396,6 +399,8 @@ async fn serve(
         {
             let applied = crate::reload::prepare(&running, source, &proxies.proxies)
                 .and_then(|plan| plan.apply(&attached, &proxies.proxies, &running, &certificates));
+            // A reload loads and parses as a start does.
+            crate::memory::release_freed();
             match applied {
                 Ok(applied) => {
                     let new = applied.cfg;

@@ -1,13 +1,33 @@
 //! One attached interface, as the daemon's parts share it: its name, its pin directory and one
 //! set of map handles. The daemon opens each attachment once and hands the same
-//! [`Attached`] to the proxies (issued keys), the metrics collector and the controller.
+//! [`Attached`] to the proxies (issued keys), the metrics collector and the controller; and the
+//! lock that makes one process the holder of an interface's datapath.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::{
     maps::{Maps, MapsError},
-    pins::PinDir,
+    pins::{DirLock, PinDir, PinsError},
 };
+
+/// Holds the datapath of `pd`'s interface for this process ([`PinDir::lock`]), or says who
+/// holds it: the daemon for its life, `gateway attach` and `detach` for the time of their change.
+pub fn hold(pd: &PinDir) -> Result<DirLock, PinsError> {
+    if let Some(lock) = pd.lock()? {
+        return Ok(lock);
+    }
+    let pid = Maps::open(pd)
+        .and_then(|m| m.config())
+        .map_or(0, |c| c.daemon_pid);
+    Err(PinsError::Owned {
+        iface: pd.iface.clone(),
+        owner: if pid != 0 {
+            format!("`gateway run` (pid {pid})")
+        } else {
+            "another gateway process (starting, or attaching)".to_string()
+        },
+    })
+}
 
 /// An attached interface and its maps.
 pub struct Attached {

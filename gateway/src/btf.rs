@@ -1,6 +1,6 @@
 //! Map layouts as BTF describes them: what a pinned map's key and value are, field by field, so
 //! that a gateway of another build never adopts maps whose fields moved while their sizes stayed
-//! (`crate::pins::PinDir::check_layout`).
+//! (`crate::pinned_layout::check`).
 //!
 //! A small reader of the BTF format (the kernel's `Documentation/bpf/btf.rst`): the type and
 //! string sections, and for a type, its fields flattened to `path @ byte offset: kind`. aya reads

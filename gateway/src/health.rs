@@ -64,8 +64,7 @@ pub fn link_bound(pd: &crate::pins::PinDir) -> Result<(), String> {
 /// are named as such (the datapath runs the other build until then).
 pub fn attachment_ready(pd: &crate::pins::PinDir) -> Result<(), String> {
     link_bound(pd)?;
-    let grown = pd
-        .layout(crate::EBPF_OBJECT)
+    let grown = crate::pinned_layout::grown(pd, crate::EBPF_OBJECT)
         .map_err(|e| format!("{}: {e}", pd.iface))?;
     if grown.is_empty() {
         return Ok(());

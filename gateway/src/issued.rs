@@ -24,7 +24,7 @@ use gateway_common::{
 };
 use tracing::warn;
 
-use crate::{attached::Attached, maps::monotonic_ns, tls::tickets::TagKeys};
+use crate::{attached::Attached, maps::monotonic_ns};
 
 /// The terms a key is published under; a reload changes them for keys issued from then on (a
 /// key keeps the terms it was issued with: its lifetime is what the client was told).
@@ -42,6 +42,15 @@ pub struct Terms {
 /// resumed, and those theirs beget, share one window ([`IssuedKeys::publish_chained`]). Room for
 /// a browser's parallel connections, each resuming a ticket of its own and given two more.
 pub const CHAIN_KEYS: usize = 32;
+
+/// The tag keys of a listener's ticket secret, one per rotation period, as the NIC checks a
+/// ticket's tag with them: made by the listener's ticketer (`crate::tls::tickets::TagKeys`).
+pub trait TagKeySource: Send + Sync {
+    /// The periods whose tickets are accepted at `t`, newest first.
+    fn accepted_periods(&self, t: std::time::SystemTime) -> Vec<u64>;
+    /// The tag key of `period`, as SipHash's two key words.
+    fn period_key(&self, period: u64) -> (u64, u64);
+}
 
 /// The issued keys a listener published to every attached interface.
 ///
@@ -66,7 +75,7 @@ pub struct IssuedKeys {
     /// The port of the listener whose keys these are (its tickets' tag keys are the port's).
     port: u16,
     /// The tag keys of the listener's ticket secret, once its ticketer is made.
-    tags: Mutex<Option<Arc<TagKeys>>>,
+    tags: Mutex<Option<Arc<dyn TagKeySource>>>,
     /// Keys by chain.
     chains: Mutex<Chains>,
     /// Keys withdrawn before their expiry (a chain's oldest), still in `expiry`: not counted
@@ -138,7 +147,7 @@ impl IssuedKeys {
 
     /// The tag keys of the listener's ticket secret (its ticketer's), written to every
     /// interface by [`IssuedKeys::refresh_tags`].
-    pub fn set_tag_keys(&self, tags: Arc<TagKeys>) {
+    pub fn set_tag_keys(&self, tags: Arc<dyn TagKeySource>) {
         *lock(&self.tags) = Some(tags);
     }
 
@@ -153,9 +162,10 @@ impl IssuedKeys {
         let terms = self.terms();
         let clock_ns = crate::maps::wall_clock_offset_ns();
         let keys: Vec<(u32, TagKey)> = tags
-            .periods(now)
+            .accepted_periods(now)
+            .into_iter()
             .map(|p| {
-                let (k0, k1) = tags.key(p);
+                let (k0, k1) = tags.period_key(p);
                 let key = TagKey {
                     k0,
                     k1,

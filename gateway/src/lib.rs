@@ -28,6 +28,7 @@ pub mod memory;
 pub mod metrics;
 pub mod notify;
 pub mod output;
+pub mod pinned_layout;
 pub mod pins;
 pub mod plot;
 pub mod probe;

@@ -270,7 +270,7 @@ pub fn load_pinned_object(
     issued_keys: u32,
     object: &[u8],
 ) -> Result<Ebpf, LoaderError> {
-    pd.check_layout(object)?;
+    crate::pinned_layout::check(pd, object)?;
     load_object(pd, log_level, issued_keys, object, None)
 }
 
@@ -640,7 +640,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderErr
     }
     let link: FdLink = PinnedLink::from_pin(pd.link())?.into();
     let finished = carry::recover(pd)?;
-    let mut carry = Carry::begin(pd, pd.layout(EBPF_OBJECT)?)?;
+    let mut carry = Carry::begin(pd, crate::pinned_layout::grown(pd, EBPF_OBJECT)?)?;
     let mut ebpf = load_object(
         pd,
         opts.ebpf_log_level,

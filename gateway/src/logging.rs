@@ -13,7 +13,14 @@ use prometheus_client::{
 use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
 
-use crate::cmd::LogFormat;
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Lines the writer thread holds at most before new ones are dropped.
 const BUFFERED_LINES: usize = 64 * 1024;

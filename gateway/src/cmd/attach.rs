@@ -34,7 +34,7 @@ pub struct DetachArgs {
 pub fn attach(root: &Path, args: AttachArgs) -> Result<(), CommandError> {
     let AttachArgs { iface, mode } = args;
     // Not under a running daemon: it owns the program and the maps it serves from.
-    let _held = crate::daemon::hold(&crate::pins::PinDir::new(root, &iface))?;
+    let _held = crate::attached::hold(&crate::pins::PinDir::new(root, &iface))?;
     let a = loader::attach(&AttachOptions {
         iface,
         mode,
@@ -76,7 +76,7 @@ pub fn attach(root: &Path, args: AttachArgs) -> Result<(), CommandError> {
 /// Detaches and removes the pins; refused while a daemon serves the interface (it would run
 /// on with its maps gone, its health failing for good): stop it, and its `on_exit` decides.
 pub fn detach(root: &Path, args: DetachArgs) -> Result<(), CommandError> {
-    let _held = crate::daemon::hold(&crate::pins::PinDir::new(root, &args.iface))?;
+    let _held = crate::attached::hold(&crate::pins::PinDir::new(root, &args.iface))?;
     loader::detach(root, &args.iface)?;
     println!("detached from {}", args.iface);
     Ok(())

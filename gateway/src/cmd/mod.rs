@@ -34,6 +34,7 @@ use crate::{
     config::ConfigError,
     daemon::DaemonError,
     loader::LoaderError,
+    logging::LogFormat,
     maps::{Maps, MapsError},
     pins::{self, DEFAULT_ROOT, PinsError},
 };
@@ -57,15 +58,6 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// How log lines are written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 /// Subcommands.

@@ -105,7 +105,7 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
         .interfaces
         .0
         .iter()
-        .map(|i| hold(&PinDir::new(&cfg.bpffs, &i.name)))
+        .map(|i| crate::attached::hold(&PinDir::new(&cfg.bpffs, &i.name)))
         .collect::<Result<Vec<_>, _>>()?;
     let mut attachments: Vec<AttachOutcome> = Vec::new();
     for iface in &cfg.interfaces.0 {
@@ -190,26 +190,6 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
         }
     }
     result
-}
-
-/// Holds the datapath of `pd`'s interface for this process ([`PinDir::lock`]), or says who
-/// holds it (`gateway attach` takes it too, for the time of its change).
-pub fn hold(pd: &PinDir) -> Result<crate::pins::DirLock, DaemonError> {
-    if let Some(lock) = pd.lock()? {
-        return Ok(lock);
-    }
-    let pid = Maps::open(pd)
-        .and_then(|m| m.config())
-        .map_or(0, |c| c.daemon_pid);
-    Err(crate::pins::PinsError::Owned {
-        iface: pd.iface.clone(),
-        owner: if pid != 0 {
-            format!("`gateway run` (pid {pid})")
-        } else {
-            "another gateway process (starting, or attaching)".to_string()
-        },
-    }
-    .into())
 }
 
 /// Labels of the reload counter.
@@ -555,8 +535,7 @@ fn readiness_checks(
                     want.name()
                 ));
             }
-            a.pins()
-                .check_layout(crate::EBPF_OBJECT)
+            crate::pinned_layout::check(a.pins(), crate::EBPF_OBJECT)
                 .map_err(|e| format!("{iface}: {e}"))
         }));
     }

@@ -168,6 +168,16 @@ impl TagKeys {
     }
 }
 
+impl crate::issued::TagKeySource for TagKeys {
+    fn accepted_periods(&self, t: SystemTime) -> Vec<u64> {
+        self.periods(t).collect()
+    }
+
+    fn period_key(&self, period: u64) -> (u64, u64) {
+        self.key(period)
+    }
+}
+
 /// HKDF output length of a tag key.
 struct TagKeyLen;
 

@@ -261,9 +261,9 @@ const ACCESS_JSON: &str = "TLS_PROXY_ACCESS_JSON";
 fn access_child(lines: u32) {
     use gateway::proxy::{access, relay::Bytes, stats};
     let format = if std::env::var_os(ACCESS_JSON).is_some() {
-        gateway::cmd::LogFormat::Json
+        gateway::logging::LogFormat::Json
     } else {
-        gateway::cmd::LogFormat::Text
+        gateway::logging::LogFormat::Text
     };
     let logs = gateway::logging::init(format);
     let entry = access::Entry {

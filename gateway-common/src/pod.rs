@@ -37,4 +37,4 @@ unsafe impl aya::Pod for crate::maps::SipFamily {}
 unsafe impl aya::Pod for Pending {}
 unsafe impl aya::Pod for TlsHold {}
 unsafe impl aya::Pod for SipDialog {}
-unsafe impl aya::Pod for crate::syncookie::CookieKey {}
+unsafe impl aya::Pod for crate::maps::CookieKey {}

@@ -17,26 +17,8 @@
 //! negotiated them sends them on every segment (RFC 7323), so the data segment's own option says
 //! whether they are on. ECN is not negotiated by cookies.
 
+pub use crate::maps::CookieKey;
 use crate::maps::FlowKey;
-
-/// The cookies' secret: a SipHash-2-4 key, written by the daemon (random, once per attachment).
-/// All zero means not set yet: no cookie is sent.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CookieKey {
-    /// First half of the key.
-    pub k0: u64,
-    /// Second half.
-    pub k1: u64,
-}
-
-impl CookieKey {
-    /// Whether the key was set.
-    #[inline(always)]
-    pub const fn is_set(&self) -> bool {
-        self.k0 != 0 || self.k1 != 0
-    }
-}
 
 /// Length of a cookie's period: a cookie is accepted in its own period and the next.
 pub const COOKIE_PERIOD_NS: u64 = 64 * 1_000_000_000;

@@ -223,7 +223,7 @@ mod tests {
         assert_eq!(size_of::<TicketMacKey>(), 64);
         assert_eq!(size_of::<TlsHold>(), 16 + 8 + 4 + 4);
         assert_eq!(size_of::<TlsCounters>(), 8 * 38);
-        assert_eq!(size_of::<crate::syncookie::CookieKey>(), 16);
+        assert_eq!(size_of::<crate::maps::CookieKey>(), 16);
         assert_eq!(size_of::<RejectEvent>(), size_of::<FlowKey>() + 8);
         assert_eq!(size_of::<SipTxn>(), 8 + 4 + 4);
         assert_eq!(size_of::<LatencyHistogram>(), LATENCY_BUCKETS * 8);

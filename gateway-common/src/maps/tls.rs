@@ -27,9 +27,9 @@ super::pinned_maps! {
     /// Connections refused on their first segment, by slot ([`FlowKey::refused_slot`]):
     /// a direct-mapped table of [`crate::maps::FlowKey`], all-zero where empty.
     TLS_REFUSED: u32 => FlowKey,
-    /// The SYN cookies' secret ([`crate::syncookie::CookieKey`]), one entry: written once by
-    /// the daemon, kept across restarts and upgrades so that cookies in flight stay good.
-    SYN_COOKIE_KEY: u32 => crate::syncookie::CookieKey,
+    /// The SYN cookies' secret ([`CookieKey`]), one entry: written once by the daemon, kept
+    /// across restarts and upgrades so that cookies in flight stay good.
+    SYN_COOKIE_KEY: u32 => CookieKey,
     /// The terms under which the NIC learns the sessions a server it does not terminate
     /// issues, by listener port (`u32` port to [`crate::maps::LearnTerms`]): written by the
     /// daemon for each TLS service with a `server:` section.
@@ -53,6 +53,25 @@ pub const DEFAULT_TLS_ISSUED: u32 = 65536;
 pub const MAX_TLS_ISSUED: u32 = 16 * 1024 * 1024;
 /// `BPF_F_NO_PREALLOC`: a hash map's elements are allocated as they are inserted.
 pub const BPF_F_NO_PREALLOC: usize = 1;
+
+/// The SYN cookies' secret (`crate::syncookie`): a SipHash-2-4 key, written by the daemon
+/// (random, once per attachment). All zero means not set yet: no cookie is sent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CookieKey {
+    /// First half of the key.
+    pub k0: u64,
+    /// Second half.
+    pub k1: u64,
+}
+
+impl CookieKey {
+    /// Whether the key was set.
+    #[inline(always)]
+    pub const fn is_set(&self) -> bool {
+        self.k0 != 0 || self.k1 != 0
+    }
+}
 
 /// A TCP connection as seen from its client: addresses (IPv4 as IPv4-mapped IPv6) and ports.
 #[repr(C)]

@@ -127,6 +127,31 @@ pub fn check_bpffs(root: &Path) -> Result<(), PinsError> {
     }
 }
 
+/// Mounts a bpf filesystem of its own at `dir` (created if missing), owned by `uid` and `gid`
+/// with mode 0700: where a daemon that runs as that user pins its datapath (the systemd unit's
+/// privileged `ExecStartPre=` runs it, `gateway mount-bpffs`). Nothing when `dir` already is the
+/// root of a bpf filesystem that user owns (a restart); returns whether it mounted one.
+pub fn mount_owned_bpffs(dir: &Path, uid: u32, gid: u32) -> Result<bool, PinsError> {
+    use std::os::unix::fs::MetadataExt as _;
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let fs = statfs(dir).map_err(|e| io_err(dir)(e.into()))?;
+    let meta = fs::metadata(dir).map_err(io_err(dir))?;
+    // The root of a bpffs instance has inode 1.
+    if fs.filesystem_type() == BPF_FS_MAGIC && meta.ino() == 1 && meta.uid() == uid {
+        return Ok(false);
+    }
+    use nix::mount::{MsFlags, mount};
+    mount(
+        Some("bpf"),
+        dir,
+        Some("bpf"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(format!("uid={uid},gid={gid},mode=0700").as_str()),
+    )
+    .map_err(|e| io_err(dir)(e.into()))?;
+    Ok(true)
+}
+
 /// An interface's datapath held by this process ([`PinDir::lock`]); released on drop, when the
 /// directory is also removed if the lock created it and nothing was pinned in it since.
 #[derive(Debug)]

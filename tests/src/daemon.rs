@@ -95,6 +95,21 @@ impl Daemon {
         Self::spawn_command(command, "info", STARTUP)
     }
 
+    /// [`Daemon::start_config_capped`] as the user and group `uid`
+    /// ([`TestNet::gateway_command_as`]).
+    pub fn start_config_as(
+        net: &TestNet,
+        dir: &std::path::Path,
+        body: &str,
+        caps: &[&str],
+        uid: u32,
+    ) -> Daemon {
+        let cfg = Self::write_config(net, dir, body);
+        let command =
+            net.gateway_command_as(&["run", "--config", cfg.to_str().unwrap()], caps, uid);
+        Self::spawn_command(command, "info", STARTUP)
+    }
+
     /// [`Daemon::start`] with `RUST_LOG` set to `filter`.
     pub fn start_logging(net: &TestNet, args: &[&str], filter: &str, timeout: Duration) -> Daemon {
         Self::spawn(net, args, filter, timeout, None)

@@ -71,6 +71,28 @@ impl Bpffs {
         Bpffs { mount: mount_dir }
     }
 
+    /// Mounts a fresh bpffs owned by `uid` (and the group of that user) as the systemd unit
+    /// mounts the one its own user pins in: by `gateway mount-bpffs --owner UID DIR`.
+    pub fn owned_by(uid: u32) -> Self {
+        let mount_dir = std::env::temp_dir().join(format!("gwt-bpffs-{}", unique()));
+        let out = Command::new(crate::gateway_bin())
+            .args(["mount-bpffs", "--owner", &uid.to_string()])
+            .arg(&mount_dir)
+            .output()
+            .expect("run gateway mount-bpffs");
+        assert!(
+            out.status.success(),
+            "gateway mount-bpffs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Bpffs { mount: mount_dir }
+    }
+
+    /// Where it is mounted.
+    pub fn mount_dir(&self) -> &Path {
+        &self.mount
+    }
+
     /// The gateway's pin root inside this mount.
     pub fn root(&self) -> PathBuf {
         self.mount.join("gateway")
@@ -147,13 +169,24 @@ impl TestNet {
     /// Creates the namespaces, the veth pair and the bpffs, and nothing on the peer's veth: as
     /// a container host's side of a pod is, a veth whose XDP_TX delivers nothing.
     pub fn without_peer_program() -> Self {
+        Self::on_bpffs(Bpffs::new())
+    }
+
+    /// [`TestNet::new`] on a bpffs owned by `uid` ([`Bpffs::owned_by`]).
+    pub fn with_bpffs_owned_by(uid: u32) -> Self {
+        let mut net = Self::on_bpffs(Bpffs::owned_by(uid));
+        net._peer_xdp = Some(bare_xdp(&net.peer_ns, &net.peer_if));
+        net
+    }
+
+    fn on_bpffs(bpffs: Bpffs) -> Self {
         let id = unique();
         let net = TestNet {
             gw_ns: format!("gwt{id}g"),
             peer_ns: format!("gwt{id}p"),
             gw_if: format!("gv{id}a"),
             peer_if: format!("gv{id}b"),
-            bpffs: Bpffs::new(),
+            bpffs,
             _peer_xdp: None,
         };
         // From here on Drop cleans up whatever was made.
@@ -208,6 +241,11 @@ impl TestNet {
         self.bpffs.root()
     }
 
+    /// The bpffs the pin root is in.
+    pub fn bpffs(&self) -> &Bpffs {
+        &self.bpffs
+    }
+
     /// The pin directory of the gateway's veth.
     pub fn pin_dir(&self) -> PathBuf {
         self.root().join(&self.gw_if)
@@ -240,6 +278,31 @@ impl TestNet {
             .join(",");
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.gw_ns, "setpriv"])
+            .arg(format!("--bounding-set=-all,{set}"))
+            .arg("--")
+            .arg(crate::gateway_bin())
+            .arg("--bpffs")
+            .arg(self.root())
+            .args(args);
+        c
+    }
+
+    /// [`TestNet::gateway_command_capped`] as the user and group `uid`, holding `caps` as
+    /// ambient capabilities across the change of user: as a systemd unit with `User=` and
+    /// `AmbientCapabilities=` runs it.
+    pub fn gateway_command_as(&self, args: &[&str], caps: &[&str], uid: u32) -> Command {
+        let set = caps
+            .iter()
+            .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.gw_ns, "setpriv"])
+            .arg(format!("--reuid={uid}"))
+            .arg(format!("--regid={uid}"))
+            .arg("--clear-groups")
+            .arg(format!("--inh-caps=-all,{set}"))
+            .arg(format!("--ambient-caps=-all,{set}"))
             .arg(format!("--bounding-set=-all,{set}"))
             .arg("--")
             .arg(crate::gateway_bin())

@@ -232,6 +232,108 @@ fn with_exactly_the_units_capabilities_a_restart_adopts_and_the_cli_reads_the_at
 }
 
 /// The unit's `KEY=` value.
+/// Issue 54, item 9: the unit runs the daemon as its own user (`User=gateway`, the unit's
+/// capabilities ambient), pinning in a bpf filesystem of that user's, which the unit's
+/// privileged step mounts (`gateway mount-bpffs`) at the example config's `bpffs:`. As that
+/// user, with exactly those capabilities: a start (the sweep program loaded, no warning), a
+/// restart that adopts the attachment, `status`, `stats` and `attach` over the attachment. The
+/// test host has no user `gateway`: `nobody` (65534) stands in for it.
+#[test]
+fn as_the_units_own_user_a_start_a_restart_and_the_cli_work_in_the_bpffs_the_unit_mounts() {
+    if !have_root("as_the_units_own_user") {
+        return;
+    }
+    const UID: u32 = 65534;
+    assert_eq!(unit_value("User"), "gateway");
+    let text = unit();
+    let mount = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStartPre=+"))
+        .expect("a privileged step before the daemon");
+    assert_eq!(
+        mount,
+        "/usr/local/bin/gateway mount-bpffs --owner gateway /run/gateway-bpf"
+    );
+    assert_eq!(unit_value("ReadWritePaths"), "/run/gateway-bpf");
+    let example = include_str!("../../deploy/gateway.example.yaml");
+    assert!(
+        example
+            .lines()
+            .any(|l| l.starts_with("bpffs: /run/gateway-bpf ")),
+        "the example config pins where the unit mounts"
+    );
+    let caps = unit_caps();
+    let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
+    // Mounted by `gateway mount-bpffs --owner 65534`; a second run (a restart) leaves it.
+    let net = TestNet::with_bpffs_owned_by(UID);
+    let again = Command::new(gateway_tests::gateway_bin())
+        .args(["mount-bpffs", "--owner", &UID.to_string()])
+        .arg(net.bpffs().mount_dir())
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&again.stdout).starts_with("already"),
+        "{again:?}"
+    );
+    let dir = gateway_tests::fresh_temp_dir("gwt-unit-user");
+    let body = "services: [{kind: sip, port: 5060}, {kind: tls, port: 443}]
+on_exit: keep
+";
+    let as_user = |args: &[&str]| {
+        let out = net
+            .gateway_command_as(args, &caps, UID)
+            .output()
+            .expect("run gateway");
+        let said = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), said)
+    };
+    for start in ["first start", "restart"] {
+        let daemon = Daemon::start_config_as(&net, &dir, body, &caps, UID);
+        if start == "restart" {
+            assert!(
+                daemon.log.iter().any(|l| l.contains("adopted attachment")),
+                "{start}: {:?}",
+                daemon.log
+            );
+        }
+        let (ok, said) = as_user(&["status"]);
+        assert!(ok, "{start}: status as the unit's user: {said}");
+        assert!(
+            said.contains(&format!("daemon pid {}", daemon.pid())),
+            "{start}: {said}"
+        );
+        let (ok, said) = as_user(&["stats"]);
+        assert!(ok && said.contains("tls-new"), "{start}: {said}");
+        let (status, log) = daemon.terminate(Duration::from_secs(30));
+        assert!(status.success(), "{start}: {log:?}");
+        // Where the kernel refuses XDP frame metadata, the first start says it attached at tc
+        // ingress instead: the one warning that is the kernel's, not the user's.
+        let warned: Vec<_> = log
+            .iter()
+            .filter(|l| l.contains("WARN") && !l.contains("bpf_xdp_adjust_meta"))
+            .collect();
+        assert!(warned.is_empty(), "{start}: {warned:?}");
+    }
+    let (ok, said) = as_user(&["attach", "--iface", &net.gw_if]);
+    assert!(
+        ok && said.contains("replaced"),
+        "attach over the attachment: {said}"
+    );
+    // Every pin is the user's own.
+    use std::os::unix::fs::MetadataExt as _;
+    let pins = std::fs::read_dir(net.pin_dir()).unwrap();
+    let mut n = 0;
+    for pin in pins {
+        let pin = pin.unwrap();
+        assert_eq!(pin.metadata().unwrap().uid(), UID, "{:?}", pin.file_name());
+        n += 1;
+    }
+    assert!(n > 10, "{n} pins");
+    let (ok, said) = as_user(&["detach", "--iface", &net.gw_if]);
+    assert!(ok, "detach as the unit's user: {said}");
+}
+
 fn unit_value(key: &str) -> String {
     unit()
         .lines()

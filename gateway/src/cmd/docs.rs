@@ -116,7 +116,12 @@ mod tests {
         let bash = String::from_utf8(bash).unwrap();
         for sub in Cli::command().get_subcommands() {
             let name = sub.get_name();
-            assert!(roff.contains(name), "{name} missing from the manual page");
+            // roff writes a hyphen `\-`.
+            let in_roff = name.replace('-', "\\-");
+            assert!(
+                roff.contains(&in_roff),
+                "{name} missing from the manual page"
+            );
             assert!(bash.contains(name), "{name} missing from the completions");
         }
     }

@@ -4,6 +4,7 @@
 mod attach;
 mod config;
 mod docs;
+mod mount;
 mod policy;
 mod probe;
 mod reload;
@@ -105,6 +106,10 @@ pub enum Command {
         #[command(subcommand)]
         action: ConfigAction,
     },
+    /// Mount a bpf filesystem of its own at DIR, owned by a user (mode 0700), for a daemon that
+    /// runs as that user to pin its datapath in (the systemd unit runs it before the daemon);
+    /// nothing when DIR already is one that user owns.
+    MountBpffs(mount::MountArgs),
     /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
     Completions(docs::CompletionsArgs),
     /// Print the manual page (roff, section 8), or write every page with --dir.
@@ -202,6 +207,7 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Reload(args) => reload::run(&root()?, args),
         Command::Config { action } => config::run(root, action),
         Command::Probe(args) => probe::run(args),
+        Command::MountBpffs(args) => mount::run(args),
         Command::Completions(args) => docs::completions(args),
         Command::Man(args) => docs::man(args),
     }

@@ -191,7 +191,7 @@ fn main() {
     );
     say!(
         r,
-        "| resident memory (VmRSS) | {:.1} MB | < 30 MB |",
+        "| resident memory (VmRSS) | {:.1} MB | < 20 MB |",
         rss as f64 / (1 << 20) as f64
     );
     let (exit, _) = daemon.terminate(Duration::from_secs(10));

@@ -457,6 +457,24 @@ fn tls13_tickets_are_checked_by_the_server_key(kind: Kind) {
         s.tls("replays_bounded") + s.tls("resumptions_too_fast") >= 2,
         "{kind:?}"
     );
+    // curl: a full TLS 1.3 handshake, then a resumption of it on a second connection, its
+    // ticket's MAC checked by the key file.
+    s.net.gateway_ok(&["policy", "clear", "tls-new"]);
+    let (resumed, verified) = (s.counter("tls-resumed", "packets"), s.tls("macs_verified"));
+    let url = format!("https://{GW_V4}/");
+    let out = s.net.exec(
+        &s.net.peer_ns,
+        "curl",
+        &["-sSk", "--tlsv1.3", "-H", "Connection: close", &url, &url],
+    );
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(body, "served\nserved\n", "{kind:?}: {out:?}");
+    assert_eq!(
+        s.counter("tls-resumed", "packets"),
+        resumed + 1,
+        "{kind:?}: curl's second connection resumed its first"
+    );
+    assert_eq!(s.tls("macs_verified"), verified + 1, "{kind:?}");
 }
 
 #[test]

@@ -34,7 +34,7 @@ pub enum Action {
     Tx,
     /// Let it through to the kernel's listener with the request socket made for it: the first
     /// data segment of a connection the NIC answered with a SYN cookie, its hello admitted (or
-    /// pending). XDP hands it to the finishing program at TC ingress ([`HANDOFF`]), which makes
+    /// pending). XDP hands it to the finishing program at TC ingress ([`Handover::Handoff`]), which makes
     /// the socket; TC makes it at once (`crate::handoff`).
     Handoff,
     /// Answered from the NIC with the segment `crate::tls::cookie` prepared in scratch (a
@@ -106,8 +106,8 @@ pub trait Rewrite {
     fn send_copy(&self) -> bool;
 
     /// Marks the frame for the finishing program at TC ingress (XDP only): metadata holding
-    /// `tag` ([`HANDED_OVER`] or [`SEND_OUT`]) and `value`. Whether it could.
-    fn hand_over(&self, tag: u32, value: u32) -> bool;
+    /// `tag` and `value`. Whether it could.
+    fn hand_over(&self, tag: Handover, value: u32) -> bool;
 }
 
 /// Most bytes [`Rewrite::remove_after`] keeps in front: two VLAN tags and an IPv6 header.
@@ -115,15 +115,35 @@ pub const MAX_KEEP: u32 = 72;
 /// Most bytes [`Rewrite::remove_after`] takes out.
 pub const MAX_EXTRA: u32 = 256;
 
-/// The metadata tag of a frame the XDP reply program hands to the finishing program
-/// (`b"GWRS"`): the server's reset, whose client still needs its own.
-pub const HANDED_OVER: u32 = u32::from_be_bytes(*b"GWRS");
-/// The metadata tag of a reply the XDP reply program hands to the finishing program to send out
-/// of the device (`b"GWTX"`), where XDP_TX may not deliver.
-pub const SEND_OUT: u32 = u32::from_be_bytes(*b"GWTX");
-/// The metadata tag of a first data segment the XDP program checked the SYN cookie of and
-/// admitted (`b"GWHO"`): the finishing program hands it to the listener ([`Action::Handoff`]).
-pub const HANDOFF: u32 = u32::from_be_bytes(*b"GWHO");
+/// What a frame XDP hands to the finishing program at TC ingress is for: the word in front of
+/// it in its metadata (XORed with the attachment's handover key), the ASCII of four letters.
+/// Every kind of handover, and only these, in one place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Handover {
+    /// `b"GWRS"`: the server's reset of a refused connection, made by the XDP reply program,
+    /// whose client still needs its own (the value: the client's acknowledgement number).
+    Reset = u32::from_be_bytes(*b"GWRS"),
+    /// `b"GWTX"`: a reply the XDP reply program made, to send out of the device where XDP_TX
+    /// may not deliver.
+    SendOut = u32::from_be_bytes(*b"GWTX"),
+    /// `b"GWHO"`: a first data segment the XDP program checked the SYN cookie of and admitted:
+    /// the finishing program hands it to the listener ([`Action::Handoff`]).
+    Handoff = u32::from_be_bytes(*b"GWHO"),
+    /// `b"GWCA"`: a segment to carry a held first segment into (the value: the first
+    /// segment's sequence number), `crate::tls::carry`.
+    Carry = u32::from_be_bytes(*b"GWCA"),
+}
+
+impl Handover {
+    /// The handover a metadata word (its key taken off) names, if it names one.
+    #[inline(always)]
+    fn from_word(word: u32) -> Option<Self> {
+        [Self::Reset, Self::SendOut, Self::Handoff, Self::Carry]
+            .into_iter()
+            .find(|h| *h as u32 == word)
+    }
+}
 
 impl Rewrite for XdpContext {
     const SENDS_COPIES: bool = false;
@@ -179,7 +199,7 @@ impl Rewrite for XdpContext {
     }
 
     #[inline(always)]
-    fn hand_over(&self, tag: u32, value: u32) -> bool {
+    fn hand_over(&self, tag: Handover, value: u32) -> bool {
         // A kernel without XDP metadata: the loader attached no finishing program to XDP.
         if crate::maps::XDP_METADATA.load() == 0 {
             return false;
@@ -189,7 +209,7 @@ impl Rewrite for XdpContext {
         if key == 0 {
             return false;
         }
-        let tag = tag ^ key;
+        let tag = tag as u32 ^ key;
         // SAFETY: growing the metadata area by 8 bytes in front of the frame.
         if unsafe { bpf_xdp_adjust_meta(self.ctx, -8) } != 0 {
             return false;
@@ -270,7 +290,7 @@ impl Rewrite for TcContext {
     }
 
     #[inline(always)]
-    fn hand_over(&self, _tag: u32, _value: u32) -> bool {
+    fn hand_over(&self, _tag: Handover, _value: u32) -> bool {
         false
     }
 }
@@ -280,7 +300,7 @@ impl Rewrite for TcContext {
 /// attachment's key is one: metadata that came with the frame from elsewhere (a veth carries
 /// it over from its peer, whose own gateway may have tagged it) is not.
 #[inline(always)]
-pub fn handed_over(ctx: &TcContext) -> Option<(u32, u32)> {
+pub fn handed_over(ctx: &TcContext) -> Option<(Handover, u32)> {
     // SAFETY: reads of the skb's metadata bounds, then of the 8 bytes checked against them.
     unsafe {
         let skb = ctx.skb.skb;
@@ -296,8 +316,7 @@ pub fn handed_over(ctx: &TcContext) -> Option<(u32, u32)> {
         }
         let tag = u32::from_ne_bytes(*(meta as *const [u8; 4])) ^ key;
         let value = u32::from_ne_bytes(*((meta + 4) as *const [u8; 4]));
-        (tag == HANDED_OVER || tag == SEND_OUT || tag == HANDOFF || tag == crate::tls::carry::CARRY)
-            .then_some((tag, value))
+        Handover::from_word(tag).map(|h| (h, value))
     }
 }
 

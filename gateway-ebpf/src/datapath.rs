@@ -73,7 +73,7 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + TailCall + Rewrite,
                             count_class(class, false, len);
                             ctx.jump(Jump::Reply);
                             // Only when the jump table is empty.
-                            tls::count(|c| c.resets_withheld += 1);
+                            tls::counters::count(|c| c.resets_withheld += 1);
                             return Action::Drop;
                         }
                         (class, verdict @ (Action::Answer | Action::Hold)) => {
@@ -201,7 +201,7 @@ pub fn process_reply<R: Rewrite + CopyOut, B: PacketBytes>(ctx: &R, b: &B, len: 
             return answered;
         }
         let answered = reset(ctx, &pkt, len);
-        tls::count(|c| {
+        tls::counters::count(|c| {
             if answered.is_some() {
                 c.resets_sent += 1;
             } else {

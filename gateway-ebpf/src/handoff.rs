@@ -61,7 +61,7 @@ unsafe extern "C" {
 #[inline(always)]
 pub fn handoff(ctx: &TcContext) -> bool {
     let done = hand(ctx);
-    tls::count(|c| {
+    tls::counters::count(|c| {
         if done {
             c.handoffs += 1;
         } else {

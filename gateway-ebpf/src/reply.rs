@@ -23,7 +23,7 @@ use gateway_common::{
 
 use crate::{
     bytes::opaque,
-    context::{Action, CopyOut, HANDED_OVER, MAX_EXTRA, MAX_KEEP, Rewrite, SEND_OUT},
+    context::{Action, CopyOut, Handover, MAX_EXTRA, MAX_KEEP, Rewrite},
     maps::{count, finisher},
 };
 
@@ -254,7 +254,7 @@ pub fn reset<R: Rewrite>(ctx: &R, pkt: &Packet, frame_len: usize) -> Option<Acti
     if !ctx.truncate(new_len) {
         return None;
     }
-    if !R::SENDS_COPIES && finisher_attached() && ctx.hand_over(HANDED_OVER, client_ack) {
+    if !R::SENDS_COPIES && finisher_attached() && ctx.hand_over(Handover::Reset, client_ack) {
         let (tcp, pseudo) = h.rewrite(ctx, 20, IPPROTO_TCP, false)?;
         // SAFETY: rewrite checked 20 transport bytes.
         unsafe { write_reset(tcp, pseudo, seq, ack, false) };
@@ -389,7 +389,7 @@ pub fn answer_tcp<R: Rewrite>(
         );
     }
     if !R::SENDS_COPIES && finisher_sends_replies() {
-        return ctx.hand_over(SEND_OUT, 0).then_some(Action::Pass);
+        return ctx.hand_over(Handover::SendOut, 0).then_some(Action::Pass);
     }
     Some(Action::Tx)
 }
@@ -515,7 +515,7 @@ pub fn sip_503<R: Rewrite>(
     // Where XDP_TX may not deliver, the finishing program sends it (the frame goes up as far
     // as TC ingress, and out from there).
     if !R::SENDS_COPIES && finisher_sends_replies() {
-        return ctx.hand_over(SEND_OUT, 0).then_some(Action::Pass);
+        return ctx.hand_over(Handover::SendOut, 0).then_some(Action::Pass);
     }
     Some(Action::Tx)
 }

@@ -9,17 +9,13 @@ use gateway_common::{
 
 use crate::{
     bytes::SkbBytes,
-    context::{Action, HANDOFF, SEND_OUT, handed_over},
+    context::{Action, Handover, handed_over},
     datapath::{process, process_reply, process_sip},
     handoff::handoff,
     maps::service_kind,
     reply::finish,
     sip::sip_response,
-    tls::{
-        self,
-        answer::tls_answer,
-        carry::{CARRY, carry_handed_over},
-    },
+    tls::{self, answer::tls_answer, carry::carry_handed_over},
 };
 
 /// The ingress classifier as a TC (tcx) program.
@@ -66,25 +62,27 @@ pub fn gateway_tc_finish(ctx: TcContext) -> i32 {
     let Some((tag, client_ack)) = handed_over(&ctx) else {
         return TC_ACT_OK;
     };
-    if tag == SEND_OUT {
-        return Action::Tx.tc(&ctx);
-    }
-    if tag == HANDOFF {
-        handoff(&ctx);
-        return TC_ACT_OK;
-    }
-    if tag == CARRY {
-        let action = carry_handed_over(&ctx, client_ack);
-        if action == Action::Handoff {
+    match tag {
+        Handover::SendOut => Action::Tx.tc(&ctx),
+        Handover::Handoff => {
             handoff(&ctx);
+            TC_ACT_OK
         }
-        return action.tc(&ctx);
+        Handover::Carry => {
+            let action = carry_handed_over(&ctx, client_ack);
+            if action == Action::Handoff {
+                handoff(&ctx);
+            }
+            action.tc(&ctx)
+        }
+        Handover::Reset => {
+            let pkt = parse(&SkbBytes::new(&ctx));
+            if pkt.kind != PacketKind::Transport || !finish(&ctx, &pkt, client_ack) {
+                tls::counters::count(|c| c.resets_withheld += 1);
+            }
+            TC_ACT_OK
+        }
     }
-    let pkt = parse(&SkbBytes::new(&ctx));
-    if pkt.kind != PacketKind::Transport || !finish(&ctx, &pkt, client_ack) {
-        tls::count(|c| c.resets_withheld += 1);
-    }
-    TC_ACT_OK
 }
 
 /// The egress classifier: completions of the units the server answers (TLS connections, SIP

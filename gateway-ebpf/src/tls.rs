@@ -42,6 +42,9 @@
 pub mod answer;
 pub mod carry;
 pub mod cookie;
+pub mod counters;
+
+use counters::count;
 pub(crate) mod flows;
 pub mod mac;
 mod refused;
@@ -59,7 +62,7 @@ use gateway_common::{
     maps::{
         CONFIG_TRUST_UNCONNECTED, FINISHER_ATTACHED, FLOW_ADMITTED, FLOW_AWAITING_FIRST, FLOW_HELD,
         FLOW_KEY_EXCHANGE, FLOW_PENDING, FLOW_REJECTED, FlowKey, FlowKey4, RejectEvent,
-        TLS_REJECTS_BYTES, TlsCounters, TlsFlow,
+        TLS_REJECTS_BYTES, TlsFlow,
     },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Transport},
     reasons::Refusal,
@@ -78,10 +81,6 @@ use crate::{
     resume::{self, Place},
     sync::now_ns,
 };
-
-/// TLS counters, per CPU.
-#[btf_map]
-pub static TLS_COUNTERS: PerCpuArray<TlsCounters, 1> = PerCpuArray::new();
 
 /// Per-CPU scratch space of the ClientHello parser (not pinned).
 #[btf_map]
@@ -307,15 +306,6 @@ fn parse_segment<C: CopyOut>(
     }
     s.state.end_segment(&seg);
     true
-}
-
-/// Counts in this CPU's TLS counters.
-#[inline(always)]
-pub fn count(f: impl FnOnce(&mut TlsCounters)) {
-    if let Some(c) = TLS_COUNTERS.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot.
-        f(unsafe { &mut *c });
-    }
 }
 
 /// Writes the connection's key, client first, into `key`: the packet's source is the client

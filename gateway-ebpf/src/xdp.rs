@@ -6,7 +6,7 @@ use gateway_common::Class;
 
 use crate::{
     bytes::XdpBytes,
-    context::{Action, HANDOFF, Rewrite},
+    context::{Action, Handover, Rewrite},
     datapath::{process, process_reply, process_sip},
     pending::sweep_now,
     tls,
@@ -19,8 +19,8 @@ pub fn gateway_xdp(ctx: XdpContext) -> u32 {
     let action = process(&ctx, &bytes, bytes.len());
     // A connection's first segment to hand to its listener: the finishing program at TC
     // ingress makes its socket (kfuncs that make one run at TC only).
-    if action == Action::Handoff && !ctx.hand_over(HANDOFF, 0) {
-        tls::count(|c| c.handoffs_failed += 1);
+    if action == Action::Handoff && !ctx.hand_over(Handover::Handoff, 0) {
+        tls::counters::count(|c| c.handoffs_failed += 1);
     }
     action.xdp()
 }

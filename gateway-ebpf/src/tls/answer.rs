@@ -39,7 +39,7 @@ use crate::{
     pending::{self, TLS_PENDING},
     resume,
     sync::now_ns,
-    tls::{SCRATCH_LEN, count, flow_key, flows},
+    tls::{SCRATCH_LEN, counters::count, flow_key, flows},
 };
 
 /// Per-CPU copy of a server segment's first bytes and what was read of them (not pinned): the

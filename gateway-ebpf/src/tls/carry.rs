@@ -10,7 +10,7 @@
 //! The frame grows by a segment's worth, which an XDP buffer seldom has room for (a driver's
 //! buffer is often half a page; veth's is cut to the frame), so it is done at TC ingress, where
 //! the skb is reallocated as needed: by the TC program itself, or on an XDP attachment by the
-//! finishing program, which the XDP reply program hands the frame to ([`CARRY`]).
+//! finishing program, which the XDP reply program hands the frame to ([`Handover::Carry`]).
 //!
 //! Where it cannot be done (the first payload no longer kept, a hello of three segments, no
 //! finishing program), the client is asked for its first segment again instead
@@ -34,18 +34,14 @@ use gateway_common::{
     packet::{Packet, PacketKind, parse},
 };
 
-use super::{SCRATCH_LEN, Scratch, TLS_SCRATCH, cookie, count, flow_key, flows};
+use super::{SCRATCH_LEN, Scratch, TLS_SCRATCH, cookie, counters::count, flow_key, flows};
 use crate::{
     bytes::{SkbBytes, opaque},
-    context::{Action, CopyOut, Rewrite},
+    context::{Action, CopyOut, Handover, Rewrite},
     maps::finisher,
     reply::resegment,
     sync::{gcra, now_ns},
 };
-
-/// The metadata tag of a frame the XDP reply program hands to the finishing program to carry a
-/// held first segment into (`b"GWCA"`, with the first segment's sequence number).
-pub const CARRY: u32 = u32::from_be_bytes(*b"GWCA");
 
 /// Most payload bytes of a held first segment kept: one full segment at an MTU of 1500.
 pub const HELD_MAX: u32 = 1500;
@@ -319,7 +315,7 @@ fn held(s: &Scratch, pkt: &Packet, first_seq: u32) -> Option<(*const HeldSegment
 /// The reply program's part, for the segment `pkt` that admitted the held hello of `s.key`
 /// (starting at `first_seq`; its options copied into `s.cookie`): carried here when the hook
 /// can grow the frame ([`carry`]), else handed to the finishing program to be carried there
-/// ([`CARRY`], [`Action::Pass`]). `None` when neither can be done, the frame unchanged.
+/// ([`Handover::Carry`], [`Action::Pass`]). `None` when neither can be done, the frame unchanged.
 #[inline(always)]
 pub fn carry_or_hand_over<R: Rewrite + CopyOut>(
     ctx: &R,
@@ -330,14 +326,14 @@ pub fn carry_or_hand_over<R: Rewrite + CopyOut>(
     held(s, pkt, first_seq)?;
     if R::GROWS {
         carry(ctx, pkt, s, first_seq)
-    } else if finisher(FINISHER_ATTACHED) && ctx.hand_over(CARRY, first_seq) {
+    } else if finisher(FINISHER_ATTACHED) && ctx.hand_over(Handover::Carry, first_seq) {
         Some(Action::Pass)
     } else {
         None
     }
 }
 
-/// The finishing program's part: the frame the XDP reply program handed over ([`CARRY`], the
+/// The finishing program's part: the frame the XDP reply program handed over ([`Handover::Carry`], the
 /// held first segment's sequence number `first_seq`) carried into and handed to the listener
 /// ([`Action::Handoff`]), else dropped (the client sends its segments again at its timer).
 #[inline(always)]

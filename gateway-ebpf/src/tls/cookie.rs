@@ -19,7 +19,7 @@ use gateway_common::{
     },
 };
 
-use super::{Scratch, TLS_SCRATCH, carry::carry_or_hand_over, count};
+use super::{Scratch, TLS_SCRATCH, carry::carry_or_hand_over, counters::count};
 use crate::{
     bytes::{opaque, zero},
     context::{Action, CopyOut, Rewrite},

@@ -16,6 +16,9 @@ use thiserror::Error;
 
 use crate::btf::Btf;
 
+/// The kfunc that hands a connection answered with a SYN cookie to its listener.
+pub const HANDOFF_KFUNC: &str = "bpf_sk_assign_tcp_reqsk";
+
 /// Where the running kernel's BTF is.
 const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
@@ -68,7 +71,7 @@ fn kernel_id(name: &str) -> Option<u32> {
         let mut names = resolve_with(crate::EBPF_OBJECT, |_| None)
             .map(|(_, r)| r.missing)
             .unwrap_or_default();
-        names.push(crate::maps::HANDOFF_KFUNC.to_owned());
+        names.push(HANDOFF_KFUNC.to_owned());
         kernel_ids(&names)
     });
     match known.iter().find(|(n, _)| n == name) {

@@ -213,16 +213,13 @@ fn syn_cookies_possible(key: ServiceKey, value: ServiceValue) -> Result<(), Maps
             "only a TLS service over TCP can answer SYNs with cookies",
         ));
     }
-    if !crate::kfunc::available(HANDOFF_KFUNC) {
+    if !crate::kfunc::available(crate::kfunc::HANDOFF_KFUNC) {
         return Err(refuse(
             "this kernel has no bpf_sk_assign_tcp_reqsk (Linux 6.9 and later, CONFIG_SYN_COOKIES) to hand connections to the listener",
         ));
     }
     Ok(())
 }
-
-/// The kfunc that hands a connection answered with a SYN cookie to its listener.
-pub const HANDOFF_KFUNC: &str = "bpf_sk_assign_tcp_reqsk";
 
 /// Handles to every gateway map of one interface.
 pub struct Maps {

@@ -334,7 +334,7 @@ impl Config {
 
     /// Every protected service, as [`Config::all_services_where`] on this machine's kernel.
     pub fn all_services(&self) -> Vec<(ServiceKey, ServiceValue)> {
-        self.all_services_where(crate::kfunc::available(crate::maps::HANDOFF_KFUNC))
+        self.all_services_where(crate::kfunc::available(crate::kfunc::HANDOFF_KFUNC))
     }
 
     /// Every protected service: the services list, then each proxy listener's port (tls,

@@ -128,7 +128,7 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
                 for m in &a.moved {
                     info!(iface = %a.iface, "{m}");
                 }
-                let kernel_can = crate::kfunc::available(crate::maps::HANDOFF_KFUNC);
+                let kernel_can = crate::kfunc::available(crate::kfunc::HANDOFF_KFUNC);
                 for line in cfg.syn_answers(kernel_can) {
                     info!(iface = %a.iface, "{line}");
                 }

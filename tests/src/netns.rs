@@ -50,6 +50,14 @@ pub fn must(program: &str, args: &[&str]) {
     );
 }
 
+/// `caps` (`CAP_BPF`, as systemd writes them) as `setpriv` takes a set: `+bpf,+perfmon`.
+fn cap_set(caps: &[&str]) -> String {
+    caps.iter()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// A private bpffs mount in a temporary directory, unmounted on drop.
 pub struct Bpffs {
     mount: PathBuf,
@@ -271,39 +279,32 @@ impl TestNet {
     /// them, `CAP_BPF`): its bounding set is cut to them by `setpriv` inside the namespace, as
     /// a systemd unit's `CapabilityBoundingSet=` or a pod's `capabilities.add` does.
     pub fn gateway_command_capped(&self, args: &[&str], caps: &[&str]) -> Command {
-        let set = caps
-            .iter()
-            .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.gw_ns, "setpriv"])
-            .arg(format!("--bounding-set=-all,{set}"))
-            .arg("--")
-            .arg(crate::gateway_bin())
-            .arg("--bpffs")
-            .arg(self.root())
-            .args(args);
-        c
+        self.setpriv(&[format!("--bounding-set=-all,{}", cap_set(caps))], args)
     }
 
     /// [`TestNet::gateway_command_capped`] as the user and group `uid`, holding `caps` as
     /// ambient capabilities across the change of user: as a systemd unit with `User=` and
     /// `AmbientCapabilities=` runs it.
     pub fn gateway_command_as(&self, args: &[&str], caps: &[&str], uid: u32) -> Command {
-        let set = caps
-            .iter()
-            .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
-            .collect::<Vec<_>>()
-            .join(",");
+        let set = cap_set(caps);
+        self.setpriv(
+            &[
+                format!("--reuid={uid}"),
+                format!("--regid={uid}"),
+                "--clear-groups".to_owned(),
+                format!("--inh-caps=-all,{set}"),
+                format!("--ambient-caps=-all,{set}"),
+                format!("--bounding-set=-all,{set}"),
+            ],
+            args,
+        )
+    }
+
+    /// `gateway --bpffs <root> ARGS` in the gateway namespace under `setpriv OPTIONS`.
+    fn setpriv(&self, options: &[String], args: &[&str]) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.gw_ns, "setpriv"])
-            .arg(format!("--reuid={uid}"))
-            .arg(format!("--regid={uid}"))
-            .arg("--clear-groups")
-            .arg(format!("--inh-caps=-all,{set}"))
-            .arg(format!("--ambient-caps=-all,{set}"))
-            .arg(format!("--bounding-set=-all,{set}"))
+            .args(options)
             .arg("--")
             .arg(crate::gateway_bin())
             .arg("--bpffs")

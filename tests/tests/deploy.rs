@@ -175,12 +175,7 @@ fn with_exactly_the_units_capabilities_a_restart_adopts_and_the_cli_reads_the_at
         );
         let (status, log) = daemon.terminate(Duration::from_secs(30));
         assert!(status.success(), "{start}: {log:?}");
-        // Where the kernel refuses XDP frame metadata, the first start says it attached at
-        // tc ingress instead: the one warning that is the kernel's, not the capabilities'.
-        let warned: Vec<_> = log
-            .iter()
-            .filter(|l| l.contains("WARN") && !l.contains("bpf_xdp_adjust_meta"))
-            .collect();
+        let warned = warnings_of_its_own(&log);
         assert!(warned.is_empty(), "{start}: {warned:?}");
         assert!(
             net.root().join(&net.gw_if).join("link").exists(),
@@ -307,12 +302,7 @@ on_exit: keep
         assert!(ok && said.contains("tls-new"), "{start}: {said}");
         let (status, log) = daemon.terminate(Duration::from_secs(30));
         assert!(status.success(), "{start}: {log:?}");
-        // Where the kernel refuses XDP frame metadata, the first start says it attached at tc
-        // ingress instead: the one warning that is the kernel's, not the user's.
-        let warned: Vec<_> = log
-            .iter()
-            .filter(|l| l.contains("WARN") && !l.contains("bpf_xdp_adjust_meta"))
-            .collect();
+        let warned = warnings_of_its_own(&log);
         assert!(warned.is_empty(), "{start}: {warned:?}");
     }
     let (ok, said) = as_user(&["attach", "--iface", &net.gw_if]);
@@ -332,6 +322,14 @@ on_exit: keep
     assert!(n > 10, "{n} pins");
     let (ok, said) = as_user(&["detach", "--iface", &net.gw_if]);
     assert!(ok, "detach as the unit's user: {said}");
+}
+
+/// The warnings a daemon's log holds, but the one that is the kernel's: where it refuses XDP
+/// frame metadata, a first start says it attached at tc ingress instead.
+fn warnings_of_its_own(log: &[String]) -> Vec<&String> {
+    log.iter()
+        .filter(|l| l.contains("WARN") && !l.contains("bpf_xdp_adjust_meta"))
+        .collect()
 }
 
 fn unit_value(key: &str) -> String {

@@ -263,23 +263,7 @@ fn learnt_sessions_resume_with_tls_new_closed(kind: Kind) {
     // curl: a full handshake, then a resumption of it on a second connection.
     s.net.gateway_ok(&["policy", "clear", "tls-new"]);
     let resumed = s.counter("tls-resumed", "packets");
-    let url = format!("https://{GW_V4}/");
-    let out = s.net.exec(
-        &s.net.peer_ns,
-        "curl",
-        &[
-            "-sSk",
-            "--tlsv1.2",
-            "--tls-max",
-            "1.2",
-            "-H",
-            "Connection: close",
-            &url,
-            &url,
-        ],
-    );
-    let body = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(body, "served\nserved\n", "{kind:?}: {out:?}");
+    curl_twice(&s, &["--tlsv1.2", "--tls-max", "1.2"]);
     assert_eq!(
         s.counter("tls-resumed", "packets"),
         resumed + 1,
@@ -396,6 +380,18 @@ fn unhex(s: &str) -> Vec<u8> {
         .collect()
 }
 
+/// curl fetching the server's page twice in one run, each on a connection of its own: a full
+/// handshake, then (the same session cached) a resumption of it. Both must be served.
+fn curl_twice(s: &Behind, tls: &[&str]) {
+    let url = format!("https://{GW_V4}/");
+    let mut args = vec!["-sSk", "-H", "Connection: close"];
+    args.extend_from_slice(tls);
+    args.extend([url.as_str(), url.as_str()]);
+    let out = s.net.exec(&s.net.peer_ns, "curl", &args);
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(body, "served\nserved\n", "{:?}: {out:?}", s.kind);
+}
+
 /// TLS 1.3 resumptions to a server whose ticket key file the gateway reads are checked at the
 /// NIC by the ticket's MAC: served as tls-resumed with tls-new closed; forgeries (a wrong MAC,
 /// a ticket cut or lengthened by a byte, another server's key name) stay tls-new.
@@ -461,14 +457,7 @@ fn tls13_tickets_are_checked_by_the_server_key(kind: Kind) {
     // ticket's MAC checked by the key file.
     s.net.gateway_ok(&["policy", "clear", "tls-new"]);
     let (resumed, verified) = (s.counter("tls-resumed", "packets"), s.tls("macs_verified"));
-    let url = format!("https://{GW_V4}/");
-    let out = s.net.exec(
-        &s.net.peer_ns,
-        "curl",
-        &["-sSk", "--tlsv1.3", "-H", "Connection: close", &url, &url],
-    );
-    let body = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(body, "served\nserved\n", "{kind:?}: {out:?}");
+    curl_twice(&s, &["--tlsv1.3"]);
     assert_eq!(
         s.counter("tls-resumed", "packets"),
         resumed + 1,

@@ -4,7 +4,9 @@
 //! Every address used lives inside namespaces the harness created; nothing leaves the machine.
 
 pub mod backend;
+
 pub mod behind;
+pub mod cgroup;
 pub mod daemon;
 pub mod fleet;
 pub mod frames;

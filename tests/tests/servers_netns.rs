@@ -526,28 +526,6 @@ fn a_rotated_key_file_takes_effect_within_a_second() {
     assert_eq!(s.counter("tls-new", "rejected"), 1);
 }
 
-/// A cgroup of the test's own, in the cgroup v2 hierarchy mounted at a directory of the test's
-/// (`ip netns exec`, which the daemon runs under, mounts a /sys of its own without it);
-/// removed and unmounted on drop.
-struct TestCgroup {
-    mount: std::path::PathBuf,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        // Its processes back to the root first (nginx is gone by now; anything left moves).
-        if let Ok(left) = std::fs::read_to_string(self.dir.join("cgroup.procs")) {
-            for pid in left.lines() {
-                let _ = std::fs::write(self.mount.join("cgroup.procs"), pid);
-            }
-        }
-        let _ = std::fs::remove_dir(&self.dir);
-        let _ = nix::mount::umount(&self.mount);
-        let _ = std::fs::remove_dir(&self.mount);
-    }
-}
-
 /// The tls law of a server the gateway does not terminate budgets the server's CPU, read from
 /// the cgroup its config names: nginx in a cgroup of the test's, full handshakes against it,
 /// and the controller's reading of that cgroup (`gateway_controller_server_cpu_busy_ratio`)
@@ -561,30 +539,13 @@ fn the_tls_law_reads_the_servers_cpu_from_its_cgroup() {
         metrics::{scrape, value},
         tls::{rustls_config, rustls_fetch},
     };
-    if !std::fs::read_to_string("/proc/filesystems")
-        .unwrap()
-        .contains("cgroup2")
-    {
+    let Some(cg) = gateway_tests::cgroup::ServerCgroup::new("gwt-server") else {
         eprintln!("skipped: the kernel has no cgroup v2");
         return;
-    }
+    };
     const METRICS: u16 = 9487;
     let net = TestNet::new();
     let cert = Cert::new();
-    let mount = gateway_tests::fresh_temp_dir("gwt-cgroup2");
-    nix::mount::mount(
-        Some("cgroup2"),
-        &mount,
-        Some("cgroup2"),
-        nix::mount::MsFlags::empty(),
-        None::<&str>,
-    )
-    .expect("mount cgroup2");
-    let cg = TestCgroup {
-        dir: mount.join(format!("gwt-server-{}", std::process::id())),
-        mount,
-    };
-    std::fs::create_dir_all(&cg.dir).unwrap();
     let nginx = Nginx::start(
         &["ip", "netns", "exec", &net.gw_ns],
         &format!(
@@ -598,12 +559,9 @@ fn the_tls_law_reads_the_servers_cpu_from_its_cgroup() {
     wait_listening(|| net.in_gw(|| TcpStream::connect(("127.0.0.1", 443)).is_ok()));
     // nginx and its workers moved into the cgroup (from here: `ip netns exec` mounts a /sys of
     // its own, without the cgroup hierarchy).
-    let procs = cg.dir.join("cgroup.procs");
     let workers = nginx_workers(&nginx);
-    for pid in std::iter::once(nginx.pid() as i32).chain(descendants(nginx.pid())) {
-        std::fs::write(&procs, pid.to_string()).unwrap();
-    }
-    let moved = std::fs::read_to_string(&procs).unwrap();
+    cg.take(nginx.pid());
+    let moved = std::fs::read_to_string(cg.dir().join("cgroup.procs")).unwrap();
     assert!(
         workers
             .iter()
@@ -617,7 +575,7 @@ fn the_tls_law_reads_the_servers_cpu_from_its_cgroup() {
             "workers: 1\nmetrics: 127.0.0.1:{METRICS}\nservices:\n  - {{kind: tls, port: 443, \
              server: {{cgroup: {}}}}}\ncontroller:\n  classes:\n    \
              tls-new: {{mode: tls, cpu_target: 0.5, min: 1, max: 100000}}\n",
-            cg.dir.display()
+            cg.dir().display()
         ),
     );
     let busy = || {
@@ -635,8 +593,8 @@ fn the_tls_law_reads_the_servers_cpu_from_its_cgroup() {
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "the server's CPU not seen after {n} handshakes: {:?} {:?}\n{}",
-            std::fs::read_to_string(cg.dir.join("cpu.stat")),
-            std::fs::read_to_string(cg.dir.join("cgroup.procs")),
+            std::fs::read_to_string(cg.dir().join("cpu.stat")),
+            std::fs::read_to_string(cg.dir().join("cgroup.procs")),
             scrape(&net, METRICS)
                 .lines()
                 .filter(|l| l.contains("controller"))
@@ -660,24 +618,11 @@ fn the_tls_law_reads_the_servers_cpu_from_its_cgroup() {
     drop(nginx);
 }
 
-/// The processes under `pid`, all generations.
-fn descendants(pid: u32) -> Vec<i32> {
-    let mut all = Vec::new();
-    let mut next = vec![pid as i32];
-    while let Some(p) = next.pop() {
-        for c in children(p as u32) {
-            all.push(c);
-            next.push(c);
-        }
-    }
-    all
-}
-
 /// nginx's worker processes (under the process the test started), once there is one (bounded).
 fn nginx_workers(nginx: &Nginx) -> Vec<i32> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let workers: Vec<i32> = descendants(nginx.pid())
+        let workers: Vec<i32> = gateway_tests::cgroup::descendants(nginx.pid())
             .into_iter()
             .filter(|p| {
                 std::fs::read(format!("/proc/{p}/cmdline"))
@@ -690,21 +635,6 @@ fn nginx_workers(nginx: &Nginx) -> Vec<i32> {
         assert!(Instant::now() < deadline, "nginx started no worker");
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// The pids of the children of `pid`.
-fn children(pid: u32) -> Vec<i32> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
-    tasks
-        .filter_map(Result::ok)
-        .flat_map(|t| {
-            std::fs::read_to_string(t.path().join("children"))
-                .unwrap_or_default()
-                .split_whitespace()
-                .filter_map(|c| c.parse().ok())
-                .collect::<Vec<i32>>()
-        })
-        .collect()
 }
 
 /// A TLS 1.2 full handshake is two pieces of the server's work, each in tls-new's backlog

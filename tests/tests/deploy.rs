@@ -156,15 +156,8 @@ fn with_exactly_the_units_capabilities_a_restart_adopts_and_the_cli_reads_the_at
     let net = TestNet::new();
     let dir = gateway_tests::fresh_temp_dir("gwt-unit-restart");
     let body = "services: [{kind: sip, port: 5060}]\non_exit: keep\n";
-    let capped = |args: &[&str]| {
-        let out = net
-            .gateway_command_capped(args, &caps)
-            .output()
-            .expect("run gateway");
-        let said = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        (out.status.success(), said)
-    };
+    let capped =
+        |args: &[&str]| gateway_tests::run_tool(&mut net.gateway_command_capped(args, &caps));
     for start in ["first start", "restart"] {
         let daemon = Daemon::start_config_capped(&net, &dir, body, &caps);
         let (ok, said) = capped(&["status"]);
@@ -274,15 +267,8 @@ fn as_the_units_own_user_a_start_a_restart_and_the_cli_work_in_the_bpffs_the_uni
     let body = "services: [{kind: sip, port: 5060}, {kind: tls, port: 443}]
 on_exit: keep
 ";
-    let as_user = |args: &[&str]| {
-        let out = net
-            .gateway_command_as(args, &caps, UID)
-            .output()
-            .expect("run gateway");
-        let said = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        (out.status.success(), said)
-    };
+    let as_user =
+        |args: &[&str]| gateway_tests::run_tool(&mut net.gateway_command_as(args, &caps, UID));
     for start in ["first start", "restart"] {
         let daemon = Daemon::start_config_as(&net, &dir, body, &caps, UID);
         if start == "restart" {

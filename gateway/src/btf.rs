@@ -422,33 +422,43 @@ pub fn difference(found: &[Field], expected: &[Field]) -> Option<String> {
         .map(|extra| format!("it has {extra}, which this build does not have"))
 }
 
-/// `object` with the names of members `a` and `b` of struct `name` swapped in its BTF: a
-/// build whose struct has the two fields the other way round.
-#[cfg(test)]
-pub(crate) fn swap_fields(object: &[u8], name: &str, a: &str, b: &str) -> Vec<u8> {
-    let file = object::File::parse(object).unwrap();
-    let (start, _) = file.section_by_name(".BTF").unwrap().file_range().unwrap();
+/// `object` with the names of members `a` and `b` of struct `name` swapped in its BTF: the
+/// object of a build whose struct has the two fields the other way round. Its programs are
+/// this build's; only the layout its maps are pinned with differs, so the upgrade across a
+/// map-layout change can be exercised on any kernel that loads this build (the tests' stand-in
+/// for an older release).
+pub fn swap_fields(object: &[u8], name: &str, a: &str, b: &str) -> Result<Vec<u8>, BtfError> {
+    let file = object::File::parse(object).map_err(|e| BtfError::Object(e.to_string()))?;
+    let (start, _) = file
+        .section_by_name(".BTF")
+        .and_then(|s| s.file_range())
+        .ok_or_else(|| BtfError::Object("no .BTF section".into()))?;
     let start = start as usize;
-    let btf = Btf::parse(&object[start..]).unwrap();
+    let btf = Btf::parse(&object[start..])?;
     // The header's length and the type section's offset after it.
-    let types_start =
-        (u32_at(object, start + 4).unwrap() + u32_at(object, start + 8).unwrap()) as usize;
-    let t = (1..=btf.types.len() as u32)
-        .map(|id| btf.ty(id).unwrap())
-        .find(|t| t.kind == kind::STRUCT && btf.name(t.name_off) == name)
-        .unwrap();
+    let header = |at| u32_at(object, start + at).ok_or(malformed(at, "no header"));
+    let types_start = (header(4)? + header(8)?) as usize;
+    let mut found = None;
+    for id in 1..=btf.types.len() as u32 {
+        let t = btf.ty(id)?;
+        if t.kind == kind::STRUCT && btf.name(t.name_off) == name {
+            found = Some(t);
+            break;
+        }
+    }
+    let t = found.ok_or_else(|| BtfError::Object(format!("no struct {name}")))?;
     let at = |wanted: &str| {
-        let m = (0..usize::from(t.vlen))
+        (0..usize::from(t.vlen))
             .find(|&m| btf.name(btf.extra(&t, 3 * m)) == wanted)
-            .unwrap();
-        start + types_start + t.extra + 12 * m
+            .map(|m| start + types_start + t.extra + 12 * m)
+            .ok_or_else(|| BtfError::Object(format!("struct {name} has no field {wanted}")))
     };
-    let (a, b) = (at(a), at(b));
+    let (a, b) = (at(a)?, at(b)?);
     let mut out = object.to_vec();
     for i in 0..4 {
         out.swap(a + i, b + i);
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -529,9 +539,24 @@ mod tests {
     }
 
     #[test]
+    fn swapping_a_struct_or_field_the_object_lacks_is_refused_by_name() {
+        let object = crate::EBPF_OBJECT;
+        let said = |name, a, b| swap_fields(object, name, a, b).unwrap_err().to_string();
+        assert_eq!(
+            said("NoSuchStruct", "a", "b"),
+            "the eBPF object cannot be read: no struct NoSuchStruct"
+        );
+        assert_eq!(
+            said("ClassPolicy", "backlog_limit", "nope"),
+            "the eBPF object cannot be read: struct ClassPolicy has no field nope"
+        );
+        assert!(swap_fields(&object[..64], "ClassPolicy", "a", "b").is_err());
+    }
+
+    #[test]
     fn two_fields_swapped_are_a_difference() {
         let object = crate::EBPF_OBJECT;
-        let swapped = swap_fields(object, "ClassPolicy", "backlog_limit", "rate_per_sec");
+        let swapped = swap_fields(object, "ClassPolicy", "backlog_limit", "rate_per_sec").unwrap();
         let fields = |o: &[u8]| {
             let (btf, _, value) = object_map(o, maps::names::CLASS_POLICY).unwrap();
             btf.fields(value).unwrap()

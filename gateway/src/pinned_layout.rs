@@ -231,7 +231,8 @@ mod tests {
             "ClassPolicy",
             "backlog_limit",
             "rate_per_sec",
-        );
+        )
+        .unwrap();
         let outcome = (
             check(&pd, crate::EBPF_OBJECT),
             check(&pd, &swapped),

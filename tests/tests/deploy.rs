@@ -483,6 +483,115 @@ fn with_exactly_the_units_capabilities_a_daemon_upgrades_across_a_map_layout_cha
     net.gateway_ok(&["detach", "--iface", &net.gw_if]);
 }
 
+/// Issue 54, on any kernel this build loads on: under exactly the unit's capabilities, as
+/// root (the DaemonSet's pod) and as the unit's own user, a daemon upgrades a datapath attached
+/// by a build whose map layout differs from this one's. That build stands in for an older
+/// release: this build's object with two fields of `ClassPolicy` the other way round in its BTF
+/// (`gateway::btf::swap_fields`), so its CLASS_POLICY map is pinned with a layout this build
+/// must carry over field by field. Before the daemon, `status` refuses the foreign layout; the
+/// daemon's start says what it carried, warns of nothing of its own, and afterwards the CLI
+/// finds this build's layout.
+#[test]
+fn under_the_units_capabilities_as_root_and_as_its_user_a_daemon_upgrades_a_datapath_whose_layout_moved()
+ {
+    if !have_root("under_the_units_capabilities_a_daemon_upgrades") {
+        return;
+    }
+    const UID: u32 = 65534;
+    let caps = unit_caps();
+    let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
+    let older = gateway::btf::swap_fields(
+        gateway::EBPF_OBJECT,
+        "ClassPolicy",
+        "backlog_limit",
+        "rate_per_sec",
+    )
+    .expect("the build with ClassPolicy's fields swapped");
+    for user in [None, Some(UID)] {
+        let who = match user {
+            None => "root with the unit's capabilities",
+            Some(_) => "the unit's user",
+        };
+        let net = match user {
+            None => TestNet::new(),
+            Some(uid) => TestNet::with_bpffs_owned_by(uid),
+        };
+        let opts = gateway::loader::AttachOptions {
+            iface: net.gw_if.clone(),
+            mode: gateway::config::ModeRequest::Auto,
+            root: net.root(),
+            ebpf_log_level: 0,
+            issued_keys: gateway_common::maps::DEFAULT_TLS_ISSUED,
+        };
+        net.in_gw(|| {
+            drop(gateway::loader::attach_object(&opts, &older).expect("attach the older layout"))
+        });
+        if let Some(uid) = user {
+            // As the unit's user would have left them: its own pins.
+            chown_tree(&net.root(), uid);
+        }
+        let cli = |args: &[&str]| {
+            gateway_tests::run_tool(&mut match user {
+                None => net.gateway_command_capped(args, &caps),
+                Some(uid) => net.gateway_command_as(args, &caps, uid),
+            })
+        };
+        let (ok, said) = cli(&["status"]);
+        assert!(
+            !ok && said.contains("laid out by another build"),
+            "{who}: status before the upgrade: {said}"
+        );
+        let dir = gateway_tests::fresh_temp_dir("gwt-unit-layout");
+        let body = "services: [{kind: tls, port: 8443}]\non_exit: keep\n";
+        let daemon = match user {
+            None => Daemon::start_config_capped(&net, &dir, body, &caps),
+            Some(uid) => Daemon::start_config_as(&net, &dir, body, &caps, uid),
+        };
+        let (ok, said) = cli(&["status"]);
+        assert!(ok, "{who}: status after the upgrade: {said}");
+        assert!(
+            said.contains(&format!("daemon pid {}", daemon.pid())),
+            "{who}: {said}"
+        );
+        let (status, log) = daemon.terminate(Duration::from_secs(30));
+        assert!(status.success(), "{who}: {log:?}");
+        assert!(
+            log.iter()
+                .any(|l| l.contains("carried") && l.contains("CLASS_POLICY")),
+            "{who}: the start says what it carried over: {log:?}"
+        );
+        let warned = warnings_of_its_own(&log);
+        assert!(warned.is_empty(), "{who}: {warned:?}");
+        // A restart finds this build's own layout: nothing more to carry.
+        let daemon = match user {
+            None => Daemon::start_config_capped(&net, &dir, body, &caps),
+            Some(uid) => Daemon::start_config_as(&net, &dir, body, &caps, uid),
+        };
+        let (status, log) = daemon.terminate(Duration::from_secs(30));
+        assert!(status.success(), "{who}: restart: {log:?}");
+        assert!(
+            log.iter().any(|l| l.contains("adopted attachment"))
+                && !log.iter().any(|l| l.contains("carried")),
+            "{who}: restart: {log:?}"
+        );
+        let (ok, said) = cli(&["detach", "--iface", &net.gw_if]);
+        assert!(ok, "{who}: detach: {said}");
+    }
+}
+
+/// Gives `dir` and everything under it to user and group `uid`.
+fn chown_tree(dir: &Path, uid: u32) {
+    std::os::unix::fs::chown(dir, Some(uid), Some(uid)).unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            chown_tree(&path, uid);
+        } else {
+            std::os::unix::fs::chown(&path, Some(uid), Some(uid)).unwrap();
+        }
+    }
+}
+
 /// Every key of `original` is in `typed` (its round trip through the Kubernetes API types): a key
 /// the types do not know (a typo, a field of another kind) is dropped by the round trip and named
 /// here, with its path.

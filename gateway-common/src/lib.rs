@@ -17,6 +17,7 @@ pub mod counters;
 pub mod maps;
 pub mod packet;
 pub mod policy;
+pub mod programs;
 pub mod reasons;
 pub mod sha256;
 pub mod sip;

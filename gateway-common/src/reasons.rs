@@ -1,7 +1,7 @@
 //! One home for the datapath's words that the maps store as numbers: why an arrival was refused,
-//! who set a class's limits and why they last changed, and the slots of a hook's jump table.
+//! who set a class's limits and why they last changed.
 //! Everything above the maps speaks these enums; the numbers exist only where they are stored
-//! (a map value's field, a jump table's index), written and read through `id` / `from_id`.
+//! (a map value's field), written and read through `id` / `from_id`.
 
 /// Why an arrival was refused ([`crate::maps::RejectEvent::reason`]).
 #[repr(u8)]
@@ -173,28 +173,6 @@ impl Reason {
     }
 }
 
-/// The slots of a hook's jump table (`XDP_JUMP`, `TC_JUMP`): the programs the ingress program
-/// tail calls, each verified on its own.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Jump {
-    /// The SIP classifier (`gateway_xdp_sip`, `gateway_tc_sip`).
-    Sip = 0,
-    /// The reply program (`gateway_xdp_reply`, `gateway_tc_reply`): a refused packet answered.
-    Reply = 1,
-}
-
-impl Jump {
-    /// Every slot, by index.
-    pub const ALL: [Jump; 2] = [Jump::Sip, Jump::Reply];
-
-    /// Its index in the jump table.
-    #[inline(always)]
-    pub const fn slot(self) -> u32 {
-        self as u32
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,9 +192,6 @@ mod tests {
             assert_eq!(Owner::from_id(o.id()), Some(o));
         }
         assert_eq!(Owner::name_of(3), "unknown");
-        for (i, j) in Jump::ALL.iter().enumerate() {
-            assert_eq!(j.slot(), i as u32);
-        }
     }
 
     #[test]
@@ -239,6 +214,5 @@ mod tests {
             (0, 1, 2)
         );
         assert_eq!((Reason::Start.id(), Reason::DeadWork.id()), (6, 9));
-        assert_eq!((Jump::Sip.slot(), Jump::Reply.slot()), (0, 1));
     }
 }

@@ -16,7 +16,7 @@ use aya_ebpf::{
     macros::btf_map,
     programs::{TcContext, XdpContext},
 };
-use gateway_common::reasons::Jump;
+use gateway_common::programs::Jump;
 
 use crate::bytes::opaque;
 

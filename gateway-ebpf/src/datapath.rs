@@ -11,7 +11,7 @@ use gateway_common::{
         port_kind, port_syn_cookies,
     },
     packet::{Packet, PacketKind, parse},
-    reasons::Jump,
+    programs::Jump,
 };
 
 use crate::{

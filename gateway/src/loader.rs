@@ -20,8 +20,8 @@ use aya::{
     },
 };
 use gateway_common::{
-    maps::{AttachMode, FINISHER_ATTACHED, FINISHER_SENDS_REPLIES, names, programs},
-    reasons::Jump,
+    maps::{AttachMode, FINISHER_ATTACHED, FINISHER_SENDS_REPLIES, names},
+    programs::{self, Hook, Jump},
 };
 use serde::Serialize;
 use thiserror::Error;
@@ -378,53 +378,45 @@ fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassif
     Ok(prog)
 }
 
-/// Loads the SIP programs and the reply programs and puts them in their hooks' jump tables
-/// (`XDP_JUMP`, `TC_JUMP`), which the ingress programs tail call for SIP datagrams and refused
-/// packets. Done before anything is attached, so
-/// the first SIP packet already finds its program; on a replacement the pinned tables get the new
-/// SIP programs in place.
+/// Loads the programs the ingress programs tail call and puts each in its slot of its hook's
+/// jump table (`programs::Jump::program`, `Hook::jump_table`): the SIP classifiers and the reply
+/// programs. Done before anything is attached, so the first SIP packet already finds its
+/// program; on a replacement the pinned tables get the new programs in place.
 pub fn wire_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoaderError> {
     use aya::maps::ProgramArray;
-    let xdp_fd = load_xdp(ebpf, programs::XDP_SIP, "XDP SIP program")?;
-    let tc_fd = classifier(ebpf, programs::TC_SIP)?
-        .fd()
-        .and_then(|fd| fd.try_clone().map_err(Into::into))
-        .map_err(program_err("TC SIP program fd"))?;
-    let reply_fd = load_xdp(ebpf, programs::XDP_REPLY, "XDP reply program")?;
-    let tc_reply_fd = classifier(ebpf, programs::TC_REPLY)?
-        .fd()
-        .and_then(|fd| fd.try_clone().map_err(Into::into))
-        .map_err(program_err("TC reply program fd"))?;
-    for (map, jump, fd) in [
-        (names::XDP_JUMP, Jump::Sip, &xdp_fd),
-        (names::XDP_JUMP, Jump::Reply, &reply_fd),
-        (names::TC_JUMP, Jump::Sip, &tc_fd),
-        (names::TC_JUMP, Jump::Reply, &tc_reply_fd),
-    ] {
-        let mut table: ProgramArray<_> = ebpf
-            .map_mut(map)
-            .expect("object has the jump tables")
-            .try_into()
-            .map_err(|e| LoaderError::Maps(MapsError::Op { map, source: e }))?;
-        table
-            .set(jump.slot(), fd, 0)
-            .map_err(|e| LoaderError::Maps(MapsError::Op { map, source: e }))?;
+    for hook in Hook::ALL {
+        for jump in Jump::ALL {
+            let name = jump.program(hook);
+            let fd = match hook {
+                Hook::Xdp => load_xdp(ebpf, name)?,
+                Hook::Tc => classifier(ebpf, name)?
+                    .fd()
+                    .and_then(|fd| fd.try_clone().map_err(Into::into))
+                    .map_err(program_err(format!("TC program {name}'s fd")))?,
+            };
+            let map = hook.jump_table();
+            let mut table: ProgramArray<_> = ebpf
+                .map_mut(map)
+                .expect("object has the jump tables")
+                .try_into()
+                .map_err(|e| LoaderError::Maps(MapsError::Op { map, source: e }))?;
+            table
+                .set(jump.slot(), &fd, 0)
+                .map_err(|e| LoaderError::Maps(MapsError::Op { map, source: e }))?;
+        }
     }
     Ok(())
 }
 
-/// Loads the XDP program `name` (`what`, in errors) of the object; returns its fd.
-fn load_xdp(
-    ebpf: &mut Ebpf,
-    name: &str,
-    what: &'static str,
-) -> Result<aya::programs::ProgramFd, LoaderError> {
+/// Loads the XDP program `name` of the object; returns its fd.
+fn load_xdp(ebpf: &mut Ebpf, name: &str) -> Result<aya::programs::ProgramFd, LoaderError> {
+    let what = format!("XDP program {name}");
     let prog: &mut Xdp = ebpf
         .program_mut(name)
         .unwrap_or_else(|| panic!("object has the {what}"))
         .try_into()
-        .map_err(program_err(what))?;
-    prog.load().map_err(program_err(what))?;
+        .map_err(program_err(what.clone()))?;
+    prog.load().map_err(program_err(what.clone()))?;
     prog.fd()
         .and_then(|fd| fd.try_clone().map_err(Into::into))
         .map_err(program_err(what))

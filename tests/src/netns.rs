@@ -143,11 +143,11 @@ pub struct TestNet {
 /// own turns on (on a NIC the frame simply goes out on the wire). On the gateway's end: the
 /// baseline of the throughput benchmark.
 pub fn bare_xdp(ns: &str, ifname: &str) -> aya::Ebpf {
-    bare_program(ns, ifname, gateway_common::maps::programs::XDP_BARE_PASS)
+    bare_program(ns, ifname, gateway_common::programs::XDP_BARE_PASS)
 }
 
 /// Puts the bare program `name` (`XDP_BARE_PASS` or `XDP_BARE_DROP` of
-/// `gateway_common::maps::programs`) on `ifname` in `ns` (native mode) until the returned object
+/// `gateway_common::programs`) on `ifname` in `ns` (native mode) until the returned object
 /// is dropped.
 pub fn bare_program(ns: &str, ifname: &str, name: &str) -> aya::Ebpf {
     in_netns(ns, || {

@@ -12,9 +12,10 @@ use gateway_common::{
     bytes::SliceBytes,
     maps::{
         BenchFresh, ClassStats, DatapathCounters, IPPROTO_TCP, IPPROTO_UDP, ServiceKey,
-        ServiceKind, ServiceValue, TlsCounters, programs,
+        ServiceKind, ServiceValue, TlsCounters,
     },
     packet::{PacketKind, parse},
+    programs,
     sip::parse_sip,
     tls::{
         FIRST_CONTINUES, FIRST_HELLO, FIRST_NO_HELLO_YET, HelloState, KEY_LEN, Verdict,

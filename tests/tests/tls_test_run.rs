@@ -1326,7 +1326,10 @@ fn a_build_that_adds_a_map_adopts_a_datapath_pinned_without_it() {
         return;
     }
     use aya::programs::{TestRun, TestRunOptions, Xdp};
-    use gateway_common::maps::{DEFAULT_TLS_ISSUED, FLOW_ADMITTED, names, programs};
+    use gateway_common::{
+        maps::{DEFAULT_TLS_ISSUED, FLOW_ADMITTED, names},
+        programs,
+    };
     let mut prog = TestProgram::new();
     let hello = HelloBuilder::default().build();
     let admitted = Frame::tcp(443, &hello).from_port(5).seq(1).build();
@@ -1499,7 +1502,7 @@ fn an_upgrade_moves_the_ipv4_flows_an_older_build_kept_beside_the_ipv6_ones() {
         let data = MapData::from_pin(prog.pins.map(table)).unwrap();
         let mut jumps =
             aya::maps::ProgramArray::try_from(aya::maps::Map::ProgramArray(data)).unwrap();
-        for slot in 0..gateway_common::reasons::Jump::ALL.len() as u32 {
+        for slot in 0..gateway_common::programs::Jump::ALL.len() as u32 {
             let _ = jumps.clear_index(&slot);
         }
     }

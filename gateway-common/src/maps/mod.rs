@@ -85,43 +85,6 @@ pub fn all() -> impl Iterator<Item = &'static MapSpec> {
     .flatten()
 }
 
-/// Program names in the eBPF object.
-pub mod programs {
-    /// The XDP ingress classifier.
-    pub const XDP: &str = "gateway_xdp";
-    /// The same classifier as a TC ingress program (fallback hook).
-    pub const TC_INGRESS: &str = "gateway_tc_ingress";
-    /// The TC egress program: completions of TLS connections and SIP transactions (the server's
-    /// answers), and SIP service times.
-    pub const TC_EGRESS: &str = "gateway_tc_egress";
-    /// The SIP classifier of the XDP hook, reached by tail call from [`XDP`].
-    pub const XDP_SIP: &str = "gateway_xdp_sip";
-    /// The SIP classifier of the TC hook, reached by tail call from [`TC_INGRESS`].
-    pub const TC_SIP: &str = "gateway_tc_sip";
-    /// The reply program of the XDP hook (a reset or a 503 to a refused client), reached by
-    /// tail call from [`XDP`] and [`XDP_SIP`].
-    pub const XDP_REPLY: &str = "gateway_xdp_reply";
-    /// The reply program of the TC hook, reached by tail call from [`TC_INGRESS`] and
-    /// [`TC_SIP`].
-    pub const TC_REPLY: &str = "gateway_tc_reply";
-    /// The finishing program at the TC ingress of an XDP attachment: for a refused segment the
-    /// XDP program turned into the server's reset, it sends the client its reset (a copy) and
-    /// passes the server's on.
-    pub const TC_FINISH: &str = "gateway_tc_finish";
-
-    /// A bare `XDP_PASS` program, the baseline of the per-packet cost benchmark.
-    pub const XDP_BARE_PASS: &str = "gateway_bare_pass";
-    /// A bare `XDP_DROP` program, the baseline of a refusal in the throughput benchmark.
-    pub const XDP_BARE_DROP: &str = "gateway_bare_drop";
-    /// The benchmark's fresh-packet program: writes the run's number into its packet
-    /// (`BenchFresh`) and jumps to the XDP classifier, so that repeated runs are new
-    /// connections or transactions. Attached nowhere.
-    pub const XDP_BENCH_FRESH: &str = "gateway_bench_fresh";
-    /// The sweep program: ends expired units now. Attached nowhere; the daemon runs it by
-    /// `BPF_PROG_TEST_RUN`.
-    pub const SWEEP: &str = "gateway_sweep";
-}
-
 /// Compile-time check that per-class arrays cover every class.
 const _: () = assert!(NUM_CLASSES == 7);
 

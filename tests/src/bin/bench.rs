@@ -708,7 +708,7 @@ const VETH_WINDOW: Duration = Duration::from_secs(1);
 /// the receiving core's time per packet with no program, the bare XDP_PASS and XDP_DROP
 /// programs and the gateway's, rounds alternating so that all of them see the same machine.
 fn veth_throughput(r: &mut Report) {
-    use gateway_common::maps::programs;
+    use gateway_common::programs;
     use gateway_tests::{
         inject::{PSH_ACK, ipv4_packet, tcp_next_seqs, tcp_segment, udp_datagram},
         netns::{GW_V4, PEER_V4, class_counter},

@@ -35,15 +35,15 @@ pub enum Action {
     /// Let it through to the kernel's listener with the request socket made for it: the first
     /// data segment of a connection the NIC answered with a SYN cookie, its hello admitted (or
     /// pending). XDP hands it to the finishing program at TC ingress ([`Handover::Handoff`]), which makes
-    /// the socket; TC makes it at once (`crate::handoff`).
+    /// the socket; TC makes it at once (`crate::tcp::handoff`).
     Handoff,
-    /// Answered from the NIC with the segment `crate::tls::cookie` prepared in scratch (a
+    /// Answered from the NIC with the segment `crate::tcp::cookie` prepared in scratch (a
     /// SYN-ACK carrying a cookie), by the reply program.
     Answer,
     /// The same, counted as admitted: the segment that admitted a held hello, by the reply
-    /// program carried with the held first segment to the listener (`crate::tls::carry`), or
+    /// program carried with the held first segment to the listener (`crate::tcp::held`), or
     /// else answered with the acknowledgement that asks the client for its first segment again
-    /// (`crate::tls::cookie::hold`).
+    /// (`crate::tcp::cookie::hold`).
     Hold,
 }
 
@@ -131,7 +131,7 @@ pub enum Handover {
     /// the finishing program hands it to the listener ([`Action::Handoff`]).
     Handoff = u32::from_be_bytes(*b"GWHO"),
     /// `b"GWCA"`: a segment to carry a held first segment into (the value: the first
-    /// segment's sequence number), `crate::tls::carry`.
+    /// segment's sequence number), `crate::tcp::held`.
     Carry = u32::from_be_bytes(*b"GWCA"),
 }
 

@@ -20,6 +20,7 @@ use crate::{
     maps::{count, service_byte, setting},
     reply::{make_plain, reset, sip_503},
     sip::{compose_reply, sip_packet},
+    tcp,
     tls::{self, tls_packet},
 };
 
@@ -77,11 +78,11 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + TailCall + Rewrite,
                             return Action::Drop;
                         }
                         (class, verdict @ (Action::Answer | Action::Hold)) => {
-                            // The reply program sends what `tls::cookie` prepared.
+                            // The reply program sends what `tcp::cookie` prepared.
                             count_class(class, verdict == Action::Hold, len);
                             ctx.jump(Jump::Reply);
                             // Only when the jump table is empty.
-                            tls::cookie::forget_answer();
+                            tcp::send::forget_answer::<tls::Tls>();
                             return Action::Drop;
                         }
                         decided => decided,
@@ -197,7 +198,7 @@ pub fn process_reply<R: Rewrite + CopyOut, B: PacketBytes>(ctx: &R, b: &B, len: 
             return Action::Drop;
         }
         // A SYN-ACK or a held hello's acknowledgement, prepared by the classifier.
-        if let Some(answered) = tls::cookie::send_answer(ctx, &pkt) {
+        if let Some(answered) = tcp::send::send_answer::<_, tls::Tls>(ctx, &pkt) {
             return answered;
         }
         let answered = reset(ctx, &pkt, len);

@@ -14,7 +14,6 @@ mod bench;
 mod bytes;
 mod context;
 mod datapath;
-mod handoff;
 mod maps;
 mod pending;
 mod reply;
@@ -22,6 +21,7 @@ mod resume;
 mod sip;
 mod sync;
 mod tc;
+mod tcp;
 mod tls;
 mod xdp;
 

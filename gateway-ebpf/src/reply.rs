@@ -346,7 +346,7 @@ pub fn answerable(pkt: &Packet) -> bool {
 /// `ack`, `flags` and `window`, with the first `opts_len` bytes of `opts` (a multiple of four, at
 /// most 24; the rest zero) as its options and no payload. The frame is cut or grown to fit. The
 /// SYN-ACK of a SYN cookie, and the acknowledgement of a held hello's later segment
-/// (`crate::tls::cookie`). `None` when the headers are not ones this answers, or the frame could
+/// (`crate::tcp::cookie`). `None` when the headers are not ones this answers, or the frame could
 /// not be rewritten.
 #[inline(always)]
 pub fn answer_tcp<R: Rewrite>(
@@ -398,7 +398,7 @@ pub fn answer_tcp<R: Rewrite>(
 /// in place after its header (their sum `payload_sum`, as big-endian words), into a segment
 /// from `seq` for the local stack: its IP length and checksum, sequence number and TCP checksum
 /// set, its addresses, ports and options kept (`opts`: a copy of its options, zero past them to
-/// 40 bytes). The carried segment of a held hello (`crate::tls::carry`). `false` when the
+/// 40 bytes). The carried segment of a held hello (`crate::tcp::held`). `false` when the
 /// headers are not ones this rewrites or the frame is shorter than them.
 #[inline(always)]
 pub fn resegment<R: Rewrite>(

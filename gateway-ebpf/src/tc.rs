@@ -11,11 +11,11 @@ use crate::{
     bytes::SkbBytes,
     context::{Action, Handover, handed_over},
     datapath::{process, process_reply, process_sip},
-    handoff::handoff,
     maps::service_kind,
     reply::finish,
     sip::sip_response,
-    tls::{self, answer::tls_answer, carry::carry_handed_over},
+    tcp::{handoff::handoff, held::carry_handed_over},
+    tls::{self, Tls, answer::tls_answer},
 };
 
 /// The ingress classifier as a TC (tcx) program.
@@ -24,7 +24,7 @@ pub fn gateway_tc_ingress(ctx: TcContext) -> i32 {
     let len = u64::from(ctx.len());
     let action = process(&ctx, &SkbBytes::new(&ctx), len);
     if action == Action::Handoff {
-        handoff(&ctx);
+        handoff::<Tls>(&ctx);
     }
     action.tc(&ctx)
 }
@@ -45,7 +45,7 @@ pub fn gateway_tc_reply(ctx: TcContext) -> i32 {
     let action = process_reply(&ctx, &SkbBytes::new(&ctx), len);
     // A held hello carried into the segment that admitted it, for its listener.
     if action == Action::Handoff {
-        handoff(&ctx);
+        handoff::<Tls>(&ctx);
     }
     action.tc(&ctx)
 }
@@ -55,8 +55,8 @@ pub fn gateway_tc_reply(ctx: TcContext) -> i32 {
 /// copy, and goes on to the stack; a reply handed over to be sent (a 503, where XDP_TX may not
 /// deliver) goes out of the device. Every other frame passes untouched, after one metadata
 /// check. A first data segment the XDP program admitted on its SYN cookie is handed to its
-/// listener (`crate::handoff`), and so is the segment that admitted a held hello, once the
-/// held first segment is carried into it (`crate::tls::carry`).
+/// listener (`crate::tcp::handoff`), and so is the segment that admitted a held hello, once the
+/// held first segment is carried into it (`crate::tcp::held`).
 #[classifier]
 pub fn gateway_tc_finish(ctx: TcContext) -> i32 {
     let Some((tag, client_ack)) = handed_over(&ctx) else {
@@ -65,13 +65,13 @@ pub fn gateway_tc_finish(ctx: TcContext) -> i32 {
     match tag {
         Handover::SendOut => Action::Tx.tc(&ctx),
         Handover::Handoff => {
-            handoff(&ctx);
+            handoff::<Tls>(&ctx);
             TC_ACT_OK
         }
         Handover::Carry => {
-            let action = carry_handed_over(&ctx, client_ack);
+            let action = carry_handed_over::<Tls>(&ctx, client_ack);
             if action == Action::Handoff {
-                handoff(&ctx);
+                handoff::<Tls>(&ctx);
             }
             action.tc(&ctx)
         }

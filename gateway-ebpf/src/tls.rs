@@ -40,8 +40,6 @@
 //!   connection whose entry the LRU evicted.
 
 pub mod answer;
-pub mod carry;
-pub mod cookie;
 pub mod counters;
 
 use counters::count;
@@ -60,9 +58,8 @@ use gateway_common::{
     Class,
     bytes::PacketBytes,
     maps::{
-        CONFIG_TRUST_UNCONNECTED, FINISHER_ATTACHED, FLOW_ADMITTED, FLOW_AWAITING_FIRST, FLOW_HELD,
-        FLOW_KEY_EXCHANGE, FLOW_PENDING, FLOW_REJECTED, FlowKey, FlowKey4, RejectEvent,
-        TLS_REJECTS_BYTES, TlsFlow,
+        FINISHER_ATTACHED, FLOW_ADMITTED, FLOW_AWAITING_FIRST, FLOW_HELD, FLOW_KEY_EXCHANGE,
+        FLOW_PENDING, FLOW_REJECTED, FlowKey, FlowKey4, RejectEvent, TLS_REJECTS_BYTES, TlsFlow,
     },
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, Transport},
     reasons::Refusal,
@@ -75,12 +72,53 @@ use gateway_common::{
 use crate::{
     admission::{answer, count_refusal, refusal, refusing},
     bytes::{ScratchBytes, copy, opaque, zero},
-    context::{Action, ConnectionLookup, CookieAck, CopyOut, Reach, Rewrite, Wanted},
-    maps::{finisher, setting},
+    context::{Action, ConnectionLookup, CopyOut, Reach, Rewrite, Wanted},
+    maps::finisher,
     pending::{self, TLS_PENDING},
     resume::{self, Place},
     sync::now_ns,
+    tcp::{
+        TcpEvent, TcpScratch, TcpService, cookie, fill_tuple, flow_key, held,
+        lookup::{kernel_has, kernel_has_live_connection, trusting},
+    },
 };
+
+/// TLS as a service of the TCP layer (`crate::tcp`): its scratch is [`TLS_SCRATCH`], its
+/// counters the TLS counters, and a carried hello's flow is admitted.
+pub struct Tls;
+
+impl TcpService for Tls {
+    type Scratch = Scratch;
+
+    #[inline(always)]
+    fn scratch() -> Option<*mut Scratch> {
+        TLS_SCRATCH.get_ptr_mut(0)
+    }
+
+    #[inline(always)]
+    fn tcp(s: &mut Scratch) -> &mut TcpScratch {
+        &mut s.tcp
+    }
+
+    #[inline(always)]
+    fn count(event: TcpEvent) {
+        count(|c| match event {
+            TcpEvent::CookieSent => c.cookies_sent += 1,
+            TcpEvent::HoldOverBudget => c.holds_over_budget += 1,
+            TcpEvent::HeldCarried => c.held_carried += 1,
+            TcpEvent::Handoff => c.handoffs += 1,
+            TcpEvent::HandoffFailed => c.handoffs_failed += 1,
+        });
+    }
+
+    #[inline(always)]
+    fn carried(s: &mut Scratch, v4: bool) {
+        if let Some(f) = flows::get(s, v4) {
+            // SAFETY: the entry of this connection, touched only by its packets.
+            unsafe { (*f).state = FLOW_ADMITTED };
+        }
+    }
+}
 
 /// Per-CPU scratch space of the ClientHello parser (not pinned).
 #[btf_map]
@@ -91,131 +129,34 @@ pub static TLS_SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
 pub static TLS_REJECTS: RingBuf<RejectEvent, { TLS_REJECTS_BYTES as usize }> = RingBuf::new();
 
 /// Bytes of a segment the parser looks at in one go: one window (a longer segment is copied and
-/// parsed window by window).
+/// parsed window by window), as much as the TCP layer's payload copy holds.
 pub const SCRATCH_LEN: usize = WINDOW as usize;
+const _: () = assert!(SCRATCH_LEN == crate::tcp::PAYLOAD_LEN);
 
 /// Per-CPU scratch: a copy of the segment's payload, the live parser state, and the flow key and
 /// new flow record. They live here rather than on the stack, which is 512 bytes for the program
 /// and its callback together.
 #[repr(C, align(8))]
 pub struct Scratch {
-    /// Payload bytes, in the first half; the second half is slack so that an index masked with
-    /// `2 * SCRATCH_LEN - 1` never leaves the array.
-    buf: [u8; 2 * SCRATCH_LEN],
+    /// The TCP layer's part: the payload bytes copied (`tcp.buf`), the connection's key and
+    /// socket tuple, header copies and the SYN cookie's work.
+    pub(crate) tcp: TcpScratch,
     /// Payload bytes copied.
     len: u32,
     /// Stream offset of the payload's first byte.
     stream_offset: u32,
     /// The parser.
     state: HelloState,
-    /// The packet's connection.
-    pub(crate) key: FlowKey,
-    /// The same, an IPv4 connection's, as the IPv4 flow table's key (`flows::get`).
+    /// The packet's connection, an IPv4 one's, as the IPv4 flow table's key (`flows::get`).
     key4: FlowKey4,
     /// A flow record being created.
     flow: TlsFlow,
-    /// The socket lookup's tuple (`bpf_sock_tuple`: IPv4 in its first 12 bytes, IPv6 in 36).
-    pub(crate) tuple: [u8; 40],
-    /// A copy of the segment's IP header, for the SYN-cookie check (IPv4 in its first 20 bytes).
-    iph: [u8; 40],
-    /// A copy of the segment's TCP header's first 20 bytes, likewise.
-    th: [u8; 20],
-    /// The SYN cookie's work ([`cookie`]), handed to its global functions.
-    pub(crate) cookie: cookie::CookieScratch,
     /// 1 when the segment being judged starts its connection by a good cookie (handed to the
     /// kernel unless refused). In scratch rather than a local, so that the verifier does not
     /// follow the hello's judgment once for each value.
     handoff: u32,
     /// 1 while a held hello's segment is judged (likewise).
     held: u32,
-}
-
-/// Whether the datapath config says to trust that segments have connections (test fixtures
-/// only: synthetic frames have no socket behind them).
-#[inline(always)]
-fn trusting() -> bool {
-    setting(CONFIG_TRUST_UNCONNECTED)
-}
-
-/// Whether the kernel has what `wanted` asks for on the 4-tuple of `s.key` (the segment
-/// `pkt`'s, client to server): for a connection, one it holds or one it makes from this very
-/// segment (an acknowledgement carrying a valid SYN cookie, when the listener sends cookies).
-/// Always, when [`trusting`].
-#[inline(always)]
-fn kernel_has<C: ConnectionLookup, B: PacketBytes>(
-    ctx: &C,
-    b: &B,
-    pkt: &Packet,
-    s: &mut Scratch,
-    wanted: Wanted,
-) -> bool {
-    trusting() || lookup(ctx, Some((b, pkt)), s, pkt.ip_version == 4, wanted)
-}
-
-/// Whether the kernel still holds a live connection (not one in TIME_WAIT or closed) on the
-/// 4-tuple of `s.key`. Never, when [`trusting`] (a fixture's reused port is a new connection).
-#[inline(always)]
-fn kernel_has_live_connection<C: ConnectionLookup, B: PacketBytes>(
-    ctx: &C,
-    s: &mut Scratch,
-    v4: bool,
-) -> bool {
-    !trusting() && lookup::<C, B>(ctx, None, s, v4, Wanted::Connection)
-}
-
-/// The socket lookup; with `segment`, the headers it copies for the SYN-cookie check.
-#[inline(always)]
-fn lookup<C: ConnectionLookup, B: PacketBytes>(
-    ctx: &C,
-    segment: Option<(&B, &Packet)>,
-    s: &mut Scratch,
-    v4: bool,
-    wanted: Wanted,
-) -> bool {
-    let size = fill_tuple(&s.key, &mut s.tuple, v4);
-    let tuple = s.tuple.as_mut_ptr();
-    let (iph, th) = (&mut s.iph, &mut s.th);
-    ctx.has(tuple, size, wanted, || {
-        let (b, pkt) = segment?;
-        let l3 = pkt.l3_offset as usize;
-        let l4 = pkt.transport.l4_offset as usize;
-        let iph_len = if v4 {
-            let h: &mut [u8; 20] = (&mut iph[..20]).try_into().ok()?;
-            if !b.read(l3, h) {
-                return None;
-            }
-            20
-        } else {
-            b.read(l3, iph).then_some(40)?
-        };
-        if !b.read(l4, th) {
-            return None;
-        }
-        Some(CookieAck {
-            iph: iph.as_mut_ptr(),
-            iph_len,
-            th: th.as_mut_ptr(),
-        })
-    })
-}
-
-/// Writes the socket lookup's tuple (`bpf_sock_tuple`, the packet's direction) of the
-/// connection `k` into `t`; its size.
-#[inline(always)]
-pub fn fill_tuple(k: &FlowKey, t: &mut [u8; 40], v4: bool) -> u32 {
-    if v4 {
-        t[0..4].copy_from_slice(&k.saddr[12..16]);
-        t[4..8].copy_from_slice(&k.daddr[12..16]);
-        t[8..10].copy_from_slice(&k.sport.to_be_bytes());
-        t[10..12].copy_from_slice(&k.dport.to_be_bytes());
-        12
-    } else {
-        t[0..16].copy_from_slice(&k.saddr);
-        t[16..32].copy_from_slice(&k.daddr);
-        t[32..34].copy_from_slice(&k.sport.to_be_bytes());
-        t[34..36].copy_from_slice(&k.dport.to_be_bytes());
-        36
-    }
 }
 
 /// One parser step, as a `bpf_loop` callback: returns 1 to stop.
@@ -230,7 +171,7 @@ extern "C" fn hello_step(_index: u64, ctx: *mut c_void) -> i64 {
         stream_offset: s.stream_offset,
     };
     let bytes = ScratchBytes::<SCRATCH_LEN, { 2 * SCRATCH_LEN }> {
-        buf: &s.buf,
+        buf: &s.tcp.buf,
         len: s.len,
     };
     i64::from(s.state.step(&bytes, &seg))
@@ -297,7 +238,7 @@ fn parse_segment<C: CopyOut>(
         // LLVM merged it with the clamp into one compare on a copy, and with a u32 it tested a
         // zero-extended copy; either way the verifier refused the size as possibly zero.
         let len = opaque(len);
-        if len == 0 || !ctx.copy_out(payload_offset + w * WINDOW, s.buf.as_mut_ptr(), len) {
+        if len == 0 || !ctx.copy_out(payload_offset + w * WINDOW, s.tcp.buf.as_mut_ptr(), len) {
             return false;
         }
         s.len = len as u32;
@@ -306,38 +247,6 @@ fn parse_segment<C: CopyOut>(
     }
     s.state.end_segment(&seg);
     true
-}
-
-/// Writes the connection's key, client first, into `key`: the packet's source is the client
-/// unless `from_server`.
-#[inline(always)]
-pub fn flow_key<B: PacketBytes>(b: &B, pkt: &Packet, key: &mut FlowKey, from_server: bool) -> bool {
-    let (src, dst) = (pkt.transport.src_port, pkt.transport.dst_port);
-    // SAFETY: a FlowKey of integers, aligned.
-    unsafe { zero(key) };
-    key.sport = if from_server { dst } else { src };
-    key.dport = if from_server { src } else { dst };
-    let (client, server) = if from_server {
-        (&mut key.daddr, &mut key.saddr)
-    } else {
-        (&mut key.saddr, &mut key.daddr)
-    };
-    let l3 = pkt.l3_offset as usize;
-    if pkt.ip_version == 4 {
-        let mut a = [0u8; 8];
-        if !b.read(l3 + 12, &mut a) {
-            return false;
-        }
-        client[10] = 0xff;
-        client[11] = 0xff;
-        server[10] = 0xff;
-        server[11] = 0xff;
-        client[12..16].copy_from_slice(&a[..4]);
-        server[12..16].copy_from_slice(&a[4..]);
-        true
-    } else {
-        b.read(l3 + 8, client) && b.read(l3 + 24, server)
-    }
 }
 
 /// Classifies a TCP packet to a TLS port; `cookies`: the port is in SYN-cookie mode
@@ -358,7 +267,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     };
     // SAFETY: per-CPU slot, used only by this program run (and its bpf_loop callback).
     let s = unsafe { &mut *s };
-    if !flow_key(b, pkt, &mut s.key, false) {
+    if !flow_key(b, pkt, &mut s.tcp.key, false) {
         return (Class::TlsFlow, Action::Pass);
     }
     let v4 = pkt.ip_version == 4;
@@ -369,7 +278,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
         if cookies {
             return cookie_syn::<C, B>(ctx, pkt, s, v4, flow.is_some());
         }
-        if flow.is_none() && refused::holds(&s.key) {
+        if flow.is_none() && refused::holds(&s.tcp.key) {
             // A connection refused on its first segment has no entry; its slot may remember it.
             return refused_syn::<C, B>(ctx, s, v4, payload_len);
         } else if flow.is_some() {
@@ -379,7 +288,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
             // port for a new connection: the old entry goes, so the new hello is judged afresh.
             // The old connection's unit, if the server never answered it, ends by its own
             // timeout (or when the new one is admitted, as expired).
-            if kernel_has_live_connection::<C, B>(ctx, s, v4) {
+            if kernel_has_live_connection::<C, B>(ctx, &mut s.tcp, v4) {
                 return (Class::TlsFlow, Action::Pass);
             }
             flows::remove(s, v4);
@@ -404,7 +313,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
                     && b.read(t.payload_offset as usize, &mut first)
                 {
                     if first[0] == 22 {
-                        pending::key_exchange(&s.key);
+                        pending::key_exchange(&s.tcp.key);
                     }
                     f.state = FLOW_ADMITTED;
                 }
@@ -434,14 +343,14 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
         if f.state != FLOW_ADMITTED {
             if f.state == FLOW_REJECTED {
                 // Refused: its kept first segment has no more use.
-                carry::forget(&s.key);
+                held::forget(&s.tcp.key);
             }
             return after_hold(s, f, &pkt.transport, v4, result);
         }
         // A held hello admitted: the client is told at once to send its first segment again
         // (by the reply program).
         f.state = FLOW_AWAITING_FIRST;
-        cookie::hold(s, first_seq);
+        cookie::hold(&mut s.tcp, first_seq);
         return (result.0, Action::Hold);
     }
     // A connection we do not know, in SYN-cookie mode: an acknowledgement of a good cookie is
@@ -452,7 +361,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
         && !syn
         && !pkt.fragmented
         && t.tcp_flags & (TCP_ACK | TCP_SYN | TCP_RST | TCP_FIN) == TCP_ACK
-        && cookie::check(ctx, pkt, s)
+        && cookie::check(ctx, pkt, &mut s.tcp)
     {
         if payload_len == 0 {
             count(|c| c.cookie_acks += 1);
@@ -474,7 +383,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     } else {
         Wanted::Connection
     };
-    if s.handoff == 0 && !kernel_has(ctx, b, pkt, s, wanted) {
+    if s.handoff == 0 && !kernel_has(ctx, b, pkt, &mut s.tcp, wanted) {
         count(|c| c.no_connection += 1);
         return (Class::TlsFlow, Action::Drop);
     }
@@ -482,7 +391,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     // after the socket lookup, so that a flood of spoofed segments does not pay for it (and a
     // refused connection whose socket the refusal ended is dropped there, unanswered: its client
     // had its reset).
-    if refused::holds(&s.key) {
+    if refused::holds(&s.tcp.key) {
         return rejected_packet(t.tcp_flags);
     }
     // A SYN's data starts one past its sequence number.
@@ -546,7 +455,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
             // the client sends it again.
             s.flow.state = FLOW_HELD;
             count(|c| c.hellos_held += 1);
-            carry::keep(ctx, pkt, &s.key, payload_len);
+            held::keep::<_, Tls>(ctx, pkt, &s.tcp.key, payload_len);
             held_answer(s, t, data_seq, v4)
         } else {
             (Class::TlsFlow, Action::Pass)
@@ -554,12 +463,12 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     } else {
         // A fragment is refused without a reset (its sequence numbers would come from a
         // segment only partly seen), and so is a SYN (the kernel holds nothing to reset).
-        decide::<C>(&s.key, &mut s.flow, !pkt.fragmented && !syn)
+        decide::<C>(&s.tcp.key, &mut s.flow, !pkt.fragmented && !syn)
     };
     if s.flow.state == FLOW_REJECTED {
         // Refused at once: remembered in its slot, not in the flow table (no LRU insert, and no
         // other connection's entry evicted for it).
-        refused::remember(&s.key);
+        refused::remember(&s.tcp.key);
     } else {
         flows::insert(s, v4);
     }
@@ -570,7 +479,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     }
 }
 
-/// A later segment of a pending hello (`f`, the flow entry of `s.key`): parsed from where the
+/// A later segment of a pending hello (`f`, the flow entry of `s.tcp.key`): parsed from where the
 /// last one left off, and the hello decided once complete.
 #[inline(always)]
 fn pending_segment<C: CopyOut + Rewrite>(
@@ -587,7 +496,7 @@ fn pending_segment<C: CopyOut + Rewrite>(
         // tls-new, never resumed, whatever this fragment holds (even nothing).
         count(|c| c.fragmented_hellos += 1);
         f.hello.verdict = Verdict::Malformed as u8;
-        return decide::<C>(&s.key, f, false);
+        return decide::<C>(&s.tcp.key, f, false);
     }
     if payload_len == 0 {
         return (Class::TlsFlow, Action::Pass);
@@ -610,7 +519,7 @@ fn pending_segment<C: CopyOut + Rewrite>(
     {
         // Out of order or unreadable: decided as a new session.
         f.hello.verdict = Verdict::New as u8;
-        return decide::<C>(&s.key, f, true);
+        return decide::<C>(&s.tcp.key, f, true);
     }
     // SAFETY: back, as above.
     unsafe { copy(&raw mut f.hello, &raw const s.state) };
@@ -618,24 +527,24 @@ fn pending_segment<C: CopyOut + Rewrite>(
     if f.hello.verdict() == Verdict::Pending {
         return (Class::TlsFlow, Action::Pass);
     }
-    decide::<C>(&s.key, f, true)
+    decide::<C>(&s.tcp.key, f, true)
 }
 
-/// The answer to a segment of a hello being held (of `s.key`, from `first_seq`; `t`, with the
+/// The answer to a segment of a hello being held (of `s.tcp.key`, from `first_seq`; `t`, with the
 /// cookie's acknowledgement): a SACK of it where the client permitted SACK
 /// ([`cookie::sack_held`]), else nothing (dropped).
 #[inline(always)]
 fn held_answer(s: &mut Scratch, t: &Transport, first_seq: u32, v4: bool) -> (Class, Action) {
     if cookie::sack_permitted(t.ack, v4) {
         count(|c| c.held_sacked += 1);
-        cookie::sack_held(s, first_seq);
+        cookie::sack_held(&mut s.tcp, first_seq);
         (Class::TlsFlow, Action::Answer)
     } else {
         (Class::TlsFlow, Action::Drop)
     }
 }
 
-/// A segment of a held hello (`f`, of `s.key`) other than the next one the parse needs. A real
+/// A segment of a held hello (`f`, of `s.tcp.key`) other than the next one the parse needs. A real
 /// TCP sends bytes again only from its first unacknowledged one, at its retransmission timer,
 /// and then waits for an acknowledgement: after a loss (or the next segment coming first, and
 /// dropped: nothing here knew its connection yet), waiting for the next segment would hold the
@@ -689,7 +598,7 @@ fn after_hold(
 
 /// A segment of a held hello's connection, admitted and waiting for its first segment
 /// ([`FLOW_AWAITING_FIRST`]): that segment (its cookie checks again, and its bytes are the ones
-/// judged, as kept: `carry::compare_kept`) is handed to the listener now, and the connection is
+/// judged, as kept: `held::compare_kept`) is handed to the listener now, and the connection is
 /// admitted as any other; the client's reset passes; anything else is dropped, to come again
 /// once the kernel has the connection.
 #[inline(always)]
@@ -703,17 +612,17 @@ fn awaiting_first<C: CopyOut>(
     if t.tcp_flags & TCP_RST != 0 {
         return (Class::TlsFlow, Action::Pass);
     }
-    if payload_len == 0 || !cookie::check(ctx, pkt, s) {
+    if payload_len == 0 || !cookie::check(ctx, pkt, &mut s.tcp) {
         return (Class::TlsFlow, Action::Drop);
     }
     // Only the bytes that were judged go to the kernel: other bytes are dropped (the client's
     // own copy may still come); with nothing kept to compare against, the client gets a reset
     // and connects again.
-    match carry::compare_kept(ctx, pkt, s, payload_len) {
-        carry::Kept::Same => {}
+    match held::compare_kept(ctx, pkt, &mut s.tcp, payload_len) {
+        held::Kept::Same => {}
         kept => {
             count(|c| c.held_unmatched += 1);
-            let action = if kept == carry::Kept::Gone {
+            let action = if kept == held::Kept::Gone {
                 Action::Reject
             } else {
                 Action::Drop
@@ -730,7 +639,7 @@ fn awaiting_first<C: CopyOut>(
     (Class::TlsFlow, Action::Handoff)
 }
 
-/// A SYN to a port in SYN-cookie mode, of the connection `s.key` (whose flow entry exists when
+/// A SYN to a port in SYN-cookie mode, of the connection `s.tcp.key` (whose flow entry exists when
 /// `known`). What the kernel holds on the 4-tuple is looked up once (nothing, for the usual
 /// SYN), and only where it holds a socket and this side remembers the 4-tuple, whether that
 /// socket is a live connection:
@@ -758,22 +667,22 @@ fn cookie_syn<C: CopyOut + ConnectionLookup, B: PacketBytes>(
     let reach = if trusting() {
         Reach::Listener
     } else {
-        let size = fill_tuple(&s.key, &mut s.tuple, v4);
-        ctx.reach(s.tuple.as_mut_ptr(), size)
+        let size = fill_tuple(&s.tcp.key, &mut s.tcp.tuple, v4);
+        ctx.reach(s.tcp.tuple.as_mut_ptr(), size)
     };
-    let remembered = !known && refused::holds(&s.key);
+    let remembered = !known && refused::holds(&s.tcp.key);
     if known || remembered {
-        if reach == Reach::Socket && kernel_has_live_connection::<C, B>(ctx, s, v4) {
+        if reach == Reach::Socket && kernel_has_live_connection::<C, B>(ctx, &mut s.tcp, v4) {
             return (Class::TlsFlow, Action::Pass);
         }
         if remembered {
-            refused::forget(&s.key);
+            refused::forget(&s.tcp.key);
         } else {
             flows::remove(s, v4);
         }
     }
     match reach {
-        Reach::Listener => cookie::answer_syn(ctx, pkt, s),
+        Reach::Listener => cookie::answer_syn(ctx, pkt, &mut s.tcp),
         Reach::Socket => {
             count(|c| c.cookies_declined += 1);
             (Class::TlsFlow, Action::Pass)
@@ -785,7 +694,7 @@ fn cookie_syn<C: CopyOut + ConnectionLookup, B: PacketBytes>(
     }
 }
 
-/// A SYN on the 4-tuple of a connection [`refused`] remembers (in `s.key`): nothing changes
+/// A SYN on the 4-tuple of a connection [`refused`] remembers (in `s.tcp.key`): nothing changes
 /// while the kernel holds a live connection there (as on a known connection); otherwise the
 /// client reused its port for a new connection, which is forgotten as refused so that its hello
 /// is judged afresh. A SYN carrying data (TCP Fast Open) is then dropped once, unjudged: its
@@ -797,10 +706,10 @@ fn refused_syn<C: ConnectionLookup, B: PacketBytes>(
     v4: bool,
     payload_len: u32,
 ) -> (Class, Action) {
-    if kernel_has_live_connection::<C, B>(ctx, s, v4) {
+    if kernel_has_live_connection::<C, B>(ctx, &mut s.tcp, v4) {
         return (Class::TlsFlow, Action::Pass);
     }
-    refused::forget(&s.key);
+    refused::forget(&s.tcp.key);
     if payload_len == 0 {
         (Class::TlsFlow, Action::Pass)
     } else {

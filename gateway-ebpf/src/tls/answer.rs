@@ -39,7 +39,8 @@ use crate::{
     pending::{self, TLS_PENDING},
     resume,
     sync::now_ns,
-    tls::{SCRATCH_LEN, counters::count, flow_key, flows},
+    tcp::flow_key,
+    tls::{SCRATCH_LEN, counters::count, flows},
 };
 
 /// Per-CPU copy of a server segment's first bytes and what was read of them (not pinned): the

@@ -23,35 +23,35 @@ pub static TLS_FLOWS4: LruHashMap<FlowKey4, TlsFlow, { MAX_TLS_FLOWS as usize }>
 #[btf_map]
 pub static TLS_FLOWS: LruHashMap<FlowKey, TlsFlow, { MAX_TLS_FLOWS as usize }> = LruHashMap::new();
 
-/// The flow entry of the connection in `s.key` (IPv4 when `v4`), writing its IPv4 key into
+/// The flow entry of the connection in `s.tcp.key` (IPv4 when `v4`), writing its IPv4 key into
 /// `s.key4` first.
 #[inline(always)]
 pub fn get(s: &mut Scratch, v4: bool) -> Option<*mut TlsFlow> {
     if v4 {
-        short_key(&s.key, &mut s.key4);
+        short_key(&s.tcp.key, &mut s.key4);
         TLS_FLOWS4.get_ptr_mut(&s.key4)
     } else {
-        TLS_FLOWS.get_ptr_mut(&s.key)
+        TLS_FLOWS.get_ptr_mut(&s.tcp.key)
     }
 }
 
-/// Removes the flow entry of the connection in `s.key` (after [`get`]).
+/// Removes the flow entry of the connection in `s.tcp.key` (after [`get`]).
 #[inline(always)]
 pub fn remove(s: &Scratch, v4: bool) {
     let _ = if v4 {
         TLS_FLOWS4.remove(&s.key4)
     } else {
-        TLS_FLOWS.remove(&s.key)
+        TLS_FLOWS.remove(&s.tcp.key)
     };
 }
 
-/// Stores `s.flow` as the flow entry of the connection in `s.key` (after [`get`]).
+/// Stores `s.flow` as the flow entry of the connection in `s.tcp.key` (after [`get`]).
 #[inline(always)]
 pub fn insert(s: &Scratch, v4: bool) {
     let _ = if v4 {
         TLS_FLOWS4.insert(&s.key4, &s.flow, 0)
     } else {
-        TLS_FLOWS.insert(&s.key, &s.flow, 0)
+        TLS_FLOWS.insert(&s.tcp.key, &s.flow, 0)
     };
 }
 

@@ -102,7 +102,7 @@ pub extern "C" fn gateway_mac_load(s: *const Scratch, m: *mut MacScratch, from: 
     let (s, m) = unsafe { (&*s, &mut *m) };
     // SAFETY: the first BLOCK bytes of a 2 * BLOCK array.
     let first = unsafe { &mut *m.block.as_mut_ptr().cast::<[u8; BLOCK]>() };
-    load(&s.buf, from, first);
+    load(&s.tcp.buf, from, first);
     0
 }
 
@@ -123,7 +123,7 @@ pub extern "C" fn gateway_mac_tail(
     }
     // SAFETY: the caller's per-CPU slots, used by this program run alone.
     let (s, m) = unsafe { (&*s, &mut *m) };
-    load(&s.buf, from, &mut m.rest);
+    load(&s.tcp.buf, from, &mut m.rest);
     sha256::tail(&m.rest, r, u64::from(BLOCK as u32 + msg), &mut m.block) as i32
 }
 
@@ -184,10 +184,10 @@ pub extern "C" fn gateway_mac_equal(s: *const Scratch, m: *const MacScratch, at:
     for i in 0..8 {
         let x = at + 4 * i as u32;
         let want = u32::from_be_bytes([
-            s.buf[(x & MASK) as usize],
-            s.buf[((x + 1) & MASK) as usize],
-            s.buf[((x + 2) & MASK) as usize],
-            s.buf[((x + 3) & MASK) as usize],
+            s.tcp.buf[(x & MASK) as usize],
+            s.tcp.buf[((x + 1) & MASK) as usize],
+            s.tcp.buf[((x + 2) & MASK) as usize],
+            s.tcp.buf[((x + 3) & MASK) as usize],
         ]);
         diff |= m.state[i] ^ want;
     }
@@ -233,7 +233,7 @@ pub extern "C" fn gateway_mac_begin(hello: *const HelloState, port: u32) -> i32 
     let whole = at >= s.stream_offset && at + len <= s.stream_offset.wrapping_add(s.len);
     let o = at.wrapping_sub(s.stream_offset) & MASK;
     for i in 0..16 {
-        m.id.name[i] = s.buf[((o + i as u32) & MASK) as usize];
+        m.id.name[i] = s.tcp.buf[((o + i as u32) & MASK) as usize];
     }
     let Some(key) = TLS_TICKET_KEYS.get_ptr(&m.id) else {
         return 0;

@@ -19,11 +19,11 @@ use gateway_common::{
     },
 };
 
-use super::{Scratch, TLS_SCRATCH, carry::carry_or_hand_over, counters::count};
+use super::TcpScratch;
 use crate::{
     bytes::{opaque, zero},
-    context::{Action, CopyOut, Rewrite},
-    reply::{answer_tcp, answerable},
+    context::{Action, CopyOut},
+    reply::answerable,
     sync::now_ns,
 };
 
@@ -67,6 +67,38 @@ pub struct CookieScratch {
 }
 
 impl CookieScratch {
+    /// The answer prepared for the reply program ([`hold`], [`sack_held`], [`answer_syn`]),
+    /// taken: 0 when none is, else which ([`HELD_ANSWER`], [`SACK_ANSWER`], or 1 for a
+    /// SYN-ACK).
+    #[inline(always)]
+    pub fn take_prepared(&mut self) -> u32 {
+        let pending = self.answer_pending;
+        self.answer_pending = 0;
+        pending
+    }
+
+    /// A held segment's answer's first sequence number (the held hello's first byte).
+    #[inline(always)]
+    pub fn held_from(&self) -> u32 {
+        self.answer_ack
+    }
+
+    /// The answer made: its sequence and acknowledgement numbers, flags and window, its
+    /// options and their length.
+    #[inline(always)]
+    pub fn made(&self) -> ((u32, u32, u8, u16), &[u8; 24], usize) {
+        (
+            (
+                self.answer_seq,
+                self.answer_ack,
+                self.answer_flags as u8,
+                self.answer_window as u16,
+            ),
+            &self.answer,
+            self.answer_len as usize,
+        )
+    }
+
     /// The TCP options of the segment last copied ([`take_segment`]), zero past them.
     #[inline(always)]
     pub fn options(&self) -> &[u8; 40] {
@@ -103,10 +135,10 @@ fn walk_options(c: &mut CookieScratch) -> TcpOptions {
 
 /// [`CookieScratch::answer_pending`] of a held hello's acknowledgement, made by the reply
 /// program from the segment ([`hold`]).
-const HELD_ANSWER: u32 = 2;
+pub(super) const HELD_ANSWER: u32 = 2;
 /// [`CookieScratch::answer_pending`] of a held segment's own acknowledgement ([`sack_held`]):
 /// made the same way, never carried.
-const SACK_ANSWER: u32 = 3;
+pub(super) const SACK_ANSWER: u32 = 3;
 
 /// The secret, once set.
 #[inline(always)]
@@ -143,7 +175,7 @@ pub(super) fn take_segment<C: CopyOut>(ctx: &C, pkt: &Packet, c: &mut CookieScra
 /// A global function's scratch (`s`, which may be null to the verifier) and the secret, once
 /// set.
 #[inline(always)]
-fn with_secret(s: *mut Scratch) -> Option<(&'static mut Scratch, &'static CookieKey)> {
+fn with_secret(s: *mut TcpScratch) -> Option<(&'static mut TcpScratch, &'static CookieKey)> {
     if s.is_null() {
         return None;
     }
@@ -155,7 +187,7 @@ fn with_secret(s: *mut Scratch) -> Option<(&'static mut Scratch, &'static Cookie
 /// segment fields): their length, 0 when the secret is not set.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn gateway_syn_cookie(s: *mut Scratch) -> i32 {
+pub extern "C" fn gateway_syn_cookie(s: *mut TcpScratch) -> i32 {
     let Some((s, k)) = with_secret(s) else {
         return 0;
     };
@@ -177,7 +209,7 @@ pub extern "C" fn gateway_syn_cookie(s: *mut Scratch) -> i32 {
 /// 1 when good (its options in `s.cookie.kept`, the segment's in `s.cookie.parsed`), else 0.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn gateway_cookie_check(s: *mut Scratch) -> i32 {
+pub extern "C" fn gateway_cookie_check(s: *mut TcpScratch) -> i32 {
     let Some((s, k)) = with_secret(s) else {
         return 0;
     };
@@ -193,14 +225,14 @@ pub extern "C" fn gateway_cookie_check(s: *mut Scratch) -> i32 {
 }
 
 /// Marks the answer to a later segment of a held hello whose connection was just admitted
-/// (`crate::tls`), for the reply program to make and send ([`send_answer`]): an acknowledgement
+/// (by the service), for the reply program to make and send ([`send_answer`]): an acknowledgement
 /// back to the client that acknowledges nothing new (the kernel has nothing of the connection
 /// yet; the client's bytes start at `first_seq`) and, when the client permitted SACK (the cookie
 /// kept that), carries a SACK block of the segment, so that the client sends its first segment
 /// again at once rather than at its retransmission timer. Its sequence number is the one the
 /// SYN-ACK promised next; its timestamp goes on from the one the client echoes.
 #[inline(always)]
-pub fn hold(s: &mut Scratch, first_seq: u32) {
+pub fn hold(s: &mut TcpScratch, first_seq: u32) {
     s.cookie.answer_ack = first_seq;
     s.cookie.answer_pending = HELD_ANSWER;
 }
@@ -213,7 +245,7 @@ pub fn hold(s: &mut Scratch, first_seq: u32) {
 /// send the held one again at its retransmission timer, and never be acknowledged. Only for a
 /// client that permitted SACK ([`sack_permitted`]).
 #[inline(always)]
-pub fn sack_held(s: &mut Scratch, first_seq: u32) {
+pub fn sack_held(s: &mut TcpScratch, first_seq: u32) {
     s.cookie.answer_ack = first_seq;
     s.cookie.answer_pending = SACK_ANSWER;
 }
@@ -229,7 +261,7 @@ pub fn sack_permitted(ack: u32, v4: bool) -> bool {
 /// checks it once, with its own stack).
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn gateway_held_answer(s: *mut Scratch, payload_len: u32, first_seq: u32) -> i32 {
+pub extern "C" fn gateway_held_answer(s: *mut TcpScratch, payload_len: u32, first_seq: u32) -> i32 {
     if s.is_null() {
         return 0;
     }
@@ -252,55 +284,6 @@ pub extern "C" fn gateway_held_answer(s: *mut Scratch, payload_len: u32, first_s
     1
 }
 
-/// Sends the answer the classifier prepared for the segment `pkt` (the reply program's part),
-/// if one is: the frame rewritten into it and sent back ([`answer_tcp`]), or dropped when it
-/// could not be. Counts a SYN-ACK sent. For a held hello admitted, the frame is rather made into
-/// one segment with the held first one, for the listener (`super::carry`), where it can be.
-#[inline(always)]
-pub fn send_answer<R: Rewrite + CopyOut>(ctx: &R, pkt: &Packet) -> Option<Action> {
-    let s = TLS_SCRATCH.get_ptr_mut(0)?;
-    // SAFETY: per-CPU slot, used only by this program run (the classifier that prepared the
-    // answer ran on this CPU just before its tail call here).
-    let s = unsafe { &mut *s };
-    let pending = s.cookie.answer_pending;
-    if pending == 0 {
-        return None;
-    }
-    s.cookie.answer_pending = 0;
-    if pending == HELD_ANSWER || pending == SACK_ANSWER {
-        let first_seq = s.cookie.answer_ack;
-        take_segment(ctx, pkt, &mut s.cookie);
-        // The held first segment carried in this one, where it can be (an admitted hello's).
-        if pending == HELD_ANSWER
-            && let Some(carried) = carry_or_hand_over(ctx, pkt, s, first_seq)
-        {
-            return Some(carried);
-        }
-        gateway_held_answer(s, u32::from(pkt.payload_len()), first_seq);
-    }
-    let c = &mut s.cookie;
-    let header = (
-        c.answer_seq,
-        c.answer_ack,
-        c.answer_flags as u8,
-        c.answer_window as u16,
-    );
-    let sent = answer_tcp(ctx, pkt, header, &c.answer, c.answer_len as usize);
-    if sent.is_some() && c.answer_flags as u8 & TCP_SYN != 0 {
-        count(|c| c.cookies_sent += 1);
-    }
-    Some(sent.unwrap_or(Action::Drop))
-}
-
-/// Forgets a prepared answer the reply program was not there to send.
-#[inline(always)]
-pub fn forget_answer() {
-    if let Some(s) = TLS_SCRATCH.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot, as above.
-        unsafe { (*s).cookie.answer_pending = 0 };
-    }
-}
-
 /// Answers the SYN `pkt` (of the connection `s.key`) with a SYN-ACK carrying a cookie, from the
 /// NIC: prepared here, sent by the reply program ([`Action::Answer`], [`send_answer`]); nothing is
 /// kept, and the kernel never sees the SYN. IPv4 options and IPv6 extension headers are taken
@@ -309,7 +292,7 @@ pub fn forget_answer() {
 /// and its hello is judged as any connection's the kernel has); dropped when its headers are
 /// past the bounds an answer is made within (never to the kernel unjudged).
 #[inline(always)]
-pub fn answer_syn<C: CopyOut>(ctx: &C, pkt: &Packet, s: &mut Scratch) -> (Class, Action) {
+pub fn answer_syn<C: CopyOut>(ctx: &C, pkt: &Packet, s: &mut TcpScratch) -> (Class, Action) {
     if !answerable(pkt) {
         crate::maps::count(|c| c.syns_unanswerable += 1);
         return (Class::TlsFlow, Action::Drop);
@@ -331,7 +314,7 @@ pub fn answer_syn<C: CopyOut>(ctx: &C, pkt: &Packet, s: &mut Scratch) -> (Class,
 /// good, being the first after the handshake; if so, what the cookie kept is in
 /// `s.cookie.kept` and the segment's own options in `s.cookie.parsed`.
 #[inline(always)]
-pub fn check<C: CopyOut>(ctx: &C, pkt: &Packet, s: &mut Scratch) -> bool {
+pub fn check<C: CopyOut>(ctx: &C, pkt: &Packet, s: &mut TcpScratch) -> bool {
     take_segment(ctx, pkt, &mut s.cookie);
     gateway_cookie_check(s) == 1
 }

@@ -1,5 +1,5 @@
 //! A held hello's first segment carried to the kernel inside the segment that admitted it
-//! (SYN-cookie mode, while tls-new refuses: `crate::tls::cookie`).
+//! (SYN-cookie mode, while the service refuses new connections: `super::cookie`).
 //!
 //! The first segment of a hello that takes two is held back (the kernel makes no connection
 //! before the hello is judged), and its payload kept here ([`keep`]). When the next segment
@@ -14,7 +14,7 @@
 //!
 //! Where it cannot be done (the first payload no longer kept, a hello of three segments, no
 //! finishing program), the client is asked for its first segment again instead
-//! (`crate::tls::cookie::gateway_held_answer`), which costs it two of its timer ticks and ten
+//! (`super::cookie::gateway_held_answer`), which costs it two of its timer ticks and ten
 //! milliseconds more.
 //!
 //! The bytes carried are the very bytes the classifier judged: they are kept when they are
@@ -28,13 +28,13 @@ use aya_ebpf::{
 };
 use gateway_common::{
     maps::{
-        FINISHER_ATTACHED, FLOW_ADMITTED, FlowKey, HOLDS_PER_SOURCE_BURST,
-        HOLDS_PER_SOURCE_PER_SECOND, IPPROTO_TCP,
+        FINISHER_ATTACHED, FlowKey, HOLDS_PER_SOURCE_BURST, HOLDS_PER_SOURCE_PER_SECOND,
+        IPPROTO_TCP,
     },
     packet::{Packet, PacketKind, parse},
 };
 
-use super::{SCRATCH_LEN, Scratch, TLS_SCRATCH, cookie, counters::count, flow_key, flows};
+use super::{PAYLOAD_LEN, TcpEvent, TcpScratch, TcpService, cookie, flow_key};
 use crate::{
     bytes::{SkbBytes, opaque},
     context::{Action, CopyOut, Handover, Rewrite},
@@ -121,7 +121,7 @@ fn kept(key: &FlowKey) -> Option<*mut HeldSegment> {
 /// `key`: in [`HELD_SEGMENTS`] within its client address's budget, else in
 /// [`HELD_OVER_BUDGET`]. Nothing is kept for a payload longer than [`HELD_MAX`].
 #[inline(always)]
-pub fn keep<C: CopyOut>(ctx: &C, pkt: &Packet, key: &FlowKey, payload_len: u32) {
+pub fn keep<C: CopyOut, S: TcpService>(ctx: &C, pkt: &Packet, key: &FlowKey, payload_len: u32) {
     let n = opaque(u64::from(payload_len));
     if n == 0 || n > u64::from(HELD_MAX) {
         return;
@@ -137,7 +137,7 @@ pub fn keep<C: CopyOut>(ctx: &C, pkt: &Packet, key: &FlowKey, payload_len: u32) 
         let _ = HELD_OVER_BUDGET.remove(key);
         HELD_SEGMENTS.insert(key, empty, 0)
     } else {
-        count(|c| c.holds_over_budget += 1);
+        S::count(TcpEvent::HoldOverBudget);
         let _ = HELD_SEGMENTS.remove(key);
         HELD_OVER_BUDGET.insert(key, empty, 0)
     };
@@ -169,7 +169,7 @@ pub fn forget(key: &FlowKey) {
 /// when they differ, -1 when nothing is kept for it. A global function, checked once.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn gateway_kept_matches(s: *const Scratch, seq: u32, len: u32) -> i32 {
+pub extern "C" fn gateway_kept_matches(s: *const TcpScratch, seq: u32, len: u32) -> i32 {
     if s.is_null() {
         return 0;
     }
@@ -215,7 +215,12 @@ pub extern "C" fn gateway_kept_matches(s: *const Scratch, seq: u32, len: u32) ->
 /// `payload_len` bytes; the carry was not done) is to the bytes judged: [`Kept::Same`] when it
 /// is them, byte for byte.
 #[inline(always)]
-pub fn compare_kept<C: CopyOut>(ctx: &C, pkt: &Packet, s: &mut Scratch, payload_len: u32) -> Kept {
+pub fn compare_kept<C: CopyOut>(
+    ctx: &C,
+    pkt: &Packet,
+    s: &mut TcpScratch,
+    payload_len: u32,
+) -> Kept {
     let n = opaque(u64::from(payload_len));
     if n == 0 {
         return Kept::Differs;
@@ -229,7 +234,7 @@ pub fn compare_kept<C: CopyOut>(ctx: &C, pkt: &Packet, s: &mut Scratch, payload_
     if !ctx.copy_out(u32::from(t.payload_offset), s.buf.as_mut_ptr(), n) {
         return Kept::Differs;
     }
-    let end = (n as usize) & (2 * SCRATCH_LEN - 1);
+    let end = (n as usize) & (2 * PAYLOAD_LEN - 1);
     if let Some(pad) = s.buf.get_mut(end..end + 8) {
         pad.copy_from_slice(&[0; 8]);
     }
@@ -298,7 +303,7 @@ fn sum_at(p: *const u8, n: u32, chunks: u32, odd: bool) -> u64 {
 /// The first segment kept for the connection `s.key` when `pkt` is the one right after it
 /// and both can be carried in one segment: its payload's length.
 #[inline(always)]
-fn held(s: &Scratch, pkt: &Packet, first_seq: u32) -> Option<(*const HeldSegment, u32)> {
+fn held(s: &TcpScratch, pkt: &Packet, first_seq: u32) -> Option<(*const HeldSegment, u32)> {
     let h: *const HeldSegment = kept(&s.key)?;
     // SAFETY: this connection's entry, touched only by its packets.
     let (seq, l1) = unsafe { ((*h).seq, (*h).len) };
@@ -308,7 +313,7 @@ fn held(s: &Scratch, pkt: &Packet, first_seq: u32) -> Option<(*const HeldSegment
         && l1 <= HELD_MAX
         && first_seq.wrapping_add(l1) == pkt.transport.seq
         && l2 != 0
-        && l2 <= SCRATCH_LEN as u32)
+        && l2 <= PAYLOAD_LEN as u32)
         .then_some((h, l1))
 }
 
@@ -317,15 +322,15 @@ fn held(s: &Scratch, pkt: &Packet, first_seq: u32) -> Option<(*const HeldSegment
 /// can grow the frame ([`carry`]), else handed to the finishing program to be carried there
 /// ([`Handover::Carry`], [`Action::Pass`]). `None` when neither can be done, the frame unchanged.
 #[inline(always)]
-pub fn carry_or_hand_over<R: Rewrite + CopyOut>(
+pub fn carry_or_hand_over<R: Rewrite + CopyOut, S: TcpService>(
     ctx: &R,
     pkt: &Packet,
-    s: &mut Scratch,
+    s: &mut S::Scratch,
     first_seq: u32,
 ) -> Option<Action> {
-    held(s, pkt, first_seq)?;
+    held(S::tcp(s), pkt, first_seq)?;
     if R::GROWS {
-        carry(ctx, pkt, s, first_seq)
+        carry::<R, S>(ctx, pkt, s, first_seq)
     } else if finisher(FINISHER_ATTACHED) && ctx.hand_over(Handover::Carry, first_seq) {
         Some(Action::Pass)
     } else {
@@ -337,22 +342,23 @@ pub fn carry_or_hand_over<R: Rewrite + CopyOut>(
 /// held first segment's sequence number `first_seq`) carried into and handed to the listener
 /// ([`Action::Handoff`]), else dropped (the client sends its segments again at its timer).
 #[inline(always)]
-pub fn carry_handed_over(ctx: &TcContext, first_seq: u32) -> Action {
+pub fn carry_handed_over<S: TcpService>(ctx: &TcContext, first_seq: u32) -> Action {
     let b = SkbBytes::new(ctx);
     let pkt = parse(&b);
     if pkt.kind != PacketKind::Transport || pkt.transport.proto != IPPROTO_TCP {
         return Action::Drop;
     }
-    let Some(s) = TLS_SCRATCH.get_ptr_mut(0) else {
+    let Some(full) = S::scratch() else {
         return Action::Drop;
     };
     // SAFETY: per-CPU slot, used only by this program run.
-    let s = unsafe { &mut *s };
+    let full = unsafe { &mut *full };
+    let s = S::tcp(full);
     if !flow_key(&b, &pkt, &mut s.key, false) {
         return Action::Drop;
     }
     cookie::take_segment(ctx, &pkt, &mut s.cookie);
-    carry(ctx, &pkt, s, first_seq).unwrap_or(Action::Drop)
+    carry::<_, S>(ctx, &pkt, full, first_seq).unwrap_or(Action::Drop)
 }
 
 /// Carries the first segment kept for the connection `s.key` (starting at `first_seq`) into the
@@ -362,12 +368,13 @@ pub fn carry_handed_over(ctx: &TcContext, first_seq: u32) -> Action {
 /// done and the frame is unchanged; [`Action::Drop`] when the frame was changed and then could
 /// not be finished (the client sends it again at its timer).
 #[inline(always)]
-fn carry<R: Rewrite + CopyOut>(
+fn carry<R: Rewrite + CopyOut, S: TcpService>(
     ctx: &R,
     pkt: &Packet,
-    s: &mut Scratch,
+    full: &mut S::Scratch,
     first_seq: u32,
 ) -> Option<Action> {
+    let s = S::tcp(full);
     let (h, l1) = held(s, pkt, first_seq)?;
     // SAFETY: as in `held`.
     let h = unsafe { &*h };
@@ -375,10 +382,10 @@ fn carry<R: Rewrite + CopyOut>(
     let at = u32::from(pkt.transport.payload_offset);
     // The segment's own payload, out of the way of the first one's, zero past it.
     let n = opaque(u64::from(l2));
-    if n == 0 || n > SCRATCH_LEN as u64 || !ctx.copy_out(at, s.buf.as_mut_ptr(), n) {
+    if n == 0 || n > PAYLOAD_LEN as u64 || !ctx.copy_out(at, s.buf.as_mut_ptr(), n) {
         return None;
     }
-    let end = (n as usize) & (2 * SCRATCH_LEN - 1);
+    let end = (n as usize) & (2 * PAYLOAD_LEN - 1);
     if let Some(pad) = s.buf.get_mut(end..end + 4) {
         pad.copy_from_slice(&[0; 4]);
     }
@@ -402,7 +409,7 @@ fn carry<R: Rewrite + CopyOut>(
     ) + sum_at(
         s.buf.as_ptr(),
         l2 as u32,
-        SCRATCH_LEN as u32 / CSUM_CHUNK,
+        PAYLOAD_LEN as u32 / CSUM_CHUNK,
         l1 & 1 == 1,
     );
     if !resegment(
@@ -417,10 +424,7 @@ fn carry<R: Rewrite + CopyOut>(
     }
     forget(&s.key);
     // The kernel has the connection now: its later segments (and copies of these) pass.
-    if let Some(f) = flows::get(s, pkt.ip_version == 4) {
-        // SAFETY: the entry of this connection, touched only by its packets.
-        unsafe { (*f).state = FLOW_ADMITTED };
-    }
-    count(|c| c.held_carried += 1);
+    S::carried(full, pkt.ip_version == 4);
+    S::count(TcpEvent::HeldCarried);
     Some(Action::Handoff)
 }

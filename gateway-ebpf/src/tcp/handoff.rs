@@ -1,5 +1,5 @@
-//! The handoff of a connection the NIC answered with a SYN cookie (`crate::tls::cookie`): its
-//! first data segment, its hello admitted (or pending), goes to the kernel's listener with the
+//! The handoff of a connection the NIC answered with a SYN cookie (`super::cookie`): its
+//! first data segment, admitted by its service (or pending), goes to the kernel's listener with the
 //! request socket made for it from what the cookie kept (`bpf_sk_assign_tcp_reqsk`, a kfunc of
 //! kernel 6.9 and later, at TC ingress only). The kernel then makes the connection's socket
 //! from that segment, as from an ACK carrying one of its own SYN cookies.
@@ -21,11 +21,8 @@ use gateway_common::{
     syncookie::OUR_WSCALE,
 };
 
-use crate::{
-    bytes::SkbBytes,
-    context::TCP_LISTEN,
-    tls::{self, TLS_SCRATCH, cookie, fill_tuple, flow_key},
-};
+use super::{TcpEvent, TcpService, cookie, fill_tuple, flow_key};
+use crate::{bytes::SkbBytes, context::TCP_LISTEN};
 
 /// `struct bpf_tcp_req_attrs`: the request socket's options, as the kernel takes them.
 #[repr(C)]
@@ -55,34 +52,32 @@ unsafe extern "C" {
     ) -> i32;
 }
 
-/// Hands the segment of `ctx` to its listener with a request socket, counting the outcome;
-/// whether it went. On failure the segment goes on all the same: the kernel, finding no socket
+/// Hands the segment of `ctx`, of service `S`, to its listener with a request socket, counting
+/// the outcome; whether it went. On failure the segment goes on all the same: the kernel, finding no socket
 /// and no cookie of its own, answers it with a reset.
 #[inline(always)]
-pub fn handoff(ctx: &TcContext) -> bool {
-    let done = hand(ctx);
-    tls::counters::count(|c| {
-        if done {
-            c.handoffs += 1;
-        } else {
-            c.handoffs_failed += 1;
-        }
+pub fn handoff<S: TcpService>(ctx: &TcContext) -> bool {
+    let done = hand::<S>(ctx);
+    S::count(if done {
+        TcpEvent::Handoff
+    } else {
+        TcpEvent::HandoffFailed
     });
     done
 }
 
 #[inline(always)]
-fn hand(ctx: &TcContext) -> bool {
+fn hand<S: TcpService>(ctx: &TcContext) -> bool {
     let b = SkbBytes::new(ctx);
     let pkt = parse(&b);
     if pkt.kind != PacketKind::Transport || pkt.transport.proto != IPPROTO_TCP {
         return false;
     }
-    let Some(s) = TLS_SCRATCH.get_ptr_mut(0) else {
+    let Some(s) = S::scratch() else {
         return false;
     };
     // SAFETY: per-CPU slot, used only by this program run.
-    let s = unsafe { &mut *s };
+    let s = S::tcp(unsafe { &mut *s });
     if !flow_key(&b, &pkt, &mut s.key, false) {
         return false;
     }

@@ -1,0 +1,100 @@
+//! The TCP layer: what every TCP service does at the NIC before and beside judging its first
+//! segment, kept apart from what it judges.
+//!
+//! - [`lookup`]: whether the kernel has a connection (or a listener) for a segment's 4-tuple,
+//!   and the segment's key ([`flow_key`]) and socket tuple ([`fill_tuple`]);
+//! - [`cookie`]: SYN cookies answered at the NIC, and the cookie a first data segment
+//!   acknowledges checked there;
+//! - [`held`]: a first segment held back while the rest of what it starts arrives, and carried
+//!   to the kernel inside the segment that admitted it;
+//! - [`send`]: the answers the reply program sends for the layer (a SYN-ACK, the
+//!   acknowledgement of a held segment) or the carry;
+//! - [`handoff`]: a connection the NIC answered handed to its listener with a request socket.
+//!
+//! A TCP service drives the layer from its own classifier through [`TcpService`]: the layer's
+//! part of its per-CPU scratch ([`TcpScratch`]), its counters (the layer counts
+//! [`TcpEvent`]s, the service says where), and what the layer tells it (a held first segment
+//! carried, so its connection is the kernel's). How a first segment is judged stays the
+//! service's: TLS (`crate::tls::tls_packet`) decides a hello; the layer only holds, answers,
+//! carries and hands over. Nothing here imports a service.
+//!
+//! A second service (SIP over TCP, say) would declare its scratch with a [`TcpScratch`] in it,
+//! implement [`TcpService`] for a type of its own, call [`cookie::answer_syn`] and
+//! [`cookie::check`] from its classifier for a port in SYN-cookie mode, [`held::keep`] when its
+//! first segment does not hold a whole request, and be reached by the TC programs through
+//! [`send::send_answer`], [`held::carry_handed_over`] and [`handoff::handoff`] with its type as
+//! the parameter; TLS's code would not change.
+
+// Map keys and values go by reference (by value, they were copied onto the 512-byte stack).
+#![allow(clippy::needless_borrows_for_generic_args)]
+
+pub mod cookie;
+pub mod handoff;
+pub mod held;
+pub mod lookup;
+pub mod send;
+
+pub use lookup::{fill_tuple, flow_key};
+
+use gateway_common::maps::FlowKey;
+
+/// Bytes of a segment's payload a service looks at in one go (a longer one is copied window by
+/// window): as far as packet bytes are read at all (`gateway_common::bytes::MAX_READ_OFFSET`).
+/// The scratch's buffer is twice this, so that an index masked with `2 * PAYLOAD_LEN - 1`
+/// never leaves it.
+pub const PAYLOAD_LEN: usize = gateway_common::bytes::MAX_READ_OFFSET;
+
+/// The TCP layer's part of a service's per-CPU scratch: the segment's payload, its
+/// connection's key and socket tuple, copies of its headers and the SYN cookie's work. In map
+/// memory rather than on the 512-byte stack.
+#[repr(C, align(8))]
+pub struct TcpScratch {
+    /// Payload bytes, in the first half; the second half is slack (see [`PAYLOAD_LEN`]).
+    pub buf: [u8; 2 * PAYLOAD_LEN],
+    /// The segment's connection, client first ([`flow_key`]).
+    pub key: FlowKey,
+    /// The socket lookup's tuple (`bpf_sock_tuple`: IPv4 in its first 12 bytes, IPv6 in 36).
+    pub tuple: [u8; 40],
+    /// A copy of the segment's IP header, for the kernel's SYN-cookie check (IPv4 in its
+    /// first 20 bytes).
+    pub iph: [u8; 40],
+    /// A copy of the segment's TCP header's first 20 bytes, likewise.
+    pub th: [u8; 20],
+    /// The NIC's SYN cookies' work ([`cookie`]), handed to their global functions.
+    pub cookie: cookie::CookieScratch,
+}
+
+/// What the layer counts; each service counts them where its operators read them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum TcpEvent {
+    /// A SYN-ACK with a cookie sent from the NIC.
+    CookieSent,
+    /// A first segment held past its client address's budget.
+    HoldOverBudget,
+    /// A held first segment carried to the kernel inside the segment that admitted it.
+    HeldCarried,
+    /// A connection handed to its listener with a request socket.
+    Handoff,
+    /// A handoff the kernel refused (the segment went on, and is answered with a reset).
+    HandoffFailed,
+}
+
+/// A TCP service, as the layer sees it.
+pub trait TcpService {
+    /// The service's per-CPU scratch, which holds a [`TcpScratch`].
+    type Scratch;
+
+    /// This CPU's scratch (per-CPU, used only by the program run that takes it).
+    fn scratch() -> Option<*mut Self::Scratch>;
+
+    /// The layer's part of `s`.
+    fn tcp(s: &mut Self::Scratch) -> &mut TcpScratch;
+
+    /// Counts `event` in the service's counters.
+    fn count(event: TcpEvent);
+
+    /// The held first segment of the connection in `s`'s key went to the kernel carried in
+    /// the segment that admitted it: the connection is the kernel's now, its later segments
+    /// (and copies of these) pass.
+    fn carried(s: &mut Self::Scratch, v4: bool);
+}

@@ -15,7 +15,7 @@ use prometheus_client::{
 use tracing::warn;
 
 use crate::{
-    attached::Attached,
+    datapath::attached::Attached,
     maps::{Maps, MapsError},
     metrics::family::Sorted,
 };

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::bpfsys::link_ifindex;
+use crate::datapath::bpfsys::link_ifindex;
 
 /// One readiness check: `Err` says why not, in an operator's words.
 pub type Check = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
@@ -48,7 +48,7 @@ pub type Checks = Arc<Vec<Check>>;
 
 /// Whether the link pinned in `pd` is bound to its interface; why not, in the words `/readyz`
 /// and `gateway status` both use.
-pub fn link_bound(pd: &crate::pins::PinDir) -> Result<(), String> {
+pub fn link_bound(pd: &crate::datapath::pins::PinDir) -> Result<(), String> {
     match link_ifindex(&pd.link()) {
         Ok(0) => Err(format!(
             "{}: the program is detached (its link is bound to no interface)",
@@ -62,9 +62,9 @@ pub fn link_bound(pd: &crate::pins::PinDir) -> Result<(), String> {
 /// An attachment's own readiness (what `gateway status` checks): its link bound, its maps of
 /// this build's layout. Maps another build laid out that this one carries over on its start
 /// are named as such (the datapath runs the other build until then).
-pub fn attachment_ready(pd: &crate::pins::PinDir) -> Result<(), String> {
+pub fn attachment_ready(pd: &crate::datapath::pins::PinDir) -> Result<(), String> {
     link_bound(pd)?;
-    let grown = crate::pinned_layout::grown(pd, crate::EBPF_OBJECT)
+    let grown = crate::datapath::pinned_layout::grown(pd, crate::EBPF_OBJECT)
         .map_err(|e| format!("{}: {e}", pd.iface))?;
     if grown.is_empty() {
         return Ok(());

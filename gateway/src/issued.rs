@@ -24,7 +24,7 @@ use gateway_common::{
 };
 use tracing::warn;
 
-use crate::{attached::Attached, maps::monotonic_ns};
+use crate::{datapath::attached::Attached, maps::monotonic_ns};
 
 /// The terms a key is published under; a reload changes them for keys issued from then on (a
 /// key keeps the terms it was issued with: its lifetime is what the client was told).

@@ -14,7 +14,7 @@ use gateway_common::{
 };
 use thiserror::Error;
 
-use crate::pins::PinDir;
+use crate::datapath::pins::PinDir;
 
 /// `BPF_MAP_UPDATE_ELEM`'s flag: only an entry that exists is changed.
 const BPF_EXIST: u64 = 2;
@@ -213,7 +213,7 @@ fn syn_cookies_possible(key: ServiceKey, value: ServiceValue) -> Result<(), Maps
             "only a TLS service over TCP can answer SYNs with cookies",
         ));
     }
-    if !crate::kfunc::available(crate::kfunc::HANDOFF_KFUNC) {
+    if !crate::datapath::kfunc::handoff_available() {
         return Err(refuse(
             "this kernel has no bpf_sk_assign_tcp_reqsk (Linux 6.9 and later, CONFIG_SYN_COOKIES) to hand connections to the listener",
         ));
@@ -268,7 +268,7 @@ pub fn open_as<T: TryFrom<Map, Error = MapError>>(
 
 /// The datapath-wide settings of the maps pinned in `pins`, read from `DP_CONFIG` alone:
 /// attaching reads and writes them whatever layout the other maps have (an older build's being
-/// carried over, `crate::carry`).
+/// carried over, `crate::datapath::carry`).
 pub fn read_config(pins: &PinDir) -> Result<DatapathConfig, MapsError> {
     let config: Array<MapData, DatapathConfig> = open_as(pins, names::DP_CONFIG)?;
     config.get(&0, 0).map_err(op(names::DP_CONFIG))

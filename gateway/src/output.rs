@@ -10,7 +10,7 @@ use gateway_common::{
 };
 use serde_json::{Value, json};
 
-use crate::{config::Proto, loader::AttachmentStatus};
+use crate::{config::Proto, datapath::loader::AttachmentStatus};
 
 /// Everything `gateway stats` shows for one interface.
 pub struct StatsView<'a> {

@@ -16,8 +16,8 @@ use gateway_common::{
 
 use crate::{
     apply::apply,
-    attached::Attached,
     config::{Config, ConfigSource},
+    datapath::attached::Attached,
     proxy::Proxy,
 };
 

@@ -47,7 +47,7 @@ pub fn have_root(test: &str) -> bool {
 /// builds refuse it; the gateway then attaches at tc ingress). Where it does not, says why
 /// `test`, which is about the XDP hook itself, is skipped. Call after [`have_root`].
 pub fn have_xdp(test: &str) -> bool {
-    if gateway::loader::xdp_metadata() {
+    if gateway::datapath::loader::xdp_metadata() {
         return true;
     }
     eprintln!(
@@ -59,7 +59,7 @@ pub fn have_xdp(test: &str) -> bool {
 /// The mode `gateway attach` without `--mode` (auto) takes on a veth here: native XDP, or tc
 /// where the kernel refuses XDP frame metadata.
 pub fn auto_mode() -> &'static str {
-    if gateway::loader::xdp_metadata() {
+    if gateway::datapath::loader::xdp_metadata() {
         "native"
     } else {
         "tc"

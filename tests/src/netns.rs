@@ -151,7 +151,8 @@ pub fn bare_xdp(ns: &str, ifname: &str) -> aya::Ebpf {
 /// is dropped.
 pub fn bare_program(ns: &str, ifname: &str, name: &str) -> aya::Ebpf {
     in_netns(ns, || {
-        let object = gateway::kfunc::resolve(gateway::EBPF_OBJECT).expect("the eBPF object");
+        let object =
+            gateway::datapath::kfunc::resolve(gateway::EBPF_OBJECT).expect("the eBPF object");
         let mut ebpf = aya::Ebpf::load(&object).expect("the eBPF object");
         let p: &mut aya::programs::Xdp = ebpf
             .program_mut(name)
@@ -379,8 +380,10 @@ impl TestNet {
             return Some(id);
         }
         let pin = self.pin_dir().join("link");
-        match gateway::bpfsys::link_ifindex(&pin) {
-            Ok(ifindex) if ifindex != 0 => gateway::bpfsys::link_program(&pin).ok().map(u64::from),
+        match gateway::datapath::bpfsys::link_ifindex(&pin) {
+            Ok(ifindex) if ifindex != 0 => gateway::datapath::bpfsys::link_program(&pin)
+                .ok()
+                .map(u64::from),
             _ => None,
         }
     }

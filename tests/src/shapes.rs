@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gateway::{maps::Maps, pins::PinDir};
+use gateway::{datapath::pins::PinDir, maps::Maps};
 use gateway_common::maps::SLOT_SIP_INVITE;
 
 use crate::{

@@ -6,7 +6,7 @@ use aya::{
     maps::Array,
     programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
-use gateway::{loader, maps::Maps, pins::PinDir};
+use gateway::{datapath::loader, datapath::pins::PinDir, maps::Maps};
 use gateway_common::{
     Class, NUM_CLASSES,
     bytes::SliceBytes,

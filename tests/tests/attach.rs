@@ -227,7 +227,7 @@ fn reattach_removes_ipv4_flows_a_stopped_start_left_behind_and_keeps_the_program
         return;
     }
     use aya::maps::{HashMap, MapData};
-    use gateway::{maps::open_as, pins::PinDir};
+    use gateway::{datapath::pins::PinDir, maps::open_as};
     use gateway_common::maps::{FLOW_ADMITTED, FLOW_PENDING, FlowKey, FlowKey4, TlsFlow, names};
     let net = TestNet::new();
     net.gateway_ok(&["attach", "--iface", &net.gw_if]);
@@ -384,7 +384,7 @@ fn auto_takes_tc_where_the_kernel_refuses_xdp_metadata_and_xdp_modes_are_refused
         return;
     }
     let net = TestNet::new();
-    let allowed = gateway::loader::xdp_metadata();
+    let allowed = gateway::datapath::loader::xdp_metadata();
     let out = net.gateway(&["attach", "--iface", &net.gw_if]);
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),

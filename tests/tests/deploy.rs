@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use gateway::{bpfsys, btf::Btf, pins::PinDir};
+use gateway::{datapath::bpfsys, datapath::btf::Btf, datapath::pins::PinDir};
 use gateway_tests::{
     backend::{Backend, Mode},
     daemon::Daemon,
@@ -181,7 +181,7 @@ fn with_exactly_the_units_capabilities_a_restart_adopts_and_the_cli_reads_the_at
     // What the record holds is what the kernel holds: every pinned map's fields, read through
     // its BTF object id from either, are the same.
     let pd = PinDir::new(&net.root(), &net.gw_if);
-    let record = gateway::layouts::read(&pd.dir).expect("the record reads");
+    let record = gateway::datapath::layouts::read(&pd.dir).expect("the record reads");
     let mut checked = 0;
     for m in gateway_common::maps::all() {
         let Ok(shape) = bpfsys::map_shape(&pd.map(m.name)) else {
@@ -205,7 +205,7 @@ fn with_exactly_the_units_capabilities_a_restart_adopts_and_the_cli_reads_the_at
     assert!(checked > 20, "{checked} maps checked");
     // Pins of a release before the record: under the unit's capabilities their fields cannot
     // be read, and `status` says how to record them; `attach` as root records them.
-    std::fs::remove_file(pd.dir.join(gateway::layouts::PIN)).unwrap();
+    std::fs::remove_file(pd.dir.join(gateway::datapath::layouts::PIN)).unwrap();
     let (ok, said) = capped(&["status"]);
     assert!(!ok, "{said}");
     assert!(
@@ -441,7 +441,7 @@ fn with_exactly_the_units_capabilities_a_daemon_upgrades_across_a_map_layout_cha
     let caps = unit_caps();
     let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
     let net = TestNet::new();
-    let opts = gateway::loader::AttachOptions {
+    let opts = gateway::datapath::loader::AttachOptions {
         iface: net.gw_if.clone(),
         mode: gateway::config::ModeRequest::Native,
         root: net.root(),
@@ -449,7 +449,10 @@ fn with_exactly_the_units_capabilities_a_daemon_upgrades_across_a_map_layout_cha
         issued_keys: gateway_common::maps::DEFAULT_TLS_ISSUED,
     };
     net.in_gw(|| {
-        drop(gateway::loader::attach_object(&opts, PREVIOUS).expect("attach the older build"))
+        drop(
+            gateway::datapath::loader::attach_object(&opts, PREVIOUS)
+                .expect("attach the older build"),
+        )
     });
     let status = net.gateway(&["status"]);
     let said = String::from_utf8_lossy(&status.stdout).into_owned()
@@ -487,7 +490,7 @@ fn with_exactly_the_units_capabilities_a_daemon_upgrades_across_a_map_layout_cha
 /// root (the DaemonSet's pod) and as the unit's own user, a daemon upgrades a datapath attached
 /// by a build whose map layout differs from this one's. That build stands in for an older
 /// release: this build's object with two fields of `ClassPolicy` the other way round in its BTF
-/// (`gateway::btf::swap_fields`), so its CLASS_POLICY map is pinned with a layout this build
+/// (`gateway::datapath::btf::swap_fields`), so its CLASS_POLICY map is pinned with a layout this build
 /// must carry over field by field. Before the daemon, `status` refuses the foreign layout; the
 /// daemon's start says what it carried, warns of nothing of its own, and afterwards the CLI
 /// finds this build's layout.
@@ -500,7 +503,7 @@ fn under_the_units_capabilities_as_root_and_as_its_user_a_daemon_upgrades_a_data
     const UID: u32 = 65534;
     let caps = unit_caps();
     let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
-    let older = gateway::btf::swap_fields(
+    let older = gateway::datapath::btf::swap_fields(
         gateway::EBPF_OBJECT,
         "ClassPolicy",
         "backlog_limit",
@@ -516,7 +519,7 @@ fn under_the_units_capabilities_as_root_and_as_its_user_a_daemon_upgrades_a_data
             None => TestNet::new(),
             Some(uid) => TestNet::with_bpffs_owned_by(uid),
         };
-        let opts = gateway::loader::AttachOptions {
+        let opts = gateway::datapath::loader::AttachOptions {
             iface: net.gw_if.clone(),
             mode: gateway::config::ModeRequest::Auto,
             root: net.root(),
@@ -524,7 +527,10 @@ fn under_the_units_capabilities_as_root_and_as_its_user_a_daemon_upgrades_a_data
             issued_keys: gateway_common::maps::DEFAULT_TLS_ISSUED,
         };
         net.in_gw(|| {
-            drop(gateway::loader::attach_object(&opts, &older).expect("attach the older layout"))
+            drop(
+                gateway::datapath::loader::attach_object(&opts, &older)
+                    .expect("attach the older layout"),
+            )
         });
         if let Some(uid) = user {
             // As the unit's user would have left them: its own pins.

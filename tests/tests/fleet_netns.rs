@@ -203,7 +203,7 @@ fn resumed_at(net: &TestNet) -> (u64, u64, u64) {
 /// The keys `net`'s NIC published itself, vouched for by their ticket's tag, as bpftool dumps
 /// `TLS_ISSUED` (the `kind` field with `ISSUED_BY_TAG`, and the ticket's `expires`).
 fn vouched_keys(net: &TestNet) -> Vec<serde_json::Value> {
-    let pd = gateway::pins::PinDir::new(&net.root(), &net.gw_if);
+    let pd = gateway::datapath::pins::PinDir::new(&net.root(), &net.gw_if);
     let path = pd.map(gateway_common::maps::names::TLS_ISSUED);
     let out = sh(
         "bpftool",

@@ -1161,7 +1161,7 @@ fn a_refused_hello_is_answered_with_a_reset_from_the_nic() {
         .build();
     assert_eq!(prog.run_out(&again).0, XDP_TX);
 
-    if !gateway::loader::xdp_metadata() {
+    if !gateway::datapath::loader::xdp_metadata() {
         eprintln!(
             "a_refused_hello_is_answered_with_a_reset_from_the_nic: the handover in metadata not tried: this kernel refuses XDP programs bpf_xdp_adjust_meta"
         );
@@ -1336,7 +1336,7 @@ fn a_build_that_adds_a_map_adopts_a_datapath_pinned_without_it() {
     assert_eq!(prog.run(Hook::Xdp, &admitted, 1).0, XDP_PASS);
     let added = prog.pins.map(names::TLS_REFUSED);
     std::fs::remove_file(&added).unwrap();
-    let mut ebpf = gateway::loader::load_pinned_object(
+    let mut ebpf = gateway::datapath::loader::load_pinned_object(
         &prog.pins,
         0,
         DEFAULT_TLS_ISSUED,
@@ -1441,7 +1441,7 @@ fn an_upgrade_moves_the_ipv4_flows_an_older_build_kept_beside_the_ipv6_ones() {
         return;
     }
     use aya::maps::{HashMap, MapData};
-    use gateway::{maps::open_as, rekey::Moving};
+    use gateway::{datapath::rekey::Moving, maps::open_as};
     use gateway_common::maps::{
         FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED, FlowKey, FlowKey4, TlsFlow, names,
     };

@@ -17,9 +17,9 @@ use std::{
 use aya::maps::{Array, HashMap, MapData};
 use gateway::{
     config::ModeRequest,
-    loader::{self, AttachOptions},
+    datapath::loader::{self, AttachOptions},
+    datapath::pins::PinDir,
     maps::open_as,
-    pins::PinDir,
 };
 use gateway_common::maps::{
     DEFAULT_TLS_ISSUED, FlowKey, FlowKey4, IPPROTO_TCP, IPPROTO_UDP, ServiceKey, ServiceKind,
@@ -417,7 +417,7 @@ fn a_carry_over_a_stopped_start_left_unfinished_is_finished_by_the_next() {
     let pd = PinDir::new(&net.root(), &net.gw_if);
     let (running, stale) = (pd.map(names::CLASS_STATS), pd.map("carry-DP_COUNTERS"));
     let staging = pd.map("carry-CLASS_STATS");
-    let shape = gateway::bpfsys::map_shape(&running).unwrap();
+    let shape = gateway::datapath::bpfsys::map_shape(&running).unwrap();
     std::fs::rename(&running, &staging).unwrap();
     // The older map under the pin's name, and a copy an attempt made but never switched to.
     for (pin, entries) in [(&running, shape.max_entries), (&stale, 1)] {
@@ -448,7 +448,7 @@ fn a_carry_over_a_stopped_start_left_unfinished_is_finished_by_the_next() {
     );
     assert!(!staging.exists() && !stale.exists(), "no staging pin left");
     assert_eq!(
-        gateway::bpfsys::map_shape(&running).unwrap().id,
+        gateway::datapath::bpfsys::map_shape(&running).unwrap().id,
         shape.id,
         "the map the datapath ran on has its name back"
     );

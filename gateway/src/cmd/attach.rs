@@ -7,7 +7,7 @@ use clap::Args;
 use super::CommandError;
 use crate::{
     config::{EbpfLogLevel, ModeRequest},
-    loader::{self, AttachOptions},
+    datapath::{self, AttachOptions, pins::PinDir},
 };
 
 /// `gateway attach`.
@@ -34,8 +34,8 @@ pub struct DetachArgs {
 pub fn attach(root: &Path, args: AttachArgs) -> Result<(), CommandError> {
     let AttachArgs { iface, mode } = args;
     // Not under a running daemon: it owns the program and the maps it serves from.
-    let _held = crate::attached::hold(&crate::pins::PinDir::new(root, &iface))?;
-    let a = loader::attach(&AttachOptions {
+    let _held = datapath::attached::hold(&PinDir::new(root, &iface))?;
+    let a = datapath::attach(&AttachOptions {
         iface,
         mode,
         root: root.to_path_buf(),
@@ -76,8 +76,8 @@ pub fn attach(root: &Path, args: AttachArgs) -> Result<(), CommandError> {
 /// Detaches and removes the pins; refused while a daemon serves the interface (it would run
 /// on with its maps gone, its health failing for good): stop it, and its `on_exit` decides.
 pub fn detach(root: &Path, args: DetachArgs) -> Result<(), CommandError> {
-    let _held = crate::attached::hold(&crate::pins::PinDir::new(root, &args.iface))?;
-    loader::detach(root, &args.iface)?;
+    let _held = datapath::attached::hold(&PinDir::new(root, &args.iface))?;
+    datapath::detach(root, &args.iface)?;
     println!("detached from {}", args.iface);
     Ok(())
 }

@@ -67,7 +67,7 @@ pub fn run(
 
 /// What `run` would find wrong with `cfg` on this host before it attached anything.
 fn check_system(cfg: &Config) -> Result<(), String> {
-    crate::pins::check_bpffs(&cfg.bpffs).map_err(|e| format!("bpffs: {e}"))?;
+    crate::datapath::pins::check_bpffs(&cfg.bpffs).map_err(|e| format!("bpffs: {e}"))?;
     if cfg.interfaces.0.is_empty() {
         return Err(
             "interfaces: none listed (`gateway run` needs one here, or --iface on its command line)"

@@ -34,10 +34,10 @@ use crate::{
     caps::{self, CapsError, Need},
     config::ConfigError,
     daemon::DaemonError,
-    loader::LoaderError,
+    datapath::loader::LoaderError,
+    datapath::pins::{self, DEFAULT_ROOT, PinsError},
     logging::LogFormat,
     maps::{Maps, MapsError},
-    pins::{self, DEFAULT_ROOT, PinsError},
 };
 
 /// Linux admission gateway: classifies and admits traffic of protected services at the NIC.

@@ -16,7 +16,7 @@ pub struct MountArgs {
     pub dir: PathBuf,
 }
 
-/// Mounts the bpffs (`crate::pins::mount_owned_bpffs`) and says what it did.
+/// Mounts the bpffs (`crate::datapath::pins::mount_owned_bpffs`) and says what it did.
 pub fn run(args: MountArgs) -> Result<(), CommandError> {
     use nix::unistd::{Uid, User};
     let found = match args.owner.parse::<u32>() {
@@ -28,7 +28,7 @@ pub fn run(args: MountArgs) -> Result<(), CommandError> {
         .flatten()
         .ok_or_else(|| CommandError::Usage(format!("--owner: no user '{}'", args.owner)))?;
     let (uid, gid) = (user.uid.as_raw(), user.gid.as_raw());
-    let mounted = crate::pins::mount_owned_bpffs(&args.dir, uid, gid)?;
+    let mounted = crate::datapath::pins::mount_owned_bpffs(&args.dir, uid, gid)?;
     let what = if mounted { "mounted" } else { "already" };
     println!(
         "{what} a bpf filesystem at {} owned by {} (uid {uid}, gid {gid})",

@@ -78,7 +78,7 @@ pub fn run(root: &Path, action: ServiceAction) -> Result<(), CommandError> {
             let syn_cookies = syn_cookies
                 || (!no_syn_cookies
                     && cookies_by_default(kind, proto)
-                    && crate::kfunc::available(crate::kfunc::HANDOFF_KFUNC));
+                    && crate::datapath::kfunc::handoff_available());
             let flags = if syn_cookies { SERVICE_SYN_COOKIES } else { 0 };
             maps.add_service(
                 ServiceKey::new(proto.number(), port),

@@ -6,7 +6,7 @@ use clap::Args;
 
 use super::{CommandError, Target, open};
 use crate::{
-    loader,
+    datapath::loader,
     output::{Rates, StatsView},
 };
 

@@ -7,7 +7,8 @@ use clap::Args;
 use super::CommandError;
 use crate::{
     caps::{self, Need},
-    loader, pins,
+    datapath::loader,
+    datapath::pins,
 };
 
 /// `gateway status`.

@@ -196,7 +196,7 @@ pub struct Config {
 }
 
 fn default_bpffs() -> PathBuf {
-    PathBuf::from(crate::pins::DEFAULT_ROOT)
+    PathBuf::from(crate::datapath::pins::DEFAULT_ROOT)
 }
 
 impl Config {
@@ -334,7 +334,9 @@ impl Config {
 
     /// Every protected service, as [`Config::all_services_where`] on this machine's kernel.
     pub fn all_services(&self) -> Vec<(ServiceKey, ServiceValue)> {
-        self.all_services_where(crate::kfunc::available(crate::kfunc::HANDOFF_KFUNC))
+        self.all_services_where(crate::datapath::kfunc::available(
+            crate::datapath::kfunc::HANDOFF_KFUNC,
+        ))
     }
 
     /// Every protected service: the services list, then each proxy listener's port (tls,

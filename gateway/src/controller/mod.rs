@@ -40,8 +40,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
-    attached::Attached,
     config::{ControllerConfig, Mode},
+    datapath::attached::Attached,
     maps::{Maps, MapsError, monotonic_ns},
     metrics::family::Sorted,
     proxy::gate::{Differentiation, Priority, Waits},

@@ -28,13 +28,11 @@ use watch::{
 
 use crate::{
     apply::apply,
-    attached::Attached,
     config::{Config, ConfigSource, OnExit},
     controller::{Controller, ControllerStats, CostSource, law::HandshakeCosts},
-    loader::{self, AttachOptions, AttachOutcome, LoaderError},
+    datapath::{self, AttachOptions, AttachOutcome, Attached, LoaderError, loader, pins::PinDir},
     maps::{Maps, MapsError},
     metrics::family::Sorted,
-    pins::PinDir,
     proxy::{Proxy, descriptors::DescriptorError, stats::HandshakeKind},
 };
 
@@ -65,7 +63,7 @@ pub enum DaemonError {
     },
     /// The interface's datapath is held by another process, or its pin directory is unusable.
     #[error(transparent)]
-    Pins(#[from] crate::pins::PinsError),
+    Pins(#[from] datapath::pins::PinsError),
     /// The open-files limit leaves the proxies too little room, or could not be read.
     #[error(transparent)]
     Descriptors(#[from] DescriptorError),
@@ -86,7 +84,7 @@ impl DaemonError {
             DaemonError::NoInterfaces
             | DaemonError::Tls { .. }
             | DaemonError::Descriptors(DescriptorError::TooLow { .. }) => true,
-            DaemonError::Pins(e) => !matches!(e, crate::pins::PinsError::Io { .. }),
+            DaemonError::Pins(e) => !matches!(e, datapath::pins::PinsError::Io { .. }),
             DaemonError::Loader(e) => e.is_input_error(),
             _ => false,
         }
@@ -105,12 +103,12 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
         .interfaces
         .0
         .iter()
-        .map(|i| crate::attached::hold(&PinDir::new(&cfg.bpffs, &i.name)))
+        .map(|i| crate::datapath::attached::hold(&PinDir::new(&cfg.bpffs, &i.name)))
         .collect::<Result<Vec<_>, _>>()?;
     let mut attachments: Vec<AttachOutcome> = Vec::new();
     for iface in &cfg.interfaces.0 {
         let opts = attach_options(&cfg, iface);
-        let result = loader::attach(&opts).and_then(|a| {
+        let result = datapath::attach(&opts).and_then(|a| {
             apply(&mut Maps::open(&PinDir::new(&cfg.bpffs, &a.iface))?, &cfg)?;
             Ok(a)
         });
@@ -128,7 +126,7 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
                 for m in &a.moved {
                     info!(iface = %a.iface, "{m}");
                 }
-                let kernel_can = crate::kfunc::available(crate::kfunc::HANDOFF_KFUNC);
+                let kernel_can = crate::datapath::kfunc::handoff_available();
                 for line in cfg.syn_answers(kernel_can) {
                     info!(iface = %a.iface, "{line}");
                 }
@@ -142,7 +140,7 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
             Err(e) => {
                 // Nothing half-attached: undo what this run attached fresh.
                 for a in attachments.iter().filter(|a| !a.replaced) {
-                    let _ = loader::detach(&cfg.bpffs, &a.iface);
+                    let _ = datapath::detach(&cfg.bpffs, &a.iface);
                 }
                 return Err(e.into());
             }
@@ -183,7 +181,7 @@ pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {
             info!(iface = %a.iface, "leaving the datapath attached (on_exit: keep)");
             continue;
         }
-        match loader::detach(&cfg.bpffs, &a.iface) {
+        match datapath::detach(&cfg.bpffs, &a.iface) {
             Ok(()) if ready => info!(iface = %a.iface, "detached"),
             Ok(()) => info!(iface = %a.iface, "detached what this failed start attached"),
             Err(e) => warn!(iface = %a.iface, error = %e, "detach failed"),
@@ -535,7 +533,7 @@ fn readiness_checks(
                     want.name()
                 ));
             }
-            crate::pinned_layout::check(a.pins(), crate::EBPF_OBJECT)
+            crate::datapath::pinned_layout::check(a.pins(), crate::EBPF_OBJECT)
                 .map_err(|e| format!("{iface}: {e}"))
         }));
     }

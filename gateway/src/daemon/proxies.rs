@@ -9,8 +9,8 @@ use tracing::{info, warn};
 
 use super::DaemonError;
 use crate::{
-    attached::Attached,
     config::Config,
+    datapath::attached::Attached,
     issued::IssuedKeys,
     proxy::{Proxy, descriptors::Descriptors, stats::ProxyStats},
 };

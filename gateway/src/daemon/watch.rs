@@ -9,9 +9,7 @@ use tokio::io::unix::AsyncFd;
 use tracing::{debug, error, info, warn};
 
 use crate::{
-    attached::Attached,
-    loader::{self, AttachOptions},
-    pins::PinDir,
+    datapath::{self, AttachOptions, Attached, loader, pins::PinDir},
     sockdiag::{SockDiag, flow_addrs},
 };
 
@@ -34,7 +32,7 @@ pub(super) async fn keep_attached(opts: AttachOptions, pins: PinDir) {
     let mut looks = 0u32;
     loop {
         tick.tick().await;
-        if matches!(crate::bpfsys::link_ifindex(&pins.link()), Ok(0)) {
+        if matches!(crate::datapath::bpfsys::link_ifindex(&pins.link()), Ok(0)) {
             looks += 1;
         } else {
             looks = 0;
@@ -47,7 +45,7 @@ pub(super) async fn keep_attached(opts: AttachOptions, pins: PinDir) {
         let (link, opts_again) = (pins.link(), opts.clone());
         let again = tokio::task::spawn_blocking(move || {
             std::fs::remove_file(&link).map_err(|e| e.to_string())?;
-            loader::attach(&opts_again).map_err(|e| e.to_string())
+            datapath::attach(&opts_again).map_err(|e| e.to_string())
         })
         .await;
         match again {

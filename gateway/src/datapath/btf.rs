@@ -1,6 +1,6 @@
 //! Map layouts as BTF describes them: what a pinned map's key and value are, field by field, so
 //! that a gateway of another build never adopts maps whose fields moved while their sizes stayed
-//! (`crate::pinned_layout::check`).
+//! (`crate::datapath::pinned_layout::check`).
 //!
 //! A small reader of the BTF format (the kernel's `Documentation/bpf/btf.rst`): the type and
 //! string sections, and for a type, its fields flattened to `path @ byte offset: kind`. aya reads
@@ -188,7 +188,7 @@ impl Btf {
     }
 
     /// The id of the function (`BTF_KIND_FUNC`) named `name`, if there is one: how a kfunc
-    /// call names its target (`crate::kfunc`).
+    /// call names its target (`crate::datapath::kfunc`).
     pub fn func_id(&self, name: &str) -> Option<u32> {
         self.types
             .iter()

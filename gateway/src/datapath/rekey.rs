@@ -3,7 +3,7 @@
 //! `TLS_FLOWS4` (12-byte keys), where this build's programs look for them.
 //!
 //! Two passes around the programs' switch, as for a map carried over to a grown layout
-//! (`crate::carry`): [`Moving::begin`], once this build's maps are pinned and before the
+//! (`crate::datapath::carry`): [`Moving::begin`], once this build's maps are pinned and before the
 //! switch, copies every entry to move into this build's map; the older programs go on changing
 //! the older map until the switch. [`Moving::finish`], once no run of them is left (an RCU
 //! grace period), brings in what they changed since (an entry this build's programs changed
@@ -25,9 +25,9 @@ use gateway_common::maps::{FlowKey, FlowKey4, TlsFlow, names};
 use thiserror::Error;
 
 use crate::{
-    bpfsys,
-    carry::{self, Entry},
-    pins::PinDir,
+    datapath::bpfsys,
+    datapath::carry::{self, Entry},
+    datapath::pins::PinDir,
 };
 
 /// Errors of moving entries.

@@ -7,14 +7,14 @@
 //! BTF (`/sys/kernel/btf/vmlinux`). So each such call is rewritten here in a copy of the object:
 //! to that form where the kernel has the function, and to `r0 = -EOPNOTSUPP` where it does not
 //! (as libbpf does with a weak kfunc), so that the program still loads and the feature that
-//! needs the kfunc reports itself unavailable (`crate::kfunc::available`).
+//! needs the kfunc reports itself unavailable (`crate::datapath::kfunc::available`).
 
 use std::{borrow::Cow, sync::OnceLock};
 
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _, RelocationTarget};
 use thiserror::Error;
 
-use crate::btf::Btf;
+use crate::datapath::btf::Btf;
 
 /// The kfunc that hands a connection answered with a SYN cookie to its listener.
 pub const HANDOFF_KFUNC: &str = "bpf_sk_assign_tcp_reqsk";
@@ -83,6 +83,12 @@ fn kernel_id(name: &str) -> Option<u32> {
 /// Whether the running kernel has the kfunc `name`.
 pub fn available(name: &str) -> bool {
     kernel_id(name).is_some()
+}
+
+/// Whether the running kernel can hand a connection the NIC answered to its listener
+/// ([`HANDOFF_KFUNC`]).
+pub fn handoff_available() -> bool {
+    available(HANDOFF_KFUNC)
 }
 
 /// What [`resolve_with`] did: each kfunc called, and whether the kernel has it.

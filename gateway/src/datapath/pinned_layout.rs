@@ -1,6 +1,6 @@
 //! Whether the maps pinned for an interface have this build's layout: sizes, then field by
-//! field from their BTF (as the attachment's layout record keeps it, `crate::layouts`); and,
-//! for a build that carries state over (`crate::carry`), which maps it carries and how their
+//! field from their BTF (as the attachment's layout record keeps it, `crate::datapath::layouts`); and,
+//! for a build that carries state over (`crate::datapath::carry`), which maps it carries and how their
 //! values convert.
 
 use std::collections::HashMap;
@@ -8,22 +8,25 @@ use std::collections::HashMap;
 use gateway_common::maps;
 
 use crate::{
-    bpfsys, btf, carry, layouts,
-    pins::{PinDir, PinsError},
+    datapath::bpfsys,
+    datapath::btf,
+    datapath::carry,
+    datapath::layouts,
+    datapath::pins::{PinDir, PinsError},
 };
 
 /// Refuses pinned maps whose layout is not that of `object` (this build's eBPF object, or
 /// the build about to be loaded): left by an older or newer gateway, aya would adopt them as
 /// they are, and the program would then be checked, or worse run, against values of another
 /// shape. The key and value sizes are compared, then, where the pinned map has BTF, every
-/// field (its name, offset and type, `crate::btf`): fields that moved, were renamed or
+/// field (its name, offset and type, `crate::datapath::btf`): fields that moved, were renamed or
 /// changed type within the same sizes are refused too, naming the first one. Nothing is
 /// touched before the check.
 pub fn check(pd: &PinDir, object: &[u8]) -> Result<(), PinsError> {
     compare(pd, object, false).map(drop)
 }
 
-/// [`check`] for a build that carries state over (`crate::carry`): the
+/// [`check`] for a build that carries state over (`crate::datapath::carry`): the
 /// pinned maps whose value this build lays out otherwise but holds every field of (a
 /// release added fields, or moved them), with how their values convert. Refused as by
 /// `check_layout`, naming the map and the field: a key whose layout changed, a value field
@@ -223,10 +226,10 @@ mod tests {
         let pd = PinDir::new(&root, "test0");
         pd.create().unwrap();
         // Every map of this build pinned, as an attach leaves them.
-        drop(crate::loader::load_pinned(&pd, 0, 64).unwrap());
+        drop(crate::datapath::loader::load_pinned(&pd, 0, 64).unwrap());
         // A build whose ClassPolicy has its first two fields the other way round: the same
         // sizes, so only the fields tell.
-        let swapped = crate::btf::swap_fields(
+        let swapped = crate::datapath::btf::swap_fields(
             crate::EBPF_OBJECT,
             "ClassPolicy",
             "backlog_limit",

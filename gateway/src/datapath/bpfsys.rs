@@ -1,7 +1,7 @@
 //! The few `bpf(2)` commands aya does not expose: open a pinned object, read an object's info
 //! (a link's interface, a map's BTF ids), read a BTF object's bytes, the element commands on
 //! maps whose key and value types this build does not have (an older build's layout), and
-//! making and pinning a plain array (`crate::layouts`), and the probe of a helper the kernel may
+//! making and pinning a plain array (`crate::datapath::layouts`), and the probe of a helper the kernel may
 //! refuse XDP programs.
 
 use std::{

@@ -28,7 +28,7 @@ use std::{
 
 use thiserror::Error;
 
-use crate::{bpfsys, btf::Field, pins::PinDir};
+use crate::{datapath::bpfsys, datapath::btf::Field, datapath::pins::PinDir};
 
 /// Where a map's new copy is pinned until it takes the map's name: `carry-<NAME>` (bpffs
 /// refuses names with a dot).
@@ -378,10 +378,10 @@ pub fn recover(pd: &PinDir) -> Result<Vec<&'static str>, CarryError> {
 }
 
 /// The ids of the maps the programs attached in `pd` use: those of its links, and those in its
-/// jump tables. Each program's maps as the layout record has them (`crate::layouts`), else as
+/// jump tables. Each program's maps as the layout record has them (`crate::datapath::layouts`), else as
 /// the kernel tells (which needs CAP_SYS_ADMIN).
 pub(crate) fn maps_in_use(pd: &PinDir) -> io::Result<HashSet<u32>> {
-    let record = crate::layouts::read(&pd.dir).map_err(io::Error::other)?;
+    let record = crate::datapath::layouts::read(&pd.dir).map_err(io::Error::other)?;
     let mut maps = HashSet::new();
     for id in attached_programs(pd)? {
         match record.program_maps(id) {
@@ -393,7 +393,7 @@ pub(crate) fn maps_in_use(pd: &PinDir) -> io::Result<HashSet<u32>> {
                          releases before it did not write), and the kernel tells the maps of a \
                          program only to CAP_SYS_ADMIN; record it once by running this \
                          version's `gateway attach` over the attachment as root",
-                        crate::layouts::PIN
+                        crate::datapath::layouts::PIN
                     ))
                 } else {
                     e

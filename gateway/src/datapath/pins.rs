@@ -4,7 +4,7 @@
 //! <root>/<iface>/link            the XDP or tcx ingress link (bpf_link), kept across restarts
 //! <root>/<iface>/egress-link     the tcx egress link (SIP completions and service times)
 //! <root>/<iface>/<MAP_NAME>      every map of gateway_common::maps::all()
-//! <root>/<iface>/layouts         the BTF those maps were made with (`crate::layouts`)
+//! <root>/<iface>/layouts         the BTF those maps were made with (`crate::datapath::layouts`)
 //! ```
 
 use std::{
@@ -13,7 +13,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::bpfsys;
+use crate::datapath::bpfsys;
 use nix::sys::statfs::{BPF_FS_MAGIC, statfs};
 use thiserror::Error;
 

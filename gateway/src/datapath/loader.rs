@@ -29,13 +29,13 @@ use thiserror::Error;
 use crate::{
     EBPF_OBJECT,
     caps::{self, CapsError, Need},
-    carry::{self, Carried, Carry, CarryError},
     config::ModeRequest,
-    ethtool,
-    layouts::{self, LayoutsError},
+    datapath::carry::{self, Carried, Carry, CarryError},
+    datapath::ethtool,
+    datapath::layouts::{self, LayoutsError},
+    datapath::pins::{self, PinDir, PinsError},
+    datapath::rekey::{Moved, Moving, RekeyError},
     maps::{self, MapsError},
-    pins::{self, PinDir, PinsError},
-    rekey::{Moved, Moving, RekeyError},
 };
 
 /// Errors of loading, attaching and detaching.
@@ -91,7 +91,7 @@ pub enum LoaderError {
     Rekey(#[from] RekeyError),
     /// The object's kfunc calls could not be resolved.
     #[error(transparent)]
-    Kfunc(#[from] crate::kfunc::KfuncError),
+    Kfunc(#[from] crate::datapath::kfunc::KfuncError),
     /// The layout record could not be written.
     #[error(transparent)]
     Layouts(#[from] LayoutsError),
@@ -173,12 +173,12 @@ pub struct AttachOutcome {
     pub replaced: bool,
     /// Why native XDP was refused, when `auto` fell back to generic XDP.
     pub fallback_reason: Option<String>,
-    /// The maps a replacement carried over to this build's layout (`crate::carry`).
+    /// The maps a replacement carried over to this build's layout (`crate::datapath::carry`).
     pub carried: Vec<Carried>,
     /// The maps whose carry-over an earlier start left unfinished (stopped between the switch
-    /// and the rename), finished by this one (`crate::carry::recover`).
+    /// and the rename), finished by this one (`crate::datapath::carry::recover`).
     pub finished: Vec<&'static str>,
-    /// The entries an older build kept in another map, moved to this build's (`crate::rekey`).
+    /// The entries an older build kept in another map, moved to this build's (`crate::datapath::rekey`).
     pub moved: Vec<Moved>,
     /// The loaded object (its maps are pinned; keep it for aya-log).
     pub ebpf: Ebpf,
@@ -270,7 +270,7 @@ pub fn load_pinned_object(
     issued_keys: u32,
     object: &[u8],
 ) -> Result<Ebpf, LoaderError> {
-    crate::pinned_layout::check(pd, object)?;
+    crate::datapath::pinned_layout::check(pd, object)?;
     load_object(pd, log_level, issued_keys, object, None)
 }
 
@@ -293,16 +293,16 @@ fn load_object(
     loader.map_max_entries(names::TLS_ISSUED, issued_keys);
     loader.override_global("AYA_LOG_LEVEL", &log_level, false);
     loader.override_global("XDP_METADATA", &metadata, false);
-    let object = crate::kfunc::resolve(object)?;
+    let object = crate::datapath::kfunc::resolve(object)?;
     Ok(loader.load(&object)?)
 }
 
 /// Whether this kernel lets XDP programs grow a frame's metadata, probed once
-/// ([`crate::bpfsys::xdp_metadata_allowed`]). A probe that could not run says yes: loading the
+/// ([`crate::datapath::bpfsys::xdp_metadata_allowed`]). A probe that could not run says yes: loading the
 /// programs then reports what the kernel refuses.
 pub fn xdp_metadata() -> bool {
     static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ALLOWED.get_or_init(|| match crate::bpfsys::xdp_metadata_allowed() {
+    *ALLOWED.get_or_init(|| match crate::datapath::bpfsys::xdp_metadata_allowed() {
         Ok(allowed) => allowed,
         Err(e) => {
             tracing::debug!("could not probe bpf_xdp_adjust_meta for XDP programs: {e}");
@@ -610,7 +610,7 @@ fn fresh(
 }
 
 /// Replaces the programs of the attachment pinned in `pd` with this build's, through their
-/// links. A map whose value this build lays out otherwise is carried over (`crate::carry`):
+/// links. A map whose value this build lays out otherwise is carried over (`crate::datapath::carry`):
 /// this build's copy is made and filled beside it before the programs are replaced, and takes
 /// its pin once the older programs' last runs ended.
 fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderError> {
@@ -632,7 +632,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderErr
     }
     let link: FdLink = PinnedLink::from_pin(pd.link())?.into();
     let finished = carry::recover(pd)?;
-    let mut carry = Carry::begin(pd, crate::pinned_layout::grown(pd, EBPF_OBJECT)?)?;
+    let mut carry = Carry::begin(pd, crate::datapath::pinned_layout::grown(pd, EBPF_OBJECT)?)?;
     let mut ebpf = load_object(
         pd,
         opts.ebpf_log_level,
@@ -684,7 +684,7 @@ fn replace(pd: &PinDir, opts: &AttachOptions) -> Result<AttachOutcome, LoaderErr
 }
 
 /// Records the BTF of `object`, whose programs `ebpf` loaded, and the maps each of them uses,
-/// beside the maps pinned in `pd` (`crate::layouts`), before anything is attached: the maps it
+/// beside the maps pinned in `pd` (`crate::datapath::layouts`), before anything is attached: the maps it
 /// made or carries over use that BTF, and the next start asks which maps its programs use.
 fn record_layouts(pd: &PinDir, ebpf: &Ebpf, object: &[u8]) -> Result<(), LoaderError> {
     let unreadable = |what: String| {
@@ -706,8 +706,8 @@ fn record_layouts(pd: &PinDir, ebpf: &Ebpf, object: &[u8]) -> Result<(), LoaderE
         let fd = std::os::fd::AsFd::as_fd(fd)
             .try_clone_to_owned()
             .map_err(|e| unreadable(format!("{name}: {e}")))?;
-        let maps =
-            crate::bpfsys::program_fd_maps(&fd).map_err(|e| unreadable(format!("{name}: {e}")))?;
+        let maps = crate::datapath::bpfsys::program_fd_maps(&fd)
+            .map_err(|e| unreadable(format!("{name}: {e}")))?;
         load.btf_id = load.btf_id.max(info.btf_id().unwrap_or(0));
         load.programs.push((info.id(), maps));
     }

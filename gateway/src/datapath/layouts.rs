@@ -7,7 +7,7 @@
 //! BTF object itself only to CAP_SYS_ADMIN (`BPF_BTF_GET_FD_BY_ID`). Under the systemd unit's
 //! and the DaemonSet's capabilities (CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN,
 //! CAP_NET_BIND_SERVICE) a daemon could not check the fields of the maps it had pinned itself
-//! (`crate::pinned_layout::check`), so it could not restart, upgrade or say its `status`.
+//! (`crate::datapath::pinned_layout::check`), so it could not restart, upgrade or say its `status`.
 //! The record holds those bytes for it, under the same id, so the check reads exactly what it
 //! read from the kernel:
 //! - a build that loads records its object's `.BTF` under the id its programs were loaded with
@@ -29,8 +29,8 @@ use std::{
 use thiserror::Error;
 
 use crate::{
-    bpfsys,
-    btf::{self, BtfError},
+    datapath::bpfsys,
+    datapath::btf::{self, BtfError},
 };
 
 /// The record's pin in an attachment's directory.

@@ -6,8 +6,8 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::{
+    datapath::pins::{DirLock, PinDir, PinsError},
     maps::{Maps, MapsError},
-    pins::{DirLock, PinDir, PinsError},
 };
 
 /// Holds the datapath of `pd`'s interface for this process ([`PinDir::lock`]), or says who

@@ -13,7 +13,7 @@ use tracing::warn;
 
 use crate::{
     config::Config,
-    maps::{Maps, MapsError},
+    datapath::maps::{Maps, MapsError},
     tls::server_keys::{self, KeyFileError},
 };
 
@@ -64,7 +64,7 @@ pub fn apply(maps: &mut Maps, cfg: &Config) -> Result<(), MapsError> {
 /// with the NIC's wall clock as of now, and removes those of ports no longer learnt. Run at
 /// start, on every reload and every second or so (`learn_clock`).
 pub fn learn(maps: &mut Maps, cfg: &Config) -> Result<(), MapsError> {
-    let clock_ns = crate::maps::wall_clock_offset_ns();
+    let clock_ns = crate::datapath::maps::wall_clock_offset_ns();
     let wanted = cfg.learnt_ports();
     for (port, _) in maps.learn_terms()? {
         if !wanted.iter().any(|(p, _)| *p == port) {

@@ -16,7 +16,7 @@ use tracing::warn;
 
 use crate::{
     datapath::attached::Attached,
-    maps::{Maps, MapsError},
+    datapath::maps::{Maps, MapsError},
     metrics::family::Sorted,
 };
 

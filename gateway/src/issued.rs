@@ -24,7 +24,7 @@ use gateway_common::{
 };
 use tracing::warn;
 
-use crate::{datapath::attached::Attached, maps::monotonic_ns};
+use crate::{datapath::attached::Attached, datapath::maps::monotonic_ns};
 
 /// The terms a key is published under; a reload changes them for keys issued from then on (a
 /// key keeps the terms it was issued with: its lifetime is what the client was told).
@@ -160,7 +160,7 @@ impl IssuedKeys {
             return;
         };
         let terms = self.terms();
-        let clock_ns = crate::maps::wall_clock_offset_ns();
+        let clock_ns = crate::datapath::maps::wall_clock_offset_ns();
         let keys: Vec<(u32, TagKey)> = tags
             .accepted_periods(now)
             .into_iter()

@@ -16,7 +16,6 @@ pub mod datapath_metrics;
 pub mod health;
 pub mod issued;
 pub mod logging;
-pub mod maps;
 pub mod memory;
 pub mod metrics;
 pub mod notify;

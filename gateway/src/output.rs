@@ -262,7 +262,7 @@ pub fn policies(
     families: &[FamilyRow],
     as_json: bool,
 ) -> String {
-    let now = crate::maps::monotonic_ns();
+    let now = crate::datapath::maps::monotonic_ns();
     let ago_ms =
         |m: &ClassPolicy| (m.changed_ns != 0).then(|| now.saturating_sub(m.changed_ns) / 1_000_000);
     let owner = |m: &ClassPolicy| {

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gateway::{datapath::pins::PinDir, maps::Maps};
+use gateway::{datapath::maps::Maps, datapath::pins::PinDir};
 use gateway_common::maps::SLOT_SIP_INVITE;
 
 use crate::{

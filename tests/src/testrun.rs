@@ -6,7 +6,7 @@ use aya::{
     maps::Array,
     programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
-use gateway::{datapath::loader, datapath::pins::PinDir, maps::Maps};
+use gateway::{datapath::loader, datapath::maps::Maps, datapath::pins::PinDir};
 use gateway_common::{
     Class, NUM_CLASSES,
     bytes::SliceBytes,
@@ -144,7 +144,7 @@ impl TestProgram {
     /// the tag mixed with this attachment's key, as the frame's first four bytes come out of
     /// a test run.
     pub fn meta_tag(&self, tag: &[u8; 4]) -> [u8; 4] {
-        let key = gateway::maps::handover_key(&self.pins).unwrap();
+        let key = gateway::datapath::maps::handover_key(&self.pins).unwrap();
         (u32::from_be_bytes(*tag) ^ key).to_ne_bytes()
     }
 
@@ -227,7 +227,7 @@ impl TestProgram {
         })
         .unwrap();
         // The key of the frames' metadata tags, as the loader draws it.
-        gateway::maps::ensure_handover_key(&pd).unwrap();
+        gateway::datapath::maps::ensure_handover_key(&pd).unwrap();
         TestProgram {
             ebpf,
             pins: pd,
@@ -422,7 +422,7 @@ impl TestProgram {
                 .expect("the class state map"),
         )
         .unwrap();
-        let at = gateway::maps::monotonic_ns() + ns;
+        let at = gateway::datapath::maps::monotonic_ns() + ns;
         for class in 0..NUM_CLASSES as u32 {
             let mut st = map.get(&class, 0).expect("class state");
             st.sweep_ns = at;

@@ -227,7 +227,7 @@ fn reattach_removes_ipv4_flows_a_stopped_start_left_behind_and_keeps_the_program
         return;
     }
     use aya::maps::{HashMap, MapData};
-    use gateway::{datapath::pins::PinDir, maps::open_as};
+    use gateway::{datapath::maps::open_as, datapath::pins::PinDir};
     use gateway_common::maps::{FLOW_ADMITTED, FLOW_PENDING, FlowKey, FlowKey4, TlsFlow, names};
     let net = TestNet::new();
     net.gateway_ok(&["attach", "--iface", &net.gw_if]);

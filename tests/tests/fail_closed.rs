@@ -477,7 +477,7 @@ fn tiny_first_fragments_of_an_invite_obey_sip_original() {
     // Its unit is marked as one no answer can match: live work to the controller, never
     // passed over.
     let pd = gateway::datapath::pins::select(&net.root(), Some(&net.gw_if)).expect("pins");
-    let units = gateway::maps::Maps::open(&pd)
+    let units = gateway::datapath::maps::Maps::open(&pd)
         .expect("maps")
         .sip_pending(16)
         .unwrap();
@@ -754,7 +754,7 @@ fn an_admitted_connection_whose_flow_entry_is_evicted_keeps_going() {
     close_tls_new(&net);
     // What an LRU eviction leaves: no entry for these connections.
     let pd = gateway::datapath::pins::select(&net.root(), Some(&net.gw_if)).expect("pins");
-    let mut maps = gateway::maps::Maps::open(&pd).expect("maps");
+    let mut maps = gateway::datapath::maps::Maps::open(&pd).expect("maps");
     assert!(maps.tls_flows().unwrap().len() >= 3);
     maps.clear_tls_flows().unwrap();
     for (n, (stream, _, _)) in clients.iter_mut().enumerate() {

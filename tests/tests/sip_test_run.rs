@@ -594,7 +594,7 @@ fn two_cpus_racing_on_one_rate_limiter_admit_no_more_than_it_allows() {
     let originals = prog.counters().classes[Class::SipOriginal.id() as usize];
     assert_eq!(originals.admitted, u64::from(TXNS), "{originals:?}");
     // The kernel's clock (bpf_ktime_get_ns is CLOCK_MONOTONIC).
-    let start_ns = gateway::maps::monotonic_ns();
+    let start_ns = gateway::datapath::maps::monotonic_ns();
     std::thread::scope(|s| {
         for cpu in 0..2 {
             let (prog, frames) = (&prog, &frames);

@@ -37,7 +37,7 @@ fn unix_now() -> u64 {
 /// Writes the tag key `k` of `periods` for port 443, with `limit` connections a key it vouches
 /// for may hold at once.
 fn write_keys(prog: &mut TestProgram, k: (u64, u64), periods: &[u32], limit: u32) {
-    let clock_ns = gateway::maps::wall_clock_offset_ns();
+    let clock_ns = gateway::datapath::maps::wall_clock_offset_ns();
     let keys: Vec<(u32, TagKey)> = periods
         .iter()
         .map(|&p| {
@@ -250,7 +250,7 @@ fn a_withdrawn_key_stays_withdrawn_and_a_vouched_key_keeps_the_per_key_bound() {
     assert!(prog.maps.issued().unwrap().iter().all(|(k, _)| *k != key));
     // A tag key written for another port vouches for nothing on 443.
     prog.maps.set_tag_keys(443, &[]).unwrap();
-    let clock_ns = gateway::maps::wall_clock_offset_ns();
+    let clock_ns = gateway::datapath::maps::wall_clock_offset_ns();
     let elsewhere = TagKey {
         k0: K.0,
         k1: K.1,

@@ -414,7 +414,7 @@ fn over_its_limits_a_new_connection_is_rejected_and_remembered() {
         return;
     }
     let mut prog = TestProgram::new();
-    let mut rejects = gateway::maps::open_rejects(&prog.pins).unwrap();
+    let mut rejects = gateway::datapath::maps::open_rejects(&prog.pins).unwrap();
     let hello = HelloBuilder::default().build();
     let resumable = HelloBuilder {
         session_id: key(7),
@@ -450,7 +450,7 @@ fn over_its_limits_a_new_connection_is_rejected_and_remembered() {
         }
         // XDP can only answer the client: the daemon hears of it, for the server's socket.
         let item = rejects.next().expect("a reject event");
-        let ev = gateway::maps::decode_reject(&item).unwrap();
+        let ev = gateway::datapath::maps::decode_reject(&item).unwrap();
         assert_eq!(ev.key.sport, port);
         assert_eq!(ev.key.dport, 443);
         assert_eq!(ev.class, Class::TlsNew as u8);
@@ -1397,8 +1397,8 @@ fn a_full_holds_table_gives_the_place_back_and_counts_it() {
     );
     // Every place of the table taken by other connections, none of them old enough to end.
     let mut holds: HashMap<MapData, FlowKey, TlsHold> =
-        gateway::maps::open_as(&prog.pins, names::TLS_HOLDS).unwrap();
-    let since_ns = gateway::maps::monotonic_ns();
+        gateway::datapath::maps::open_as(&prog.pins, names::TLS_HOLDS).unwrap();
+    let since_ns = gateway::datapath::maps::monotonic_ns();
     for i in 0..MAX_PENDING {
         let mut saddr = [0u8; 16];
         saddr[..4].copy_from_slice(&i.to_be_bytes());
@@ -1441,7 +1441,7 @@ fn an_upgrade_moves_the_ipv4_flows_an_older_build_kept_beside_the_ipv6_ones() {
         return;
     }
     use aya::maps::{HashMap, MapData};
-    use gateway::{datapath::rekey::Moving, maps::open_as};
+    use gateway::{datapath::maps::open_as, datapath::rekey::Moving};
     use gateway_common::maps::{
         FLOW_ADMITTED, FLOW_PENDING, FLOW_REJECTED, FlowKey, FlowKey4, TlsFlow, names,
     };

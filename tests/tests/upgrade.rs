@@ -18,8 +18,8 @@ use aya::maps::{Array, HashMap, MapData};
 use gateway::{
     config::ModeRequest,
     datapath::loader::{self, AttachOptions},
+    datapath::maps::open_as,
     datapath::pins::PinDir,
-    maps::open_as,
 };
 use gateway_common::maps::{
     DEFAULT_TLS_ISSUED, FlowKey, FlowKey4, IPPROTO_TCP, IPPROTO_UDP, ServiceKey, ServiceKind,
@@ -315,7 +315,7 @@ fn a_build_whose_map_layout_differs_takes_over_under_traffic_and_loses_nothing()
         exchange(s, 0xffff).expect("an exchange after the upgrade");
     }
     let pd = PinDir::new(&net.root(), &net.gw_if);
-    let maps = gateway::maps::Maps::open(&pd).expect("every map in this build's layout");
+    let maps = gateway::datapath::maps::Maps::open(&pd).expect("every map in this build's layout");
     let (_, v) = maps
         .issued()
         .unwrap()

@@ -35,9 +35,9 @@ use crate::{
     config::ConfigError,
     daemon::DaemonError,
     datapath::loader::LoaderError,
+    datapath::maps::{Maps, MapsError},
     datapath::pins::{self, DEFAULT_ROOT, PinsError},
     logging::LogFormat,
-    maps::{Maps, MapsError},
 };
 
 /// Linux admission gateway: classifies and admits traffic of protected services at the NIC.

@@ -16,7 +16,7 @@ use gateway_common::{
 use super::{CommandError, Target, open};
 use crate::{
     config,
-    maps::{MapsError, monotonic_ns},
+    datapath::maps::{MapsError, monotonic_ns},
     output,
 };
 
@@ -244,7 +244,7 @@ pub fn run(root: &Path, action: PolicyAction) -> Result<(), CommandError> {
 
 /// `sip-original`'s method families, as the datapath holds them; none when the pinned maps
 /// are an older build's without them.
-fn sip_families(maps: &crate::maps::Maps) -> Result<Vec<output::FamilyRow>, MapsError> {
+fn sip_families(maps: &crate::datapath::maps::Maps) -> Result<Vec<output::FamilyRow>, MapsError> {
     use gateway_common::maps::{SIP_FAMILY_INVITE, SIP_FAMILY_OTHER};
     let mut rows = Vec::new();
     for (method, index) in [("invite", SIP_FAMILY_INVITE), ("other", SIP_FAMILY_OTHER)] {
@@ -263,7 +263,10 @@ fn sip_families(maps: &crate::maps::Maps) -> Result<Vec<output::FamilyRow>, Maps
 
 /// An operator's limits for `class` are the only ones in force: the limits a controller set
 /// for `sip-original`'s method families go with them.
-fn clear_family_limits(maps: &mut crate::maps::Maps, class: Class) -> Result<(), MapsError> {
+fn clear_family_limits(
+    maps: &mut crate::datapath::maps::Maps,
+    class: Class,
+) -> Result<(), MapsError> {
     use gateway_common::maps::{SIP_FAMILY_INVITE, SIP_FAMILY_OTHER};
     if class != Class::SipOriginal {
         return Ok(());

@@ -52,7 +52,7 @@ pub fn run(root: &Path, args: StatsArgs) -> Result<(), CommandError> {
             .into_iter()
             .filter(|c| c.is_limitable())
             .map(|c| Ok((c, maps.policy(c)?)))
-            .collect::<Result<Vec<_>, crate::maps::MapsError>>()?;
+            .collect::<Result<Vec<_>, crate::datapath::maps::MapsError>>()?;
         let read_at = std::time::Instant::now();
         let rates = previous.as_ref().map(|(at, before)| {
             Rates::between(before, &classes, read_at.duration_since(*at).as_secs_f64())

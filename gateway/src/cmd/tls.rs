@@ -163,7 +163,7 @@ fn issued(root: &Path, action: IssuedAction) -> Result<(), CommandError> {
                     kind: kind as u32,
                     limit,
                     per_minute,
-                    issued_ns: crate::maps::monotonic_ns(),
+                    issued_ns: crate::datapath::maps::monotonic_ns(),
                     ..Default::default()
                 },
             )?;

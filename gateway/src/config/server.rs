@@ -71,7 +71,7 @@ const DEFAULT_LIFETIME: Duration = Duration::from_secs(300);
 
 impl TlsServer {
     /// The datapath's terms, with the NIC's wall clock `clock_ns`
-    /// (`crate::maps::wall_clock_offset_ns`).
+    /// (`crate::datapath::maps::wall_clock_offset_ns`).
     pub fn terms(&self, clock_ns: u64) -> LearnTerms {
         LearnTerms {
             lifetime_s: self.session_lifetime.0.as_secs() as u32,

@@ -42,7 +42,7 @@ use tracing::{debug, info, warn};
 use crate::{
     config::{ControllerConfig, Mode},
     datapath::attached::Attached,
-    maps::{Maps, MapsError, monotonic_ns},
+    datapath::maps::{Maps, MapsError, monotonic_ns},
     metrics::family::Sorted,
     proxy::gate::{Differentiation, Priority, Waits},
 };

@@ -30,8 +30,8 @@ use crate::{
     apply::apply,
     config::{Config, ConfigSource, OnExit},
     controller::{Controller, ControllerStats, CostSource, law::HandshakeCosts},
+    datapath::maps::{Maps, MapsError},
     datapath::{self, AttachOptions, AttachOutcome, Attached, LoaderError, loader, pins::PinDir},
-    maps::{Maps, MapsError},
     metrics::family::Sorted,
     proxy::{Proxy, descriptors::DescriptorError, stats::HandshakeKind},
 };

@@ -72,7 +72,10 @@ pub(super) async fn keep_attached(opts: AttachOptions, pins: PinDir) {
 /// the client gets a reset at once and the server does not wait on a hello that will not come.
 pub(super) async fn destroy_rejected(attached: Arc<Attached>) {
     let iface = attached.iface();
-    let (ring, mut diag) = match (crate::maps::open_rejects(attached.pins()), SockDiag::new()) {
+    let (ring, mut diag) = match (
+        crate::datapath::maps::open_rejects(attached.pins()),
+        SockDiag::new(),
+    ) {
         (Ok(r), Ok(d)) => (r, d),
         (Err(e), _) => return warn!(%iface, error = %e, "reject events unavailable"),
         (_, Err(e)) => return warn!(%iface, error = %e, "cannot destroy rejected sockets"),
@@ -92,7 +95,7 @@ pub(super) async fn destroy_rejected(attached: Arc<Attached>) {
         let ring = guard.get_inner_mut();
         while let Some(event) = ring
             .next()
-            .and_then(|item| crate::maps::decode_reject(&item))
+            .and_then(|item| crate::datapath::maps::decode_reject(&item))
         {
             let (server, client) = flow_addrs(&event.key);
             match diag.destroy_tcp(server, client) {
@@ -133,7 +136,7 @@ pub(super) async fn reap_gone_units(attached: Arc<Attached>, sweeper: loader::Sw
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let now = crate::maps::monotonic_ns();
+        let now = crate::datapath::maps::monotonic_ns();
         let units = match attached.maps().tls_pending() {
             Ok(u) => u,
             Err(e) => {
@@ -251,14 +254,15 @@ pub(super) async fn keep_learnt(attached: Arc<Attached>) {
         if ports.is_empty() {
             continue;
         }
-        let clock_ns = crate::maps::wall_clock_offset_ns();
+        let clock_ns = crate::datapath::maps::wall_clock_offset_ns();
         for (port, terms) in ports {
             let terms = gateway_common::maps::LearnTerms { clock_ns, ..terms };
             if let Err(e) = maps.set_learn_terms(port, terms) {
                 warn!(%iface, port, error = %e, "cannot set the NIC's clock for learnt sessions");
             }
         }
-        let now_unix = clock_ns.saturating_add(crate::maps::monotonic_ns()) / 1_000_000_000;
+        let now_unix =
+            clock_ns.saturating_add(crate::datapath::maps::monotonic_ns()) / 1_000_000_000;
         match maps.sweep_issued(now_unix) {
             Ok(n) if n > 0 => debug!(%iface, keys = n, "learnt session keys expired"),
             Ok(_) => {}

@@ -6,8 +6,8 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::{
+    datapath::maps::{Maps, MapsError},
     datapath::pins::{DirLock, PinDir, PinsError},
-    maps::{Maps, MapsError},
 };
 
 /// Holds the datapath of `pd`'s interface for this process ([`PinDir::lock`]), or says who

@@ -33,9 +33,9 @@ use crate::{
     datapath::carry::{self, Carried, Carry, CarryError},
     datapath::ethtool,
     datapath::layouts::{self, LayoutsError},
+    datapath::maps::{self, MapsError},
     datapath::pins::{self, PinDir, PinsError},
     datapath::rekey::{Moved, Moving, RekeyError},
-    maps::{self, MapsError},
 };
 
 /// Errors of loading, attaching and detaching.

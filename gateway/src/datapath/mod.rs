@@ -17,6 +17,8 @@
 //! - [`carry`], [`rekey`]: an older build's map state carried to this build's layout, and
 //!   moved to the map this build keeps it in;
 //! - [`kfunc`]: the object's kernel-function calls resolved against the running kernel;
+//! - [`maps`]: typed access to the pinned maps, one handle per feature as
+//!   `gateway_common::maps` declares them;
 //! - [`bpfsys`]: the `bpf(2)` commands aya does not expose;
 //! - [`ethtool`]: what kind of device an interface is (whether XDP_TX leaves it).
 
@@ -28,6 +30,7 @@ pub mod ethtool;
 pub mod kfunc;
 pub mod layouts;
 pub mod loader;
+pub mod maps;
 pub mod pinned_layout;
 pub mod pins;
 pub mod rekey;

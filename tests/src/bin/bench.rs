@@ -206,7 +206,7 @@ fn publish_before_tails(
     room: &gateway_common::maps::IssuedValue,
 ) {
     let mut map: aya::maps::HashMap<aya::maps::MapData, [u8; 16], [u8; 56]> =
-        gateway::maps::open_as(&p.pins, gateway_common::maps::names::TLS_ISSUED).unwrap();
+        gateway::datapath::maps::open_as(&p.pins, gateway_common::maps::names::TLS_ISSUED).unwrap();
     let mut v = [0u8; 56];
     v[4..8].copy_from_slice(&room.limit.to_le_bytes());
     v[32..36].copy_from_slice(&room.per_minute.to_le_bytes());
@@ -238,7 +238,7 @@ fn tagged_hellos(prog: &mut TestProgram) -> (Vec<u8>, Vec<u8>, gateway_common::m
         k1,
         limit: gateway_common::maps::MAX_RESUME_LIMIT,
         per_minute: u32::MAX,
-        clock_ns: gateway::maps::wall_clock_offset_ns(),
+        clock_ns: gateway::datapath::maps::wall_clock_offset_ns(),
     };
     prog.maps.set_tag_keys(443, &[(period, key)]).unwrap();
     let mut ticket = vec![11u8; 32];
@@ -289,7 +289,7 @@ fn mac_hellos(prog: &mut TestProgram) -> (Vec<u8>, Vec<u8>, gateway_common::maps
                 limit: gateway_common::maps::MAX_RESUME_LIMIT,
                 per_minute: u32::MAX,
                 pad: 0,
-                clock_ns: gateway::maps::wall_clock_offset_ns(),
+                clock_ns: gateway::datapath::maps::wall_clock_offset_ns(),
             },
         )
         .unwrap();
@@ -1134,7 +1134,7 @@ fn fresh_rows() -> Vec<FreshRow> {
             Ok(()) => {}
             // An older build's object (the comparison): its value layout, and its key of the
             // PSK identity (the digest of all of it, before tickets had a tail).
-            Err(gateway::maps::MapsError::Op {
+            Err(gateway::datapath::maps::MapsError::Op {
                 source: aya::maps::MapError::InvalidValueSize { expected: 56, .. },
                 ..
             }) => publish_before_tails(p, &[9; 32], &room),

@@ -75,6 +75,24 @@ impl Class {
     pub const fn is_limitable(self) -> bool {
         !matches!(self, Class::Other)
     }
+
+    /// The class whose limits this one's follow from: sip-retransmission's are set by
+    /// sip-original's law (half its backlog, or none while the server answers), so whoever
+    /// owns sip-original's limits owns these too. `None` for a class whose limits are its own.
+    /// The one place this pairing is written.
+    pub const fn led_by(self) -> Option<Class> {
+        match self {
+            Class::SipRetransmission => Some(Class::SipOriginal),
+            _ => None,
+        }
+    }
+
+    /// The classes whose limits follow from this one's ([`Class::led_by`] the other way).
+    pub fn leads(self) -> impl Iterator<Item = Class> {
+        Self::ALL
+            .into_iter()
+            .filter(move |c| matches!(c.led_by(), Some(l) if l as u32 == self as u32))
+    }
 }
 
 #[cfg(test)]
@@ -91,5 +109,20 @@ mod tests {
         assert_eq!(Class::from_id(NUM_CLASSES as u32), None);
         assert_eq!(Class::from_name("tls"), None);
         assert_eq!(Class::SipExempt.id(), 6);
+    }
+
+    #[test]
+    fn only_sip_retransmission_follows_another_class_and_it_follows_sip_original() {
+        for c in Class::ALL {
+            let led: alloc::vec::Vec<Class> = c.leads().collect();
+            match c {
+                Class::SipOriginal => assert_eq!(led, [Class::SipRetransmission]),
+                _ => assert!(led.is_empty(), "{c:?}"),
+            }
+            if let Some(l) = c.led_by() {
+                assert!(l.leads().any(|f| f == c));
+                assert_eq!(l.led_by(), None, "a leader leads itself");
+            }
+        }
     }
 }

@@ -35,8 +35,9 @@ pub fn apply(maps: &mut Maps, cfg: &Config) -> Result<(), MapsError> {
     learn(maps, cfg)?;
     let controlled = |class: Class| {
         cfg.controller.classes.contains_key(&class)
-            || (class == Class::SipRetransmission
-                && cfg.controller.classes.contains_key(&Class::SipOriginal))
+            || class
+                .led_by()
+                .is_some_and(|l| cfg.controller.classes.contains_key(&l))
     };
     for class in Class::ALL.into_iter().filter(|c| c.is_limitable()) {
         let current = maps.policy(class)?;

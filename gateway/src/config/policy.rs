@@ -205,7 +205,7 @@ impl Policies {
             let p = self.of(c);
             p.backlog.is_some() || p.rate.is_some()
         };
-        limited(class) || (class == Class::SipOriginal && limited(Class::SipRetransmission))
+        limited(class) || class.leads().any(limited)
     }
 
     /// Classes listed.

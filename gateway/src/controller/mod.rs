@@ -966,8 +966,11 @@ fn write(
         Law::Sip(l) => {
             p.limit_backlog(limit);
             maps.set_policy(class, stamp(p))?;
-            let mut r = maps.policy(Class::SipRetransmission)?;
-            if !r.pinned() {
+            for follower in class.leads() {
+                let mut r = maps.policy(follower)?;
+                if r.pinned() {
+                    continue;
+                }
                 let (threshold, bounds) = if l.answering() {
                     (max, (max, max))
                 } else {
@@ -979,7 +982,7 @@ fn write(
                     bound_max: bounds.1,
                     ..stamp(r)
                 };
-                maps.set_policy(Class::SipRetransmission, set)?;
+                maps.set_policy(follower, set)?;
             }
         }
         Law::Tls(_) => {

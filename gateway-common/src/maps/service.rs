@@ -67,6 +67,14 @@ pub enum ServiceKind {
 }
 
 impl ServiceKind {
+    /// Every kind.
+    pub const ALL: [ServiceKind; 2] = [ServiceKind::Tls, ServiceKind::Sip];
+
+    /// The kind of this name ([`ServiceKind::name`]).
+    pub fn from_name(name: &str) -> Option<ServiceKind> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
     /// The kind with this numeric id.
     pub const fn from_id(id: u32) -> Option<ServiceKind> {
         match id {

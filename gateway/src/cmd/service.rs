@@ -7,7 +7,7 @@ use gateway_common::maps::{SERVICE_SYN_COOKIES, ServiceKey, ServiceValue};
 
 use super::{CommandError, Target, open};
 use crate::{
-    config::{Proto, ServiceKind, cookies_by_default},
+    config::{Proto, ServiceKind, check_proto, cookies_by_default, default_proto, parse_kind},
     output,
 };
 
@@ -17,7 +17,7 @@ pub enum ServiceAction {
     /// Protect a port.
     Add {
         /// What the port speaks.
-        #[arg(value_enum)]
+        #[arg(value_parser = parse_kind())]
         kind: ServiceKind,
         /// Destination port.
         #[arg(value_parser = clap::value_parser!(u16).range(1..))]
@@ -71,9 +71,8 @@ pub fn run(root: &Path, action: ServiceAction) -> Result<(), CommandError> {
             no_syn_cookies,
             target,
         } => {
-            let proto = proto.unwrap_or(kind.default_proto());
-            kind.check_proto(proto)
-                .map_err(|e| CommandError::Usage(format!("--proto: {e}")))?;
+            let proto = proto.unwrap_or(default_proto(kind));
+            check_proto(kind, proto).map_err(|e| CommandError::Usage(format!("--proto: {e}")))?;
             let (pd, mut maps) = open(root, target.iface.as_deref())?;
             let syn_cookies = syn_cookies
                 || (!no_syn_cookies
@@ -83,13 +82,13 @@ pub fn run(root: &Path, action: ServiceAction) -> Result<(), CommandError> {
             maps.add_service(
                 ServiceKey::new(proto.number(), port),
                 ServiceValue {
-                    kind: kind.service_kind() as u32,
+                    kind: kind as u32,
                     flags,
                 },
             )?;
             println!(
                 "{} {}/{port} protected on {}{}",
-                kind.service_kind().name(),
+                kind.name(),
                 proto.name(),
                 pd.iface,
                 if syn_cookies {

@@ -32,7 +32,10 @@ pub use policy::{
     MAX_UNIT_TIMEOUT, Policies, PolicyConfig, parse_unit_timeout, unknown_class, unlimitable_class,
 };
 pub use server::TlsServer;
-pub use services::{Port, Proto, Service, ServiceKind, Services, cookies_by_default};
+pub use services::{
+    Port, Proto, Service, ServiceKind, Services, check_proto, cookies_by_default, default_proto,
+    parse_kind,
+};
 
 /// The embedded default configuration.
 pub const DEFAULT_YAML: &str = include_str!("../../../deploy/gateway.default.yaml");
@@ -251,9 +254,7 @@ impl Config {
     /// SYN cookies are for TLS over TCP only.
     fn check_proxies(&self) -> Result<(), String> {
         for (i, s) in self.services.0.iter().enumerate() {
-            s.kind
-                .check_proto(s.proto())
-                .map_err(|e| format!("services[{i}].proto: {e}"))?;
+            check_proto(s.kind, s.proto()).map_err(|e| format!("services[{i}].proto: {e}"))?;
             if s.syn_cookies == Some(true) && !services::cookies_by_default(s.kind, s.proto()) {
                 return Err(format!(
                     "services[{i}].syn_cookies: only a tls service over tcp answers SYNs with cookies"
@@ -362,7 +363,7 @@ impl Config {
                 if s.syn_cookies(kernel_can) {
                     flags |= SERVICE_SYN_COOKIES;
                 }
-                let kind = s.kind.service_kind() as u32;
+                let kind = s.kind as u32;
                 (s.key(), ServiceValue { kind, flags })
             })
             .collect();

@@ -40,48 +40,59 @@ impl Proto {
     }
 }
 
-/// The kind of a service, as written in the config and on the command line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum ServiceKind {
-    /// TLS.
-    Tls,
-    /// SIP.
-    Sip,
+/// The kind of a service: the datapath's own (`gateway_common::maps::ServiceKind`), written by
+/// its name in the config ([`kind_name`]) and on the command line ([`parse_kind`]).
+pub use maps::ServiceKind;
+
+/// The names of the service kinds, in the order of `ServiceKind::ALL`.
+const KIND_NAMES: [&str; 2] = [ServiceKind::ALL[0].name(), ServiceKind::ALL[1].name()];
+const _: () = assert!(KIND_NAMES.len() == ServiceKind::ALL.len());
+
+/// The CLI's parser of a service kind, by name, listing the names in `--help`.
+pub fn parse_kind() -> impl clap::builder::TypedValueParser<Value = ServiceKind> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(KIND_NAMES)
+        .map(|s: String| ServiceKind::from_name(&s).expect("one of the possible values"))
 }
 
-impl ServiceKind {
-    /// The datapath's kind.
-    pub const fn service_kind(self) -> maps::ServiceKind {
-        match self {
-            ServiceKind::Tls => maps::ServiceKind::Tls,
-            ServiceKind::Sip => maps::ServiceKind::Sip,
-        }
+/// A service kind in the config, by its name.
+pub mod kind_name {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
+
+    use super::{KIND_NAMES, ServiceKind};
+
+    /// Writes the kind's name.
+    pub fn serialize<S: Serializer>(kind: &ServiceKind, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(kind.name())
     }
 
-    /// Whether the NIC classifies this kind over `proto`; why not. TLS runs over TCP; SIP is
-    /// classified over UDP only (over TCP its packets would count as `other`, protected by
-    /// nothing, while the service list said otherwise).
-    pub fn check_proto(self, proto: Proto) -> Result<(), String> {
-        match (self, proto) {
-            (ServiceKind::Tls, Proto::Tcp) | (ServiceKind::Sip, Proto::Udp) => Ok(()),
-            (ServiceKind::Tls, Proto::Udp) => {
-                Err("tls runs over tcp (DTLS is not classified)".into())
-            }
-            (ServiceKind::Sip, Proto::Tcp) => Err(
-                "sip is classified over udp only: over tcp its packets would be `other`, \
-                 protected by nothing"
-                    .into(),
-            ),
-        }
+    /// Reads a kind's name; any other string is an unknown variant, named with the ones known.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ServiceKind, D::Error> {
+        let name = String::deserialize(d)?;
+        ServiceKind::from_name(&name).ok_or_else(|| D::Error::unknown_variant(&name, &KIND_NAMES))
     }
+}
 
-    /// The transport the kind uses unless told otherwise.
-    pub const fn default_proto(self) -> Proto {
-        match self {
-            ServiceKind::Tls => Proto::Tcp,
-            ServiceKind::Sip => Proto::Udp,
-        }
+/// Whether the NIC classifies `kind` over `proto`; why not. TLS runs over TCP; SIP is
+/// classified over UDP only (over TCP its packets would count as `other`, protected by
+/// nothing, while the service list said otherwise).
+pub fn check_proto(kind: ServiceKind, proto: Proto) -> Result<(), String> {
+    match (kind, proto) {
+        (ServiceKind::Tls, Proto::Tcp) | (ServiceKind::Sip, Proto::Udp) => Ok(()),
+        (ServiceKind::Tls, Proto::Udp) => Err("tls runs over tcp (DTLS is not classified)".into()),
+        (ServiceKind::Sip, Proto::Tcp) => Err(
+            "sip is classified over udp only: over tcp its packets would be `other`, \
+             protected by nothing"
+                .into(),
+        ),
+    }
+}
+
+/// The transport `kind` uses unless told otherwise.
+pub const fn default_proto(kind: ServiceKind) -> Proto {
+    match kind {
+        ServiceKind::Tls => Proto::Tcp,
+        ServiceKind::Sip => Proto::Udp,
     }
 }
 
@@ -106,6 +117,7 @@ impl<'de> Deserialize<'de> for Port {
 #[serde(deny_unknown_fields)]
 pub struct Service {
     /// What it speaks.
+    #[serde(with = "kind_name")]
     pub kind: ServiceKind,
     /// Destination port.
     pub port: Port,
@@ -128,7 +140,7 @@ pub struct Service {
 impl Service {
     /// The transport in effect.
     pub fn proto(&self) -> Proto {
-        self.proto.unwrap_or(self.kind.default_proto())
+        self.proto.unwrap_or(default_proto(self.kind))
     }
 
     /// Whether the NIC answers this service's SYNs with cookies: as set, else on for TLS over

@@ -5,7 +5,7 @@
 //! It also runs the TLS proxy listeners of the config (see `proxy`) and the metrics endpoint, and on
 //! SIGTERM drains: it stops accepting and lets connections finish within the drain deadline.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use aya_log::EbpfLogger;
 use gateway_common::maps::{AttachMode, DatapathConfig};
@@ -19,9 +19,11 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{info, warn};
 
 mod proxies;
+mod services;
 mod watch;
 
 use proxies::{raise_fd_limit, start_proxies};
+use services::{Services, Stage};
 use watch::{
     destroy_rejected, forward_logs, keep_attached, keep_learnt, keep_ticket_keys, reap_gone_units,
 };
@@ -208,45 +210,23 @@ async fn serve(
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
-    let mut log_tasks = Vec::new();
-    for a in attachments.iter_mut() {
-        match EbpfLogger::init(&mut a.ebpf) {
-            Ok(logger) => {
-                let iface = a.iface.clone();
-                log_tasks.push(tokio::spawn(forward_logs(iface, logger)));
-            }
-            Err(e) => warn!(iface = %a.iface, error = %e, "eBPF logs unavailable"),
-        }
-    }
     // Each attachment's maps, opened once and shared by every part of the daemon.
     let attached = attachments
         .iter()
         .map(|a| Attached::open(&a.iface, PinDir::new(&cfg.bpffs, &a.iface)))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut reject_tasks = Vec::new();
-    for a in &attached {
-        reject_tasks.push(tokio::spawn(destroy_rejected(a.clone())));
-        reject_tasks.push(tokio::spawn(keep_learnt(a.clone())));
-        if let Some(i) = cfg.interfaces.0.iter().find(|i| i.name == a.iface()) {
-            let opts = attach_options(cfg, i);
-            reject_tasks.push(tokio::spawn(keep_attached(opts, a.pins().clone())));
-        }
-        // Loaded (and verified) here, before the daemon says it is ready: not on the control
-        // thread while it serves.
-        match loader::Sweeper::load(a.pins()) {
-            Ok(sweeper) => reject_tasks.push(tokio::spawn(reap_gone_units(a.clone(), sweeper))),
-            Err(e) => warn!(iface = %a.iface(), error = %e, "cannot load the sweep program"),
-        }
-    }
+    let mut services = Services::default();
+    watch_datapath(&mut services, cfg, attachments, &attached);
     // The config in force, for the tasks that follow it through reloads.
     let (in_force, in_force_rx) = tokio::sync::watch::channel(cfg.clone());
-    reject_tasks.push(tokio::spawn(keep_ticket_keys(
-        attached.clone(),
-        in_force_rx,
-    )));
+    services.watch(
+        "ticket keys",
+        Stage::AfterDrain,
+        keep_ticket_keys(attached.clone(), in_force_rx),
+    );
     let stop = CancellationToken::new();
-    // The metrics endpoint's own: cancelled once the drain ended. `stop` is `draining` to it.
-    let metrics_stop = CancellationToken::new();
+    // The proxies' stop, which begins the drain: `draining` to the readiness checks. The
+    // metrics endpoint has a stop of its own, at the drain's end (`Stage::AfterDrain`).
     let draining = stop.clone();
     let tracker = TaskTracker::new();
     let proxies = start_proxies(cfg, &attached, &stop, &tracker, proxying)?;
@@ -265,87 +245,34 @@ async fn serve(
         .iter()
         .map(|p| p.differentiation().clone())
         .collect();
-    let mut controlling =
-        start_controller(cfg, &attached, &pools, &costs, &controller_stats, &stop);
+    let controller =
+        |cfg: &Config| start_controller(cfg, &attached, &pools, &costs, &controller_stats);
+    services.start(CONTROLLER, Stage::BeforeDrain, controller(cfg));
     for a in &attached {
         mark(a, |c| c.daemon_pid = std::process::id());
     }
-    let reloads: Sorted<ReloadLabels, Counter> = Sorted::default();
-    let last_reload_ok = prometheus_client::metrics::gauge::Gauge::<i64>::default();
-    last_reload_ok.set(1);
-    for outcome in ["applied", "refused"] {
-        reloads.get_or_create(&ReloadLabels { outcome });
-    }
+    let reloads = ReloadFigures::new();
     if let Some(addr) = cfg.metrics {
-        let mut registry = Registry::default();
-        registry.register(
-            "gateway_build",
-            "The running build: its version and the hash of the eBPF sources its program was built from, on this node (`node`, to tell one node's figures from another's)",
-            prometheus_client::metrics::info::Info::new(vec![
-                ("version", env!("CARGO_PKG_VERSION").to_owned()),
-                ("ebpf_sources", env!("GATEWAY_EBPF_SOURCES")[..12].to_owned()),
-                ("node", cfg.node().to_string()),
-            ]),
-        );
-        registry.register(
-            "gateway_reloads",
-            "Config reloads (SIGHUP, gateway reload) by outcome: applied, or refused with nothing changed",
-            reloads.clone(),
-        );
-        registry.register(
-            "gateway_config_last_reload_successful",
-            "1 when the last config reload was applied (or none was asked since the start), 0 when it was refused and the daemon runs the config before it",
-            last_reload_ok.clone(),
-        );
-        proxies.stats.register(&mut registry);
-        controller_stats.register(&mut registry);
-        registry.register_collector(Box::new(crate::datapath_metrics::DatapathCollector::new(
+        let endpoint = metrics_endpoint(
+            cfg,
             &attached,
-        )));
-        registry.register_collector(Box::new(crate::metrics::process::ProcessCollector));
-        registry.register_collector(Box::new(crate::logging::LogCollector));
+            &proxies,
+            &controller_stats,
+            &reloads,
+            draining.clone(),
+        );
         let listener = bind(addr).await?;
-        let refresh: Vec<crate::metrics::Refresh> = proxies
-            .proxies
-            .iter()
-            .map(|p| {
-                let p = p.clone();
-                Box::new(move || p.refresh_gauges()) as crate::metrics::Refresh
-            })
-            .collect();
-        let endpoint = crate::metrics::Endpoint {
-            registry,
-            refresh,
-            checks: Arc::new({
-                let mut checks =
-                    readiness_checks(cfg, &attached, &proxies.proxies, &controller_stats);
-                // First: a stopping daemon is not ready, whatever else holds.
-                let draining = draining.clone();
-                checks.insert(
-                    0,
-                    Box::new(move || {
-                        if draining.is_cancelled() {
-                            Err("stopping: draining its connections".into())
-                        } else {
-                            Ok(())
-                        }
-                    }),
-                );
-                checks
-            }),
-        };
         // Served until the drain ends, not until it begins: /healthz, /readyz (503, draining)
         // and the drain's own figures stay readable while connections finish.
-        tokio::spawn(crate::metrics::serve(
-            listener,
-            Arc::new(endpoint),
-            metrics_stop.clone(),
-        ));
+        services.start("metrics", Stage::AfterDrain, |stop| {
+            crate::metrics::serve(listener, Arc::new(endpoint), stop)
+        });
         info!(%addr, "metrics at /metrics, health at /healthz and /readyz");
     }
     // Loading parsed the kernel's BTF and the object (tens of megabytes, freed since): give
     // the freed pages back rather than hold them for the daemon's life.
     crate::memory::release_freed();
+    tracing::debug!(services = ?services.names(), "services running");
     info!(config = %cfg, "gateway ready");
     *ready = true;
     if let Err(e) = crate::notify::notify(crate::notify::READY) {
@@ -357,10 +284,13 @@ async fn serve(
     // `--reload-on-change`: the file's content looked at every CONFIG_LOOK; a change asks for
     // a reload as SIGHUP does.
     let (changed_tx, mut changed) = tokio::sync::mpsc::channel::<()>(1);
-    let watcher = match (&source.path, source.reload_on_change) {
-        (Some(path), true) => Some(tokio::spawn(watch_config(path.clone(), changed_tx))),
-        _ => None,
-    };
+    if let (Some(path), true) = (&source.path, source.reload_on_change) {
+        services.watch(
+            "config file",
+            Stage::BeforeDrain,
+            watch_config(path.clone(), changed_tx),
+        );
+    }
     loop {
         let why = tokio::select! {
             _ = term.recv() => {
@@ -383,11 +313,8 @@ async fn serve(
                 Ok(applied) => {
                     let new = applied.cfg;
                     certificates = applied.certificates;
-                    let (token, task) = controlling;
-                    token.cancel();
-                    let _ = task.await;
-                    controlling =
-                        start_controller(&new, &attached, &pools, &costs, &controller_stats, &stop);
+                    services.stop_named(CONTROLLER).await;
+                    services.start(CONTROLLER, Stage::BeforeDrain, controller(&new));
                     let mut changed = crate::reload::changes(&running, &new);
                     changed.extend(applied.changed);
                     let changed = if changed.is_empty() {
@@ -403,10 +330,7 @@ async fn serve(
                     for a in &attached {
                         mark(a, |c| c.reloads += 1);
                     }
-                    reloads
-                        .get_or_create(&ReloadLabels { outcome: "applied" })
-                        .inc();
-                    last_reload_ok.set(1);
+                    reloads.count(true);
                 }
                 Err(reason) => {
                     warn!(%reason, "{why}: reload refused; nothing changed");
@@ -414,26 +338,178 @@ async fn serve(
                     for a in &attached {
                         mark(a, |c| c.reloads_refused += 1);
                     }
-                    reloads
-                        .get_or_create(&ReloadLabels { outcome: "refused" })
-                        .inc();
-                    last_reload_ok.set(0);
+                    reloads.count(false);
                 }
             }
         }
-    }
-    if let Some(w) = watcher {
-        w.abort();
     }
     let _ = crate::notify::notify(crate::notify::STOPPING);
     for a in &attached {
         mark(a, |c| c.daemon_pid = 0);
     }
     crate::reload::forget_outcome();
-    // Drain: stop accepting (the listening sockets are closed once the accept loops return), let
-    // in-flight connections finish within the deadline.
+    drain(&stop, &mut services, proxies, &tracker, &running).await;
+    services.stop_stage(Stage::AfterDrain).await;
+    Ok(())
+}
+
+/// Starts the services that keep each attachment whole and report from it: its eBPF logs, the
+/// rejected connections it reports, the keys it learnt, the attachment itself, its gone units.
+fn watch_datapath(
+    services: &mut Services,
+    cfg: &Config,
+    attachments: &mut [AttachOutcome],
+    attached: &[Arc<Attached>],
+) {
+    for a in attachments.iter_mut() {
+        match EbpfLogger::init(&mut a.ebpf) {
+            Ok(logger) => services.watch(
+                format!("{}: eBPF logs", a.iface),
+                Stage::AfterDrain,
+                forward_logs(a.iface.clone(), logger),
+            ),
+            Err(e) => warn!(iface = %a.iface, error = %e, "eBPF logs unavailable"),
+        }
+    }
+    for a in attached {
+        let iface = a.iface();
+        let watch = |what: &str| format!("{iface}: {what}");
+        services.watch(
+            watch("rejected connections"),
+            Stage::AfterDrain,
+            destroy_rejected(a.clone()),
+        );
+        services.watch(
+            watch("learnt keys"),
+            Stage::AfterDrain,
+            keep_learnt(a.clone()),
+        );
+        if let Some(i) = cfg.interfaces.0.iter().find(|i| i.name == iface) {
+            services.watch(
+                watch("attachment"),
+                Stage::AfterDrain,
+                keep_attached(attach_options(cfg, i), a.pins().clone()),
+            );
+        }
+        // Loaded (and verified) here, before the daemon says it is ready: not on the control
+        // thread while it serves.
+        match loader::Sweeper::load(a.pins()) {
+            Ok(sweeper) => services.watch(
+                watch("gone units"),
+                Stage::AfterDrain,
+                reap_gone_units(a.clone(), sweeper),
+            ),
+            Err(e) => warn!(iface = %iface, error = %e, "cannot load the sweep program"),
+        }
+    }
+}
+
+/// The reloads' figures: how many were applied and refused, and whether the last one was.
+struct ReloadFigures {
+    reloads: Sorted<ReloadLabels, Counter>,
+    last_ok: prometheus_client::metrics::gauge::Gauge<i64>,
+}
+
+impl ReloadFigures {
+    /// None yet: both outcomes at zero, the last "successful" (the start's).
+    fn new() -> Self {
+        let figures = ReloadFigures {
+            reloads: Sorted::default(),
+            last_ok: Default::default(),
+        };
+        figures.last_ok.set(1);
+        for outcome in ["applied", "refused"] {
+            figures.reloads.get_or_create(&ReloadLabels { outcome });
+        }
+        figures
+    }
+
+    /// Counts a reload, `applied` or refused.
+    fn count(&self, applied: bool) {
+        let outcome = if applied { "applied" } else { "refused" };
+        self.reloads.get_or_create(&ReloadLabels { outcome }).inc();
+        self.last_ok.set(i64::from(applied));
+    }
+}
+
+/// The metrics endpoint of the daemon: every family it serves, and the readiness checks, the
+/// first of them that a daemon stopping (`draining`) is not ready.
+fn metrics_endpoint(
+    cfg: &Config,
+    attached: &[Arc<Attached>],
+    proxies: &proxies::Proxies,
+    controller_stats: &ControllerStats,
+    reloads: &ReloadFigures,
+    draining: CancellationToken,
+) -> crate::metrics::Endpoint {
+    let mut registry = Registry::default();
+    registry.register(
+        "gateway_build",
+        "The running build: its version and the hash of the eBPF sources its program was built from, on this node (`node`, to tell one node's figures from another's)",
+        prometheus_client::metrics::info::Info::new(vec![
+            ("version", env!("CARGO_PKG_VERSION").to_owned()),
+            ("ebpf_sources", env!("GATEWAY_EBPF_SOURCES")[..12].to_owned()),
+            ("node", cfg.node().to_string()),
+        ]),
+    );
+    registry.register(
+        "gateway_reloads",
+        "Config reloads (SIGHUP, gateway reload) by outcome: applied, or refused with nothing changed",
+        reloads.reloads.clone(),
+    );
+    registry.register(
+        "gateway_config_last_reload_successful",
+        "1 when the last config reload was applied (or none was asked since the start), 0 when it was refused and the daemon runs the config before it",
+        reloads.last_ok.clone(),
+    );
+    proxies.stats.register(&mut registry);
+    controller_stats.register(&mut registry);
+    registry.register_collector(Box::new(crate::datapath_metrics::DatapathCollector::new(
+        attached,
+    )));
+    registry.register_collector(Box::new(crate::metrics::process::ProcessCollector));
+    registry.register_collector(Box::new(crate::logging::LogCollector));
+    let refresh: Vec<crate::metrics::Refresh> = proxies
+        .proxies
+        .iter()
+        .map(|p| {
+            let p = p.clone();
+            Box::new(move || p.refresh_gauges()) as crate::metrics::Refresh
+        })
+        .collect();
+    crate::metrics::Endpoint {
+        registry,
+        refresh,
+        checks: Arc::new({
+            let mut checks = readiness_checks(cfg, attached, &proxies.proxies, controller_stats);
+            // First: a stopping daemon is not ready, whatever else holds.
+            checks.insert(
+                0,
+                Box::new(move || {
+                    if draining.is_cancelled() {
+                        Err("stopping: draining its connections".into())
+                    } else {
+                        Ok(())
+                    }
+                }),
+            );
+            checks
+        }),
+    }
+}
+
+/// Drains the proxies: stops their accepting (the listening sockets are closed once the accept
+/// loops return) and what would change the datapath meanwhile (`Stage::BeforeDrain`), and lets
+/// in-flight connections finish within the longest drain deadline of `running`'s listeners.
+async fn drain(
+    stop: &CancellationToken,
+    services: &mut Services,
+    proxies: proxies::Proxies,
+    tracker: &TaskTracker,
+    running: &Config,
+) {
     stop.cancel();
-    let _ = controlling.1.await;
+    services.stop_stage(Stage::BeforeDrain).await;
     for accept in proxies.accepting {
         let _ = accept.await;
     }
@@ -454,11 +530,6 @@ async fn serve(
             );
         }
     }
-    metrics_stop.cancel();
-    for t in log_tasks.into_iter().chain(reject_tasks) {
-        t.abort();
-    }
-    Ok(())
 }
 
 /// How often `--reload-on-change` looks at the config file.
@@ -564,16 +635,18 @@ fn readiness_checks(
     checks
 }
 
-/// Starts the controller of `cfg`: its first interval at once, then a task that ends with its
-/// token (or `stop`).
+/// The name of the controller's service, restarted by each reload.
+const CONTROLLER: &str = "controller";
+
+/// Starts the controller of `cfg`: its first interval at once; then its loop, to be run as a
+/// service until its stop.
 fn start_controller(
     cfg: &Config,
     attached: &[Arc<Attached>],
     pools: &[Arc<crate::proxy::gate::Differentiation>],
     costs: &CostSource,
     stats: &ControllerStats,
-    stop: &CancellationToken,
-) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+) -> impl FnOnce(CancellationToken) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + use<> {
     let cores = if cfg.workers > 0 {
         cfg.workers
     } else {
@@ -595,9 +668,7 @@ fn start_controller(
     .with_server_cpu(crate::controller::cgroup::ServerCpu::new(servers));
     // The first interval here, so that the daemon is ready only once its classes are taken over.
     controller.begin();
-    let token = stop.child_token();
-    let task = tokio::spawn(controller.run(token.clone()));
-    (token, task)
+    move |stop| Box::pin(controller.run(stop))
 }
 
 /// Updates the daemon's fields of an attachment's `DP_CONFIG` (its pid, its reload counts).

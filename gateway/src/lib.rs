@@ -3,8 +3,10 @@
 #![deny(missing_docs)]
 
 pub mod accept;
+pub mod address;
 pub mod apply;
 pub mod caps;
+pub mod cgroup;
 pub mod client_places;
 pub mod cmd;
 pub mod config;
@@ -25,6 +27,7 @@ pub mod probe;
 pub mod proxy;
 pub mod reload;
 pub mod sockdiag;
+pub mod span;
 pub mod tls;
 
 /// The compiled eBPF object (built from source or the committed copy, see `build.rs`).

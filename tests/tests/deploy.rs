@@ -443,7 +443,7 @@ fn with_exactly_the_units_capabilities_a_daemon_upgrades_across_a_map_layout_cha
     let net = TestNet::new();
     let opts = gateway::datapath::loader::AttachOptions {
         iface: net.gw_if.clone(),
-        mode: gateway::config::ModeRequest::Native,
+        mode: gateway::datapath::ModeRequest::Native,
         root: net.root(),
         ebpf_log_level: 0,
         issued_keys: gateway_common::maps::DEFAULT_TLS_ISSUED,
@@ -521,7 +521,7 @@ fn under_the_units_capabilities_as_root_and_as_its_user_a_daemon_upgrades_a_data
         };
         let opts = gateway::datapath::loader::AttachOptions {
             iface: net.gw_if.clone(),
-            mode: gateway::config::ModeRequest::Auto,
+            mode: gateway::datapath::ModeRequest::Auto,
             root: net.root(),
             ebpf_log_level: 0,
             issued_keys: gateway_common::maps::DEFAULT_TLS_ISSUED,

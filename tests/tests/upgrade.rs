@@ -16,7 +16,7 @@ use std::{
 
 use aya::maps::{Array, HashMap, MapData};
 use gateway::{
-    config::ModeRequest,
+    datapath::ModeRequest,
     datapath::loader::{self, AttachOptions},
     datapath::maps::open_as,
     datapath::pins::PinDir,

@@ -6,8 +6,8 @@ use clap::Args;
 
 use super::CommandError;
 use crate::{
-    config::{EbpfLogLevel, ModeRequest},
-    datapath::{self, AttachOptions, pins::PinDir},
+    config::EbpfLogLevel,
+    datapath::{self, AttachOptions, ModeRequest, pins::PinDir},
 };
 
 /// `gateway attach`.

@@ -7,8 +7,9 @@ use clap::Args;
 
 use super::CommandError;
 use crate::{
-    config::{ConfigSource, IfaceOverride, ModeRequest},
+    config::{ConfigSource, IfaceOverride},
     daemon,
+    datapath::ModeRequest,
 };
 
 /// `gateway run`.
@@ -27,7 +28,7 @@ pub struct RunArgs {
     pub mode: Option<ModeRequest>,
     /// Serve metrics and health at this address instead of the config's `metrics` (a node's own
     /// address in a DaemonSet on the host network, not every address the node has).
-    #[arg(long, value_name = "ADDR", value_parser = crate::config::address::resolve)]
+    #[arg(long, value_name = "ADDR", value_parser = crate::address::resolve)]
     pub metrics: Option<std::net::SocketAddr>,
     /// Reload when the config file's content changes (looked at every 2 s), as on SIGHUP: a
     /// Kubernetes ConfigMap edited in place reaches every node.

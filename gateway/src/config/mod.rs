@@ -5,7 +5,6 @@
 //! inside deserialization, so each error names the field path and its line; unknown fields are
 //! errors; a config with any error is refused whole.
 
-pub mod address;
 mod controller;
 mod datapath;
 mod interfaces;
@@ -26,7 +25,7 @@ use thiserror::Error;
 
 pub use controller::{ClassControl, ControllerConfig, DEFAULT_RESUMED_WAIT, Mode};
 pub use datapath::{Datapath, EbpfLogLevel, OnExit, PassDrop};
-pub use interfaces::{Interface, Interfaces, ModeRequest, parse_iface};
+pub use interfaces::{Interface, Interfaces, parse_iface};
 pub use node::NodeName;
 pub use policy::{
     MAX_UNIT_TIMEOUT, Policies, PolicyConfig, parse_unit_timeout, unknown_class, unlimitable_class,
@@ -45,7 +44,7 @@ fn de_metrics<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<std::net::SocketAddr>, D::Error> {
     use serde::de::Error as _;
-    address::de_opt_addr(d).map_err(|e| D::Error::custom(format!("metrics: {e}")))
+    crate::address::de_opt_addr(d).map_err(|e| D::Error::custom(format!("metrics: {e}")))
 }
 
 /// Where the daemon's config comes from, read again on every reload: a file (or the embedded
@@ -57,7 +56,7 @@ pub struct ConfigSource {
     /// `--bpffs`, replacing the config's.
     pub bpffs: Option<PathBuf>,
     /// `--iface` or `--iface-of` (and `--mode`), replacing the config's interfaces.
-    pub iface: Option<(IfaceOverride, ModeRequest)>,
+    pub iface: Option<(IfaceOverride, crate::datapath::ModeRequest)>,
     /// `--metrics`, replacing the config's.
     pub metrics: Option<std::net::SocketAddr>,
     /// `--reload-on-change`: the daemon reloads when the file's content changes, as on SIGHUP.

@@ -138,7 +138,7 @@ impl TryFrom<RawServer> for TlsServer {
             server_keys::read(k.format, &k.files).map_err(|e| format!("ticket_keys: {e}"))?;
         }
         if let Some(dir) = &r.cgroup {
-            crate::controller::cgroup::usage(dir).map_err(|e| format!("cgroup: {e}"))?;
+            crate::cgroup::usage(dir).map_err(|e| format!("cgroup: {e}"))?;
         }
         Ok(TlsServer {
             session_lifetime: r.session_lifetime,

@@ -11,7 +11,6 @@
 //! pools share freed slots between resumed and new sessions ([`crate::proxy::gate`]), from the
 //! waits the pools measured.
 
-pub mod cgroup;
 pub mod floor;
 pub mod infer;
 pub mod law;
@@ -426,7 +425,7 @@ pub struct Controller {
     cpu: Option<Duration>,
     /// The cgroups of the servers the gateway does not terminate (`services[].server.cgroup`),
     /// and their CPU time at the last interval.
-    server_cpu: cgroup::ServerCpu,
+    server_cpu: crate::cgroup::ServerCpu,
     server_last: Option<Duration>,
 }
 
@@ -499,7 +498,7 @@ impl Controller {
             stats,
             cores,
             cpu: None,
-            server_cpu: cgroup::ServerCpu::default(),
+            server_cpu: crate::cgroup::ServerCpu::default(),
             server_last: None,
         }
     }
@@ -507,7 +506,7 @@ impl Controller {
     /// Budgets the CPU of the servers in the cgroups `cpu` when the handshake costs are
     /// inferred at the NIC (no proxy of the gateway's measures them): their use, not the
     /// daemon's, is what the tls law weighs against its target.
-    pub fn with_server_cpu(mut self, cpu: cgroup::ServerCpu) -> Self {
+    pub fn with_server_cpu(mut self, cpu: crate::cgroup::ServerCpu) -> Self {
         self.server_cpu = cpu;
         self
     }

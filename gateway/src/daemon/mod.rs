@@ -665,7 +665,7 @@ fn start_controller(
         stats.clone(),
         cores,
     )
-    .with_server_cpu(crate::controller::cgroup::ServerCpu::new(servers));
+    .with_server_cpu(crate::cgroup::ServerCpu::new(servers));
     // The first interval here, so that the daemon is ready only once its classes are taken over.
     controller.begin();
     move |stop| Box::pin(controller.run(stop))

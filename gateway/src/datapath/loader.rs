@@ -29,7 +29,7 @@ use thiserror::Error;
 use crate::{
     EBPF_OBJECT,
     caps::{self, CapsError, Need},
-    config::ModeRequest,
+    datapath::ModeRequest,
     datapath::carry::{self, Carried, Carry, CarryError},
     datapath::ethtool,
     datapath::layouts::{self, LayoutsError},

@@ -9,6 +9,7 @@
 //! Below it, one concern a module:
 //! - [`loader`]: load, attach, pin, replace, detach; the attach modes and their fallbacks; the
 //!   sweep program; an attachment's status;
+//! - [`mode`]: the hook an attach asks for;
 //! - [`pins`]: where things are pinned (one directory per interface under a bpffs root), the
 //!   directory's lock, other attachments of an interface;
 //! - [`attached`]: one attached interface as the daemon's parts share it;
@@ -31,9 +32,11 @@ pub mod kfunc;
 pub mod layouts;
 pub mod loader;
 pub mod maps;
+pub mod mode;
 pub mod pinned_layout;
 pub mod pins;
 pub mod rekey;
 
 pub use attached::Attached;
 pub use loader::{AttachOptions, AttachOutcome, LoaderError, attach, detach};
+pub use mode::ModeRequest;

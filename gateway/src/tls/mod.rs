@@ -3,6 +3,7 @@
 //! datapath.
 
 pub mod certs;
+pub mod config;
 pub mod lineage;
 pub mod server_keys;
 pub mod sni;
@@ -16,7 +17,7 @@ use thiserror::Error;
 
 use crate::{
     issued::IssuedKeys,
-    proxy::config::{TlsConfig, TlsVersion},
+    tls::config::{TlsConfig, TlsVersion},
 };
 
 /// Errors of setting TLS up.
@@ -40,7 +41,7 @@ pub fn server_config(cfg: &TlsConfig, issued: Arc<IssuedKeys>) -> Result<ServerC
     if !cfg.cipher_suites.is_empty() {
         provider.cipher_suites.retain(|s| {
             cfg.cipher_suites
-                .contains(&crate::proxy::config::suite_name(s))
+                .contains(&crate::tls::config::suite_name(s))
         });
     }
     let versions: &[&rustls::SupportedProtocolVersion] = match cfg.min_version {

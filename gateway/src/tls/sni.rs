@@ -9,7 +9,7 @@ use rustls::{
     sign::CertifiedKey,
 };
 
-use crate::proxy::config::SniCert;
+use crate::tls::config::SniCert;
 
 /// The certificate resolver of one listener.
 #[derive(Debug)]

@@ -682,7 +682,7 @@ fn cookie_syn<C: CopyOut + ConnectionLookup, B: PacketBytes>(
         }
     }
     match reach {
-        Reach::Listener => cookie::answer_syn(ctx, pkt, &mut s.tcp),
+        Reach::Listener => (Class::TlsFlow, cookie::answer_syn(ctx, pkt, &mut s.tcp)),
         Reach::Socket => {
             count(|c| c.cookies_declined += 1);
             (Class::TlsFlow, Action::Pass)

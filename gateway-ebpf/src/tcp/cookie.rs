@@ -10,7 +10,6 @@ use core::ffi::c_void;
 
 use aya_ebpf::{btf_maps::Array, helpers::generated::bpf_loop, macros::btf_map};
 use gateway_common::{
-    Class,
     packet::{Packet, TCP_ACK, TCP_SYN},
     syncookie::{
         CookieKey, CookieOptions, MAX_OPTION_STEPS, OUR_WSCALE, OptionWalk, SYNACK_WINDOW,
@@ -47,7 +46,7 @@ pub struct CookieScratch {
     v4: u32,
     /// Out: the SYN-ACK's sequence number.
     cookie: u32,
-    /// The NIC's answer the reply program sends ([`send_answer`]): 1 while one is prepared,
+    /// The NIC's answer the reply program sends ([`super::send::send_answer`]): 1 while one is prepared,
     /// [`HELD_ANSWER`] while a held hello's is to be made there.
     answer_pending: u32,
     /// Its sequence and acknowledgement numbers, flags and window.
@@ -225,7 +224,7 @@ pub extern "C" fn gateway_cookie_check(s: *mut TcpScratch) -> i32 {
 }
 
 /// Marks the answer to a later segment of a held hello whose connection was just admitted
-/// (by the service), for the reply program to make and send ([`send_answer`]): an acknowledgement
+/// (by the service), for the reply program to make and send ([`super::send::send_answer`]): an acknowledgement
 /// back to the client that acknowledges nothing new (the kernel has nothing of the connection
 /// yet; the client's bytes start at `first_seq`) and, when the client permitted SACK (the cookie
 /// kept that), carries a SACK block of the segment, so that the client sends its first segment
@@ -238,7 +237,7 @@ pub fn hold(s: &mut TcpScratch, first_seq: u32) {
 }
 
 /// Marks the answer to a segment of a hello being held (the first one, or one the client sent
-/// again), for the reply program to make and send ([`send_answer`]): an acknowledgement of
+/// again), for the reply program to make and send ([`super::send::send_answer`]): an acknowledgement of
 /// nothing new (from `first_seq`) with a SACK block of the segment, so that the client knows
 /// these bytes arrived and sends what follows them. Without it, a client whose next segment was
 /// lost (or came first, and was dropped: nothing here knew its connection yet) would only ever
@@ -285,21 +284,21 @@ pub extern "C" fn gateway_held_answer(s: *mut TcpScratch, payload_len: u32, firs
 }
 
 /// Answers the SYN `pkt` (of the connection `s.key`) with a SYN-ACK carrying a cookie, from the
-/// NIC: prepared here, sent by the reply program ([`Action::Answer`], [`send_answer`]); nothing is
+/// NIC: prepared here, sent by the reply program ([`Action::Answer`], `super::send::send_answer`); nothing is
 /// kept, and the kernel never sees the SYN. IPv4 options and IPv6 extension headers are taken
 /// out of the answer (`crate::reply::make_plain`). Passed to the kernel instead when the
 /// secret is not set yet (the kernel then makes the connection as it would without this mode,
-/// and its hello is judged as any connection's the kernel has); dropped when its headers are
+/// and its first segment is judged as any connection's the kernel has); dropped when its headers are
 /// past the bounds an answer is made within (never to the kernel unjudged).
 #[inline(always)]
-pub fn answer_syn<C: CopyOut>(ctx: &C, pkt: &Packet, s: &mut TcpScratch) -> (Class, Action) {
+pub fn answer_syn<C: CopyOut>(ctx: &C, pkt: &Packet, s: &mut TcpScratch) -> Action {
     if !answerable(pkt) {
         crate::maps::count(|c| c.syns_unanswerable += 1);
-        return (Class::TlsFlow, Action::Drop);
+        return Action::Drop;
     }
     take_segment(ctx, pkt, &mut s.cookie);
     if gateway_syn_cookie(s) <= 0 {
-        return (Class::TlsFlow, Action::Pass);
+        return Action::Pass;
     }
     let c = &mut s.cookie;
     c.answer_seq = c.cookie;
@@ -307,7 +306,7 @@ pub fn answer_syn<C: CopyOut>(ctx: &C, pkt: &Packet, s: &mut TcpScratch) -> (Cla
     c.answer_flags = u32::from(TCP_SYN | TCP_ACK);
     c.answer_window = u32::from(SYNACK_WINDOW);
     c.answer_pending = 1;
-    (Class::TlsFlow, Action::Answer)
+    Action::Answer
 }
 
 /// Whether the segment `pkt` (of the connection `s.key`) acknowledges a cookie of ours still

@@ -41,7 +41,7 @@ pub enum Action {
     /// SYN-ACK carrying a cookie), by the reply program.
     Answer,
     /// The same, counted as admitted: the segment that admitted a held hello, by the reply
-    /// program carried with the held first segment to the listener (`crate::tcp::held`), or
+    /// program joined with the held first segment to the listener (`crate::tcp::held`), or
     /// else answered with the acknowledgement that asks the client for its first segment again
     /// (`crate::tcp::cookie::hold`).
     Hold,
@@ -130,16 +130,16 @@ pub enum Handover {
     /// `b"GWHO"`: a first data segment the XDP program checked the SYN cookie of and admitted:
     /// the finishing program hands it to the listener ([`Action::Handoff`]).
     Handoff = u32::from_be_bytes(*b"GWHO"),
-    /// `b"GWCA"`: a segment to carry a held first segment into (the value: the first
+    /// `b"GWCA"`: a segment to join a held first segment with (the value: the first
     /// segment's sequence number), `crate::tcp::held`.
-    Carry = u32::from_be_bytes(*b"GWCA"),
+    Join = u32::from_be_bytes(*b"GWCA"),
 }
 
 impl Handover {
     /// The handover a metadata word (its key taken off) names, if it names one.
     #[inline(always)]
     fn from_word(word: u32) -> Option<Self> {
-        [Self::Reset, Self::SendOut, Self::Handoff, Self::Carry]
+        [Self::Reset, Self::SendOut, Self::Handoff, Self::Join]
             .into_iter()
             .find(|h| *h as u32 == word)
     }

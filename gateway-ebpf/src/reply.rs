@@ -398,7 +398,7 @@ pub fn answer_tcp<R: Rewrite>(
 /// in place after its header (their sum `payload_sum`, as big-endian words), into a segment
 /// from `seq` for the local stack: its IP length and checksum, sequence number and TCP checksum
 /// set, its addresses, ports and options kept (`opts`: a copy of its options, zero past them to
-/// 40 bytes). The carried segment of a held hello (`crate::tcp::held`). `false` when the
+/// 40 bytes). The joined segment of a held hello (`crate::tcp::held`). `false` when the
 /// headers are not ones this rewrites or the frame is shorter than them.
 #[inline(always)]
 pub fn resegment<R: Rewrite>(

@@ -14,7 +14,7 @@ use crate::{
     maps::service_kind,
     reply::finish,
     sip::sip_response,
-    tcp::{handoff::handoff, held::carry_handed_over},
+    tcp::{handoff::handoff, held::join_handed_over},
     tls::{self, Tls, answer::tls_answer},
 };
 
@@ -43,7 +43,7 @@ pub fn gateway_tc_sip(ctx: TcContext) -> i32 {
 pub fn gateway_tc_reply(ctx: TcContext) -> i32 {
     let len = u64::from(ctx.len());
     let action = process_reply(&ctx, &SkbBytes::new(&ctx), len);
-    // A held hello carried into the segment that admitted it, for its listener.
+    // A held hello joined with the segment that admitted it, for its listener.
     if action == Action::Handoff {
         handoff::<Tls>(&ctx);
     }
@@ -56,7 +56,7 @@ pub fn gateway_tc_reply(ctx: TcContext) -> i32 {
 /// deliver) goes out of the device. Every other frame passes untouched, after one metadata
 /// check. A first data segment the XDP program admitted on its SYN cookie is handed to its
 /// listener (`crate::tcp::handoff`), and so is the segment that admitted a held hello, once the
-/// held first segment is carried into it (`crate::tcp::held`).
+/// held first segment is joined with it (`crate::tcp::held`).
 #[classifier]
 pub fn gateway_tc_finish(ctx: TcContext) -> i32 {
     let Some((tag, client_ack)) = handed_over(&ctx) else {
@@ -68,8 +68,8 @@ pub fn gateway_tc_finish(ctx: TcContext) -> i32 {
             handoff::<Tls>(&ctx);
             TC_ACT_OK
         }
-        Handover::Carry => {
-            let action = carry_handed_over::<Tls>(&ctx, client_ack);
+        Handover::Join => {
+            let action = join_handed_over::<Tls>(&ctx, client_ack);
             if action == Action::Handoff {
                 handoff::<Tls>(&ctx);
             }

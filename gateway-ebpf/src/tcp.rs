@@ -5,24 +5,24 @@
 //!   and the segment's key ([`flow_key`]) and socket tuple ([`fill_tuple`]);
 //! - [`cookie`]: SYN cookies answered at the NIC, and the cookie a first data segment
 //!   acknowledges checked there;
-//! - [`held`]: a first segment held back while the rest of what it starts arrives, and carried
+//! - [`held`]: a first segment held back while the rest of what it starts arrives, and joined
 //!   to the kernel inside the segment that admitted it;
 //! - [`send`]: the answers the reply program sends for the layer (a SYN-ACK, the
-//!   acknowledgement of a held segment) or the carry;
+//!   acknowledgement of a held segment) or the join;
 //! - [`handoff`]: a connection the NIC answered handed to its listener with a request socket.
 //!
 //! A TCP service drives the layer from its own classifier through [`TcpService`]: the layer's
 //! part of its per-CPU scratch ([`TcpScratch`]), its counters (the layer counts
 //! [`TcpEvent`]s, the service says where), and what the layer tells it (a held first segment
-//! carried, so its connection is the kernel's). How a first segment is judged stays the
+//! joined, so its connection is the kernel's). How a first segment is judged stays the
 //! service's: TLS (`crate::tls::tls_packet`) decides a hello; the layer only holds, answers,
-//! carries and hands over. Nothing here imports a service.
+//! joins and hands over. Nothing here imports a service.
 //!
 //! A second service (SIP over TCP, say) would declare its scratch with a [`TcpScratch`] in it,
 //! implement [`TcpService`] for a type of its own, call [`cookie::answer_syn`] and
 //! [`cookie::check`] from its classifier for a port in SYN-cookie mode, [`held::keep`] when its
 //! first segment does not hold a whole request, and be reached by the TC programs through
-//! [`send::send_answer`], [`held::carry_handed_over`] and [`handoff::handoff`] with its type as
+//! [`send::send_answer`], [`held::join_handed_over`] and [`handoff::handoff`] with its type as
 //! the parameter; TLS's code would not change.
 
 // Map keys and values go by reference (by value, they were copied onto the 512-byte stack).
@@ -71,8 +71,8 @@ pub enum TcpEvent {
     CookieSent,
     /// A first segment held past its client address's budget.
     HoldOverBudget,
-    /// A held first segment carried to the kernel inside the segment that admitted it.
-    HeldCarried,
+    /// A held first segment joined with the segment that admitted it, for the kernel.
+    HeldJoined,
     /// A connection handed to its listener with a request socket.
     Handoff,
     /// A handoff the kernel refused (the segment went on, and is answered with a reset).
@@ -93,8 +93,8 @@ pub trait TcpService {
     /// Counts `event` in the service's counters.
     fn count(event: TcpEvent);
 
-    /// The held first segment of the connection in `s`'s key went to the kernel carried in
+    /// The held first segment of the connection in `s`'s key went to the kernel joined with
     /// the segment that admitted it: the connection is the kernel's now, its later segments
     /// (and copies of these) pass.
-    fn carried(s: &mut Self::Scratch, v4: bool);
+    fn joined(s: &mut Self::Scratch, v4: bool);
 }

@@ -84,7 +84,7 @@ use crate::{
 };
 
 /// TLS as a service of the TCP layer (`crate::tcp`): its scratch is [`TLS_SCRATCH`], its
-/// counters the TLS counters, and a carried hello's flow is admitted.
+/// counters the TLS counters, and a joined hello's flow is admitted.
 pub struct Tls;
 
 impl TcpService for Tls {
@@ -105,14 +105,15 @@ impl TcpService for Tls {
         count(|c| match event {
             TcpEvent::CookieSent => c.cookies_sent += 1,
             TcpEvent::HoldOverBudget => c.holds_over_budget += 1,
-            TcpEvent::HeldCarried => c.held_carried += 1,
+            // The counter keeps the name its pinned field and the stats have always had.
+            TcpEvent::HeldJoined => c.held_carried += 1,
             TcpEvent::Handoff => c.handoffs += 1,
             TcpEvent::HandoffFailed => c.handoffs_failed += 1,
         });
     }
 
     #[inline(always)]
-    fn carried(s: &mut Scratch, v4: bool) {
+    fn joined(s: &mut Scratch, v4: bool) {
         if let Some(f) = flows::get(s, v4) {
             // SAFETY: the entry of this connection, touched only by its packets.
             unsafe { (*f).state = FLOW_ADMITTED };
@@ -450,8 +451,8 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
         if s.handoff != 0 && skip == 0 && refusing(Class::TlsNew, now_ns()) {
             // A connection that starts here by its cookie, while tls-new refuses: its first
             // segment is held back (dropped, its bytes parsed and kept), so that the kernel
-            // makes no connection before the hello is judged. Admitted, it is carried to the
-            // listener inside the segment that admitted it (`carry`), or else handed over when
+            // makes no connection before the hello is judged. Admitted, it is joined with the
+            // listener inside the segment that admitted it (`join`), or else handed over when
             // the client sends it again.
             s.flow.state = FLOW_HELD;
             count(|c| c.hellos_held += 1);

@@ -136,7 +136,7 @@ fn walk_options(c: &mut CookieScratch) -> TcpOptions {
 /// program from the segment ([`hold`]).
 pub(super) const HELD_ANSWER: u32 = 2;
 /// [`CookieScratch::answer_pending`] of a held segment's own acknowledgement ([`sack_held`]):
-/// made the same way, never carried.
+/// made the same way, never joined.
 pub(super) const SACK_ANSWER: u32 = 3;
 
 /// The secret, once set.

@@ -1,23 +1,23 @@
-//! A held hello's first segment carried to the kernel inside the segment that admitted it
+//! A held hello's first segment joined with the segment that admitted it, for the kernel
 //! (SYN-cookie mode, while the service refuses new connections: `super::cookie`).
 //!
 //! The first segment of a hello that takes two is held back (the kernel makes no connection
 //! before the hello is judged), and its payload kept here ([`keep`]). When the next segment
 //! admits the hello (a resumption), its frame is made into one segment of both payloads, from
-//! the first one's sequence number ([`carry`]), and handed to the listener: the kernel gets the
+//! the first one's sequence number ([`join`]), and handed to the listener: the kernel gets the
 //! whole hello at once, acknowledges all of it, and the client sends nothing again.
 //!
 //! The frame grows by a segment's worth, which an XDP buffer seldom has room for (a driver's
 //! buffer is often half a page; veth's is cut to the frame), so it is done at TC ingress, where
 //! the skb is reallocated as needed: by the TC program itself, or on an XDP attachment by the
-//! finishing program, which the XDP reply program hands the frame to ([`Handover::Carry`]).
+//! finishing program, which the XDP reply program hands the frame to ([`Handover::Join`]).
 //!
 //! Where it cannot be done (the first payload no longer kept, a hello of three segments, no
 //! finishing program), the client is asked for its first segment again instead
 //! (`super::cookie::gateway_held_answer`), which costs it two of its timer ticks and ten
 //! milliseconds more.
 //!
-//! The bytes carried are the very bytes the classifier judged: they are kept when they are
+//! The bytes joined are the very bytes the classifier judged: they are kept when they are
 //! parsed, never taken from a later copy the client sends.
 
 use aya_ebpf::programs::TcContext;
@@ -74,7 +74,7 @@ static HELD_SEGMENTS: LruHashMap<FlowKey, HeldSegment, MAX_HELD> = LruHashMap::n
 /// Payloads held past their client address's budget (LRU, not pinned): one address holding
 /// faster than its budget churns this table, not the payloads of other clients' holds, which
 /// may wait a retransmission timeout for a lost segment. Its own clients' hellos are still
-/// carried (their two segments come microseconds apart), unless they meet a loss.
+/// joined (their two segments come microseconds apart), unless they meet a loss.
 #[btf_map]
 static HELD_OVER_BUDGET: LruHashMap<FlowKey, HeldSegment, MAX_HELD_OVER_BUDGET> = LruHashMap::new();
 
@@ -212,7 +212,7 @@ pub extern "C" fn gateway_kept_matches(s: *const TcpScratch, seq: u32, len: u32)
 }
 
 /// What the client's first segment sent again after its held hello was admitted (`pkt`, of
-/// `payload_len` bytes; the carry was not done) is to the bytes judged: [`Kept::Same`] when it
+/// `payload_len` bytes; the join was not done) is to the bytes judged: [`Kept::Same`] when it
 /// is them, byte for byte.
 #[inline(always)]
 pub fn compare_kept<C: CopyOut>(
@@ -301,7 +301,7 @@ fn sum_at(p: *const u8, n: u32, chunks: u32, odd: bool) -> u64 {
 }
 
 /// The first segment kept for the connection `s.key` when `pkt` is the one right after it
-/// and both can be carried in one segment: its payload's length.
+/// and both can be joined in one segment: its payload's length.
 #[inline(always)]
 fn held(s: &TcpScratch, pkt: &Packet, first_seq: u32) -> Option<(*const HeldSegment, u32)> {
     let h: *const HeldSegment = kept(&s.key)?;
@@ -318,11 +318,11 @@ fn held(s: &TcpScratch, pkt: &Packet, first_seq: u32) -> Option<(*const HeldSegm
 }
 
 /// The reply program's part, for the segment `pkt` that admitted the held hello of `s.key`
-/// (starting at `first_seq`; its options copied into `s.cookie`): carried here when the hook
-/// can grow the frame ([`carry`]), else handed to the finishing program to be carried there
-/// ([`Handover::Carry`], [`Action::Pass`]). `None` when neither can be done, the frame unchanged.
+/// (starting at `first_seq`; its options copied into `s.cookie`): joined here when the hook
+/// can grow the frame ([`join`]), else handed to the finishing program to be joined there
+/// ([`Handover::Join`], [`Action::Pass`]). `None` when neither can be done, the frame unchanged.
 #[inline(always)]
-pub fn carry_or_hand_over<R: Rewrite + CopyOut, S: TcpService>(
+pub fn join_or_hand_over<R: Rewrite + CopyOut, S: TcpService>(
     ctx: &R,
     pkt: &Packet,
     s: &mut S::Scratch,
@@ -330,19 +330,19 @@ pub fn carry_or_hand_over<R: Rewrite + CopyOut, S: TcpService>(
 ) -> Option<Action> {
     held(S::tcp(s), pkt, first_seq)?;
     if R::GROWS {
-        carry::<R, S>(ctx, pkt, s, first_seq)
-    } else if finisher(FINISHER_ATTACHED) && ctx.hand_over(Handover::Carry, first_seq) {
+        join::<R, S>(ctx, pkt, s, first_seq)
+    } else if finisher(FINISHER_ATTACHED) && ctx.hand_over(Handover::Join, first_seq) {
         Some(Action::Pass)
     } else {
         None
     }
 }
 
-/// The finishing program's part: the frame the XDP reply program handed over ([`Handover::Carry`], the
-/// held first segment's sequence number `first_seq`) carried into and handed to the listener
+/// The finishing program's part: the frame the XDP reply program handed over ([`Handover::Join`], the
+/// held first segment's sequence number `first_seq`) joined with it and handed to the listener
 /// ([`Action::Handoff`]), else dropped (the client sends its segments again at its timer).
 #[inline(always)]
-pub fn carry_handed_over<S: TcpService>(ctx: &TcContext, first_seq: u32) -> Action {
+pub fn join_handed_over<S: TcpService>(ctx: &TcContext, first_seq: u32) -> Action {
     let b = SkbBytes::new(ctx);
     let pkt = parse(&b);
     if pkt.kind != PacketKind::Transport || pkt.transport.proto != IPPROTO_TCP {
@@ -358,17 +358,17 @@ pub fn carry_handed_over<S: TcpService>(ctx: &TcContext, first_seq: u32) -> Acti
         return Action::Drop;
     }
     cookie::take_segment(ctx, &pkt, &mut s.cookie);
-    carry::<_, S>(ctx, &pkt, full, first_seq).unwrap_or(Action::Drop)
+    join::<_, S>(ctx, &pkt, full, first_seq).unwrap_or(Action::Drop)
 }
 
-/// Carries the first segment kept for the connection `s.key` (starting at `first_seq`) into the
+/// Joins the first segment kept for the connection `s.key` (starting at `first_seq`) into the
 /// frame of `pkt`, the segment after it, which admitted its hello (its options copied into
 /// `s.cookie`): the frame becomes one segment of both payloads from `first_seq` (headers kept,
 /// lengths and checksums set), for the listener ([`Action::Handoff`]). `None` when it cannot be
 /// done and the frame is unchanged; [`Action::Drop`] when the frame was changed and then could
 /// not be finished (the client sends it again at its timer).
 #[inline(always)]
-fn carry<R: Rewrite + CopyOut, S: TcpService>(
+fn join<R: Rewrite + CopyOut, S: TcpService>(
     ctx: &R,
     pkt: &Packet,
     full: &mut S::Scratch,
@@ -424,7 +424,7 @@ fn carry<R: Rewrite + CopyOut, S: TcpService>(
     }
     forget(&s.key);
     // The kernel has the connection now: its later segments (and copies of these) pass.
-    S::carried(full, pkt.ip_version == 4);
-    S::count(TcpEvent::HeldCarried);
+    S::joined(full, pkt.ip_version == 4);
+    S::count(TcpEvent::HeldJoined);
     Some(Action::Handoff)
 }

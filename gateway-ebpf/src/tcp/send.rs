@@ -1,6 +1,6 @@
 //! The reply program's part of the layer: the answer a classifier prepared for a segment
 //! ([`super::cookie`]: a SYN-ACK with a cookie, the acknowledgement of a held segment) made and
-//! sent back, or, for a held first segment whose hello was admitted, the segment carried to the
+//! sent back, or, for a held first segment whose hello was admitted, the segment joined with the
 //! kernel inside the one that admitted it ([`super::held`]).
 
 use gateway_common::packet::{Packet, TCP_SYN};
@@ -8,7 +8,7 @@ use gateway_common::packet::{Packet, TCP_SYN};
 use super::{
     TcpEvent, TcpService,
     cookie::{HELD_ANSWER, SACK_ANSWER, gateway_held_answer, take_segment},
-    held::carry_or_hand_over,
+    held::join_or_hand_over,
 };
 use crate::{
     context::{Action, CopyOut, Rewrite},
@@ -18,7 +18,7 @@ use crate::{
 /// Sends the answer the classifier of service `S` prepared for the segment `pkt`, if one is:
 /// the frame rewritten into it and sent back ([`answer_tcp`]), or dropped when it could not be.
 /// Counts a SYN-ACK sent. For a held hello admitted, the frame is rather made into one segment
-/// with the held first one, for the listener ([`carry_or_hand_over`]), where it can be.
+/// with the held first one, for the listener ([`join_or_hand_over`]), where it can be.
 #[inline(always)]
 pub fn send_answer<R: Rewrite + CopyOut, S: TcpService>(ctx: &R, pkt: &Packet) -> Option<Action> {
     let full = S::scratch()?;
@@ -33,11 +33,11 @@ pub fn send_answer<R: Rewrite + CopyOut, S: TcpService>(ctx: &R, pkt: &Packet) -
         let s = S::tcp(full);
         let first_seq = s.cookie.held_from();
         take_segment(ctx, pkt, &mut s.cookie);
-        // The held first segment carried in this one, where it can be (an admitted hello's).
+        // The held first segment joined with this one, where it can be (an admitted hello's).
         if pending == HELD_ANSWER
-            && let Some(carried) = carry_or_hand_over::<R, S>(ctx, pkt, full, first_seq)
+            && let Some(joined) = join_or_hand_over::<R, S>(ctx, pkt, full, first_seq)
         {
-            return Some(carried);
+            return Some(joined);
         }
         gateway_held_answer(S::tcp(full), u32::from(pkt.payload_len()), first_seq);
     }

@@ -6,7 +6,7 @@
 //! - [`cookie`]: SYN cookies answered at the NIC, and the cookie a first data segment
 //!   acknowledges checked there;
 //! - [`held`]: a first segment held back while the rest of what it starts arrives, and joined
-//!   to the kernel inside the segment that admitted it;
+//!   with the segment that admitted it, for the kernel;
 //! - [`send`]: the answers the reply program sends for the layer (a SYN-ACK, the
 //!   acknowledgement of a held segment) or the join;
 //! - [`handoff`]: a connection the NIC answered handed to its listener with a request socket.
@@ -18,13 +18,36 @@
 //! service's: TLS (`crate::tls::tls_packet`) decides a hello; the layer only holds, answers,
 //! joins and hands over. Nothing here imports a service.
 //!
-//! A second service (SIP over TCP, say) would declare its scratch with a [`TcpScratch`] in it,
-//! implement [`TcpService`] for a type of its own, call [`cookie::answer_syn`] and
-//! [`cookie::check`] from its classifier for a port in SYN-cookie mode, [`held::keep`] when its
-//! first segment does not hold a whole request, and be reached by the TC programs through
-//! [`send::send_answer`], [`held::join_handed_over`] and [`handoff::handoff`] with its type as
-//! the parameter; TLS's code would not change.
-
+//! A second service (SIP over TCP, say) plugs in without touching TLS. Its part, with the
+//! signatures it meets:
+//!
+//! ```text
+//! // sip.rs: its scratch holds the layer's, and its type is a TcpService.
+//! struct SipTcpScratch { tcp: TcpScratch, /* its own parser state */ }
+//! struct SipTcp;
+//! impl TcpService for SipTcp {
+//!     type Scratch = SipTcpScratch;
+//!     fn scratch() -> Option<*mut SipTcpScratch>;          // its per-CPU map's slot
+//!     fn tcp(s: &mut SipTcpScratch) -> &mut TcpScratch;     // &mut s.tcp
+//!     fn count(event: TcpEvent);                            // into its own counters
+//!     fn joined(s: &mut SipTcpScratch, v4: bool);           // its flow: the kernel's now
+//! }
+//! // Its classifier, on a port of its own, calls what it needs of the layer:
+//! flow_key(b, pkt, &mut s.tcp.key, false) -> bool;
+//! lookup::kernel_has(ctx, b, pkt, &mut s.tcp, Wanted::Connection) -> bool;
+//! cookie::answer_syn(ctx, pkt, &mut s.tcp) -> Action;       // a SYN, in SYN-cookie mode
+//! cookie::check(ctx, pkt, &mut s.tcp) -> bool;              // its first data segment
+//! held::keep::<_, SipTcp>(ctx, pkt, &s.tcp.key, payload_len); // a request in two segments
+//! cookie::hold(&mut s.tcp, first_seq);                      // admitted: join at the reply
+//! // The hooks reach the layer with its type (datapath.rs, tc.rs):
+//! send::send_answer::<_, SipTcp>(ctx, &pkt) -> Option<Action>;
+//! held::join_handed_over::<SipTcp>(&ctx, first_seq) -> Action;
+//! handoff::handoff::<SipTcp>(&ctx) -> bool;
+//! ```
+//!
+//! Two things stay to be decided when it comes: the reply program and the TC programs reach
+//! one service's scratch today (TLS's), so a second would tell them which (its port's kind,
+//! looked up again, or a word in the scratch); and its counters are its own to add.
 // Map keys and values go by reference (by value, they were copied onto the 512-byte stack).
 #![allow(clippy::needless_borrows_for_generic_args)]
 

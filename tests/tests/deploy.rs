@@ -486,8 +486,8 @@ fn with_exactly_the_units_capabilities_a_daemon_upgrades_across_a_map_layout_cha
     net.gateway_ok(&["detach", "--iface", &net.gw_if]);
 }
 
-/// Issue 54, on any kernel this build loads on: under exactly the unit's capabilities, as
-/// root (the DaemonSet's pod) and as the unit's own user, a daemon upgrades a datapath attached
+/// Issue 54, on any kernel this build loads on: as root with exactly the DaemonSet's
+/// capabilities (its pod) and as the unit's own user with exactly the unit's, a daemon upgrades a datapath attached
 /// by a build whose map layout differs from this one's. That build stands in for an older
 /// release: this build's object with two fields of `ClassPolicy` the other way round in its BTF
 /// (`gateway::datapath::btf::swap_fields`), so its CLASS_POLICY map is pinned with a layout this build
@@ -495,14 +495,16 @@ fn with_exactly_the_units_capabilities_a_daemon_upgrades_across_a_map_layout_cha
 /// daemon's start says what it carried, warns of nothing of its own, and afterwards the CLI
 /// finds this build's layout.
 #[test]
-fn under_the_units_capabilities_as_root_and_as_its_user_a_daemon_upgrades_a_datapath_whose_layout_moved()
+fn as_the_pods_root_and_the_units_user_with_their_capabilities_a_daemon_upgrades_a_datapath_whose_layout_moved()
  {
-    if !have_root("under_the_units_capabilities_a_daemon_upgrades") {
+    if !have_root("as_the_pods_root_and_the_units_user_a_daemon_upgrades") {
         return;
     }
     const UID: u32 = 65534;
-    let caps = unit_caps();
-    let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
+    // The pod's own list (as root), and the unit's (as its user).
+    let (pod, unit) = (daemonset_caps(), unit_caps());
+    let pod: Vec<&str> = pod.iter().map(String::as_str).collect();
+    let unit: Vec<&str> = unit.iter().map(String::as_str).collect();
     let older = gateway::datapath::btf::swap_fields(
         gateway::EBPF_OBJECT,
         "ClassPolicy",
@@ -511,9 +513,9 @@ fn under_the_units_capabilities_as_root_and_as_its_user_a_daemon_upgrades_a_data
     )
     .expect("the build with ClassPolicy's fields swapped");
     for user in [None, Some(UID)] {
-        let who = match user {
-            None => "root with the unit's capabilities",
-            Some(_) => "the unit's user",
+        let (who, caps) = match user {
+            None => ("root with the DaemonSet's capabilities", &pod),
+            Some(_) => ("the unit's user with its capabilities", &unit),
         };
         let net = match user {
             None => TestNet::new(),
@@ -538,8 +540,8 @@ fn under_the_units_capabilities_as_root_and_as_its_user_a_daemon_upgrades_a_data
         }
         let cli = |args: &[&str]| {
             gateway_tests::run_tool(&mut match user {
-                None => net.gateway_command_capped(args, &caps),
-                Some(uid) => net.gateway_command_as(args, &caps, uid),
+                None => net.gateway_command_capped(args, caps),
+                Some(uid) => net.gateway_command_as(args, caps, uid),
             })
         };
         let (ok, said) = cli(&["status"]);
@@ -550,8 +552,8 @@ fn under_the_units_capabilities_as_root_and_as_its_user_a_daemon_upgrades_a_data
         let dir = gateway_tests::fresh_temp_dir("gwt-unit-layout");
         let body = "services: [{kind: tls, port: 8443}]\non_exit: keep\n";
         let daemon = match user {
-            None => Daemon::start_config_capped(&net, &dir, body, &caps),
-            Some(uid) => Daemon::start_config_as(&net, &dir, body, &caps, uid),
+            None => Daemon::start_config_capped(&net, &dir, body, caps),
+            Some(uid) => Daemon::start_config_as(&net, &dir, body, caps, uid),
         };
         let (ok, said) = cli(&["status"]);
         assert!(ok, "{who}: status after the upgrade: {said}");
@@ -570,8 +572,8 @@ fn under_the_units_capabilities_as_root_and_as_its_user_a_daemon_upgrades_a_data
         assert!(warned.is_empty(), "{who}: {warned:?}");
         // A restart finds this build's own layout: nothing more to carry.
         let daemon = match user {
-            None => Daemon::start_config_capped(&net, &dir, body, &caps),
-            Some(uid) => Daemon::start_config_as(&net, &dir, body, &caps, uid),
+            None => Daemon::start_config_capped(&net, &dir, body, caps),
+            Some(uid) => Daemon::start_config_as(&net, &dir, body, caps, uid),
         };
         let (status, log) = daemon.terminate(Duration::from_secs(30));
         assert!(status.success(), "{who}: restart: {log:?}");

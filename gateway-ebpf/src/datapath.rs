@@ -22,6 +22,7 @@ use crate::{
     sip::{compose_reply, sip_packet},
     tcp,
     tls::{self, tls_packet},
+    tls_counters,
 };
 
 /// IPv6's next header for ESP.
@@ -74,7 +75,7 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + TailCall + Rewrite,
                             count_class(class, false, len);
                             ctx.jump(Jump::Reply);
                             // Only when the jump table is empty.
-                            tls::counters::count(|c| c.resets_withheld += 1);
+                            tls_counters::count(|c| c.resets_withheld += 1);
                             return Action::Drop;
                         }
                         (class, verdict @ (Action::Answer | Action::Hold)) => {
@@ -202,7 +203,7 @@ pub fn process_reply<R: Rewrite + CopyOut, B: PacketBytes>(ctx: &R, b: &B, len: 
             return answered;
         }
         let answered = reset(ctx, &pkt, len);
-        tls::counters::count(|c| {
+        tls_counters::count(|c| {
             if answered.is_some() {
                 c.resets_sent += 1;
             } else {

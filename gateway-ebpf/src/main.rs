@@ -23,6 +23,7 @@ mod sync;
 mod tc;
 mod tcp;
 mod tls;
+mod tls_counters;
 mod xdp;
 
 #[cfg(not(test))]

@@ -34,7 +34,7 @@ use gateway_common::{
 use crate::{
     admission,
     sync::{atomic_add, compare_and_swap, gcra, now_ns},
-    tls::counters::count,
+    tls_counters::count,
 };
 
 /// Keys of the sessions the server issued, published by userspace. Not an LRU: a key lives for

@@ -15,7 +15,8 @@ use crate::{
     reply::finish,
     sip::sip_response,
     tcp::{handoff::handoff, held::join_handed_over},
-    tls::{self, Tls, answer::tls_answer},
+    tls::{Tls, answer::tls_answer},
+    tls_counters,
 };
 
 /// The ingress classifier as a TC (tcx) program.
@@ -78,7 +79,7 @@ pub fn gateway_tc_finish(ctx: TcContext) -> i32 {
         Handover::Reset => {
             let pkt = parse(&SkbBytes::new(&ctx));
             if pkt.kind != PacketKind::Transport || !finish(&ctx, &pkt, client_ack) {
-                tls::counters::count(|c| c.resets_withheld += 1);
+                tls_counters::count(|c| c.resets_withheld += 1);
             }
             TC_ACT_OK
         }

@@ -40,9 +40,7 @@
 //!   connection whose entry the LRU evicted.
 
 pub mod answer;
-pub mod counters;
 
-use counters::count;
 pub(crate) mod flows;
 pub mod mac;
 mod refused;
@@ -81,6 +79,7 @@ use crate::{
         TcpEvent, TcpScratch, TcpService, cookie, fill_tuple, flow_key, held,
         lookup::{kernel_has, kernel_has_live_connection, trusting},
     },
+    tls_counters::count,
 };
 
 /// TLS as a service of the TCP layer (`crate::tcp`): its scratch is [`TLS_SCRATCH`], its

@@ -9,7 +9,7 @@ use crate::{
     context::{Action, Handover, Rewrite},
     datapath::{process, process_reply, process_sip},
     pending::sweep_now,
-    tls,
+    tls_counters,
 };
 
 /// The ingress classifier at the NIC.
@@ -20,7 +20,7 @@ pub fn gateway_xdp(ctx: XdpContext) -> u32 {
     // A connection's first segment to hand to its listener: the finishing program at TC
     // ingress makes its socket (kfuncs that make one run at TC only).
     if action == Action::Handoff && !ctx.hand_over(Handover::Handoff, 0) {
-        tls::counters::count(|c| c.handoffs_failed += 1);
+        tls_counters::count(|c| c.handoffs_failed += 1);
     }
     action.xdp()
 }

@@ -40,7 +40,8 @@ use crate::{
     resume,
     sync::now_ns,
     tcp::flow_key,
-    tls::{SCRATCH_LEN, counters::count, flows},
+    tls::{SCRATCH_LEN, flows},
+    tls_counters::count,
 };
 
 /// Per-CPU copy of a server segment's first bytes and what was read of them (not pinned): the

@@ -20,7 +20,8 @@ use gateway_common::{
 use crate::{
     resume,
     sync::now_ns,
-    tls::{SCRATCH_LEN, Scratch, TLS_SCRATCH, counters::count},
+    tls::{SCRATCH_LEN, Scratch, TLS_SCRATCH},
+    tls_counters::count,
 };
 
 /// The servers' ticket keys by port and name, written by the daemon.

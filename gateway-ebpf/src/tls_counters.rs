@@ -1,5 +1,6 @@
-//! The TLS counters (`TLS_COUNTERS`, per CPU), which every part of the TLS and TCP datapath
-//! counts in: a home of their own, so that counting imports nothing else.
+//! The TLS counters (`TLS_COUNTERS`, per CPU), which the TLS classifier, the places of issued
+//! keys, the hooks and TLS's events of the TCP layer count in: a home of their own, below all
+//! of them, so that counting imports nothing else.
 
 use aya_ebpf::{btf_maps::PerCpuArray, macros::btf_map};
 use gateway_common::maps::TlsCounters;

@@ -10,7 +10,6 @@ use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 use aya_log::EbpfLogger;
 use gateway_common::maps::{AttachMode, DatapathConfig};
 use prometheus_client::{encoding::EncodeLabelSet, metrics::counter::Counter, registry::Registry};
-use thiserror::Error;
 use tokio::{
     net::TcpListener,
     signal::unix::{SignalKind, signal},
@@ -18,9 +17,12 @@ use tokio::{
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{info, warn};
 
+mod error;
 mod proxies;
 mod services;
 mod watch;
+
+pub use error::DaemonError;
 
 use proxies::{raise_fd_limit, start_proxies};
 use services::{Services, Stage};
@@ -32,66 +34,11 @@ use crate::{
     apply::apply,
     config::{Config, ConfigSource, OnExit},
     controller::{Controller, ControllerStats, CostSource, law::HandshakeCosts},
-    datapath::maps::{Maps, MapsError},
-    datapath::{self, AttachOptions, AttachOutcome, Attached, LoaderError, loader, pins::PinDir},
+    datapath::maps::Maps,
+    datapath::{self, AttachOptions, AttachOutcome, Attached, loader, pins::PinDir},
     metrics::family::Sorted,
-    proxy::{Proxy, descriptors::DescriptorError, stats::HandshakeKind},
+    proxy::{Proxy, stats::HandshakeKind},
 };
-
-/// Errors of the daemon.
-#[derive(Debug, Error)]
-pub enum DaemonError {
-    /// The config lists no interface.
-    #[error("the config lists no interfaces: add one under `interfaces` or pass --iface")]
-    NoInterfaces,
-    /// Attaching failed.
-    #[error(transparent)]
-    Loader(#[from] LoaderError),
-    /// Applying the config to the maps failed.
-    #[error("applying the config: {0}")]
-    Maps(#[from] MapsError),
-    /// The runtime or a signal handler could not be set up.
-    #[error("runtime: {0}")]
-    Runtime(#[from] std::io::Error),
-    /// A proxy listener's TLS set-up failed (certificate, key, ticket key file).
-    #[error("proxies[{index}] ({listen}): {source}")]
-    Tls {
-        /// Index in the config.
-        index: usize,
-        /// Its listen address.
-        listen: std::net::SocketAddr,
-        /// The error.
-        source: crate::tls::TlsError,
-    },
-    /// The interface's datapath is held by another process, or its pin directory is unusable.
-    #[error(transparent)]
-    Pins(#[from] datapath::pins::PinsError),
-    /// The open-files limit leaves the proxies too little room, or could not be read.
-    #[error(transparent)]
-    Descriptors(#[from] DescriptorError),
-    /// A listening address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: std::net::SocketAddr,
-        /// The error.
-        source: std::io::Error,
-    },
-}
-
-impl DaemonError {
-    /// Whether the error is the caller's input.
-    pub fn is_input_error(&self) -> bool {
-        match self {
-            DaemonError::NoInterfaces
-            | DaemonError::Tls { .. }
-            | DaemonError::Descriptors(DescriptorError::TooLow { .. }) => true,
-            DaemonError::Pins(e) => !matches!(e, datapath::pins::PinsError::Io { .. }),
-            DaemonError::Loader(e) => e.is_input_error(),
-            _ => false,
-        }
-    }
-}
 
 /// Runs the daemon until SIGTERM or SIGINT; SIGHUP reloads the config from `source`.
 pub fn run(cfg: Config, source: ConfigSource) -> Result<(), DaemonError> {

@@ -7,7 +7,7 @@ use tokio::net::TcpListener;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{info, warn};
 
-use super::DaemonError;
+use super::error::DaemonError;
 use crate::{
     config::Config,
     datapath::attached::Attached,

@@ -29,11 +29,11 @@ use thiserror::Error;
 use crate::{
     EBPF_OBJECT,
     caps::{self, CapsError, Need},
-    datapath::ModeRequest,
     datapath::carry::{self, Carried, Carry, CarryError},
     datapath::ethtool,
     datapath::layouts::{self, LayoutsError},
     datapath::maps::{self, MapsError},
+    datapath::mode::ModeRequest,
     datapath::pins::{self, PinDir, PinsError},
     datapath::rekey::{Moved, Moving, RekeyError},
 };

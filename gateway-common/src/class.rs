@@ -91,7 +91,7 @@ impl Class {
     pub fn leads(self) -> impl Iterator<Item = Class> {
         Self::ALL
             .into_iter()
-            .filter(move |c| matches!(c.led_by(), Some(l) if l as u32 == self as u32))
+            .filter(move |c| c.led_by() == Some(self))
     }
 }
 

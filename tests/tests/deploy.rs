@@ -551,10 +551,11 @@ fn as_the_pods_root_and_the_units_user_with_their_capabilities_a_daemon_upgrades
         );
         let dir = gateway_tests::fresh_temp_dir("gwt-unit-layout");
         let body = "services: [{kind: tls, port: 8443}]\non_exit: keep\n";
-        let daemon = match user {
+        let start = || match user {
             None => Daemon::start_config_capped(&net, &dir, body, caps),
             Some(uid) => Daemon::start_config_as(&net, &dir, body, caps, uid),
         };
+        let daemon = start();
         let (ok, said) = cli(&["status"]);
         assert!(ok, "{who}: status after the upgrade: {said}");
         assert!(
@@ -571,10 +572,7 @@ fn as_the_pods_root_and_the_units_user_with_their_capabilities_a_daemon_upgrades
         let warned = warnings_of_its_own(&log);
         assert!(warned.is_empty(), "{who}: {warned:?}");
         // A restart finds this build's own layout: nothing more to carry.
-        let daemon = match user {
-            None => Daemon::start_config_capped(&net, &dir, body, caps),
-            Some(uid) => Daemon::start_config_as(&net, &dir, body, caps, uid),
-        };
+        let daemon = start();
         let (status, log) = daemon.terminate(Duration::from_secs(30));
         assert!(status.success(), "{who}: restart: {log:?}");
         assert!(

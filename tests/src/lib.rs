@@ -9,6 +9,7 @@ pub mod behind;
 pub mod cgroup;
 pub mod daemon;
 pub mod fleet;
+pub mod floors;
 pub mod frames;
 pub mod inject;
 pub mod kamailio;

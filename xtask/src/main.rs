@@ -199,6 +199,7 @@ fn build_ebpf(check: bool) -> Result<()> {
     let committed = source_hash::committed_hash(&root);
     run(&mut ebpf_cargo("build"))?;
     let built = root.join("target/ebpf/bpfel-unknown-none/release/gateway");
+    let floors = root.join("target/ebpf/bpfel-unknown-none/release/floors");
     if check {
         if committed.as_deref() != Some(current.as_str()) {
             bail!(
@@ -215,6 +216,7 @@ fn build_ebpf(check: bool) -> Result<()> {
     let obj = root.join(source_hash::OBJECT);
     std::fs::create_dir_all(obj.parent().expect("prebuilt dir"))?;
     std::fs::copy(&built, &obj)?;
+    std::fs::copy(&floors, root.join(source_hash::FLOORS_OBJECT))?;
     std::fs::write(root.join(source_hash::OBJECT_HASH), format!("{current}\n"))?;
     eprintln!("build-ebpf: wrote {} for sources {current}", obj.display());
     Ok(())

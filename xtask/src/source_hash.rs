@@ -21,6 +21,13 @@ pub const INPUTS: &[&str] = &[
 
 /// Committed object, relative to the workspace root.
 pub const OBJECT: &str = "gateway-ebpf/prebuilt/gateway.bpf.o";
+/// Committed object of the benchmark's floor programs (built from the same sources as
+/// [`OBJECT`], so [`OBJECT_HASH`] covers it too), relative to the workspace root.
+#[allow(
+    dead_code,
+    reason = "written by xtask and read by the benchmark; the build script embeds only OBJECT"
+)]
+pub const FLOORS_OBJECT: &str = "gateway-ebpf/prebuilt/floors.bpf.o";
 /// Committed hash of the sources [`OBJECT`] was built from, relative to the workspace root.
 pub const OBJECT_HASH: &str = "gateway-ebpf/prebuilt/gateway.bpf.o.sha256";
 

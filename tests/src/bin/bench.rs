@@ -9,6 +9,7 @@ use std::time::Duration;
 use gateway_common::testing::HelloBuilder;
 use gateway_tests::{
     daemon::Daemon,
+    floors::{Floor, Floors},
     frames::{Frame, client_hello_head},
     have_root,
     netns::TestNet,
@@ -118,6 +119,13 @@ fn main() {
         eprintln!("{batches} batches");
         return;
     }
+    // `bench floors`: each class against its floor and the bare program (a section of the full
+    // run).
+    if std::env::args().nth(1).as_deref() == Some("floors") {
+        let mut report = Report::new("datapath-floors");
+        floor_costs(&mut report, &mut TestProgram::new());
+        return;
+    }
     // `bench throughput`: through a veth pair alone (a section of the full run).
     if std::env::args().nth(1).as_deref() == Some("throughput") {
         let mut report = Report::new("datapath-throughput");
@@ -170,6 +178,7 @@ fn main() {
         );
     }
 
+    floor_costs(r, &mut TestProgram::new());
     fresh_costs(r, &mut TestProgram::new());
     tls_costs(r, &mut TestProgram::new());
     sip_costs(r, &mut TestProgram::new());
@@ -319,10 +328,12 @@ fn tls_costs(r: &mut Report, prog: &mut TestProgram) {
     .build();
     say!(
         r,
-        "\n# TLS datapath cost\n\nHellos: single test runs with the flow table cleared before each, the \
-         kernel's own duration per run, median of {SINGLE}, against single runs of the bare \
-         program (so both include the same clock overhead). Flow packets: as above, repeat \
-         {REPEAT}.\n"
+        "\n# TLS datapath latency (single runs)\n\nA latency figure, not a measure of cost: a \
+         single test run carries the test run's own few hundred nanoseconds (the costs by \
+         repeat are the floor table above and the new connections below). Hellos: single test \
+         runs with the flow table cleared before each, the kernel's own duration per run, \
+         median of {SINGLE}, against single runs of the bare program (so both include the same \
+         clock overhead). Flow packets: as above, repeat {REPEAT}.\n"
     );
     say!(
         r,
@@ -573,7 +584,7 @@ fn sip_costs(r: &mut Report, prog: &mut TestProgram) {
     let (o, b) = (median(ours), median(bare));
     say!(
         r,
-        "\n# SIP datapath cost\n\nSame method as the hellos (single runs, transactions cleared).\n"
+        "\n# SIP datapath latency (single runs)\n\nSame method as the hellos (single runs, transactions cleared): a latency figure, not a measure of cost.\n"
     );
     say!(
         r,
@@ -654,7 +665,7 @@ fn reply_costs(r: &mut Report, prog: &mut TestProgram) {
     let invite = Frame::udp(5060, &invite).build();
     say!(
         r,
-        "\n# Refusal cost: answered against dropped\n\nSingle runs, flows and transactions \
+        "\n# Refusal latency: answered against dropped (single runs)\n\nA latency figure, not a measure of cost. Single runs, flows and transactions \
          cleared before each, median of {SINGLE}; the class closed (rate 0), the reply rate at \
          its maximum so that every run answers.\n"
     );
@@ -1055,6 +1066,187 @@ struct FreshRow {
     batch: u32,
     /// Every run is refused (dropped, no reply) rather than admitted.
     refused: bool,
+}
+
+/// Runs of one repeated measurement in [`floor_costs`] (the kernel's time per run).
+const FLOOR_REPEAT: u32 = 1_000_000;
+/// Rounds of [`floor_costs`], each measuring the classifier, the floor and the bare program.
+const FLOOR_ROUNDS: usize = 9;
+
+/// One row of [`floor_costs`]: a packet of a class, how it is run, its floor and the issue's
+/// targets (as multiples of the bare program and of the floor).
+struct FloorRow {
+    name: &'static str,
+    /// The packet, run by repeat (a known flow or transaction after the first run), or the name
+    /// of the fresh row that runs it as a new connection or transaction every run.
+    packet: FloorPacket,
+    floor: Floor,
+    target: (f64, f64),
+}
+
+enum FloorPacket {
+    /// A frame by repeat, after an opener run once (a hello that admits its connection).
+    Repeated {
+        frame: Vec<u8>,
+        opener: Option<Vec<u8>>,
+    },
+    Fresh(&'static str),
+}
+
+impl FloorPacket {
+    fn repeated(frame: Vec<u8>) -> Self {
+        FloorPacket::Repeated {
+            frame,
+            opener: None,
+        }
+    }
+}
+
+/// Every class against the least work its packets need: the classifier (`gateway_xdp`), the
+/// class's floor program (`gateway-ebpf/src/bin/floors.rs`) and the bare XDP_PASS program, each
+/// by repeat, interleaved round by round, timed by the kernel (BPF_PROG_TEST_RUN's own duration
+/// per run, which leaves out the syscall). New connections and transactions run through the
+/// fresh-packet program as in [`fresh_costs`] (tables emptied before each batch, the floor's
+/// too); the others by repeat, where every run after the first is a known flow or transaction.
+fn floor_costs(r: &mut Report, prog: &mut TestProgram) {
+    let mut floors = Floors::load();
+    let rows = [
+        FloorRow {
+            name: "non-service UDP, 64 B",
+            packet: FloorPacket::repeated(Frame::udp(9999, &[0u8; 22]).build()),
+            floor: Floor::NonService,
+            target: (1.3, 1.1),
+        },
+        FloorRow {
+            name: "non-service TCP",
+            packet: FloorPacket::repeated(Frame::tcp(80, &[0u8; 64]).build()),
+            floor: Floor::NonService,
+            target: (1.3, 1.1),
+        },
+        FloorRow {
+            name: "packet of an admitted connection (tls-flow)",
+            // Application data on a connection its hello admitted (the same 4-tuple).
+            packet: FloorPacket::Repeated {
+                frame: Frame::tcp(443, &[23u8, 3, 3, 0, 64]).build(),
+                opener: Some(Frame::tcp(443, &HelloBuilder::default().build()).build()),
+            },
+            floor: Floor::Flow,
+            target: (3.0, 1.25),
+        },
+        FloorRow {
+            name: "new hello, TLS 1.2, 153 B",
+            packet: FloorPacket::Fresh("ClientHello, TLS 1.2, 153 B, new connection"),
+            floor: Floor::NewHello,
+            target: (22.0, 1.5),
+        },
+        FloorRow {
+            name: "new hello, TLS 1.3 + ML-KEM, 1.4 KB",
+            packet: FloorPacket::Fresh(
+                "ClientHello, TLS 1.3 + ML-KEM share, 1.4 KB, new connection",
+            ),
+            floor: Floor::NewHello,
+            target: (22.0, 1.5),
+        },
+        FloorRow {
+            name: "resumed hello, 1.4 KB (key verified)",
+            packet: FloorPacket::Fresh(
+                "ClientHello, TLS 1.3 + ML-KEM share, resumed (key verified, place taken)",
+            ),
+            floor: Floor::ResumedHello,
+            target: (26.0, 1.5),
+        },
+        FloorRow {
+            name: "new 1 KB INVITE",
+            packet: FloorPacket::Fresh("SIP INVITE, 1 KB, new transaction"),
+            floor: Floor::NewInvite,
+            target: (27.0, 1.5),
+        },
+        FloorRow {
+            name: "1 KB INVITE retransmission",
+            packet: FloorPacket::repeated(Frame::udp(5060, &invite_1k()).build()),
+            floor: Floor::SipRetransmission,
+            target: (10.0, 1.6),
+        },
+    ];
+    say!(
+        r,
+        "\n# Every class against its floor\n\nThe classifier (`gateway_xdp`), the class's floor \
+         program (`gateway-ebpf/src/bin/floors.rs`: only the steps the class cannot do without) \
+         and the bare XDP_PASS program, on the same packet, BPF_PROG_TEST_RUN's own time per \
+         run; {FLOOR_ROUNDS} rounds, each running the three back to back (by repeat \
+         {FLOOR_REPEAT}, or for new connections and transactions a batch as in the next \
+         section, tables emptied before each, the floor's too, and the bare program by ten \
+         times the batch); medians, and each ratio is the median (min..max) of the per-round \
+         ratios. Targets are issue 55's.\n"
+    );
+    say!(
+        r,
+        "| packet | gateway ns | floor ns | bare ns | gateway / bare | floor / bare | gateway / floor | target / bare | target / floor |"
+    );
+    say!(r, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let fresh = fresh_rows();
+    for row in &rows {
+        let (mut ours, mut floor, mut bare) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut to_bare, mut to_floor, mut floor_to_bare) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..FLOOR_ROUNDS {
+            let (o, f, b) = match &row.packet {
+                FloorPacket::Repeated { frame, opener } => {
+                    prog.forget();
+                    if let Some(hello) = opener {
+                        assert_eq!(prog.run(Hook::Xdp, hello, 1).0, XDP_PASS, "the opener");
+                        let flows = prog.maps.tls_flows().expect("flows");
+                        assert!(
+                            matches!(flows.as_slice(), [(_, f)] if f.state == gateway_common::maps::FLOW_ADMITTED),
+                            "{}: the hello admitted its connection: {flows:?}",
+                            row.name
+                        );
+                    }
+                    let o = prog.run(Hook::Xdp, frame, FLOOR_REPEAT).1;
+                    let (action, f) = floors.run(row.floor, frame, FLOOR_REPEAT);
+                    assert_eq!(action, XDP_PASS, "{}: the floor passes it", row.name);
+                    let b = prog.run(Hook::BarePass, frame, FLOOR_REPEAT).1;
+                    (o, f, b)
+                }
+                FloorPacket::Fresh(name) => {
+                    let fresh_row = fresh
+                        .iter()
+                        .find(|f| f.name == *name)
+                        .unwrap_or_else(|| panic!("no fresh row {name:?}"));
+                    let o = fresh_batch(prog, fresh_row, "this build");
+                    floors.forget();
+                    let (action, f) = floors.run(row.floor, &fresh_row.frame, fresh_row.batch);
+                    assert_eq!(action, XDP_PASS, "{}: the floor admits it", row.name);
+                    let b = prog
+                        .run(Hook::BarePass, &fresh_row.frame, 10 * fresh_row.batch)
+                        .1;
+                    (o, f, b)
+                }
+            };
+            ours.push(o);
+            floor.push(f);
+            bare.push(b);
+            to_bare.push(o / b);
+            to_floor.push(o / f);
+            floor_to_bare.push(f / b);
+        }
+        let ratio = |v: Vec<f64>| {
+            let (lo, hi) = range(&v);
+            format!("{:.2}x ({lo:.2}..{hi:.2})", median(v))
+        };
+        say!(
+            r,
+            "| {} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {:.1}x | {:.2}x |",
+            row.name,
+            median(ours),
+            median(floor),
+            median(bare),
+            ratio(to_bare),
+            ratio(floor_to_bare),
+            ratio(to_floor),
+            row.target.0,
+            row.target.1
+        );
+    }
 }
 
 /// The packets of the per-packet section, each run by repeat (after its first run, the same

@@ -1,0 +1,452 @@
+//! The floors: for each class of packet, an XDP program doing only the steps that class cannot
+//! do without, so the benchmark can read the classifier's cost as a multiple of the least work
+//! its packets need ("gateway / floor"), measured in the same run as the classifier and the bare
+//! program. Attached nowhere, loaded by the benchmark alone (`gateway-tests`' `floors`).
+//!
+//! What each floor does (and what it leaves out: no Via branch or Call-ID is found or hashed, no
+//! hello is validated, no IPv6, VLAN or IP options are walked; the classifier does all of that):
+//! - [`floor_non_service`]: a per-CPU counter, Ethernet/IPv4/TCP-or-UDP parsed, the destination
+//!   port looked up in an ARRAY (the classifier's own kind of service table), passed.
+//! - [`floor_flow`]: and the flow looked up by its 4-tuple in a HASH (a hit after the first run).
+//! - [`floor_new_hello`]: and, the flow unknown, the hello's extensions walked in a bounded loop,
+//!   the coarse clock read, a per-CPU token bucket checked, one insert of a fresh key into an
+//!   LRU table without a common list (`BPF_F_NO_COMMON_LRU`).
+//! - [`floor_resumed_hello`]: and the PSK identity's first 16 bytes looked up in a HASH of issued
+//!   keys (a hit after the first run).
+//! - [`floor_sip_retransmission`]: the header block's end found eight bytes at a time in a bounded
+//!   loop, the transaction looked up (a hit after the first run).
+//! - [`floor_new_invite`]: the same, the transaction unknown, then the clock, the bucket and one
+//!   insert of a fresh key.
+//!
+//! A floor's "fresh key" is its CPU's run count: every repeated run inserts a new entry, as a
+//! flood of new connections or transactions would.
+
+#![no_std]
+#![no_main]
+#![allow(internal_features)]
+#![feature(asm_experimental_arch)]
+
+use aya_ebpf::{
+    bindings::xdp_action,
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_coarse_ns},
+    macros::{btf_map, xdp},
+    programs::XdpContext,
+};
+use gateway_common::maps::{
+    IPPROTO_TCP, IPPROTO_UDP, SERVICE_PORT_ENTRIES, port_kind, service_port_index,
+};
+
+/// Entries of the floors' flow, unit and transaction tables.
+const TABLE: usize = 65_536;
+/// `BPF_F_NO_COMMON_LRU`: each CPU evicts from its own list.
+const NO_COMMON_LRU: usize = 2;
+/// Bytes of a SIP message the word walk reads at most.
+const MAX_SIP_BYTES: usize = 1_504;
+/// Extensions of a hello the walk reads at most.
+const MAX_EXTENSIONS: usize = 24;
+/// The largest offset read: packet offsets are capped to it before the bounds check, as the
+/// verifier needs.
+const MAX_OFFSET: usize = 0xfff;
+
+/// A flow, transaction or unit: a 4-tuple, its protocol and a tag.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Key {
+    saddr: u32,
+    daddr: u32,
+    sport: u16,
+    dport: u16,
+    proto: u8,
+    tag: u8,
+    pad: [u8; 2],
+}
+
+/// What a table holds: 64 bytes, about a unit's or a flow's size in the classifier.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Entry {
+    words: [u64; 8],
+}
+
+/// Counters: 0 packets, 1 the run count (fresh keys), 2 the token bucket's next time.
+#[btf_map]
+static FLOOR_COUNTERS: PerCpuArray<u64, 4> = PerCpuArray::new();
+/// Service kind per (protocol, port), as the classifier's `SERVICE_PORTS` (set by the benchmark).
+#[btf_map]
+static FLOOR_PORTS: Array<u8, { SERVICE_PORT_ENTRIES as usize }> = Array::new();
+/// Known flows and transactions (a hit after a packet's first run).
+#[btf_map]
+static FLOOR_FLOWS: HashMap<Key, Entry, TABLE> = HashMap::new();
+/// Issued keys (a hit after the first run).
+#[btf_map]
+static FLOOR_ISSUED: HashMap<[u8; 16], Entry, 1024> = HashMap::new();
+/// New connections' and transactions' units.
+#[btf_map]
+static FLOOR_UNITS: LruHashMap<Key, Entry, TABLE, NO_COMMON_LRU> = LruHashMap::new();
+
+/// The parsed headers: the 4-tuple and where the payload starts.
+struct Headers {
+    key: Key,
+    payload: usize,
+}
+
+/// A frame's bounds.
+struct Frame {
+    start: usize,
+    end: usize,
+}
+
+impl Frame {
+    #[inline(always)]
+    fn new(ctx: &XdpContext) -> Self {
+        // SAFETY: ctx.ctx points at the kernel's xdp_md for the whole run.
+        unsafe {
+            Frame {
+                start: core::ptr::read_volatile(&(*ctx.ctx).data) as usize,
+                end: core::ptr::read_volatile(&(*ctx.ctx).data_end) as usize,
+            }
+        }
+    }
+
+    /// A pointer to `n` bytes at `offset`, if they are in the frame.
+    #[inline(always)]
+    fn at(&self, offset: usize, n: usize) -> Option<*const u8> {
+        let p = self.start + (offset & MAX_OFFSET);
+        if opaque((p + n) as u64) as usize > self.end {
+            return None;
+        }
+        Some(p as *const u8)
+    }
+
+    /// The byte at `offset`.
+    #[inline(always)]
+    fn byte(&self, offset: usize) -> Option<u8> {
+        // SAFETY: checked to be in the frame.
+        self.at(offset, 1).map(|p| unsafe { *p })
+    }
+
+    /// The big-endian 16-bit word at `offset`.
+    #[inline(always)]
+    fn be16(&self, offset: usize) -> Option<u16> {
+        // SAFETY: checked to be in the frame.
+        self.at(offset, 2)
+            .map(|p| unsafe { u16::from_be_bytes([*p, *p.add(1)]) })
+    }
+}
+
+/// Hides `v` from LLVM, so a bounds check written on it stays the comparison the verifier reads.
+#[inline(always)]
+fn opaque(mut v: u64) -> u64 {
+    // SAFETY: a register-to-itself move.
+    unsafe {
+        core::arch::asm!("{0} = {0}", inout(reg) v, options(nomem, nostack, preserves_flags))
+    };
+    v
+}
+
+/// Adds one to counter `i` and returns its value before.
+#[inline(always)]
+fn count(i: u32) -> u64 {
+    match FLOOR_COUNTERS.get_ptr_mut(i) {
+        // SAFETY: this CPU's slot.
+        Some(c) => unsafe {
+            let n = *c;
+            *c = n + 1;
+            n
+        },
+        None => 0,
+    }
+}
+
+/// Ethernet, IPv4 without options or fragments, TCP or UDP; `None` for anything else.
+#[inline(always)]
+fn parse(f: &Frame) -> Option<Headers> {
+    let eth = f.at(0, 34)?;
+    // SAFETY: 34 bytes checked above.
+    let (ethertype, ip) = unsafe {
+        (
+            u16::from_be_bytes([*eth.add(12), *eth.add(13)]),
+            eth.add(14),
+        )
+    };
+    if ethertype != 0x0800 {
+        return None;
+    }
+    // SAFETY: the IPv4 header's 20 bytes are within the 34 checked.
+    let (vihl, frag, proto, saddr, daddr) = unsafe {
+        (
+            *ip,
+            u16::from_be_bytes([*ip.add(6), *ip.add(7)]),
+            *ip.add(9),
+            (ip.add(12) as *const u32).read_unaligned(),
+            (ip.add(16) as *const u32).read_unaligned(),
+        )
+    };
+    if vihl != 0x45 || frag & 0x3fff != 0 {
+        return None;
+    }
+    let payload = match proto {
+        IPPROTO_UDP => {
+            f.at(34, 8)?;
+            42
+        }
+        IPPROTO_TCP => {
+            let doff = f.byte(46)?;
+            34 + usize::from(doff >> 4) * 4
+        }
+        _ => return None,
+    };
+    Some(Headers {
+        key: Key {
+            saddr,
+            daddr,
+            sport: f.be16(34)?,
+            dport: f.be16(36)?,
+            proto,
+            tag: 0,
+            pad: [0; 2],
+        },
+        payload,
+    })
+}
+
+/// Whether the destination is a service (the ARRAY lookup).
+#[inline(always)]
+fn is_service(h: &Headers) -> bool {
+    service_port_index(h.key.proto, h.key.dport)
+        .and_then(|i| FLOOR_PORTS.get(i))
+        .is_some_and(|b| port_kind(*b).is_some())
+}
+
+/// Whether the flow (or transaction) of `key` is known; inserts it when not, so repeated runs of
+/// one packet hit.
+#[inline(always)]
+fn known(key: &Key) -> bool {
+    if FLOOR_FLOWS.get_ptr(key).is_some() {
+        return true;
+    }
+    let _ = FLOOR_FLOWS.insert(key, Entry { words: [0; 8] }, 0);
+    false
+}
+
+/// The coarse clock, a per-CPU token bucket (which always admits here), and one insert of a
+/// fresh key into the unit table.
+#[inline(always)]
+fn admit_new(h: &Headers) -> u32 {
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let Some(bucket) = FLOOR_COUNTERS.get_ptr_mut(2) else {
+        return xdp_action::XDP_DROP;
+    };
+    // SAFETY: this CPU's slot.
+    unsafe {
+        if *bucket > now {
+            return xdp_action::XDP_DROP;
+        }
+        *bucket = now - 1;
+    }
+    let n = count(1);
+    let key = Key {
+        saddr: n as u32,
+        sport: (n >> 32) as u16,
+        tag: unsafe { bpf_get_smp_processor_id() } as u8,
+        ..h.key
+    };
+    let mut entry = Entry { words: [0; 8] };
+    entry.words[0] = now;
+    let _ = FLOOR_UNITS.insert(key, entry, 0);
+    xdp_action::XDP_PASS
+}
+
+/// Walks a hello's extensions; returns how many, and the offset of the pre_shared_key
+/// extension's (0 when none), or `None` when the record is not a hello.
+#[inline(always)]
+fn walk_hello(f: &Frame, payload: usize) -> Option<(u32, usize)> {
+    let p = payload & 0x7f;
+    if f.byte(p)? != 22 || f.byte(p + 5)? != 1 {
+        return None;
+    }
+    let mut off = p + 43;
+    off += 1 + usize::from(f.byte(off)?);
+    off += 2 + usize::from(f.be16(off)?);
+    off += 1 + usize::from(f.byte(off)?);
+    let end = off + 2 + usize::from(f.be16(off)?);
+    off += 2;
+    let (mut n, mut psk) = (0, 0);
+    for _ in 0..MAX_EXTENSIONS {
+        if off + 4 > end {
+            break;
+        }
+        let (Some(kind), Some(len)) = (f.be16(off), f.be16(off + 2)) else {
+            break;
+        };
+        if kind == 41 {
+            psk = off;
+        }
+        n += 1;
+        off = (off + 4 + usize::from(len)) & 0x7ff;
+    }
+    Some((n, psk))
+}
+
+/// The offset of the CRLF CRLF that ends a SIP message's headers, read eight bytes at a time.
+#[inline(always)]
+fn sip_headers_end(f: &Frame, payload: usize) -> Option<usize> {
+    const CR: u64 = 0x0d0d_0d0d_0d0d_0d0d;
+    const LOW: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    for i in 0..MAX_SIP_BYTES / 8 {
+        let at = payload + i * 8;
+        let q = f.at(at, 8)?;
+        // SAFETY: eight bytes checked above.
+        let x = unsafe { (q as *const u64).read_unaligned() } ^ CR;
+        // A byte of `x` is zero where the word holds a CR: its high bit set here.
+        let crs = !(((x & LOW) + LOW) | x | LOW);
+        if crs == 0 {
+            continue;
+        }
+        for k in 0..8 {
+            if crs & (0x80 << (8 * k)) != 0 {
+                let w = f.at(at + k, 4)?;
+                // SAFETY: four bytes checked above.
+                if unsafe { (w as *const u32).read_unaligned() } == 0x0a0d_0a0d {
+                    return Some(at + k);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// The non-service floor.
+#[xdp]
+pub fn floor_non_service(ctx: XdpContext) -> u32 {
+    count(0);
+    let f = Frame::new(&ctx);
+    match parse(&f) {
+        Some(h) if is_service(&h) => xdp_action::XDP_DROP,
+        _ => xdp_action::XDP_PASS,
+    }
+}
+
+/// The floor of a packet of a known flow.
+#[xdp]
+pub fn floor_flow(ctx: XdpContext) -> u32 {
+    count(0);
+    let f = Frame::new(&ctx);
+    let Some(h) = parse(&f) else {
+        return xdp_action::XDP_PASS;
+    };
+    if !is_service(&h) || known(&h.key) {
+        return xdp_action::XDP_PASS;
+    }
+    xdp_action::XDP_DROP
+}
+
+/// The floor of a new connection's hello.
+#[xdp]
+pub fn floor_new_hello(ctx: XdpContext) -> u32 {
+    count(0);
+    let f = Frame::new(&ctx);
+    let Some(mut h) = parse(&f) else {
+        return xdp_action::XDP_PASS;
+    };
+    if !is_service(&h) {
+        return xdp_action::XDP_PASS;
+    }
+    h.key.tag = 1;
+    if FLOOR_FLOWS.get_ptr(h.key).is_some() {
+        return xdp_action::XDP_PASS;
+    }
+    match walk_hello(&f, h.payload) {
+        Some((n, _)) if n > 0 => admit_new(&h),
+        _ => xdp_action::XDP_DROP,
+    }
+}
+
+/// The floor of a resumed connection's hello: a new one's, and its PSK identity looked up.
+#[xdp]
+pub fn floor_resumed_hello(ctx: XdpContext) -> u32 {
+    count(0);
+    let f = Frame::new(&ctx);
+    let Some(mut h) = parse(&f) else {
+        return xdp_action::XDP_PASS;
+    };
+    if !is_service(&h) {
+        return xdp_action::XDP_PASS;
+    }
+    h.key.tag = 1;
+    if FLOOR_FLOWS.get_ptr(h.key).is_some() {
+        return xdp_action::XDP_PASS;
+    }
+    let Some((n, psk)) = walk_hello(&f, h.payload) else {
+        return xdp_action::XDP_DROP;
+    };
+    if n == 0 || psk == 0 {
+        return xdp_action::XDP_DROP;
+    }
+    let Some(q) = f.at(psk + 8, 16) else {
+        return xdp_action::XDP_DROP;
+    };
+    // SAFETY: sixteen bytes checked above.
+    let identity = unsafe { (q as *const [u8; 16]).read_unaligned() };
+    match FLOOR_ISSUED.get_ptr_mut(identity) {
+        // SAFETY: a hash value; the benchmark runs one program at a time.
+        Some(e) => unsafe { (*e).words[1] += 1 },
+        None => {
+            let _ = FLOOR_ISSUED.insert(identity, Entry { words: [0; 8] }, 0);
+        }
+    }
+    admit_new(&h)
+}
+
+/// The floor of a SIP request's retransmission: the headers' end found, the transaction known.
+#[xdp]
+pub fn floor_sip_retransmission(ctx: XdpContext) -> u32 {
+    count(0);
+    let f = Frame::new(&ctx);
+    let Some(h) = parse(&f) else {
+        return xdp_action::XDP_PASS;
+    };
+    if h.key.proto != IPPROTO_UDP || !is_service(&h) {
+        return xdp_action::XDP_PASS;
+    }
+    if sip_headers_end(&f, 42).is_none() {
+        return xdp_action::XDP_DROP;
+    }
+    if known(&h.key) {
+        xdp_action::XDP_PASS
+    } else {
+        xdp_action::XDP_DROP
+    }
+}
+
+/// The floor of a new SIP transaction's request.
+#[xdp]
+pub fn floor_new_invite(ctx: XdpContext) -> u32 {
+    count(0);
+    let f = Frame::new(&ctx);
+    let Some(mut h) = parse(&f) else {
+        return xdp_action::XDP_PASS;
+    };
+    if h.key.proto != IPPROTO_UDP || !is_service(&h) {
+        return xdp_action::XDP_PASS;
+    }
+    if sip_headers_end(&f, 42).is_none() {
+        return xdp_action::XDP_DROP;
+    }
+    h.key.tag = 1;
+    if FLOOR_FLOWS.get_ptr(h.key).is_some() {
+        return xdp_action::XDP_PASS;
+    }
+    admit_new(&h)
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

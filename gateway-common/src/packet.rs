@@ -244,6 +244,69 @@ pub fn parse<B: PacketBytes>(b: &B) -> Packet {
     pkt
 }
 
+/// The most common frame (untagged Ethernet, IPv4 without options, not a fragment, a whole UDP
+/// or TCP header) as [`plain_ipv4`] reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlainIpv4 {
+    /// [`PROTO_TCP`] or [`PROTO_UDP`].
+    pub proto: u8,
+    /// Source port.
+    pub src_port: u16,
+    /// Destination port.
+    pub dst_port: u16,
+    /// TCP flags (0 for UDP).
+    pub tcp_flags: u8,
+}
+
+/// A plain IPv4 frame's ports and TCP flags in the fewest reads (its addresses are at
+/// [`ETH_HLEN`] + 12, for whoever needs them); `None` for every other frame, which only [`parse`]
+/// judges.
+///
+/// Where it answers, [`parse`] finds a [`PacketKind::Transport`] with the same protocol, ports
+/// and flags at IPv4 offset [`ETH_HLEN`], and nothing the parser counters count (no VLAN tag, IP
+/// options, IPv6 or fragment): the datapath passes packets of no service, and packets of admitted
+/// connections, on this answer alone.
+#[inline(always)]
+pub fn plain_ipv4<B: PacketBytes>(b: &B) -> Option<PlainIpv4> {
+    // Ethernet, the IPv4 header without options and a UDP header (or a TCP header's first 8
+    // bytes).
+    let mut h = [0u8; 42];
+    if !b.read(0, &mut h) {
+        return None;
+    }
+    let ethertype = u16::from_be_bytes([h[12], h[13]]);
+    let total_len = u16::from_be_bytes([h[16], h[17]]);
+    let frag = u16::from_be_bytes([h[20], h[21]]);
+    // Version 4, a 20-byte header; no fragment offset, no more fragments.
+    if ethertype != ETH_P_IP || h[14] != 0x45 || total_len < 20 || frag & 0x3fff != 0 {
+        return None;
+    }
+    let mut plain = PlainIpv4 {
+        proto: h[23],
+        src_port: u16::from_be_bytes([h[34], h[35]]),
+        dst_port: u16::from_be_bytes([h[36], h[37]]),
+        tcp_flags: 0,
+    };
+    match plain.proto {
+        PROTO_UDP if u16::from_be_bytes([h[38], h[39]]) >= 8 => Some(plain),
+        PROTO_TCP => {
+            // Data offset and flags.
+            let mut t = [0u8; 2];
+            if !b.read(ETH_HLEN + 20 + 12, &mut t) {
+                return None;
+            }
+            let hlen = ((t[0] >> 4) as usize) * 4;
+            // The whole header, options included, as `parse` wants it.
+            if hlen < 20 || !present(b, ETH_HLEN + 20 + hlen - 2) {
+                return None;
+            }
+            plain.tcp_flags = t[1];
+            Some(plain)
+        }
+        _ => None,
+    }
+}
+
 /// Whether the two bytes at `offset` are in the frame. Variable offsets are always checked with a
 /// two-byte read, the smallest the verifier reliably tracks.
 #[inline(always)]

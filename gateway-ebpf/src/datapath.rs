@@ -10,7 +10,7 @@ use gateway_common::{
         CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, IPPROTO_TCP, IPPROTO_UDP, ServiceKind,
         port_kind, port_syn_cookies,
     },
-    packet::{Packet, PacketKind, parse},
+    packet::{Packet, PacketKind, TCP_SYN, parse, plain_ipv4},
     programs::Jump,
 };
 
@@ -28,6 +28,45 @@ use crate::{
 /// IPv6's next header for ESP.
 const IPPROTO_ESP: u8 = 50;
 
+/// Passes and counts a frame of `len` bytes that is plain IPv4 to no service, and says so;
+/// every other frame is left to [`pass_admitted`] and [`process`], which would find for these
+/// the same class and verdict and nothing else to count (`plain_ipv4`). Most packets a host
+/// receives are such. The programs run this before they call the classifier as a function of
+/// its own, so that these packets pay for no call; it keeps its stack small (the classifier's
+/// deepest chain of calls is near the verifier's 512 bytes).
+#[inline(always)]
+pub fn pass_no_service<B: PacketBytes>(b: &B, len: u64) -> bool {
+    let Some(p) = plain_ipv4(b) else {
+        return false;
+    };
+    if port_kind(service_byte(p.proto, p.dst_port).unwrap_or(0)).is_some() {
+        return false;
+    }
+    count_class(Class::Other, true, len);
+    true
+}
+
+/// Passes and counts a plain IPv4 segment (not a SYN) of an admitted TLS connection, and says
+/// so; every other frame is left to [`process`], which would find for these the same class and
+/// verdict (`tls_packet`: an admitted flow's segment passes as `tls-flow`) and nothing else to
+/// count. Every packet of an admitted connection but its first few is such.
+#[inline(always)]
+pub fn pass_admitted<B: PacketBytes>(b: &B, len: u64) -> bool {
+    let Some(p) = plain_ipv4(b) else {
+        return false;
+    };
+    // A SYN on a known connection's 4-tuple is judged in full (`tls_packet`).
+    if p.proto != IPPROTO_TCP
+        || p.tcp_flags & TCP_SYN != 0
+        || port_kind(service_byte(p.proto, p.dst_port).unwrap_or(0)) != Some(ServiceKind::Tls)
+        || !tls::flows::admitted4(b, p.src_port, p.dst_port)
+    {
+        return false;
+    }
+    count_class(Class::TlsFlow, true, len);
+    true
+}
+
 /// Classifies and counts one frame of `len` bytes. `ctx` serves aya-log records (compiled in at
 /// debug level, off unless the loader raises the level) and copies of TLS payloads.
 #[inline(always)]
@@ -36,6 +75,9 @@ pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + TailCall + Rewrite,
     b: &B,
     len: u64,
 ) -> Action {
+    if pass_admitted(b, len) {
+        return Action::Pass;
+    }
     let pkt = parse(b);
     // The parser counters are looked up only when there is something to count, so plain IPv4
     // traffic pays for one per-CPU lookup (its class's counters) and no more.

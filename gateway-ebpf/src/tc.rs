@@ -10,7 +10,7 @@ use gateway_common::{
 use crate::{
     bytes::SkbBytes,
     context::{Action, Handover, handed_over},
-    datapath::{process, process_reply, process_sip},
+    datapath::{pass_no_service, process, process_reply, process_sip},
     maps::service_kind,
     reply::finish,
     sip::sip_response,
@@ -23,6 +23,9 @@ use crate::{
 #[classifier]
 pub fn gateway_tc_ingress(ctx: TcContext) -> i32 {
     let len = u64::from(ctx.len());
+    if pass_no_service(&SkbBytes::new(&ctx), len) {
+        return Action::Pass.tc(&ctx);
+    }
     let action = process(&ctx, &SkbBytes::new(&ctx), len);
     if action == Action::Handoff {
         handoff::<Tls>(&ctx);

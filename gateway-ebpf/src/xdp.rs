@@ -7,7 +7,7 @@ use gateway_common::Class;
 use crate::{
     bytes::XdpBytes,
     context::{Action, Handover, Rewrite},
-    datapath::{process, process_reply, process_sip},
+    datapath::{pass_no_service, process, process_reply, process_sip},
     pending::sweep_now,
     tls_counters,
 };
@@ -16,7 +16,20 @@ use crate::{
 #[xdp]
 pub fn gateway_xdp(ctx: XdpContext) -> u32 {
     let bytes = XdpBytes::new(&ctx);
-    let action = process(&ctx, &bytes, bytes.len());
+    if pass_no_service(&bytes, bytes.len()) {
+        return xdp_action::XDP_PASS;
+    }
+    classify(&ctx)
+}
+
+/// The classifier of every frame [`pass_no_service`] leaves: a function of its own, so the packets
+/// of no service pay for no call.
+#[inline(never)]
+fn classify(ctx: &XdpContext) -> u32 {
+    // The frame's bounds read again here: the verifier tracks packet pointers through a call
+    // only in registers.
+    let bytes = XdpBytes::new(ctx);
+    let action = process(ctx, &bytes, bytes.len());
     // A connection's first segment to hand to its listener: the finishing program at TC
     // ingress makes its socket (kfuncs that make one run at TC only).
     if action == Action::Handoff && !ctx.hand_over(Handover::Handoff, 0) {

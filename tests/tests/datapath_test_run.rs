@@ -450,3 +450,55 @@ fn a_later_ipv6_fragment_carries_no_ports_and_is_other() {
     assert_eq!(after.class_since(&before), Some(Class::Other));
     assert_eq!(after.datapath.fragments - before.datapath.fragments, 1);
 }
+
+/// The datapath's short way for packets of no service answers for plain IPv4 UDP and TCP and for
+/// nothing the full parser would count or judge otherwise (a tag, options, IPv6, a fragment, a
+/// transport header cut short or malformed): those go the full way.
+#[test]
+fn the_short_way_answers_for_plain_ipv4_and_leaves_every_other_frame_to_the_parser() {
+    use gateway_common::packet::plain_ipv4;
+    let short = |frame: &[u8]| plain_ipv4(&SliceBytes(frame)).map(|p| (p.proto, p.dst_port));
+    assert_eq!(short(&Frame::udp(9999, b"x").build()), Some((17, 9999)));
+    assert_eq!(short(&Frame::tcp(80, &[0; 64]).build()), Some((6, 80)));
+    assert_eq!(short(&Frame::tcp(443, &[]).build()), Some((6, 443)));
+    let syn = Frame::tcp(443, &[]).flags(0x02).build();
+    assert_eq!(
+        plain_ipv4(&SliceBytes(&syn)).map(|p| p.tcp_flags),
+        Some(0x02)
+    );
+    gateway_common::testing::properties::packet(&syn);
+    let tcp = Frame::tcp(80, &[0; 64]).build();
+    let mut bad_udp_len = Frame::udp(9999, b"x").build();
+    bad_udp_len[38..40].copy_from_slice(&7u16.to_be_bytes());
+    let mut short_doff = tcp.clone();
+    short_doff[46] = 4 << 4;
+    let mut long_doff = Frame::tcp(80, &[]).build();
+    long_doff[46] = 15 << 4;
+    let mut bad_total = tcp.clone();
+    bad_total[16..18].copy_from_slice(&19u16.to_be_bytes());
+    for (what, frame) in [
+        (
+            "a VLAN tag",
+            Frame::udp(9999, b"x").vlan(TPID_8021Q).build(),
+        ),
+        ("IP options", Frame::udp(9999, b"x").ipv4_options(4).build()),
+        ("IPv6", Frame::udp(9999, b"x").ipv6(&[]).build()),
+        (
+            "a first fragment",
+            Frame::udp(9999, b"x").ipv4_frag(0x2000).build(),
+        ),
+        (
+            "a later fragment",
+            Frame::udp(9999, b"x").ipv4_frag(0x0010).build(),
+        ),
+        ("a TCP header cut short", tcp[..50].to_vec()),
+        ("a UDP length under 8", bad_udp_len),
+        ("a TCP data offset under 5", short_doff),
+        ("TCP options past the frame's end", long_doff),
+        ("an IP total length under 20", bad_total),
+    ] {
+        assert_eq!(short(&frame), None, "{what}");
+        // The property the fuzz target checks holds on each.
+        gateway_common::testing::properties::packet(&frame);
+    }
+}

@@ -6,7 +6,7 @@
 use crate::{
     Class,
     bytes::SliceBytes,
-    packet::{MAX_L4_OFFSET, PacketKind, parse},
+    packet::{ETH_HLEN, MAX_L4_OFFSET, PacketKind, parse, plain_ipv4},
     sip::{HAVE_BRANCH, HAVE_CSEQ, MessageKind, Method, parse_sip},
     tls::{HelloState, Offer, Verdict, parse_hello},
 };
@@ -32,9 +32,29 @@ pub fn client_hello(input: &[u8]) {
 }
 
 /// The L2-L4 parser and the SIP parser on arbitrary frames: never panic, and every offset the
-/// packet parser reports lies inside the bounds it promises.
+/// packet parser reports lies inside the bounds it promises. Where the short way for plain IPv4
+/// (`plain_ipv4`) answers, the parser agrees: a transport header of that protocol, ports and
+/// flags behind a plain IPv4 header, and nothing the parser counters count.
 pub fn packet(frame: &[u8]) {
     let pkt = parse(&SliceBytes(frame));
+    if let Some(plain) = plain_ipv4(&SliceBytes(frame)) {
+        assert_eq!(pkt.kind, PacketKind::Transport, "{pkt:?}");
+        let t = pkt.transport;
+        assert_eq!(
+            (t.proto, t.src_port, t.dst_port, t.tcp_flags, pkt.l3_offset),
+            (
+                plain.proto,
+                plain.src_port,
+                plain.dst_port,
+                plain.tcp_flags,
+                ETH_HLEN as u16
+            )
+        );
+        assert!(
+            pkt.vlan_tags == 0 && !pkt.ipv4_options && pkt.ip_version == 4 && !pkt.fragmented,
+            "{pkt:?}"
+        );
+    }
     if pkt.kind == PacketKind::Transport {
         let t = pkt.transport;
         assert!(t.payload_offset as usize <= MAX_L4_OFFSET + 60);

@@ -8,8 +8,10 @@
 //! they are touched once or twice a connection.
 
 use aya_ebpf::{btf_maps::LruHashMap, macros::btf_map};
-use gateway_common::maps::{
-    FLOW_ADMITTED, FLOW_KEY_EXCHANGE, FlowKey, FlowKey4, MAX_TLS_FLOWS, TlsFlow,
+use gateway_common::{
+    bytes::PacketBytes,
+    maps::{FLOW_ADMITTED, FLOW_KEY_EXCHANGE, FlowKey, FlowKey4, MAX_TLS_FLOWS, TlsFlow},
+    packet::ETH_HLEN,
 };
 
 use super::Scratch;
@@ -32,6 +34,32 @@ pub fn get(s: &mut Scratch, v4: bool) -> Option<*mut TlsFlow> {
         TLS_FLOWS4.get_ptr_mut(&s.key4)
     } else {
         TLS_FLOWS.get_ptr_mut(&s.tcp.key)
+    }
+}
+
+/// Whether the connection of the plain IPv4 frame `b` (`gateway_common::packet::plain_ipv4`),
+/// from `sport` to `dport`, was admitted (and waits for nothing more): all its segments but a
+/// SYN pass as `tls-flow` on this alone (`crate::datapath::pass_plain`). The key is built in
+/// the scratch, not on the stack: the program that calls this keeps its own frame small, under
+/// the classifier's deepest chain of calls.
+#[inline(always)]
+pub fn admitted4<B: PacketBytes>(b: &B, sport: u16, dport: u16) -> bool {
+    let Some(s) = super::TLS_SCRATCH.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: per-CPU slot, used only by this program run; the entry is read, one byte.
+    unsafe {
+        let key = &mut (*s).key4;
+        // The two addresses, network order, as the key's first eight bytes hold them.
+        let addresses = &mut *core::ptr::addr_of_mut!(key.saddr).cast::<[u8; 8]>();
+        if !b.read(ETH_HLEN + 12, addresses) {
+            return false;
+        }
+        key.sport = sport;
+        key.dport = dport;
+        TLS_FLOWS4
+            .get_ptr(&*key)
+            .is_some_and(|f| (*f).state == FLOW_ADMITTED)
     }
 }
 

@@ -317,44 +317,53 @@ fn sip_headers_end(f: &Frame, payload: usize) -> Option<usize> {
     None
 }
 
+/// The steps every floor starts with: the counter, the parse and the service port's lookup.
+/// `None` for a frame that is not plain IPv4 TCP or UDP to a service (over UDP alone with
+/// `udp`): the floor passes it.
+#[inline(always)]
+fn service_packet(f: &Frame, udp: bool) -> Option<Headers> {
+    count(0);
+    let h = parse(f)?;
+    if (udp && h.key.proto != IPPROTO_UDP) || !is_service(&h) {
+        return None;
+    }
+    Some(h)
+}
+
+/// Whether the packet starts a connection or transaction (its 4-tuple, tagged as a new one's,
+/// is in no table: a miss, as a flood's packets are).
+#[inline(always)]
+fn unknown(h: &mut Headers) -> bool {
+    h.key.tag = 1;
+    FLOOR_FLOWS.get_ptr(h.key).is_none()
+}
+
 /// The non-service floor.
 #[xdp]
 pub fn floor_non_service(ctx: XdpContext) -> u32 {
-    count(0);
-    let f = Frame::new(&ctx);
-    match parse(&f) {
-        Some(h) if is_service(&h) => xdp_action::XDP_DROP,
-        _ => xdp_action::XDP_PASS,
+    match service_packet(&Frame::new(&ctx), false) {
+        Some(_) => xdp_action::XDP_DROP,
+        None => xdp_action::XDP_PASS,
     }
 }
 
 /// The floor of a packet of a known flow.
 #[xdp]
 pub fn floor_flow(ctx: XdpContext) -> u32 {
-    count(0);
-    let f = Frame::new(&ctx);
-    let Some(h) = parse(&f) else {
-        return xdp_action::XDP_PASS;
-    };
-    if !is_service(&h) || known(&h.key) {
-        return xdp_action::XDP_PASS;
+    match service_packet(&Frame::new(&ctx), false) {
+        Some(h) if !known(&h.key) => xdp_action::XDP_DROP,
+        _ => xdp_action::XDP_PASS,
     }
-    xdp_action::XDP_DROP
 }
 
 /// The floor of a new connection's hello.
 #[xdp]
 pub fn floor_new_hello(ctx: XdpContext) -> u32 {
-    count(0);
     let f = Frame::new(&ctx);
-    let Some(mut h) = parse(&f) else {
+    let Some(mut h) = service_packet(&f, false) else {
         return xdp_action::XDP_PASS;
     };
-    if !is_service(&h) {
-        return xdp_action::XDP_PASS;
-    }
-    h.key.tag = 1;
-    if FLOOR_FLOWS.get_ptr(h.key).is_some() {
+    if !unknown(&mut h) {
         return xdp_action::XDP_PASS;
     }
     match walk_hello(&f, h.payload) {
@@ -366,29 +375,22 @@ pub fn floor_new_hello(ctx: XdpContext) -> u32 {
 /// The floor of a resumed connection's hello: a new one's, and its PSK identity looked up.
 #[xdp]
 pub fn floor_resumed_hello(ctx: XdpContext) -> u32 {
-    count(0);
     let f = Frame::new(&ctx);
-    let Some(mut h) = parse(&f) else {
+    let Some(mut h) = service_packet(&f, false) else {
         return xdp_action::XDP_PASS;
     };
-    if !is_service(&h) {
-        return xdp_action::XDP_PASS;
-    }
-    h.key.tag = 1;
-    if FLOOR_FLOWS.get_ptr(h.key).is_some() {
+    if !unknown(&mut h) {
         return xdp_action::XDP_PASS;
     }
     let Some((n, psk)) = walk_hello(&f, h.payload) else {
         return xdp_action::XDP_DROP;
     };
-    if n == 0 || psk == 0 {
-        return xdp_action::XDP_DROP;
-    }
-    let Some(q) = f.at(psk + 8, 16) else {
-        return xdp_action::XDP_DROP;
+    // The identity: past the extension's type and length, the identities' length and its own.
+    let identity = match f.at(psk + 8, 16) {
+        // SAFETY: sixteen bytes checked.
+        Some(q) if n > 0 && psk > 0 => unsafe { (q as *const [u8; 16]).read_unaligned() },
+        _ => return xdp_action::XDP_DROP,
     };
-    // SAFETY: sixteen bytes checked above.
-    let identity = unsafe { (q as *const [u8; 16]).read_unaligned() };
     match FLOOR_ISSUED.get_ptr_mut(identity) {
         // SAFETY: a hash value; the benchmark runs one program at a time.
         Some(e) => unsafe { (*e).words[1] += 1 },
@@ -402,18 +404,11 @@ pub fn floor_resumed_hello(ctx: XdpContext) -> u32 {
 /// The floor of a SIP request's retransmission: the headers' end found, the transaction known.
 #[xdp]
 pub fn floor_sip_retransmission(ctx: XdpContext) -> u32 {
-    count(0);
     let f = Frame::new(&ctx);
-    let Some(h) = parse(&f) else {
+    let Some(h) = service_packet(&f, true) else {
         return xdp_action::XDP_PASS;
     };
-    if h.key.proto != IPPROTO_UDP || !is_service(&h) {
-        return xdp_action::XDP_PASS;
-    }
-    if sip_headers_end(&f, 42).is_none() {
-        return xdp_action::XDP_DROP;
-    }
-    if known(&h.key) {
+    if sip_headers_end(&f, 42).is_some() && known(&h.key) {
         xdp_action::XDP_PASS
     } else {
         xdp_action::XDP_DROP
@@ -423,19 +418,14 @@ pub fn floor_sip_retransmission(ctx: XdpContext) -> u32 {
 /// The floor of a new SIP transaction's request.
 #[xdp]
 pub fn floor_new_invite(ctx: XdpContext) -> u32 {
-    count(0);
     let f = Frame::new(&ctx);
-    let Some(mut h) = parse(&f) else {
+    let Some(mut h) = service_packet(&f, true) else {
         return xdp_action::XDP_PASS;
     };
-    if h.key.proto != IPPROTO_UDP || !is_service(&h) {
-        return xdp_action::XDP_PASS;
-    }
     if sip_headers_end(&f, 42).is_none() {
         return xdp_action::XDP_DROP;
     }
-    h.key.tag = 1;
-    if FLOOR_FLOWS.get_ptr(h.key).is_some() {
+    if !unknown(&mut h) {
         return xdp_action::XDP_PASS;
     }
     admit_new(&h)

@@ -10,7 +10,7 @@ use gateway_common::{
         CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, IPPROTO_TCP, IPPROTO_UDP, ServiceKind,
         port_kind, port_syn_cookies,
     },
-    packet::{Packet, PacketKind, TCP_SYN, parse, plain_ipv4},
+    packet::{Packet, PacketKind, PlainIpv4, TCP_SYN, parse},
     programs::Jump,
 };
 
@@ -28,15 +28,15 @@ use crate::{
 /// IPv6's next header for ESP.
 const IPPROTO_ESP: u8 = 50;
 
-/// Passes and counts a frame of `len` bytes that is plain IPv4 to no service, and says so;
-/// every other frame is left to [`pass_admitted`] and [`process`], which would find for these
-/// the same class and verdict and nothing else to count (`plain_ipv4`). Most packets a host
-/// receives are such. The programs run this before they call the classifier as a function of
-/// its own, so that these packets pay for no call; it keeps its stack small (the classifier's
-/// deepest chain of calls is near the verifier's 512 bytes).
+/// Passes and counts a frame of `len` bytes that is plain IPv4 to no service (`plain`, what
+/// `plain_ipv4` read of it), and says so; every other frame is left to [`process`] (given the
+/// same reading), which would find for these the same class and verdict and nothing else to
+/// count. Most packets a host receives are such. The programs run this before they call the
+/// classifier as a function of its own, so that these packets pay for no call; it keeps its
+/// stack small (the classifier's deepest chain of calls is near the verifier's 512 bytes).
 #[inline(always)]
-pub fn pass_no_service<B: PacketBytes>(b: &B, len: u64) -> bool {
-    let Some(p) = plain_ipv4(b) else {
+pub fn pass_no_service(plain: Option<PlainIpv4>, len: u64) -> bool {
+    let Some(p) = plain else {
         return false;
     };
     if port_kind(service_byte(p.proto, p.dst_port).unwrap_or(0)).is_some() {
@@ -46,13 +46,14 @@ pub fn pass_no_service<B: PacketBytes>(b: &B, len: u64) -> bool {
     true
 }
 
-/// Passes and counts a plain IPv4 segment (not a SYN) of an admitted TLS connection, and says
-/// so; every other frame is left to [`process`], which would find for these the same class and
-/// verdict (`tls_packet`: an admitted flow's segment passes as `tls-flow`) and nothing else to
-/// count. Every packet of an admitted connection but its first few is such.
+/// Passes and counts a plain IPv4 segment (`plain`) that is not a SYN, of an admitted TLS
+/// connection, and says so; every other frame is left to the full parse, which would find for
+/// these the same class and verdict (`tls_packet`: an admitted flow's segment passes as
+/// `tls-flow`) and nothing else to count. Every packet of an admitted connection but its first
+/// few is such.
 #[inline(always)]
-pub fn pass_admitted<B: PacketBytes>(b: &B, len: u64) -> bool {
-    let Some(p) = plain_ipv4(b) else {
+fn pass_admitted<B: PacketBytes>(b: &B, plain: Option<PlainIpv4>, len: u64) -> bool {
+    let Some(p) = plain else {
         return false;
     };
     // A SYN on a known connection's 4-tuple is judged in full (`tls_packet`).
@@ -67,15 +68,17 @@ pub fn pass_admitted<B: PacketBytes>(b: &B, len: u64) -> bool {
     true
 }
 
-/// Classifies and counts one frame of `len` bytes. `ctx` serves aya-log records (compiled in at
-/// debug level, off unless the loader raises the level) and copies of TLS payloads.
+/// Classifies and counts one frame of `len` bytes, of which `plain_ipv4` read `plain` (the
+/// caller's reading, not read again). `ctx` serves aya-log records (compiled in at debug
+/// level, off unless the loader raises the level) and copies of TLS payloads.
 #[inline(always)]
 pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + TailCall + Rewrite, B: PacketBytes>(
     ctx: &C,
     b: &B,
     len: u64,
+    plain: Option<PlainIpv4>,
 ) -> Action {
-    if pass_admitted(b, len) {
+    if pass_admitted(b, plain, len) {
         return Action::Pass;
     }
     let pkt = parse(b);

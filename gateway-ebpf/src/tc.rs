@@ -4,7 +4,7 @@ use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
 
 use gateway_common::{
     maps::{IPPROTO_TCP, IPPROTO_UDP, ServiceKind},
-    packet::{PacketKind, parse},
+    packet::{PacketKind, parse, plain_ipv4},
 };
 
 use crate::{
@@ -23,10 +23,12 @@ use crate::{
 #[classifier]
 pub fn gateway_tc_ingress(ctx: TcContext) -> i32 {
     let len = u64::from(ctx.len());
-    if pass_no_service(&SkbBytes::new(&ctx), len) {
+    let bytes = SkbBytes::new(&ctx);
+    let plain = plain_ipv4(&bytes);
+    if pass_no_service(plain, len) {
         return Action::Pass.tc(&ctx);
     }
-    let action = process(&ctx, &SkbBytes::new(&ctx), len);
+    let action = process(&ctx, &bytes, len, plain);
     if action == Action::Handoff {
         handoff::<Tls>(&ctx);
     }

@@ -49,6 +49,7 @@ pub fn admitted4<B: PacketBytes>(b: &B, sport: u16, dport: u16) -> bool {
     };
     // SAFETY: per-CPU slot, used only by this program run; the entry is read, one byte.
     unsafe {
+        (*s).absent4 = 0;
         let key = &mut (*s).key4;
         // The two addresses, network order, as the key's first eight bytes hold them.
         let addresses = &mut *core::ptr::addr_of_mut!(key.saddr).cast::<[u8; 8]>();
@@ -57,10 +58,29 @@ pub fn admitted4<B: PacketBytes>(b: &B, sport: u16, dport: u16) -> bool {
         }
         key.sport = sport;
         key.dport = dport;
-        TLS_FLOWS4
-            .get_ptr(&*key)
-            .is_some_and(|f| (*f).state == FLOW_ADMITTED)
+        match TLS_FLOWS4.get_ptr(&*key) {
+            Some(f) => (*f).state == FLOW_ADMITTED,
+            None => {
+                // The judgment that follows (`first`) need not look again.
+                (*s).absent4 = 1;
+                false
+            }
+        }
     }
+}
+
+/// [`get`] for the classifier's first look at a segment's connection: an IPv4 connection that
+/// [`admitted4`] found without an entry for this very segment (`s.absent4`, read and cleared:
+/// every segment that finds none there is judged next, by `tls_packet`, which calls this) is
+/// not looked up again.
+#[inline(always)]
+pub fn first(s: &mut Scratch, v4: bool) -> Option<*mut TlsFlow> {
+    if v4 && s.absent4 != 0 {
+        s.absent4 = 0;
+        short_key(&s.tcp.key, &mut s.key4);
+        return None;
+    }
+    get(s, v4)
 }
 
 /// Removes the flow entry of the connection in `s.tcp.key` (after [`get`]).

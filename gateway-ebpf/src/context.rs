@@ -365,15 +365,13 @@ pub enum Reach {
     Socket,
 }
 
-/// Copies of a segment's IP and TCP headers, for the kernel's SYN-cookie check
-/// (`bpf_tcp_check_syncookie`).
+/// Where a segment's IP and TCP headers are copied for the kernel's SYN-cookie check
+/// (`bpf_tcp_check_syncookie`): room for 40 bytes of IP header and 20 of TCP header.
 #[derive(Clone, Copy)]
 pub struct CookieAck {
-    /// The IP header (20 bytes for IPv4, 40 for IPv6).
+    /// The IP header's copy.
     pub iph: *mut u8,
-    /// Its length.
-    pub iph_len: u32,
-    /// The TCP header's first 20 bytes.
+    /// The TCP header's copy.
     pub th: *mut u8,
 }
 
@@ -381,15 +379,19 @@ pub struct CookieAck {
 /// xdp_synproxy does, so that segments of connections that do not exist create no state.
 pub trait ConnectionLookup {
     /// Looks `tuple` (`size` bytes, the packet's own direction) up in the device's namespace.
-    /// For [`Wanted::Connection`], where only a listener is found, `cookie` (asked for then
-    /// only) gives the segment's headers: an acknowledgement carrying a SYN cookie the listener
-    /// accepts counts as a connection, since the kernel makes it from that very segment.
+    /// For [`Wanted::Connection`], where only a listener is found, `cookie` (called then only)
+    /// copies the segment's headers to `ack` and returns the IP header's length (0 when it
+    /// cannot): an acknowledgement carrying a SYN cookie the listener accepts counts as a
+    /// connection, since the kernel makes it from that very segment. (The length comes back in
+    /// a register: a closure that LLVM does not inline returns a larger value through a
+    /// pointer to the caller's stack, which the verifier refuses.)
     fn has(
         &self,
         tuple: *mut u8,
         size: u32,
         wanted: Wanted,
-        cookie: impl FnOnce() -> Option<CookieAck>,
+        ack: CookieAck,
+        cookie: impl FnOnce() -> u32,
     ) -> bool;
 
     /// What `tuple` (`size` bytes, the packet's own direction) reaches in the device's
@@ -410,7 +412,8 @@ fn lookup<C: EbpfContext>(
     tuple: *mut u8,
     size: u32,
     wanted: Wanted,
-    cookie: impl FnOnce() -> Option<CookieAck>,
+    ack: CookieAck,
+    cookie: impl FnOnce() -> u32,
 ) -> bool {
     // SAFETY: `tuple` points to 40 bytes of map memory; the result is released below.
     let sk = unsafe {
@@ -430,19 +433,20 @@ fn lookup<C: EbpfContext>(
     let found = match wanted {
         Wanted::Connection => {
             matches!(state, TCP_ESTABLISHED | TCP_SYN_RECV | TCP_NEW_SYN_RECV)
-                || (state == TCP_LISTEN
-                    && cookie().is_some_and(|c| {
-                        // SAFETY: the listener found above; header copies of the sizes given.
-                        unsafe {
+                || (state == TCP_LISTEN && {
+                    let iph_len = cookie();
+                    // SAFETY: the listener found above; header copies of the sizes given.
+                    iph_len != 0
+                        && unsafe {
                             bpf_tcp_check_syncookie(
                                 sk.cast(),
-                                c.iph.cast(),
-                                c.iph_len,
-                                c.th.cast(),
+                                ack.iph.cast(),
+                                iph_len,
+                                ack.th.cast(),
                                 20,
                             ) == 0
                         }
-                    }))
+                })
         }
         Wanted::Listener => state == TCP_LISTEN,
     };
@@ -485,9 +489,10 @@ impl<C: EbpfContext> ConnectionLookup for C {
         tuple: *mut u8,
         size: u32,
         wanted: Wanted,
-        cookie: impl FnOnce() -> Option<CookieAck>,
+        ack: CookieAck,
+        cookie: impl FnOnce() -> u32,
     ) -> bool {
-        lookup(self, tuple, size, wanted, cookie)
+        lookup(self, tuple, size, wanted, ack, cookie)
     }
 
     #[inline(always)]

@@ -502,3 +502,33 @@ fn the_short_way_answers_for_plain_ipv4_and_leaves_every_other_frame_to_the_pars
         gateway_common::testing::properties::packet(&frame);
     }
 }
+
+/// Every program the object loads verifies within half the kernel's budget of processed
+/// instructions (issue 55): a margin that holds on this kernel can be gone on the next (a
+/// release of ours once stopped loading at 1,000,001), so a change that eats it fails here, not
+/// on an operator's upgrade. The figures are the kernel's own (`verified_insns` of each loaded
+/// program).
+#[test]
+fn every_program_verifies_with_half_the_kernels_budget_to_spare() {
+    if !have_root("every_program_verifies_with_half_the_kernels_budget_to_spare") {
+        return;
+    }
+    const HALF_THE_BUDGET: u32 = 500_000;
+    let prog = TestProgram::new();
+    let stats = prog.program_stats();
+    for name in ["gateway_xdp", "gateway_tc_ingress", "gateway_tc_egress"] {
+        assert!(
+            stats.iter().any(|p| p.name == name),
+            "{name} was loaded and measured"
+        );
+    }
+    let over: Vec<String> = stats
+        .iter()
+        .filter(|p| p.verified == 0 || p.verified >= HALF_THE_BUDGET)
+        .map(|p| format!("{}: {}", p.name, p.verified))
+        .collect();
+    assert!(
+        over.is_empty(),
+        "programs at or over {HALF_THE_BUDGET} verified instructions (or unmeasured): {over:?}"
+    );
+}

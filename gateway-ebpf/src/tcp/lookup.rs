@@ -58,29 +58,42 @@ fn lookup<C: ConnectionLookup, B: PacketBytes>(
 ) -> bool {
     let size = fill_tuple(&s.key, &mut s.tuple, v4);
     let tuple = s.tuple.as_mut_ptr();
+    let ack = CookieAck {
+        iph: s.iph.as_mut_ptr(),
+        th: s.th.as_mut_ptr(),
+    };
     let (iph, th) = (&mut s.iph, &mut s.th);
-    ctx.has(tuple, size, wanted, || {
-        let (b, pkt) = segment?;
-        let l3 = pkt.l3_offset as usize;
-        let l4 = pkt.transport.l4_offset as usize;
-        let iph_len = if v4 {
-            let h: &mut [u8; 20] = (&mut iph[..20]).try_into().ok()?;
-            if !b.read(l3, h) {
-                return None;
-            }
-            20
-        } else {
-            b.read(l3, iph).then_some(40)?
-        };
-        if !b.read(l4, th) {
-            return None;
-        }
-        Some(CookieAck {
-            iph: iph.as_mut_ptr(),
-            iph_len,
-            th: th.as_mut_ptr(),
-        })
+    ctx.has(tuple, size, wanted, ack, || {
+        segment.map_or(0, |(b, pkt)| cookie_headers(b, pkt, iph, th, v4))
     })
+}
+
+/// Copies the IP and TCP headers of the segment (`b`, `pkt`) for the SYN-cookie check into
+/// `iph` and `th`; the IP header's length, 0 when they cannot be read.
+#[inline(always)]
+fn cookie_headers<B: PacketBytes>(
+    b: &B,
+    pkt: &Packet,
+    iph: &mut [u8; 40],
+    th: &mut [u8; 20],
+    v4: bool,
+) -> u32 {
+    let l3 = pkt.l3_offset as usize;
+    let l4 = pkt.transport.l4_offset as usize;
+    let iph_len = if v4 {
+        let Ok(h) = <&mut [u8; 20]>::try_from(&mut iph[..20]) else {
+            return 0;
+        };
+        if !b.read(l3, h) {
+            return 0;
+        }
+        20
+    } else if b.read(l3, iph) {
+        40
+    } else {
+        return 0;
+    };
+    if b.read(l4, th) { iph_len } else { 0 }
 }
 
 /// Writes the socket lookup's tuple (`bpf_sock_tuple`, the packet's direction) of the

@@ -258,6 +258,37 @@ pub struct PlainIpv4 {
     pub tcp_flags: u8,
 }
 
+impl PlainIpv4 {
+    /// `plain` as one word, 0 for `None` (no reading has protocol 0): it crosses a call between
+    /// eBPF functions in one register.
+    #[inline(always)]
+    pub const fn word(plain: Option<Self>) -> u64 {
+        match plain {
+            Some(p) => {
+                p.proto as u64
+                    | (p.tcp_flags as u64) << 8
+                    | (p.src_port as u64) << 16
+                    | (p.dst_port as u64) << 32
+            }
+            None => 0,
+        }
+    }
+
+    /// The reading [`PlainIpv4::word`] made `word` of.
+    #[inline(always)]
+    pub const fn from_word(word: u64) -> Option<Self> {
+        if word & 0xff == 0 {
+            return None;
+        }
+        Some(PlainIpv4 {
+            proto: word as u8,
+            tcp_flags: (word >> 8) as u8,
+            src_port: (word >> 16) as u16,
+            dst_port: (word >> 32) as u16,
+        })
+    }
+}
+
 /// A plain IPv4 frame's ports and TCP flags in the fewest reads (its addresses are at
 /// [`ETH_HLEN`] + 12, for whoever needs them); `None` for every other frame, which only [`parse`]
 /// judges.

@@ -10,7 +10,7 @@ use gateway_common::{
         CONFIG_DROP_FRAGMENTS, CONFIG_DROP_UNPARSEABLE, IPPROTO_TCP, IPPROTO_UDP, ServiceKind,
         port_kind, port_syn_cookies,
     },
-    packet::{Packet, PacketKind, PlainIpv4, parse},
+    packet::{Packet, PacketKind, PlainIpv4, TCP_SYN, parse},
     programs::Jump,
 };
 
@@ -29,8 +29,9 @@ use crate::{
 const IPPROTO_ESP: u8 = 50;
 
 /// Passes and counts a frame of `len` bytes that is plain IPv4 to no service (`plain`, what
-/// `plain_ipv4` read of it), and says so; every other frame is left to [`process`], which
-/// would find for these the same class and verdict and nothing else to count. Most packets a host receives are such. The programs run this before they call the
+/// `plain_ipv4` read of it), and says so; every other frame is left to [`process`] (given the
+/// same reading), which would find for these the same class and verdict and nothing else to
+/// count. Most packets a host receives are such. The programs run this before they call the
 /// classifier as a function of its own, so that these packets pay for no call; it keeps its
 /// stack small (the classifier's deepest chain of calls is near the verifier's 512 bytes).
 #[inline(always)]
@@ -45,14 +46,41 @@ pub fn pass_no_service(plain: Option<PlainIpv4>, len: u64) -> bool {
     true
 }
 
-/// Classifies and counts one frame of `len` bytes. `ctx` serves aya-log records (compiled in at
-/// debug level, off unless the loader raises the level) and copies of TLS payloads.
+/// Passes and counts a plain IPv4 segment (`plain`) that is not a SYN, of an admitted TLS
+/// connection, and says so; every other frame is left to the full parse, which would find for
+/// these the same class and verdict (`tls_packet`: an admitted flow's segment passes as
+/// `tls-flow`) and nothing else to count. Every packet of an admitted connection but its first
+/// few is such (not one that starts where the hello did: see `tls::flows::admitted4`).
+#[inline(always)]
+fn pass_admitted<B: PacketBytes>(b: &B, plain: Option<PlainIpv4>, len: u64) -> bool {
+    let Some(p) = plain else {
+        return false;
+    };
+    // A SYN on a known connection's 4-tuple is judged in full (`tls_packet`).
+    if p.proto != IPPROTO_TCP
+        || p.tcp_flags & TCP_SYN != 0
+        || port_kind(service_byte(p.proto, p.dst_port).unwrap_or(0)) != Some(ServiceKind::Tls)
+        || !tls::flows::admitted4(b, p.src_port, p.dst_port)
+    {
+        return false;
+    }
+    count_class(Class::TlsFlow, true, len);
+    true
+}
+
+/// Classifies and counts one frame of `len` bytes, of which `plain_ipv4` read `plain` (the
+/// caller's reading, not read again). `ctx` serves aya-log records (compiled in at debug
+/// level, off unless the loader raises the level) and copies of TLS payloads.
 #[inline(always)]
 pub fn process<C: EbpfContext + CopyOut + ConnectionLookup + TailCall + Rewrite, B: PacketBytes>(
     ctx: &C,
     b: &B,
     len: u64,
+    plain: Option<PlainIpv4>,
 ) -> Action {
+    if pass_admitted(b, plain, len) {
+        return Action::Pass;
+    }
     let pkt = parse(b);
     // The parser counters are looked up only when there is something to count, so plain IPv4
     // traffic pays for one per-CPU lookup (its class's counters) and no more.

@@ -28,7 +28,7 @@ pub fn gateway_tc_ingress(ctx: TcContext) -> i32 {
     if pass_no_service(plain, len) {
         return Action::Pass.tc(&ctx);
     }
-    let action = process(&ctx, &bytes, len);
+    let action = process(&ctx, &bytes, len, plain);
     if action == Action::Handoff {
         handoff::<Tls>(&ctx);
     }

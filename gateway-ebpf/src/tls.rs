@@ -149,6 +149,9 @@ pub struct Scratch {
     state: HelloState,
     /// The packet's connection, an IPv4 one's, as the IPv4 flow table's key (`flows::get`).
     key4: FlowKey4,
+    /// 1 when `flows::admitted4` found no entry for this segment's IPv4 connection; read and
+    /// cleared by `flows::first`.
+    absent4: u32,
     /// A flow record being created.
     flow: TlsFlow,
     /// 1 when the segment being judged starts its connection by a good cookie (handed to the
@@ -272,7 +275,7 @@ pub fn tls_packet<C: CopyOut + ConnectionLookup + Rewrite, B: PacketBytes>(
     }
     let v4 = pkt.ip_version == 4;
     // SAFETY: the flow entry is only touched by packets of its own connection.
-    let mut flow = flows::get(s, v4).map(|f| unsafe { &mut *f });
+    let mut flow = flows::first(s, v4).map(|f| unsafe { &mut *f });
     let syn = t.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN && !pkt.fragmented;
     if syn {
         if cookies {

@@ -2,7 +2,10 @@
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 
-use gateway_common::{Class, packet::plain_ipv4};
+use gateway_common::{
+    Class,
+    packet::{PlainIpv4, plain_ipv4},
+};
 
 use crate::{
     bytes::XdpBytes,
@@ -20,17 +23,18 @@ pub fn gateway_xdp(ctx: XdpContext) -> u32 {
     if pass_no_service(plain, bytes.len()) {
         return xdp_action::XDP_PASS;
     }
-    classify(&ctx)
+    classify(&ctx, PlainIpv4::word(plain))
 }
 
 /// The classifier of every frame [`pass_no_service`] leaves: a function of its own, so the packets
-/// of no service pay for no call.
+/// of no service pay for no call. `plain`: what `plain_ipv4` read of the frame, as a word
+/// (`PlainIpv4::word`), so the classifier does not read it again.
 #[inline(never)]
-fn classify(ctx: &XdpContext) -> u32 {
+fn classify(ctx: &XdpContext, plain: u64) -> u32 {
     // The frame's bounds read again here: the verifier tracks packet pointers through a call
     // only in registers.
     let bytes = XdpBytes::new(ctx);
-    let action = process(ctx, &bytes, bytes.len());
+    let action = process(ctx, &bytes, bytes.len(), PlainIpv4::from_word(plain));
     // A connection's first segment to hand to its listener: the finishing program at TC
     // ingress makes its socket (kfuncs that make one run at TC only).
     if action == Action::Handoff && !ctx.hand_over(Handover::Handoff, 0) {

@@ -6,7 +6,7 @@
 use crate::{
     Class,
     bytes::SliceBytes,
-    packet::{ETH_HLEN, MAX_L4_OFFSET, PacketKind, parse, plain_ipv4},
+    packet::{ETH_HLEN, MAX_L4_OFFSET, PacketKind, PlainIpv4, parse, plain_ipv4},
     sip::{HAVE_BRANCH, HAVE_CSEQ, MessageKind, Method, parse_sip},
     tls::{HelloState, Offer, Verdict, parse_hello},
 };
@@ -38,6 +38,10 @@ pub fn client_hello(input: &[u8]) {
 pub fn packet(frame: &[u8]) {
     let pkt = parse(&SliceBytes(frame));
     if let Some(plain) = plain_ipv4(&SliceBytes(frame)) {
+        assert_eq!(
+            PlainIpv4::from_word(PlainIpv4::word(Some(plain))),
+            Some(plain)
+        );
         assert_eq!(pkt.kind, PacketKind::Transport, "{pkt:?}");
         let t = pkt.transport;
         assert_eq!(

@@ -8,8 +8,10 @@
 //! they are touched once or twice a connection.
 
 use aya_ebpf::{btf_maps::LruHashMap, macros::btf_map};
-use gateway_common::maps::{
-    FLOW_ADMITTED, FLOW_KEY_EXCHANGE, FlowKey, FlowKey4, MAX_TLS_FLOWS, TlsFlow,
+use gateway_common::{
+    bytes::PacketBytes,
+    maps::{FLOW_ADMITTED, FLOW_KEY_EXCHANGE, FlowKey, FlowKey4, MAX_TLS_FLOWS, TlsFlow},
+    packet::ETH_HLEN,
 };
 
 use super::Scratch;
@@ -33,6 +35,65 @@ pub fn get(s: &mut Scratch, v4: bool) -> Option<*mut TlsFlow> {
     } else {
         TLS_FLOWS.get_ptr_mut(&s.tcp.key)
     }
+}
+
+/// Whether the connection of the plain IPv4 frame `b` (`gateway_common::packet::plain_ipv4`),
+/// from `sport` to `dport`, was admitted (and waits for nothing more): all its segments but a
+/// SYN, and but one that starts where its hello did, pass as `tls-flow` on this alone
+/// (`crate::datapath::pass_admitted`). The one that starts where the hello did goes the full
+/// way: a copy of the hello's first segment, or the handshake's last ACK come late, which
+/// `tls_packet` drops on a cookie port (`late_cookie_ack`). The key is built in the scratch,
+/// not on the stack: the program that calls this keeps its own frame small, under the
+/// classifier's deepest chain of calls.
+#[inline(always)]
+pub fn admitted4<B: PacketBytes>(b: &B, sport: u16, dport: u16) -> bool {
+    let Some(s) = super::TLS_SCRATCH.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: per-CPU slot, used only by this program run; the entry is read.
+    unsafe {
+        (*s).absent4 = 0;
+        let key = &mut (*s).key4;
+        // The two addresses, network order, as the key's first eight bytes hold them.
+        let addresses = &mut *core::ptr::addr_of_mut!(key.saddr).cast::<[u8; 8]>();
+        // The sequence number: a plain IPv4 header is 20 bytes, and it is four bytes into TCP's.
+        let mut seq = [0u8; 4];
+        if !b.read(ETH_HLEN + 12, addresses) || !b.read(ETH_HLEN + 24, &mut seq) {
+            return false;
+        }
+        key.sport = sport;
+        key.dport = dport;
+        match TLS_FLOWS4.get_ptr(&*key) {
+            Some(f) => (*f).state == FLOW_ADMITTED && (*f).hello_seq != u32::from_be_bytes(seq),
+            None => {
+                // The judgment that follows (`first`) need not look again.
+                (*s).absent4 = 1;
+                false
+            }
+        }
+    }
+}
+
+/// [`get`] for the classifier's first look at a segment's connection: an IPv4 connection that
+/// [`admitted4`] found without an entry for this very segment (`s.absent4`, read and cleared:
+/// every segment that finds none there is judged next, by `tls_packet`, which calls this) is
+/// not looked up again. The key `admitted4` looked up must be this segment's, or the flag is
+/// not taken for it: a flag left by a segment that never came here cannot hide another
+/// connection's entry.
+#[inline(always)]
+pub fn first(s: &mut Scratch, v4: bool) -> Option<*mut TlsFlow> {
+    if v4 && s.absent4 != 0 {
+        s.absent4 = 0;
+        let (k, k4) = (&s.tcp.key, &s.key4);
+        if k4.sport == k.sport
+            && k4.dport == k.dport
+            && k4.saddr == k.saddr[12..]
+            && k4.daddr == k.daddr[12..]
+        {
+            return None;
+        }
+    }
+    get(s, v4)
 }
 
 /// Removes the flow entry of the connection in `s.tcp.key` (after [`get`]).

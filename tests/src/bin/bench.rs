@@ -1125,9 +1125,12 @@ fn floor_costs(r: &mut Report, prog: &mut TestProgram) {
         },
         FloorRow {
             name: "packet of an admitted connection (tls-flow)",
-            // Application data on a connection its hello admitted (the same 4-tuple).
+            // Application data on a connection its hello admitted (the same 4-tuple), where
+            // the client's bytes go on: past the hello.
             packet: FloorPacket::Repeated {
-                frame: Frame::tcp(443, &[23u8, 3, 3, 0, 64]).build(),
+                frame: Frame::tcp(443, &[23u8, 3, 3, 0, 64])
+                    .seq(1 + HelloBuilder::default().build().len() as u32)
+                    .build(),
                 opener: Some(Frame::tcp(443, &HelloBuilder::default().build()).build()),
             },
             floor: Floor::Flow,

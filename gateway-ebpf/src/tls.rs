@@ -162,12 +162,44 @@ pub struct Scratch {
     held: u32,
 }
 
-/// One parser step, as a `bpf_loop` callback: returns 1 to stop.
+/// Parser steps one `bpf_loop` callback runs ([`hello_step`]): the loop runs
+/// `MAX_STEPS / STEPS_PER_CALL` of them, so a window gets exactly `MAX_STEPS` steps, as the
+/// parser's own loop gives it. The step itself is a global function, which the verifier checks
+/// once with none of its caller's state: as the callback's body it was checked in more states
+/// (gateway_xdp verified 434,681 instructions with it there, 370,402 with it apart). A hello
+/// takes 16 to 20 steps; what the fewer `bpf_loop` iterations save, the calls spend (`bench
+/// compare`: the hello rows 0.95-1.08 of before, within their ranges).
+const STEPS_PER_CALL: usize = 12;
+const _: () = assert!(MAX_STEPS.is_multiple_of(STEPS_PER_CALL));
+
+/// [`STEPS_PER_CALL`] parser steps, as a `bpf_loop` callback: returns 1 to stop. The step is a
+/// global function ([`gateway_hello_step`]), checked once by the verifier: this callback is a
+/// few calls, not as many copies of the step.
 #[inline(never)]
 extern "C" fn hello_step(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `ctx` points at the caller's pointer to its per-CPU scratch slot, used only by this
     // program run.
-    let s = unsafe { &mut **ctx.cast::<*mut Scratch>() };
+    let s = unsafe { *ctx.cast::<*mut Scratch>() };
+    for _ in 0..STEPS_PER_CALL {
+        // The verifier wants a callback's return in [0, 1], and takes a global function's for
+        // any number: the test stays behind the barrier (as in `crate::sip`).
+        if opaque(gateway_hello_step(s) as u64) != 0 {
+            return 1;
+        }
+    }
+    0
+}
+
+/// One parser step over the window in the scratch slot `s`: 1 when nothing more can be done
+/// with it (`HelloState::step`). A global function's pointer may be null to the verifier, so it
+/// is checked.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn gateway_hello_step(s: *mut Scratch) -> i32 {
+    // SAFETY: the caller's per-CPU scratch slot, used only by this program run.
+    let Some(s) = (unsafe { s.as_mut() }) else {
+        return 1;
+    };
     let seg = Segment {
         offset: 0,
         len: s.len,
@@ -177,7 +209,7 @@ extern "C" fn hello_step(_index: u64, ctx: *mut c_void) -> i64 {
         buf: &s.tcp.buf,
         len: s.len,
     };
-    i64::from(s.state.step(&bytes, &seg))
+    i32::from(s.state.step(&bytes, &seg))
 }
 
 /// Runs the parser's steps over the window in the scratch slot `s` (`bpf_loop`, [`hello_step`]).
@@ -199,7 +231,7 @@ pub extern "C" fn gateway_hello_steps(s: *mut Scratch) -> i32 {
     // and its context is the scratch pointer on this frame.
     unsafe {
         bpf_loop(
-            MAX_STEPS as u32,
+            (MAX_STEPS / STEPS_PER_CALL) as u32,
             hello_step as *mut c_void,
             (&raw mut scratch).cast(),
             0,

@@ -5,8 +5,9 @@
 //!
 //! A segment that starts a TLS handshake record on a connection the flow table does not know
 //! opens a flow. Its payload is copied into per-CPU scratch memory, and the shared ClientHello
-//! parser (`gateway_common::tls`) runs over it one step per `bpf_loop` iteration. The verifier
-//! checks the step callback once, however many steps a hello takes.
+//! parser (`gateway_common::tls`) runs over it under `bpf_loop`, six steps to a call of a global
+//! function (`gateway_hello_step`). The verifier checks that function once, however many steps a
+//! hello takes.
 //!
 //! - A hello that needs more bytes leaves the flow pending. Its segment passes as `tls-flow`, and
 //!   the next in-order segment resumes the parse. A segment out of order decides the hello as
@@ -162,19 +163,19 @@ pub struct Scratch {
     held: u32,
 }
 
-/// Parser steps one `bpf_loop` callback runs ([`hello_step`]): the loop runs
-/// `MAX_STEPS / STEPS_PER_CALL` of them, so a window gets exactly `MAX_STEPS` steps, as the
-/// parser's own loop gives it. The step itself is a global function, which the verifier checks
-/// once with none of its caller's state: as the callback's body it was checked in more states
-/// (gateway_xdp verified 434,681 instructions with it there, 370,402 with it apart). A hello
-/// takes 16 to 20 steps; what the fewer `bpf_loop` iterations save, the calls spend (`bench
-/// compare`: the hello rows 0.95-1.08 of before, within their ranges).
-const STEPS_PER_CALL: usize = 12;
-const _: () = assert!(MAX_STEPS.is_multiple_of(STEPS_PER_CALL));
+/// Parser steps one call of [`gateway_hello_step`] runs.
+const STEPS_PER_STEP_CALL: usize = 6;
+/// Calls of [`gateway_hello_step`] one `bpf_loop` callback makes ([`hello_step`]): the loop runs
+/// `MAX_STEPS / (STEPS_PER_CALL * STEPS_PER_STEP_CALL)` of them, so a window gets exactly
+/// `MAX_STEPS` steps, as the parser's own loop gives it. The steps are a global function,
+/// which the verifier checks once with none of its caller's state: as the callback's body they
+/// were checked in more states (gateway_xdp verified 434,681 instructions with one step there,
+/// 370,402 with it apart).
+const STEPS_PER_CALL: usize = 2;
+const _: () = assert!(MAX_STEPS.is_multiple_of(STEPS_PER_CALL * STEPS_PER_STEP_CALL));
 
-/// [`STEPS_PER_CALL`] parser steps, as a `bpf_loop` callback: returns 1 to stop. The step is a
-/// global function ([`gateway_hello_step`]), checked once by the verifier: this callback is a
-/// few calls, not as many copies of the step.
+/// [`STEPS_PER_CALL`] calls of [`gateway_hello_step`], as a `bpf_loop` callback: returns 1 to
+/// stop.
 #[inline(never)]
 extern "C" fn hello_step(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `ctx` points at the caller's pointer to its per-CPU scratch slot, used only by this
@@ -190,26 +191,37 @@ extern "C" fn hello_step(_index: u64, ctx: *mut c_void) -> i64 {
     0
 }
 
-/// One parser step over the window in the scratch slot `s`: 1 when nothing more can be done
-/// with it (`HelloState::step`). A global function's pointer may be null to the verifier, so it
-/// is checked.
+/// [`STEPS_PER_STEP_CALL`] parser steps over the window in the scratch slot `s`: 1 when nothing
+/// more can be done with it (`HelloState::step`). A global function's pointer may be null to
+/// the verifier, so it is checked.
+///
+/// Each step reads the parser's state back from map memory (through a barrier), so where one
+/// step can end does not multiply the next one's paths: the verifier checks the step once for
+/// each of them. What the grouping saves is calls: on this machine kind every return is
+/// mispredicted (`spec_rstack_overflow: Safe RET`), and a hello took a call per step.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn gateway_hello_step(s: *mut Scratch) -> i32 {
-    // SAFETY: the caller's per-CPU scratch slot, used only by this program run.
-    let Some(s) = (unsafe { s.as_mut() }) else {
+    if s.is_null() {
         return 1;
-    };
-    let seg = Segment {
-        offset: 0,
-        len: s.len,
-        stream_offset: s.stream_offset,
-    };
-    let bytes = ScratchBytes::<SCRATCH_LEN, { 2 * SCRATCH_LEN }> {
-        buf: &s.tcp.buf,
-        len: s.len,
-    };
-    i32::from(s.state.step(&bytes, &seg))
+    }
+    for _ in 0..STEPS_PER_STEP_CALL {
+        // SAFETY: the caller's per-CPU scratch slot (not null), used only by this program run.
+        let s = unsafe { &mut *core::hint::black_box(s) };
+        let seg = Segment {
+            offset: 0,
+            len: s.len,
+            stream_offset: s.stream_offset,
+        };
+        let bytes = ScratchBytes::<SCRATCH_LEN, { 2 * SCRATCH_LEN }> {
+            buf: &s.tcp.buf,
+            len: s.len,
+        };
+        if s.state.step(&bytes, &seg) {
+            return 1;
+        }
+    }
+    0
 }
 
 /// Runs the parser's steps over the window in the scratch slot `s` (`bpf_loop`, [`hello_step`]).
@@ -231,7 +243,7 @@ pub extern "C" fn gateway_hello_steps(s: *mut Scratch) -> i32 {
     // and its context is the scratch pointer on this frame.
     unsafe {
         bpf_loop(
-            (MAX_STEPS / STEPS_PER_CALL) as u32,
+            (MAX_STEPS / (STEPS_PER_CALL * STEPS_PER_STEP_CALL)) as u32,
             hello_step as *mut c_void,
             (&raw mut scratch).cast(),
             0,

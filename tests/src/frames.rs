@@ -54,6 +54,8 @@ pub struct Frame {
     pub tcp_flags: u8,
     /// TCP sequence number.
     pub seq: u32,
+    /// TCP options (a multiple of 4 bytes, at most 40).
+    pub tcp_options: Vec<u8>,
     /// Transport payload.
     pub payload: Vec<u8>,
     /// Sent by the server (10.99.0.1, fd00:99::1) to the client, rather than the other way.
@@ -74,6 +76,7 @@ impl Frame {
             dst_port,
             tcp_flags: 0,
             seq: 1,
+            tcp_options: Vec::new(),
             payload: payload.to_vec(),
             from_server: false,
         }
@@ -110,6 +113,16 @@ impl Frame {
     /// Sets the TCP flags.
     pub fn flags(mut self, flags: u8) -> Self {
         self.tcp_flags = flags;
+        self
+    }
+
+    /// Sets the TCP options (a multiple of 4 bytes, at most 40).
+    pub fn tcp_options(mut self, options: &[u8]) -> Self {
+        assert!(
+            options.len().is_multiple_of(4) && options.len() <= 40,
+            "TCP options"
+        );
+        self.tcp_options = options.to_vec();
         self
     }
 
@@ -227,9 +240,10 @@ impl Frame {
             6 => {
                 h.extend_from_slice(&self.seq.to_be_bytes());
                 h.extend_from_slice(&[0, 0, 0, 0]);
-                h.push(5 << 4);
+                h.push((((20 + self.tcp_options.len()) / 4) as u8) << 4);
                 h.push(self.tcp_flags);
                 h.extend_from_slice(&[0xff, 0xff, 0, 0, 0, 0]);
+                h.extend_from_slice(&self.tcp_options);
             }
             17 => {
                 h.extend_from_slice(&((8 + self.payload.len()) as u16).to_be_bytes());

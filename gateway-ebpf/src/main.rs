@@ -19,6 +19,7 @@ mod pending;
 mod reply;
 mod resume;
 mod sip;
+mod steps;
 mod sync;
 mod tc;
 mod tcp;

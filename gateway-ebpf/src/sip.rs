@@ -31,7 +31,6 @@ use core::ffi::c_void;
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     btf_maps::{LruHashMap, PerCpuArray},
-    helpers::generated::bpf_loop,
     macros::btf_map,
 };
 use gateway_common::{
@@ -57,6 +56,7 @@ use crate::{
     maps::count,
     pending::{self, SIP_PENDING},
     reply::Payload,
+    steps,
     sync::now_ns,
 };
 
@@ -107,18 +107,7 @@ const _: () = assert!(
 /// stop.
 #[inline(never)]
 extern "C" fn sip_step(_index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: `ctx` points at the caller's pointer to its per-CPU scratch slot, used only by this
-    // program run.
-    let s = unsafe { *ctx.cast::<*mut Scratch>() };
-    for _ in 0..STEPS_PER_CALL {
-        // The verifier wants a callback's return in [0, 1], and takes a global function's for
-        // any number: the test stays behind the barrier (LLVM knows the function returns 0 or
-        // 1).
-        if opaque(gateway_sip_line(s) as u64) != 0 {
-            return 1;
-        }
-    }
-    0
+    steps::call(ctx, STEPS_PER_CALL, gateway_sip_line)
 }
 
 /// Cheap parser steps (a parameter searched, a value hashed, a Via's protocol, a CSeq number)
@@ -145,25 +134,27 @@ pub extern "C" fn gateway_sip_line(s: *mut Scratch) -> i32 {
         return 1;
     }
     let mut ran = false;
-    match phase_step(s, |p| p == Phase::FindEol, Phase::FindEol) {
+    // A line's end, then the look at it, each when it is the parser's next step.
+    match phase_step(s, Phase::FindEol) {
         Some(true) => return 1,
         Some(false) => ran = true,
         None => {}
     }
-    match phase_step(s, |p| p == Phase::Dispatch, Phase::Dispatch) {
+    match phase_step(s, Phase::Dispatch) {
         Some(true) => return 1,
         Some(false) => ran = true,
         None => {}
     }
     for _ in 0..CHEAP_STEPS {
         // SAFETY: the caller's per-CPU scratch slot, used only by this program run.
-        let next = unsafe { (*core::hint::black_box(s)).state.phase() };
+        let next = unsafe { steps::reread(s) }.state.phase();
+        // Each arm names its phase, so that only that phase's code is in it.
         let done = match next {
-            Phase::Semi => phase_step(s, |_| true, Phase::Semi),
-            Phase::ViaProtocol => phase_step(s, |_| true, Phase::ViaProtocol),
-            Phase::Hash => phase_step(s, |_| true, Phase::Hash),
-            Phase::ViaComma => phase_step(s, |_| true, Phase::ViaComma),
-            Phase::CSeqNumber => phase_step(s, |_| true, Phase::CSeqNumber),
+            Phase::Semi => phase_step(s, Phase::Semi),
+            Phase::ViaProtocol => phase_step(s, Phase::ViaProtocol),
+            Phase::Hash => phase_step(s, Phase::Hash),
+            Phase::ViaComma => phase_step(s, Phase::ViaComma),
+            Phase::CSeqNumber => phase_step(s, Phase::CSeqNumber),
             _ => break,
         };
         match done {
@@ -176,15 +167,14 @@ pub extern "C" fn gateway_sip_line(s: *mut Scratch) -> i32 {
     i32::from(!ran)
 }
 
-/// The parser's next step in `s`, when it is of `phase` (`is` tells by the phase the state
-/// holds): `Some(true)` when parsing is then over, or the message is out of steps; `None` when
-/// the next step is another phase's.
+/// The parser's next step in `s`, when it is of `phase` (not `Phase::Done`): `Some(true)` when
+/// parsing is then over, or the message is out of steps; `None` when the next step is another
+/// phase's.
 #[inline(always)]
-fn phase_step(s: *mut Scratch, is: impl Fn(Phase) -> bool, phase: Phase) -> Option<bool> {
-    // Through the barrier, the state is read from map memory, not kept from the step before.
+fn phase_step(s: *mut Scratch, phase: Phase) -> Option<bool> {
     // SAFETY: the caller's per-CPU scratch slot (not null), used only by this program run.
-    let s = unsafe { &mut *core::hint::black_box(s) };
-    if s.state.phase() == Phase::Done || !is(s.state.phase()) {
+    let s = unsafe { steps::reread(s) };
+    if s.state.phase() != phase {
         return None;
     }
     if s.steps >= MAX_STEPS as u32 {
@@ -207,56 +197,26 @@ const _: () = assert!(MAX_REPLY_STEPS.is_multiple_of(STEPS_PER_CALL * REPLY_STEP
 /// to stop.
 #[inline(never)]
 extern "C" fn reply_step(_index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: `ctx` points at the caller's pointer to its per-CPU scratch slot, used only by this
-    // program run.
-    let s = unsafe { *ctx.cast::<*mut Scratch>() };
-    for _ in 0..STEPS_PER_CALL {
-        // As in `sip_step`: the verifier wants the callback's return in [0, 1].
-        if opaque(gateway_sip_reply_step(s) as u64) != 0 {
-            return 1;
-        }
-    }
-    0
+    steps::call(ctx, STEPS_PER_CALL, gateway_sip_reply_step)
 }
 
 /// [`REPLY_STEPS_PER_STEP_CALL`] steps of the 503 in `s` (the caller's scratch slot): 1 when it
 /// is built or cannot be. A step writes a byte: one call each was a call per byte of the 503.
-/// Each step reads the builder's state back from map memory (through a barrier), as
-/// [`gateway_sip_line`]'s do.
+/// Each step reads the builder's state afresh ([`steps::reread`]), as [`gateway_sip_line`]'s
+/// do.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn gateway_sip_reply_step(s: *mut Scratch) -> i32 {
-    if s.is_null() {
-        return 1;
-    }
-    for _ in 0..REPLY_STEPS_PER_STEP_CALL {
-        // SAFETY: the caller's per-CPU scratch slot (not null), used only by this program run.
-        let s = unsafe { &mut *core::hint::black_box(s) };
-        let bytes = ScratchBytes::<MAX_SCAN, { 2 * MAX_SCAN }> {
-            buf: &s.buf,
-            len: s.len,
-        };
-        let len = s.len as usize;
-        if s.reply.step(&bytes, len, &mut s.out) {
-            return 1;
-        }
-    }
-    0
-}
-
-/// Runs `callback` over the scratch slot `s`, `steps` times at most (`bpf_loop`).
-#[inline(always)]
-fn run_steps(s: *mut Scratch, steps: u32, callback: extern "C" fn(u64, *mut c_void) -> i64) {
-    // A global function's pointer may be null to the verifier.
-    if s.is_null() {
-        return;
-    }
-    // The callback gets the scratch by pointer rather than looking it up at each step.
-    let mut scratch = s;
-    // SAFETY: `callback` is a static subprogram with the callback signature bpf_loop expects,
-    // and its context is the scratch pointer on this frame.
+    // SAFETY: the caller's per-CPU scratch slot (or null), used only by this program run.
     unsafe {
-        bpf_loop(steps, callback as *mut c_void, (&raw mut scratch).cast(), 0);
+        steps::repeat(s, REPLY_STEPS_PER_STEP_CALL, |s| {
+            let bytes = ScratchBytes::<MAX_SCAN, { 2 * MAX_SCAN }> {
+                buf: &s.buf,
+                len: s.len,
+            };
+            let len = s.len as usize;
+            s.reply.step(&bytes, len, &mut s.out)
+        })
     }
 }
 
@@ -267,7 +227,7 @@ fn run_steps(s: *mut Scratch, steps: u32, callback: extern "C" fn(u64, *mut c_vo
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn gateway_sip_steps(s: *mut Scratch) -> i32 {
-    run_steps(s, (MAX_STEPS / STEPS_PER_CALL) as u32, sip_step);
+    steps::run(s, (MAX_STEPS / STEPS_PER_CALL) as u32, sip_step);
     0
 }
 
@@ -276,7 +236,7 @@ pub extern "C" fn gateway_sip_steps(s: *mut Scratch) -> i32 {
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn gateway_sip_reply_steps(s: *mut Scratch) -> i32 {
-    run_steps(
+    steps::run(
         s,
         (MAX_REPLY_STEPS / (STEPS_PER_CALL * REPLY_STEPS_PER_STEP_CALL)) as u32,
         reply_step,

@@ -50,7 +50,6 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     btf_maps::{PerCpuArray, RingBuf},
-    helpers::generated::bpf_loop,
     macros::btf_map,
 };
 use gateway_common::{
@@ -75,6 +74,7 @@ use crate::{
     maps::finisher,
     pending::{self, TLS_PENDING},
     resume::{self, Place},
+    steps,
     sync::now_ns,
     tcp::{
         TcpEvent, TcpScratch, TcpService, cookie, fill_tuple, flow_key, held,
@@ -178,50 +178,34 @@ const _: () = assert!(MAX_STEPS.is_multiple_of(STEPS_PER_CALL * STEPS_PER_STEP_C
 /// stop.
 #[inline(never)]
 extern "C" fn hello_step(_index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: `ctx` points at the caller's pointer to its per-CPU scratch slot, used only by this
-    // program run.
-    let s = unsafe { *ctx.cast::<*mut Scratch>() };
-    for _ in 0..STEPS_PER_CALL {
-        // The verifier wants a callback's return in [0, 1], and takes a global function's for
-        // any number: the test stays behind the barrier (as in `crate::sip`).
-        if opaque(gateway_hello_step(s) as u64) != 0 {
-            return 1;
-        }
-    }
-    0
+    steps::call(ctx, STEPS_PER_CALL, gateway_hello_step)
 }
 
 /// [`STEPS_PER_STEP_CALL`] parser steps over the window in the scratch slot `s`: 1 when nothing
 /// more can be done with it (`HelloState::step`). A global function's pointer may be null to
 /// the verifier, so it is checked.
 ///
-/// Each step reads the parser's state back from map memory (through a barrier), so where one
-/// step can end does not multiply the next one's paths: the verifier checks the step once for
-/// each of them. What the grouping saves is calls: on this machine kind every return is
-/// mispredicted (`spec_rstack_overflow: Safe RET`), and a hello took a call per step.
+/// Each step reads the parser's state afresh ([`steps::reread`]), so the verifier checks the
+/// step once for each of them. What the grouping saves is calls (see [`steps`]): a hello took a
+/// call per step.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn gateway_hello_step(s: *mut Scratch) -> i32 {
-    if s.is_null() {
-        return 1;
+    // SAFETY: the caller's per-CPU scratch slot (or null), used only by this program run.
+    unsafe {
+        steps::repeat(s, STEPS_PER_STEP_CALL, |s| {
+            let seg = Segment {
+                offset: 0,
+                len: s.len,
+                stream_offset: s.stream_offset,
+            };
+            let bytes = ScratchBytes::<SCRATCH_LEN, { 2 * SCRATCH_LEN }> {
+                buf: &s.tcp.buf,
+                len: s.len,
+            };
+            s.state.step(&bytes, &seg)
+        })
     }
-    for _ in 0..STEPS_PER_STEP_CALL {
-        // SAFETY: the caller's per-CPU scratch slot (not null), used only by this program run.
-        let s = unsafe { &mut *core::hint::black_box(s) };
-        let seg = Segment {
-            offset: 0,
-            len: s.len,
-            stream_offset: s.stream_offset,
-        };
-        let bytes = ScratchBytes::<SCRATCH_LEN, { 2 * SCRATCH_LEN }> {
-            buf: &s.tcp.buf,
-            len: s.len,
-        };
-        if s.state.step(&bytes, &seg) {
-            return 1;
-        }
-    }
-    0
 }
 
 /// Runs the parser's steps over the window in the scratch slot `s` (`bpf_loop`, [`hello_step`]).
@@ -233,22 +217,11 @@ pub extern "C" fn gateway_hello_step(s: *mut Scratch) -> i32 {
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn gateway_hello_steps(s: *mut Scratch) -> i32 {
-    // A global function's pointer may be null to the verifier.
-    if s.is_null() {
-        return 0;
-    }
-    // The callback gets the scratch by pointer rather than looking it up at each step.
-    let mut scratch = s;
-    // SAFETY: hello_step is a static subprogram with the callback signature bpf_loop expects,
-    // and its context is the scratch pointer on this frame.
-    unsafe {
-        bpf_loop(
-            (MAX_STEPS / (STEPS_PER_CALL * STEPS_PER_STEP_CALL)) as u32,
-            hello_step as *mut c_void,
-            (&raw mut scratch).cast(),
-            0,
-        );
-    }
+    steps::run(
+        s,
+        (MAX_STEPS / (STEPS_PER_CALL * STEPS_PER_STEP_CALL)) as u32,
+        hello_step,
+    );
     0
 }
 

@@ -8,7 +8,7 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::{btf_maps::Array, helpers::generated::bpf_loop, macros::btf_map};
+use aya_ebpf::{btf_maps::Array, macros::btf_map};
 use gateway_common::{
     packet::{Packet, TCP_ACK, TCP_SYN},
     syncookie::{
@@ -23,6 +23,7 @@ use crate::{
     bytes::{opaque, zero},
     context::{Action, CopyOut},
     reply::answerable,
+    steps,
     sync::now_ns,
 };
 
@@ -112,20 +113,19 @@ const OPTION_STEPS_PER_CALL: u32 = 8;
 const _: () = assert!(MAX_OPTION_STEPS.is_multiple_of(OPTION_STEPS_PER_CALL));
 
 /// [`OPTION_STEPS_PER_CALL`] steps of the options' walk, as a `bpf_loop` callback: returns 1 to
-/// stop. Each step reads the walk back from map memory (through a barrier), so where one step
-/// ends does not multiply the next one's paths.
+/// stop. Each step reads the walk afresh ([`steps::reread`]).
 #[inline(never)]
 extern "C" fn option_step(_index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: `ctx` points at the caller's pointer to its per-CPU scratch.
+    // SAFETY: `ctx` points at the pointer `steps::run` left on its frame, to the caller's
+    // per-CPU scratch.
     let p = unsafe { *ctx.cast::<*mut CookieScratch>() };
-    for _ in 0..OPTION_STEPS_PER_CALL {
-        // SAFETY: as above.
-        let c = unsafe { &mut *core::hint::black_box(p) };
-        if !c.walk.step(&c.opts.0) {
-            return 1;
-        }
-    }
-    0
+    // SAFETY: as above.
+    let done = unsafe {
+        steps::repeat(p, OPTION_STEPS_PER_CALL as usize, |c| {
+            !c.walk.step(&c.opts.0)
+        })
+    };
+    i64::from(done)
 }
 
 /// Walks the options copied into `c` (`bpf_loop`: the verifier checks a callback's steps, not
@@ -133,17 +133,11 @@ extern "C" fn option_step(_index: u64, ctx: *mut c_void) -> i64 {
 #[inline(always)]
 fn walk_options(c: &mut CookieScratch) -> TcpOptions {
     c.walk = OptionWalk::new(c.opts_len as usize);
-    let mut p: *mut CookieScratch = c;
-    // SAFETY: option_step has the callback signature bpf_loop expects; its context is the
-    // scratch pointer on this frame.
-    unsafe {
-        bpf_loop(
-            MAX_OPTION_STEPS / OPTION_STEPS_PER_CALL,
-            option_step as *mut c_void,
-            (&raw mut p).cast(),
-            0,
-        );
-    }
+    steps::run(
+        &raw mut *c,
+        MAX_OPTION_STEPS / OPTION_STEPS_PER_CALL,
+        option_step,
+    );
     c.walk.found
 }
 

@@ -17,7 +17,7 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::{btf_maps::PerCpuArray, helpers::generated::bpf_loop, macros::btf_map};
+use aya_ebpf::{btf_maps::PerCpuArray, macros::btf_map};
 use gateway_common::{
     Class,
     bytes::PacketBytes,
@@ -143,19 +143,7 @@ pub extern "C" fn gateway_read_second_flight(a: *mut AnswerScratch) -> i32 {
         a.digest = ValueDigest::start(len);
         a.digest_at = flight.ticket_at as u32;
         a.digest_len = len - TAIL_LEN as u32;
-        // The callback gets the slot through a pointer on this frame (bpf_loop's context
-        // must be the stack).
-        let mut ptr = slot;
-        // SAFETY: `digest_chunk` has the callback signature bpf_loop expects; its context is
-        // the slot pointer on this frame, alive for the call.
-        unsafe {
-            bpf_loop(
-                a.digest_len.div_ceil(8),
-                digest_chunk as *mut c_void,
-                (&raw mut ptr).cast(),
-                0,
-            );
-        }
+        crate::steps::run(slot, a.digest_len.div_ceil(8), digest_chunk);
         a.ticket_key = a.digest.finish();
         a.has_ticket = 1;
     }

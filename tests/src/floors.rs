@@ -32,17 +32,27 @@ pub enum Floor {
     SipRetransmission,
     /// The same, the transaction unknown: the clock, a bucket, one LRU insert.
     NewInvite,
+    /// [`Floor::SipRetransmission`] with the transaction key the classifier's tables are keyed
+    /// by (FNV-1a over the INVITE's keyed values, mixed into one key).
+    SipRetransmissionKeyed,
+    /// [`Floor::NewInvite`] with that key and the pending unit (one HASH insert more).
+    NewInviteKeyed,
+    /// [`Floor::NewHello`] with the pending unit.
+    NewHelloUnit,
 }
 
 impl Floor {
     /// Every floor.
-    pub const ALL: [Floor; 6] = [
+    pub const ALL: [Floor; 9] = [
         Floor::NonService,
         Floor::Flow,
         Floor::NewHello,
         Floor::ResumedHello,
         Floor::SipRetransmission,
         Floor::NewInvite,
+        Floor::SipRetransmissionKeyed,
+        Floor::NewInviteKeyed,
+        Floor::NewHelloUnit,
     ];
 
     /// The program's name in the object.
@@ -54,6 +64,9 @@ impl Floor {
             Floor::ResumedHello => "floor_resumed_hello",
             Floor::SipRetransmission => "floor_sip_retransmission",
             Floor::NewInvite => "floor_new_invite",
+            Floor::SipRetransmissionKeyed => "floor_sip_retransmission_keyed",
+            Floor::NewInviteKeyed => "floor_new_invite_keyed",
+            Floor::NewHelloUnit => "floor_new_hello_unit",
         }
     }
 }
@@ -111,15 +124,17 @@ impl Floors {
         (r.return_value, r.duration.as_nanos() as f64)
     }
 
-    /// Empties the unit table, so a batch of new connections or transactions starts from none
-    /// (as the classifier's batches do).
+    /// Empties the unit and pending tables, so a batch of new connections or transactions
+    /// starts from none (as the classifier's batches do).
     pub fn forget(&mut self) {
-        let mut units: HashMap<&mut MapData, [u8; 16], [u64; 8]> =
-            HashMap::try_from(self.ebpf.map_mut("FLOOR_UNITS").expect("FLOOR_UNITS"))
-                .expect("FLOOR_UNITS is a hash of 16-byte keys");
-        let keys: Vec<[u8; 16]> = units.keys().filter_map(Result::ok).collect();
-        for k in keys {
-            units.remove(&k).expect("remove a unit");
+        for name in ["FLOOR_UNITS", "FLOOR_PENDING"] {
+            let mut units: HashMap<&mut MapData, [u8; 16], [u64; 8]> =
+                HashMap::try_from(self.ebpf.map_mut(name).expect(name))
+                    .unwrap_or_else(|e| panic!("{name} is a hash of 16-byte keys: {e}"));
+            let keys: Vec<[u8; 16]> = units.keys().filter_map(Result::ok).collect();
+            for k in keys {
+                units.remove(&k).expect("remove a unit");
+            }
         }
     }
 }

@@ -39,11 +39,13 @@ pub enum Floor {
     NewInviteKeyed,
     /// [`Floor::NewHello`] with the pending unit.
     NewHelloUnit,
+    /// [`Floor::ResumedHello`] with the pending unit.
+    ResumedHelloUnit,
 }
 
 impl Floor {
     /// Every floor.
-    pub const ALL: [Floor; 9] = [
+    pub const ALL: [Floor; 10] = [
         Floor::NonService,
         Floor::Flow,
         Floor::NewHello,
@@ -53,6 +55,7 @@ impl Floor {
         Floor::SipRetransmissionKeyed,
         Floor::NewInviteKeyed,
         Floor::NewHelloUnit,
+        Floor::ResumedHelloUnit,
     ];
 
     /// The program's name in the object.
@@ -67,6 +70,7 @@ impl Floor {
             Floor::SipRetransmissionKeyed => "floor_sip_retransmission_keyed",
             Floor::NewInviteKeyed => "floor_new_invite_keyed",
             Floor::NewHelloUnit => "floor_new_hello_unit",
+            Floor::ResumedHelloUnit => "floor_resumed_hello_unit",
         }
     }
 }

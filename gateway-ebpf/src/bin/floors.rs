@@ -30,6 +30,7 @@
 //!   that holds the admitted request until the server answers: one insert more, into a
 //!   preallocated HASH (a unit is never evicted, or the backlog would drift).
 //! - [`floor_new_hello_unit`]: the new hello's floor and its pending unit, likewise.
+//! - [`floor_resumed_hello_unit`]: the resumed hello's floor and its pending unit, likewise.
 //!
 //! A floor's "fresh key" is its CPU's run count: every repeated run inserts a new entry, as a
 //! flood of new connections or transactions would.
@@ -440,7 +441,19 @@ pub fn floor_flow(ctx: XdpContext) -> u32 {
 /// The floor of a new connection's hello.
 #[xdp]
 pub fn floor_new_hello(ctx: XdpContext) -> u32 {
-    let f = Frame::new(&ctx);
+    new_hello(&ctx, admit_new)
+}
+
+/// The new hello's floor with the pending unit.
+#[xdp]
+pub fn floor_new_hello_unit(ctx: XdpContext) -> u32 {
+    new_hello(&ctx, admit_with_unit)
+}
+
+/// A new hello's floor, admitted by `admit`.
+#[inline(always)]
+fn new_hello(ctx: &XdpContext, admit: impl Fn(&Headers) -> u32) -> u32 {
+    let f = Frame::new(ctx);
     let Some(mut h) = service_packet(&f, false) else {
         return xdp_action::XDP_PASS;
     };
@@ -448,7 +461,7 @@ pub fn floor_new_hello(ctx: XdpContext) -> u32 {
         return xdp_action::XDP_PASS;
     }
     match walk_hello(&f, h.payload) {
-        Some((n, _)) if n > 0 => admit_new(&h),
+        Some((n, _)) if n > 0 => admit(&h),
         _ => xdp_action::XDP_DROP,
     }
 }
@@ -456,7 +469,19 @@ pub fn floor_new_hello(ctx: XdpContext) -> u32 {
 /// The floor of a resumed connection's hello: a new one's, and its PSK identity looked up.
 #[xdp]
 pub fn floor_resumed_hello(ctx: XdpContext) -> u32 {
-    let f = Frame::new(&ctx);
+    resumed_hello(&ctx, admit_new)
+}
+
+/// The resumed hello's floor with the pending unit.
+#[xdp]
+pub fn floor_resumed_hello_unit(ctx: XdpContext) -> u32 {
+    resumed_hello(&ctx, admit_with_unit)
+}
+
+/// A resumed hello's floor, admitted by `admit`.
+#[inline(always)]
+fn resumed_hello(ctx: &XdpContext, admit: impl Fn(&Headers) -> u32) -> u32 {
+    let f = Frame::new(ctx);
     let Some(mut h) = service_packet(&f, false) else {
         return xdp_action::XDP_PASS;
     };
@@ -479,7 +504,7 @@ pub fn floor_resumed_hello(ctx: XdpContext) -> u32 {
             let _ = FLOOR_ISSUED.insert(identity, Entry { words: [0; 8] }, 0);
         }
     }
-    admit_new(&h)
+    admit(&h)
 }
 
 /// The floor of a SIP request's retransmission: the headers' end found, the transaction known.
@@ -539,22 +564,6 @@ pub fn floor_new_invite_keyed(ctx: XdpContext) -> u32 {
         return xdp_action::XDP_PASS;
     }
     admit_with_unit(&h)
-}
-
-/// The new hello's floor with the pending unit.
-#[xdp]
-pub fn floor_new_hello_unit(ctx: XdpContext) -> u32 {
-    let f = Frame::new(&ctx);
-    let Some(mut h) = service_packet(&f, false) else {
-        return xdp_action::XDP_PASS;
-    };
-    if !unknown(&mut h) {
-        return xdp_action::XDP_PASS;
-    }
-    match walk_hello(&f, h.payload) {
-        Some((n, _)) if n > 0 => admit_with_unit(&h),
-        _ => xdp_action::XDP_DROP,
-    }
 }
 
 /// The floor of a new SIP transaction's request.

@@ -1214,6 +1214,22 @@ fn floor_costs(r: &mut Report, prog: &mut TestProgram) {
             target: (22.0, 1.5),
         },
         FloorRow {
+            name: "new hello, TLS 1.3 + ML-KEM, 1.4 KB: and its pending unit",
+            packet: FloorPacket::Fresh(
+                "ClientHello, TLS 1.3 + ML-KEM share, 1.4 KB, new connection",
+            ),
+            floor: Floor::NewHelloUnit,
+            target: (22.0, 1.5),
+        },
+        FloorRow {
+            name: "resumed hello, 1.4 KB (key verified): and its pending unit",
+            packet: FloorPacket::Fresh(
+                "ClientHello, TLS 1.3 + ML-KEM share, resumed (key verified, place taken)",
+            ),
+            floor: Floor::ResumedHelloUnit,
+            target: (26.0, 1.5),
+        },
+        FloorRow {
             name: "new 1 KB INVITE: and its transaction key and pending unit",
             packet: FloorPacket::Fresh("SIP INVITE, 1 KB, new transaction"),
             floor: Floor::NewInviteKeyed,

@@ -16,6 +16,7 @@ pub mod kamailio;
 pub mod metrics;
 pub mod netns;
 pub mod overload;
+pub mod parsers;
 pub mod probe;
 pub mod procfs;
 pub mod report;

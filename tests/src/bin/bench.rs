@@ -13,6 +13,7 @@ use gateway_tests::{
     frames::{Frame, client_hello_head},
     have_root,
     netns::TestNet,
+    parsers,
     procfs::{median, rss_bytes},
     report::Report,
     testrun::{Hook, TestProgram},
@@ -130,6 +131,11 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some("throughput") {
         let mut report = Report::new("datapath-throughput");
         veth_throughput(&mut report);
+        return;
+    }
+    // `bench parsers`: the shared parsers timed in userspace (not a section of the full run).
+    if std::env::args().nth(1).as_deref() == Some("parsers") {
+        parser_costs();
         return;
     }
     // `bench sip-lines`: what one header line of each kind costs (a section of the full run).
@@ -481,6 +487,40 @@ fn tls_costs(r: &mut Report, prog: &mut TestProgram) {
             median(bare),
             median(ratios)
         );
+    }
+}
+
+/// The shared parsers in userspace ([`gateway_tests::parsers`]): each message parsed step by step
+/// as the datapath runs it, over a buffer read as its scratch copy is; the fastest of 7 rounds.
+/// Printed only: what a row's parse costs apart from eBPF, to read beside the datapath's rows.
+fn parser_costs() {
+    const ROUNDS: usize = 7;
+    const RUNS: usize = 500_000;
+    println!("| message | steps | ns per parse, userspace |");
+    println!("|---|---:|---:|");
+    let small_invite =
+        b"INVITE sip:bob@example.com SIP/2.0\r\nVia: SIP/2.0/UDP 10.99.0.2;branch=z9hG4bK1\r\n\
+Call-ID: b1@10.99.0.2\r\nCSeq: 1 INVITE\r\n\r\n";
+    for (name, message) in [
+        ("SIP INVITE, 4 headers", small_invite.to_vec()),
+        ("SIP INVITE, 1 KB", invite_1k()),
+    ] {
+        let t = parsers::time_sip(&message, ROUNDS, RUNS);
+        println!("| {name} | {} | {:.1} |", t.steps, t.ns);
+    }
+    let pq = HelloBuilder {
+        psk_identity: Some(vec![7; 32]),
+        ..HelloBuilder::tls13()
+    };
+    for (name, hello) in [
+        (
+            "ClientHello, TLS 1.2, 153 B",
+            HelloBuilder::default().build(),
+        ),
+        ("ClientHello, TLS 1.3 + ML-KEM share, 1.4 KB", pq.build()),
+    ] {
+        let t = parsers::time_hello(&hello, ROUNDS, RUNS);
+        println!("| {name} | {} | {:.1} |", t.steps, t.ns);
     }
 }
 

@@ -510,76 +510,69 @@ fn resumed_hello(ctx: &XdpContext, admit: impl Fn(&Headers) -> u32) -> u32 {
 /// The floor of a SIP request's retransmission: the headers' end found, the transaction known.
 #[xdp]
 pub fn floor_sip_retransmission(ctx: XdpContext) -> u32 {
-    let f = Frame::new(&ctx);
-    let Some(h) = service_packet(&f, true) else {
-        return xdp_action::XDP_PASS;
-    };
-    if sip_headers_end(&f, 42).is_some() && known(&h.key) {
-        xdp_action::XDP_PASS
-    } else {
-        xdp_action::XDP_DROP
-    }
+    sip_retransmission(&ctx, false)
 }
 
 /// The retransmission's floor with the transaction key this classifier keys its tables by.
 #[xdp]
 pub fn floor_sip_retransmission_keyed(ctx: XdpContext) -> u32 {
-    let f = Frame::new(&ctx);
-    let Some(mut h) = service_packet(&f, true) else {
-        return xdp_action::XDP_PASS;
-    };
-    if sip_headers_end(&f, 42).is_none() {
-        return xdp_action::XDP_DROP;
-    }
-    let Some(key) = transaction_key(&f, 42) else {
-        return xdp_action::XDP_DROP;
-    };
-    // The transaction looked up by its key (in the 4-tuple's place: the same for every run of
-    // one packet, a hit after the first).
-    h.key.saddr = key as u32;
-    h.key.daddr = (key >> 32) as u32;
-    if known(&h.key) {
-        xdp_action::XDP_PASS
-    } else {
-        xdp_action::XDP_DROP
-    }
-}
-
-/// The new INVITE's floor with the transaction key and the pending unit.
-#[xdp]
-pub fn floor_new_invite_keyed(ctx: XdpContext) -> u32 {
-    let f = Frame::new(&ctx);
-    let Some(mut h) = service_packet(&f, true) else {
-        return xdp_action::XDP_PASS;
-    };
-    if sip_headers_end(&f, 42).is_none() {
-        return xdp_action::XDP_DROP;
-    }
-    let Some(key) = transaction_key(&f, 42) else {
-        return xdp_action::XDP_DROP;
-    };
-    h.key.saddr = key as u32;
-    h.key.daddr = (key >> 32) as u32;
-    if !unknown(&mut h) {
-        return xdp_action::XDP_PASS;
-    }
-    admit_with_unit(&h)
+    sip_retransmission(&ctx, true)
 }
 
 /// The floor of a new SIP transaction's request.
 #[xdp]
 pub fn floor_new_invite(ctx: XdpContext) -> u32 {
-    let f = Frame::new(&ctx);
-    let Some(mut h) = service_packet(&f, true) else {
-        return xdp_action::XDP_PASS;
+    new_invite(&ctx, false, admit_new)
+}
+
+/// The new INVITE's floor with the transaction key and the pending unit.
+#[xdp]
+pub fn floor_new_invite_keyed(ctx: XdpContext) -> u32 {
+    new_invite(&ctx, true, admit_with_unit)
+}
+
+/// A SIP request to a service with its headers' end found, and with `keyed` its transaction
+/// key ([`transaction_key`]) in its 4-tuple's place (the same for every run of one packet);
+/// `Err(action)` when the floor ends there.
+#[inline(always)]
+fn sip_request(f: &Frame, keyed: bool) -> Result<Headers, u32> {
+    let Some(mut h) = service_packet(f, true) else {
+        return Err(xdp_action::XDP_PASS);
     };
-    if sip_headers_end(&f, 42).is_none() {
-        return xdp_action::XDP_DROP;
+    if sip_headers_end(f, 42).is_none() {
+        return Err(xdp_action::XDP_DROP);
     }
+    if keyed {
+        let Some(key) = transaction_key(f, 42) else {
+            return Err(xdp_action::XDP_DROP);
+        };
+        h.key.saddr = key as u32;
+        h.key.daddr = (key >> 32) as u32;
+    }
+    Ok(h)
+}
+
+/// A retransmission's floor: the request, its transaction known (a hit after the first run).
+#[inline(always)]
+fn sip_retransmission(ctx: &XdpContext, keyed: bool) -> u32 {
+    match sip_request(&Frame::new(ctx), keyed) {
+        Ok(h) if known(&h.key) => xdp_action::XDP_PASS,
+        Ok(_) => xdp_action::XDP_DROP,
+        Err(action) => action,
+    }
+}
+
+/// A new request's floor: the request, its transaction unknown, admitted by `admit`.
+#[inline(always)]
+fn new_invite(ctx: &XdpContext, keyed: bool, admit: impl Fn(&Headers) -> u32) -> u32 {
+    let mut h = match sip_request(&Frame::new(ctx), keyed) {
+        Ok(h) => h,
+        Err(action) => return action,
+    };
     if !unknown(&mut h) {
         return xdp_action::XDP_PASS;
     }
-    admit_new(&h)
+    admit(&h)
 }
 
 #[cfg(not(test))]

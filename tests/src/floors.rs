@@ -128,6 +128,17 @@ impl Floors {
         (r.return_value, r.duration.as_nanos() as f64)
     }
 
+    /// Entries of the unit table and of the pending table (the keyed floors' units).
+    pub fn held(&self) -> (usize, usize) {
+        let count = |name: &str| {
+            let map: HashMap<&MapData, [u8; 16], [u64; 8]> =
+                HashMap::try_from(self.ebpf.map(name).expect(name))
+                    .unwrap_or_else(|e| panic!("{name} is a hash of 16-byte keys: {e}"));
+            map.keys().filter_map(Result::ok).count()
+        };
+        (count("FLOOR_UNITS"), count("FLOOR_PENDING"))
+    }
+
     /// Empties the unit and pending tables, so a batch of new connections or transactions
     /// starts from none (as the classifier's batches do).
     pub fn forget(&mut self) {

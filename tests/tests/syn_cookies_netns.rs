@@ -120,14 +120,21 @@ fn passive_opens() -> u64 {
 /// as its peer's address and port and its state (`/proc/thread-self/net/tcp`, read in well
 /// under a millisecond, so that a flood is sampled often).
 fn sockets_on_443() -> Vec<String> {
+    sockets_on(443)
+}
+
+/// Every TCP socket of this network namespace on local port `port` but listeners: the remote
+/// end and the state (hex, as /proc shows it: `06` is TIME_WAIT).
+fn sockets_on(port: u16) -> Vec<String> {
     let table = std::fs::read_to_string("/proc/thread-self/net/tcp").expect("/proc net/tcp");
+    let local_port = format!(":{port:04X}");
     table
         .lines()
         .skip(1)
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             let (local, remote, state) = (f.get(1)?, f.get(2)?, f.get(3)?);
-            (local.ends_with(":01BB") && *state != "0A").then(|| format!("{remote} {state}"))
+            (local.ends_with(&local_port) && *state != "0A").then(|| format!("{remote} {state}"))
         })
         .collect()
 }
@@ -505,6 +512,18 @@ fn with_syn_cookies_a_client_reusing_its_port_while_the_server_holds_it_in_time_
     let config = rustls_config(&cert);
     // rustls from port 40404 each time: a GET, the answer read to its end (the server closes).
     let fetch = || {
+        // The client's end of the connection before is gone first: the server closed first, so
+        // the client's end waits in LAST_ACK for the server's last ACK, and until then its
+        // 4-tuple is taken (connect fails with EADDRNOTAVAIL). On a busy machine, a moment.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !net.in_peer(|| sockets_on(40404)).is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the client's connection before from port 40404 ended: {:?}",
+                net.in_peer(|| sockets_on(40404))
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let answer = net.in_peer(|| {
             let sock = connect_from(40404, (GW_V4, 443));
             let name = rustls::pki_types::ServerName::try_from("gateway-test").unwrap();

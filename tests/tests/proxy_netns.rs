@@ -2370,11 +2370,25 @@ fn active_checks_mark_a_dead_backend_down_before_any_client_meets_it() {
         "",
     );
     let member = [("backend", dead_label.as_str())];
+    // "gateway ready" comes as the listener starts its first round of probes; it accepts once
+    // the round is done (until then clients wait in the kernel's queue), and /readyz says so.
+    let started = Instant::now();
+    loop {
+        let said = readyz(&s.net);
+        if said.starts_with("HTTP/1.0 200") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "/readyz never said ready: {said}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let text = scrape(&s.net, METRICS);
     assert_eq!(
         value(&text, "gateway_proxy_backend_up", &member),
         0.0,
-        "down at the first scrape"
+        "down at the first scrape once the listener accepts"
     );
     let config = rustls_config(&s.cert);
     for n in 0..10 {

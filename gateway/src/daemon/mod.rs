@@ -220,6 +220,12 @@ async fn serve(
     // the freed pages back rather than hold them for the daemon's life.
     crate::memory::release_freed();
     tracing::debug!(services = ?services.names(), "services running");
+    // Ready means serving: every proxy listener accepts, after its members' first round of
+    // probes (bounded by their check's timeout). Until then `/readyz` says `not accepting`,
+    // and READY=1 must not say otherwise.
+    for p in &proxies.proxies {
+        p.accepts().await;
+    }
     info!(config = %cfg, "gateway ready");
     *ready = true;
     if let Err(e) = crate::notify::notify(crate::notify::READY) {

@@ -73,7 +73,7 @@ pub struct Proxy {
     /// When a pause of accepting was last logged (one line per [`PAUSE_LOG_EVERY`]).
     pause_logged: std::sync::Mutex<Option<std::time::Instant>>,
     /// Whether its accept loop runs (readiness).
-    accepting: std::sync::atomic::AtomicBool,
+    accepting: tokio::sync::watch::Sender<bool>,
     /// Backend places by client address (`max_per_client`), kept across reloads.
     clients: Arc<ClientPlaces>,
 }
@@ -134,7 +134,7 @@ impl Proxy {
             stats,
             descriptors,
             pause_logged: std::sync::Mutex::new(None),
-            accepting: std::sync::atomic::AtomicBool::new(false),
+            accepting: tokio::sync::watch::Sender::new(false),
         }
     }
 
@@ -172,7 +172,15 @@ impl Proxy {
 
     /// Whether it accepts connections now.
     pub fn is_accepting(&self) -> bool {
-        self.accepting.load(std::sync::atomic::Ordering::Relaxed)
+        *self.accepting.borrow()
+    }
+
+    /// Returns once it accepts connections: after its members' first round of probes (at most
+    /// their check's timeout), as [`Proxy::serve`] starts.
+    pub async fn accepts(&self) {
+        let mut accepting = self.accepting.subscribe();
+        // The sender is this listener's own: it outlives the wait.
+        let _ = accepting.wait_for(|a| *a).await;
     }
 
     /// The listen address.
@@ -201,8 +209,7 @@ impl Proxy {
         // The members' first probe before the first accept: a member dead at start is down
         // before any client meets it (the kernel queues connections meanwhile).
         self.check_round().await;
-        self.accepting
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.accepting.send_replace(true);
         crate::accept::accept_until(
             listener,
             &stop,
@@ -219,8 +226,7 @@ impl Proxy {
             },
         )
         .await;
-        self.accepting
-            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.accepting.send_replace(false);
         debug!(listener = %self.label, "stopped accepting");
     }
 

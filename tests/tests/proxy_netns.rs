@@ -2471,6 +2471,48 @@ fn ready_means_the_listener_accepts_after_its_first_round_of_probes() {
     drop(silent);
 }
 
+/// Active checks and a reload that adds a member: the reload asks for a round of probes at
+/// once (not an interval later), and until its first probe the new member serves only if no
+/// probed member can, so a dead one added by a reload is found by its probe and no client ever
+/// meets it.
+#[test]
+fn a_member_a_reload_adds_is_probed_at_once_and_no_client_meets_it_dead() {
+    if !have_root("a_member_a_reload_adds_is_probed_at_once") {
+        return;
+    }
+    let mut s = Setup::new();
+    let live = Backend::start(s.backend_listener(), "b", Mode::Answer, false);
+    // An interval far longer than the test: only the reload's own round can probe the member.
+    let checks = "    health_check: {interval: 60s, timeout: 500ms, http_path: /healthz}\n";
+    s.start(&format!("{{address: {}}}", live.addr), checks, "");
+    let dead = s.backend_listener().local_addr().unwrap();
+    let dead_label = dead.to_string();
+    s.reload(
+        &format!("{{address: {}}}, {{address: {dead}}}", live.addr),
+        checks,
+        "",
+    );
+    let config = rustls_config(&s.cert);
+    for n in 0..10 {
+        let (_, body) = s.fetch(&config).expect("served");
+        assert!(body.ends_with("b\n"), "client {n}: {body:?}");
+    }
+    let member = [("backend", dead_label.as_str())];
+    let text = wait_for(
+        &s.net,
+        METRICS,
+        "gateway_proxy_backend_up",
+        &member,
+        |v| v == 0.0,
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        value(&text, "gateway_proxy_backend_failures_total", &member),
+        0.0,
+        "no client met the dead member: {text}"
+    );
+}
+
 /// The first line of base64 of a PEM certificate file: enough to tell two certificates apart in
 /// what `openssl s_client` prints of the one it was served.
 fn pem_line(path: &std::path::Path) -> String {

@@ -74,6 +74,9 @@ pub struct Proxy {
     pause_logged: std::sync::Mutex<Option<std::time::Instant>>,
     /// Whether its accept loop runs (readiness).
     accepting: tokio::sync::watch::Sender<bool>,
+    /// Asks for a round of probes now ([`Proxy::check_backends`]): a reload may bring members
+    /// no probe has looked at.
+    recheck: tokio::sync::Notify,
     /// Backend places by client address (`max_per_client`), kept across reloads.
     clients: Arc<ClientPlaces>,
 }
@@ -116,7 +119,8 @@ impl Proxy {
         stats: Arc<ProxyStats>,
         descriptors: Descriptors,
     ) -> Self {
-        let pool = Pool::new(&cfg.backends, cfg.retry_interval.0, cfg.max_fails);
+        let pool = Pool::new(&cfg.backends, cfg.retry_interval.0, cfg.max_fails)
+            .checked(cfg.health_check.is_some());
         let label = cfg.listen.to_string();
         let own = stats.listener(&label);
         own.certificate_expires(certificate_expiry(&cfg));
@@ -135,6 +139,7 @@ impl Proxy {
             descriptors,
             pause_logged: std::sync::Mutex::new(None),
             accepting: tokio::sync::watch::Sender::new(false),
+            recheck: tokio::sync::Notify::new(),
         }
     }
 
@@ -156,9 +161,12 @@ impl Proxy {
         let mut live = self.live.write().unwrap_or_else(|p| p.into_inner());
         let pool = live
             .pool
-            .reconfigured(&cfg.backends, cfg.retry_interval.0, cfg.max_fails);
+            .reconfigured(&cfg.backends, cfg.retry_interval.0, cfg.max_fails)
+            .checked(cfg.health_check.is_some());
         self.clients.set_per_client(cfg.max_per_client as usize);
         *live = Arc::new(Live { cfg, pool });
+        // Members it added serve only when no probed one can, until their first probe: now.
+        self.recheck.notify_one();
     }
 
     fn live(&self) -> Arc<Live> {
@@ -260,7 +268,7 @@ impl Proxy {
     }
 
     /// Runs [`Proxy::check_round`] every interval until `stop` (read again each round: a reload
-    /// may change the checks, or add or remove them).
+    /// may change the checks, or add or remove them), and at once after a reload.
     pub async fn check_backends(self: Arc<Self>, stop: CancellationToken) {
         loop {
             let wait = self
@@ -272,6 +280,7 @@ impl Proxy {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
+                _ = self.recheck.notified() => {}
             }
             self.check_round().await;
         }

@@ -93,6 +93,15 @@ impl Member {
     fn has_room(&self) -> bool {
         self.gate.has_room()
     }
+
+    /// Whether an active check has probed it (a member that joined by a reload has not, until
+    /// the round the reload asks for).
+    fn vouched(&self) -> bool {
+        self.checked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .probed
+    }
 }
 
 /// A place with a member: a slot to serve in now, or a place in its backlog.
@@ -144,6 +153,9 @@ pub struct Pool {
     max_fails: u32,
     /// Smooth weighted round robin: each member's current weight.
     current: Mutex<Vec<i64>>,
+    /// Active checks run ([`Pool::checked`]): a member they have not probed yet serves only
+    /// when no probed one can.
+    checks: bool,
 }
 
 impl Pool {
@@ -202,7 +214,15 @@ impl Pool {
             retry,
             max_fails: max_fails.max(1),
             current: Mutex::new(vec![0; backends.len()]),
+            checks: false,
         }
+    }
+
+    /// This pool with active checks running (`on`) or not: where they run, a member they have
+    /// not probed yet serves only when no probed one can ([`Pool::reserve`]).
+    pub fn checked(mut self, on: bool) -> Self {
+        self.checks = on;
+        self
     }
 
     /// The members.
@@ -223,16 +243,21 @@ impl Pool {
 
     /// Reserves a place for a connection of `class` with the next member by weight that is up,
     /// has room and is not in `exclude`; `None` when there is none (every member is down, full
-    /// or excluded).
+    /// or excluded). Where active checks run, a member they have not probed yet (one a reload
+    /// added) takes connections only when no probed member can: a dead one is found by its
+    /// first probe, not by clients.
     pub fn reserve(&self, exclude: &[usize], class: Priority) -> Option<Reservation> {
         let now = Instant::now();
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
         let mut skip: Vec<usize> = exclude.to_vec();
         loop {
-            let eligible: Vec<usize> = (0..self.members.len())
+            let mut eligible: Vec<usize> = (0..self.members.len())
                 .filter(|i| !skip.contains(i))
                 .filter(|&i| self.members[i].is_up(now) && self.members[i].has_room())
                 .collect();
+            if self.checks && eligible.iter().any(|&i| self.members[i].vouched()) {
+                eligible.retain(|&i| self.members[i].vouched());
+            }
             let total: i64 = eligible.iter().map(|&i| self.weights[i]).sum();
             for &i in &eligible {
                 current[i] += self.weights[i];
@@ -456,6 +481,33 @@ mod tests {
         std::thread::sleep(Duration::from_millis(80));
         assert!(!p.failed(0, false));
         assert!(p.members()[0].is_up(Instant::now()));
+    }
+
+    #[test]
+    fn a_member_no_check_has_probed_takes_connections_only_when_no_probed_one_can() {
+        let p = pool(&[(1, 10, 0), (1, 10, 0)]).checked(true);
+        // Member 0 passed its first probe; member 1 joined since (no probe yet).
+        assert_eq!(p.members()[0].probed(true, 3, 2), None);
+        for _ in 0..4 {
+            let r = p.reserve(&[], Priority::Low).unwrap();
+            assert_eq!(r.member, 0, "only the probed member, whatever the weights");
+        }
+        // With the probed member excluded (or down, or full), the other one serves.
+        assert_eq!(p.reserve(&[0], Priority::Low).unwrap().member, 1);
+        // Once probed and up, both share by weight.
+        assert_eq!(p.members()[1].probed(true, 3, 2), None);
+        let picks: Vec<usize> = (0..4)
+            .map(|_| p.reserve(&[], Priority::Low).unwrap().member)
+            .collect();
+        assert!(picks.contains(&0) && picks.contains(&1), "{picks:?}");
+        // Where checks no longer run (a reload removed them), what they once said of a member
+        // gives it no preference.
+        let q = pool(&[(1, 10, 0), (1, 10, 0)]);
+        assert_eq!(q.members()[0].probed(true, 3, 2), None);
+        let picks: Vec<usize> = (0..4)
+            .map(|_| q.reserve(&[], Priority::Low).unwrap().member)
+            .collect();
+        assert!(picks.contains(&0) && picks.contains(&1), "{picks:?}");
     }
 
     #[test]

@@ -33,6 +33,7 @@ use gateway_common::{
 
 use crate::{
     admission,
+    pending::Pass,
     sync::{atomic_add, compare_and_swap, gcra, now_ns},
     tls_counters::count,
 };
@@ -356,15 +357,16 @@ fn release(offer: &[u8; KEY_LEN]) {
 }
 
 /// Releases the holds the daemon marked gone (their socket is gone) and those older than
-/// [`MAX_HOLD_NS`]: part of the TLS sweep (`crate::pending`).
+/// [`MAX_HOLD_NS`]: part of the TLS sweep (`crate::pending`), whose `pass` learns when the
+/// earliest hold left is due.
 #[inline(always)]
-pub fn sweep_holds(mut now: u64) {
-    // SAFETY: `end_hold` has the callback signature the helper expects; `now` outlives the call.
+pub fn sweep_holds(pass: &mut Pass) {
+    // SAFETY: `end_hold` has the callback signature the helper expects; `pass` outlives the call.
     unsafe {
         bpf_for_each_map_elem(
             (&raw const TLS_HOLDS).cast_mut().cast::<c_void>(),
             end_hold as *mut c_void,
-            (&raw mut now).cast(),
+            (pass as *mut Pass).cast(),
             0,
         );
     }
@@ -376,11 +378,20 @@ extern "C" fn end_hold(
     map: *mut c_void,
     key: *mut FlowKey,
     hold: *mut TlsHold,
-    now: *mut c_void,
+    pass: *mut c_void,
 ) -> i64 {
-    // SAFETY: the helper passes a live entry and the caller's `now`.
-    let (h, now) = unsafe { (*hold, *now.cast::<u64>()) };
-    if h.gone != 0 || h.since_ns.saturating_add(MAX_HOLD_NS) < now {
+    let pass = pass.cast::<Pass>();
+    // SAFETY: the helper passes a live entry and the caller's pass.
+    let (h, now) = unsafe { (*hold, (*pass).now) };
+    let due = h.since_ns.saturating_add(MAX_HOLD_NS);
+    if h.gone == 0 && due >= now {
+        // SAFETY: as above.
+        unsafe {
+            if due < (*pass).earliest {
+                (*pass).earliest = due;
+            }
+        }
+    } else {
         // SAFETY: deleting the entry being visited is allowed for hash maps; the copy was taken.
         if unsafe { bpf_map_delete_elem(map, key.cast()) } == 0 {
             release(&h.offer);

@@ -890,3 +890,88 @@ fn a_flood_of_refused_invites_evicts_no_admitted_transaction() {
         "the INVITE's and its CANCEL's"
     );
 }
+
+/// A class's sweep of expired units is due when the earliest unit it may find expired is, not
+/// every 100 ms: a pass walks every bucket of its table whatever it holds (about 0.8 ms for
+/// 65,536), so a table whose units the server answers was walked ten times a second for
+/// nothing. A unit held brings the sweep forward to its own deadline, and one past it ends at
+/// the next arrival, as before.
+#[test]
+fn the_sweep_is_due_at_the_earliest_deadline_held() {
+    if !have_root("the_sweep_is_due_at_the_earliest_deadline_held") {
+        return;
+    }
+    use gateway::datapath::maps::monotonic_ns;
+    use std::time::Duration;
+    let mut prog = TestProgram::new();
+    let timeout = |t: Duration| {
+        gateway_common::policy::Policy {
+            timeout: Some(t),
+            ..Default::default()
+        }
+        .to_map()
+    };
+    let state = |prog: &TestProgram| prog.maps.class_state().unwrap()[Class::SipOriginal as usize];
+    let held = |prog: &TestProgram| {
+        let mut units = prog.maps.sip_pending(16).unwrap();
+        units.sort_by_key(|u| u.admitted_ns);
+        units
+    };
+    prog.maps
+        .set_policy(Class::SipOriginal, timeout(Duration::from_secs(600)))
+        .unwrap();
+    let before = monotonic_ns();
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, &invite("z9hG4bK-long", "")),
+        Some(Class::SipOriginal)
+    );
+    let long = held(&prog)[0];
+    let due = state(&prog).sweep_ns;
+    // Before: due 100 ms after this arrival's pass, whatever the table held.
+    assert!(
+        due > before + 60_000_000_000 && due <= long.deadline_ns,
+        "the sweep is due by the one unit's deadline, not before: due {due}, unit's deadline {}, \
+         arrival after {before}",
+        long.deadline_ns
+    );
+    // A unit of a shorter timeout brings the sweep forward to its deadline.
+    prog.maps
+        .set_policy(Class::SipOriginal, timeout(Duration::from_millis(300)))
+        .unwrap();
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, &invite("z9hG4bK-short", "")),
+        Some(Class::SipOriginal)
+    );
+    let short = held(&prog)[1];
+    assert_eq!(short.deadline_ns, short.admitted_ns + 300_000_000);
+    assert_eq!(state(&prog).sweep_ns, short.deadline_ns);
+    // Past its deadline (time itself is what this waits for, bounded), the next arrival's sweep
+    // ends it and leaves the long one.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while monotonic_ns() <= short.deadline_ns {
+        assert!(
+            std::time::Instant::now() < until,
+            "the clock did not pass the deadline"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let expired = state(&prog).expired;
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, &invite("z9hG4bK-next", "")),
+        Some(Class::SipOriginal)
+    );
+    assert_eq!(state(&prog).expired, expired + 1, "the short unit expired");
+    let units = held(&prog);
+    assert_eq!(
+        units.iter().map(|u| u.admitted_ns).collect::<Vec<_>>(),
+        vec![long.admitted_ns, units[1].admitted_ns],
+        "the short unit ended, the long one and the new one are held"
+    );
+    assert!(units[1].admitted_ns > short.deadline_ns);
+    let due = state(&prog).sweep_ns;
+    assert!(
+        due <= units[1].deadline_ns && due < long.deadline_ns,
+        "due {due}: by the new unit's deadline {}",
+        units[1].deadline_ns
+    );
+}

@@ -381,16 +381,31 @@ pub extern "C" fn gateway_sweep_pass(class: u32, now: u64) -> u64 {
     now_ns()
 }
 
-/// A unit of `class` was held `now` with a deadline `timeout` away: brings the class's next
-/// sweep forward to that deadline (but no sooner than `SWEEP_INTERVAL_NS` from now), so that
-/// it ends at most that interval late. Units of one class share a timeout, so after the first
-/// this is a read.
+/// A unit of `class` was held `now` with a deadline `timeout` away: brings the next sweep of
+/// every class whose pass walks its table forward to that deadline (but no sooner than
+/// `SWEEP_INTERVAL_NS` from now), so that it ends at most that interval late at an arrival of
+/// any of them, as when each swept every 100 ms. Units of one class share a timeout, so after
+/// the first this is a read.
 #[inline(always)]
 fn sweep_by(class: Class, now: u64, timeout: u64) {
     let due = now.saturating_add(timeout.max(SWEEP_INTERVAL_NS));
+    bring_forward(class, due);
+    // Both TLS classes' passes walk `TLS_PENDING`; `sip-original` alone holds SIP units (a
+    // retransmission's arrival sweeps by its schedule).
+    match class {
+        Class::TlsNew => bring_forward(Class::TlsResumed, due),
+        Class::TlsResumed => bring_forward(Class::TlsNew, due),
+        _ => {}
+    }
+}
+
+/// Brings `class`'s next sweep forward to `due` if it is later.
+#[inline(always)]
+fn bring_forward(class: Class, due: u64) {
     if let Some(st) = admission::state(class.id()) {
-        // SAFETY: a plain schedule; a racing write of another unit of the class is as early,
-        // within the clocks' skew.
+        // SAFETY: a plain schedule; a racing write of another unit is as early, within the
+        // clocks' skew, or of a unit of another timeout (the schedule's lag is then bounded
+        // by the pass's own bound, a timeout of the class).
         unsafe {
             if core::ptr::read_volatile(&raw const (*st).sweep_ns) > due {
                 core::ptr::write_volatile(&raw mut (*st).sweep_ns, due);

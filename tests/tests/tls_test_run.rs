@@ -1545,3 +1545,90 @@ fn an_upgrade_moves_the_ipv4_flows_an_older_build_kept_beside_the_ipv6_ones() {
     assert_eq!(class_of(&prog, Hook::Xdp, &second), Some(Class::TlsNew));
     assert_eq!(prog.counters().tls.malformed, before.tls.malformed + 1);
 }
+
+/// Both TLS classes' passes walk the one table of TLS units, and a sweep is due at the earliest
+/// deadline held (not every 100 ms): a `tls-new` unit brings `tls-resumed`'s sweep forward too,
+/// so that, once past its deadline, it ends at the next arrival of either class, as when each
+/// swept every 100 ms. Here only a resumed hello comes after it.
+#[test]
+fn a_new_connections_unit_ends_at_a_resumed_arrival_past_its_deadline() {
+    if !have_root("a_new_connections_unit_ends_at_a_resumed_arrival") {
+        return;
+    }
+    use gateway::datapath::maps::monotonic_ns;
+    use std::time::{Duration, Instant};
+    let mut prog = TestProgram::new();
+    let (resumed, _) = published_session(
+        &mut prog,
+        13,
+        IssuedValue {
+            limit: 8,
+            per_minute: u32::MAX,
+            ..Default::default()
+        },
+    );
+    let state = |prog: &TestProgram, class: Class| prog.maps.class_state().unwrap()[class as usize];
+    let resumed_from = |port: u16| Frame::tcp(443, &resumed).from_port(port).seq(1).build();
+    // The resumed class's pass, due at once, finds nothing: its next is a timeout away.
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, &resumed_from(1)),
+        Some(Class::TlsResumed)
+    );
+    let after_first = state(&prog, Class::TlsResumed).sweep_ns;
+    assert!(
+        after_first > monotonic_ns() + 5_000_000_000,
+        "due {after_first}"
+    );
+    // A new connection's unit of a short timeout brings both classes' sweeps forward.
+    let short = gateway_common::policy::Policy {
+        timeout: Some(Duration::from_millis(300)),
+        ..Default::default()
+    };
+    prog.maps.set_policy(Class::TlsNew, short.to_map()).unwrap();
+    let new = HelloBuilder::default().build();
+    assert_eq!(
+        class_of(
+            &prog,
+            Hook::Xdp,
+            &Frame::tcp(443, &new).from_port(2).seq(1).build()
+        ),
+        Some(Class::TlsNew)
+    );
+    let unit = prog
+        .maps
+        .tls_pending()
+        .unwrap()
+        .into_iter()
+        .map(|(_, u)| u)
+        .find(|u| u.class == Class::TlsNew.id())
+        .expect("the new connection's unit");
+    assert_eq!(unit.deadline_ns, unit.admitted_ns + 300_000_000);
+    assert_eq!(state(&prog, Class::TlsResumed).sweep_ns, unit.deadline_ns);
+    // tls-new's own pass ran at this arrival (its first), before the unit: due a timeout from
+    // the pass's start.
+    assert!(state(&prog, Class::TlsNew).sweep_ns <= unit.deadline_ns);
+    // Past its deadline (time itself is what this waits for, bounded), a resumed hello's pass
+    // ends it.
+    let until = Instant::now() + Duration::from_secs(10);
+    while monotonic_ns() <= unit.deadline_ns {
+        assert!(
+            Instant::now() < until,
+            "the clock did not pass the deadline"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let expired = state(&prog, Class::TlsNew).expired;
+    assert_eq!(
+        class_of(&prog, Hook::Xdp, &resumed_from(3)),
+        Some(Class::TlsResumed)
+    );
+    assert_eq!(state(&prog, Class::TlsNew).expired, expired + 1);
+    assert!(
+        prog.maps
+            .tls_pending()
+            .unwrap()
+            .iter()
+            .all(|(_, u)| u.class != Class::TlsNew.id()),
+        "no new connection's unit is left"
+    );
+}

@@ -5,10 +5,10 @@
 //! - it completes when the server's answer leaves the host ([`complete`], from the egress
 //!   program): only the server's work releases a slot, never a packet from the client side;
 //! - or it expires when its class's timeout passes first ([`sweep_if_due`], from the admission
-//!   path, with no daemon involved): a class's sweep is due when the earliest unit it may find
+//!   path, with no daemon involved): a table's pass is due when the earliest unit it may find
 //!   expired is, and at most every `SWEEP_INTERVAL_NS`. A pass over a table costs its buckets
 //!   whatever it holds (about 0.8 ms for 65,536 here), so a table whose units the server answers
-//!   is walked once per timeout, not ten times a second.
+//!   is walked once per timeout, not ten times a second per class.
 //!
 //! The deleter counts the end (`completed` or `expired` in `CLASS_STATE`), so the backlog,
 //! `admitted - completed - expired`, stays exact under any interleaving of CPUs. A full table
@@ -27,9 +27,10 @@ use aya_ebpf::{
 use gateway_common::{
     Class, NUM_CLASSES,
     maps::{
-        FlowKey, LATENCY_BUCKETS, LatencyHistogram, MAX_PENDING, PENDING_ANSWERED, PENDING_INVITE,
-        PENDING_KEY_EXCHANGE, Pending, SERVICE_BUCKETS, SERVICE_SLOTS, SIP_FAMILIES_LEN,
-        SLOT_SIP_INVITE, SWEEP_INTERVAL_NS, ServiceTimes, SipFamily, pending_counted, sip_family,
+        FlowKey, LATENCY_BUCKETS, LatencyHistogram, MAX_HOLD_NS, MAX_PENDING, PENDING_ANSWERED,
+        PENDING_INVITE, PENDING_KEY_EXCHANGE, Pending, SERVICE_BUCKETS, SERVICE_SLOTS,
+        SIP_FAMILIES_LEN, SLOT_SIP_INVITE, SWEEP_INTERVAL_NS, ServiceTimes, SipFamily,
+        pending_counted, sip_family,
     },
     reasons::Refusal,
     tls::KEY_LEN,
@@ -330,20 +331,85 @@ fn count(class: u32, field: Field) {
     }
 }
 
-/// Releases the expired units of `class`'s table when the class's sweep is due. Two CPUs may
-/// sweep at once; each unit is still counted once, by the CPU whose delete succeeds. Returns
-/// the time now: the one clock read the arrival's admission goes by (read again after a sweep,
-/// which takes a while).
+/// What one pass of a sweep walks, and where its schedule is kept: a class's `sweep_ns` in
+/// `CLASS_STATE` (a field every class has; these three are the only ones read).
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+enum Swept {
+    /// `TLS_PENDING`, both TLS classes' units: the schedule is `tls-new`'s.
+    TlsUnits = 0,
+    /// `TLS_HOLDS`: the schedule is `tls-flow`'s (a class that holds no units; a build before
+    /// these schedules never reads it, so a downgrade finds nothing odd there).
+    Holds = 1,
+    /// `SIP_PENDING`, `sip-original`'s units: the schedule is `sip-original`'s.
+    SipUnits = 2,
+}
+
+impl Swept {
+    #[inline(always)]
+    fn from_id(id: u32) -> Option<Self> {
+        match id {
+            0 => Some(Self::TlsUnits),
+            1 => Some(Self::Holds),
+            2 => Some(Self::SipUnits),
+            _ => None,
+        }
+    }
+
+    /// The class whose `sweep_ns` is the schedule.
+    #[inline(always)]
+    fn schedule(self) -> Class {
+        match self {
+            Self::TlsUnits => Class::TlsNew,
+            Self::Holds => Class::TlsFlow,
+            Self::SipUnits => Class::SipOriginal,
+        }
+    }
+
+    /// How long after a pass's start an entry held during the pass lives at least: the next
+    /// pass is never due later (such an entry did not bring it forward, [`sweep_by`]).
+    #[inline(always)]
+    fn bound(self) -> u64 {
+        let at_least = |class| admission::timeout(class).max(SWEEP_INTERVAL_NS);
+        match self {
+            Self::TlsUnits => at_least(Class::TlsNew).min(at_least(Class::TlsResumed)),
+            Self::Holds => MAX_HOLD_NS,
+            Self::SipUnits => at_least(Class::SipOriginal),
+        }
+    }
+}
+
+/// Releases the expired units an arrival of `class` may meet when their table's pass is due:
+/// both TLS classes' arrivals the TLS units, SIP arrivals the SIP units (an offer's place is
+/// taken after [`sweep_holds_if_due`] too). Two CPUs may sweep at once; each unit is still
+/// counted once, by the CPU whose delete succeeds. Returns the time now: the one clock read
+/// the arrival's admission goes by (read again after a pass, which takes a while).
 ///
-/// The next sweep is then due at the earliest deadline the pass left in the table (of any
-/// class's unit, and for `tls-resumed` of any hold), but never later than a timeout of `class`
-/// from the pass's start, which covers the units `class` holds while the pass runs, and never
-/// sooner than `SWEEP_INTERVAL_NS`. A unit held later brings the class's sweep forward to its
-/// own deadline ([`sweep_by`]).
+/// A table's next pass is due at the earliest deadline its last pass left there, but never
+/// later than the table's [`Swept::bound`] from that pass's start, and never sooner than
+/// `SWEEP_INTERVAL_NS`. A unit held later brings it forward to its own deadline
+/// ([`sweep_by`]).
 #[inline(always)]
 pub fn sweep_if_due(class: Class) -> u64 {
+    match class {
+        Class::TlsNew | Class::TlsResumed => sweep_table_if_due(Swept::TlsUnits),
+        Class::SipOriginal | Class::SipRetransmission => sweep_table_if_due(Swept::SipUnits),
+        _ => now_ns(),
+    }
+}
+
+/// Releases the holds past [`MAX_HOLD_NS`] when their pass is due (hourly), before an offer
+/// counts the places of its key that holds take.
+#[inline(always)]
+pub fn sweep_holds_if_due() {
+    sweep_table_if_due(Swept::Holds);
+}
+
+/// [`sweep_if_due`] for one table.
+#[inline(always)]
+fn sweep_table_if_due(table: Swept) -> u64 {
     let now = now_ns();
-    let Some(st) = admission::state(class.id()) else {
+    let Some(st) = admission::state(table.schedule().id()) else {
         return now;
     };
     // SAFETY: a plain schedule; a racing CPU at worst sweeps once more.
@@ -353,25 +419,24 @@ pub fn sweep_if_due(class: Class) -> u64 {
         }
         core::ptr::write_volatile(&raw mut (*st).sweep_ns, now + SWEEP_INTERVAL_NS);
     }
-    gateway_sweep_pass(class.id(), now)
+    gateway_sweep_pass(table as u32, now)
 }
 
-/// The pass of a sweep that is due (for the class of id `class`, claimed at `now`), and the
-/// schedule of the next ([`sweep_if_due`]); returns the time after it. A global function, which
-/// the verifier checks once, on its own, rather than at every admission it is inlined in.
+/// The pass over a table that is due (`Swept` id `table`, claimed at `now`), and the schedule
+/// of the next ([`sweep_if_due`]); returns the time after it. A global function, which the
+/// verifier checks once, on its own, rather than at every admission it is inlined in.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn gateway_sweep_pass(class: u32, now: u64) -> u64 {
-    let Some(class) = Class::from_id(class) else {
+pub extern "C" fn gateway_sweep_pass(table: u32, now: u64) -> u64 {
+    let Some(table) = Swept::from_id(table) else {
         return now_ns();
     };
-    let earliest = sweep(class, now);
+    let earliest = sweep(table, now);
     // Read after the pass: a timeout the daemon shortened meanwhile is the one new units get.
-    let latest = now.saturating_add(admission::timeout(class).max(SWEEP_INTERVAL_NS));
+    let latest = now.saturating_add(table.bound());
     let next = earliest.min(latest).max(now + SWEEP_INTERVAL_NS);
-    // SAFETY: a plain schedule. A unit held during the pass has a deadline of at least a
-    // timeout from its start (`latest`), or it brought the schedule forward itself.
-    if let Some(st) = admission::state(class.id()) {
+    // SAFETY: a plain schedule; left as it is when a unit brought it forward meanwhile.
+    if let Some(st) = admission::state(table.schedule().id()) {
         unsafe {
             if core::ptr::read_volatile(&raw const (*st).sweep_ns) == now + SWEEP_INTERVAL_NS {
                 core::ptr::write_volatile(&raw mut (*st).sweep_ns, next);
@@ -381,31 +446,23 @@ pub extern "C" fn gateway_sweep_pass(class: u32, now: u64) -> u64 {
     now_ns()
 }
 
-/// A unit of `class` was held `now` with a deadline `timeout` away: brings the next sweep of
-/// every class whose pass walks its table forward to that deadline (but no sooner than
-/// `SWEEP_INTERVAL_NS` from now), so that it ends at most that interval late at an arrival of
-/// any of them, as when each swept every 100 ms. Units of one class share a timeout, so after
-/// the first this is a read.
+/// A unit of `class` was held `now` with a deadline `timeout` away: brings its table's next
+/// pass forward to that deadline (but no sooner than `SWEEP_INTERVAL_NS` from now), so that it
+/// ends at most that interval late, at the next arrival of a class that sweeps the table.
+/// Units of one class share a timeout, so after the first this is a read. (A hold needs none:
+/// it lives [`MAX_HOLD_NS`], the holds' [`Swept::bound`].)
 #[inline(always)]
 fn sweep_by(class: Class, now: u64, timeout: u64) {
+    let table = match class {
+        Class::TlsNew | Class::TlsResumed => Swept::TlsUnits,
+        Class::SipOriginal => Swept::SipUnits,
+        _ => return,
+    };
     let due = now.saturating_add(timeout.max(SWEEP_INTERVAL_NS));
-    bring_forward(class, due);
-    // Both TLS classes' passes walk `TLS_PENDING`; `sip-original` alone holds SIP units (a
-    // retransmission's arrival sweeps by its schedule).
-    match class {
-        Class::TlsNew => bring_forward(Class::TlsResumed, due),
-        Class::TlsResumed => bring_forward(Class::TlsNew, due),
-        _ => {}
-    }
-}
-
-/// Brings `class`'s next sweep forward to `due` if it is later.
-#[inline(always)]
-fn bring_forward(class: Class, due: u64) {
-    if let Some(st) = admission::state(class.id()) {
+    if let Some(st) = admission::state(table.schedule().id()) {
         // SAFETY: a plain schedule; a racing write of another unit is as early, within the
-        // clocks' skew, or of a unit of another timeout (the schedule's lag is then bounded
-        // by the pass's own bound, a timeout of the class).
+        // clocks' skew, or of a unit of the other TLS class's timeout (the schedule's lag is
+        // then bounded by the table's bound from its last pass).
         unsafe {
             if core::ptr::read_volatile(&raw const (*st).sweep_ns) > due {
                 core::ptr::write_volatile(&raw mut (*st).sweep_ns, due);
@@ -414,11 +471,14 @@ fn bring_forward(class: Class, due: u64) {
     }
 }
 
-/// Releases the expired units of `class`'s table now, whatever its schedule (the daemon's
-/// sweep program, after it marked the units whose connection is gone).
+/// Releases every expired unit and hold now, whatever the schedules (the daemon's sweep
+/// program, after it marked the units and holds whose connection is gone).
 #[inline(always)]
-pub fn sweep_now(class: Class) {
-    sweep(class, now_ns());
+pub fn sweep_now() {
+    let now = now_ns();
+    sweep(Swept::Holds, now);
+    sweep(Swept::TlsUnits, now);
+    sweep(Swept::SipUnits, now);
 }
 
 /// What a sweep's callbacks share: the time of the pass, and the earliest deadline of the
@@ -431,27 +491,26 @@ pub struct Pass {
     pub earliest: u64,
 }
 
-/// One pass over `class`'s table (and, for `tls-resumed`, the holds); returns the earliest
-/// deadline left (`u64::MAX` if none).
+/// One pass over `table`; returns the earliest deadline it left (`u64::MAX` if none).
 #[inline(always)]
-fn sweep(class: Class, now: u64) -> u64 {
+fn sweep(table: Swept, now: u64) -> u64 {
     let mut pass = Pass {
         now,
         earliest: u64::MAX,
     };
-    if class == Class::TlsResumed {
-        resume::sweep_holds(&mut pass);
-    }
-    let (map, callback) = match class {
-        Class::TlsNew | Class::TlsResumed => (
+    let (map, callback) = match table {
+        Swept::Holds => {
+            resume::sweep_holds(&mut pass);
+            return pass.earliest;
+        }
+        Swept::TlsUnits => (
             (&raw const TLS_PENDING).cast_mut().cast::<c_void>(),
             expire::<FlowKey> as *mut c_void,
         ),
-        Class::SipOriginal | Class::SipRetransmission => (
+        Swept::SipUnits => (
             (&raw const SIP_PENDING).cast_mut().cast::<c_void>(),
             expire::<u64> as *mut c_void,
         ),
-        _ => return pass.earliest,
     };
     // SAFETY: `expire` has the callback signature the helper expects; `pass` outlives the call.
     unsafe {

@@ -778,7 +778,9 @@ fn decide<C: Rewrite>(key: &FlowKey, f: &mut TlsFlow, answerable: bool) -> (Clas
     let class = match f.hello.verdict() {
         Verdict::Offer => match f.hello.offer_key_ref() {
             Some(key) => {
-                // Places of expired resumed units are given back before this one is taken.
+                // Places of expired resumed units and holds are given back before this one is
+                // taken.
+                pending::sweep_holds_if_due();
                 let now = pending::sweep_if_due(Class::TlsResumed);
                 let mut place = resume::take(key, now);
                 // A ticket no key was published for: its tag may vouch for it (a node sharing

@@ -2,10 +2,7 @@
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 
-use gateway_common::{
-    Class,
-    packet::{PlainIpv4, plain_ipv4},
-};
+use gateway_common::packet::{PlainIpv4, plain_ipv4};
 
 use crate::{
     bytes::XdpBytes,
@@ -59,14 +56,12 @@ pub fn gateway_xdp_reply(ctx: XdpContext) -> u32 {
 }
 
 /// Ends the expired units of the TLS and SIP tables now, and the holds of resumed connections
-/// that are gone (the sweep the datapath otherwise runs at admissions, at most every
-/// `SWEEP_INTERVAL_NS`). Attached nowhere: the daemon runs it by `BPF_PROG_TEST_RUN` after
+/// that are gone (the sweep the datapath otherwise runs at admissions, each table's pass when
+/// its earliest entry is due). Attached nowhere: the daemon runs it by `BPF_PROG_TEST_RUN` after
 /// marking the units and holds whose connection is gone, so they end (and are counted, by the
 /// datapath alone) without waiting for the next arrival.
 #[xdp]
 pub fn gateway_sweep(_ctx: XdpContext) -> u32 {
-    // The resumed class's sweep covers the whole TLS table and the holds.
-    sweep_now(Class::TlsResumed);
-    sweep_now(Class::SipOriginal);
+    sweep_now();
     xdp_action::XDP_PASS
 }

@@ -1546,10 +1546,11 @@ fn an_upgrade_moves_the_ipv4_flows_an_older_build_kept_beside_the_ipv6_ones() {
     assert_eq!(prog.counters().tls.malformed, before.tls.malformed + 1);
 }
 
-/// Both TLS classes' passes walk the one table of TLS units, and a sweep is due at the earliest
-/// deadline held (not every 100 ms): a `tls-new` unit brings `tls-resumed`'s sweep forward too,
-/// so that, once past its deadline, it ends at the next arrival of either class, as when each
-/// swept every 100 ms. Here only a resumed hello comes after it.
+/// Both TLS classes' units are in one table, whose pass is due at the earliest deadline held
+/// (not every 100 ms per class) and is run by an arrival of either class: a `tls-new` unit,
+/// once past its deadline, ends at the next resumed hello, as when each class swept every
+/// 100 ms. Here only a resumed hello comes after it. The table's schedule is kept in
+/// `tls-new`'s `sweep_ns`, the holds' (an hour away) in `tls-flow`'s.
 #[test]
 fn a_new_connections_unit_ends_at_a_resumed_arrival_past_its_deadline() {
     if !have_root("a_new_connections_unit_ends_at_a_resumed_arrival") {
@@ -1575,22 +1576,30 @@ fn a_new_connections_unit_ends_at_a_resumed_arrival_past_its_deadline() {
         }
         .to_map()
     };
-    // A timeout no test run outlasts.
-    prog.maps
-        .set_policy(Class::TlsResumed, timeout(Duration::from_secs(600)))
-        .unwrap();
+    // Timeouts no test run outlasts.
+    for class in [Class::TlsNew, Class::TlsResumed] {
+        prog.maps
+            .set_policy(class, timeout(Duration::from_secs(600)))
+            .unwrap();
+    }
     let resumed_from = |port: u16| Frame::tcp(443, &resumed).from_port(port).seq(1).build();
-    // The resumed class's pass, due at once, finds nothing: its next is a timeout away.
+    // The passes, due at once, find nothing: the table's next is a timeout away, the holds'
+    // an hour.
     assert_eq!(
         class_of(&prog, Hook::Xdp, &resumed_from(1)),
         Some(Class::TlsResumed)
     );
-    let after_first = state(&prog, Class::TlsResumed).sweep_ns;
+    let after_first = state(&prog, Class::TlsNew).sweep_ns;
     assert!(
         after_first > monotonic_ns() + 60_000_000_000,
         "due {after_first}"
     );
-    // A new connection's unit of a short timeout brings both classes' sweeps forward.
+    let holds = state(&prog, Class::TlsFlow).sweep_ns;
+    assert!(
+        holds > monotonic_ns() + 3_000_000_000_000,
+        "the holds' pass is due an hour after the first: {holds}"
+    );
+    // A new connection's unit of a short timeout brings the table's pass forward.
     prog.maps
         .set_policy(Class::TlsNew, timeout(Duration::from_millis(300)))
         .unwrap();
@@ -1612,10 +1621,7 @@ fn a_new_connections_unit_ends_at_a_resumed_arrival_past_its_deadline() {
         .find(|u| u.class == Class::TlsNew.id())
         .expect("the new connection's unit");
     assert_eq!(unit.deadline_ns, unit.admitted_ns + 300_000_000);
-    assert_eq!(state(&prog, Class::TlsResumed).sweep_ns, unit.deadline_ns);
-    // tls-new's own pass ran at this arrival (its first), before the unit: due a timeout from
-    // the pass's start.
-    assert!(state(&prog, Class::TlsNew).sweep_ns <= unit.deadline_ns);
+    assert_eq!(state(&prog, Class::TlsNew).sweep_ns, unit.deadline_ns);
     // Past its deadline (time itself is what this waits for, bounded), a resumed hello's pass
     // ends it.
     let until = Instant::now() + Duration::from_secs(10);

@@ -247,7 +247,10 @@ pub struct ClassState {
     pub gcra_tat_ns: u64,
     /// The reply limiter's GCRA theoretical arrival time (see [`reply_rate`]).
     pub reply_tat_ns: u64,
-    /// When the datapath next looks for expired units of this class (`bpf_ktime_get_ns`).
+    /// When the datapath's next pass over a table of units is due (`bpf_ktime_get_ns`), kept
+    /// in the state of one class per table: `tls-new`'s for `TLS_PENDING` (both TLS classes'
+    /// units), `tls-flow`'s for `TLS_HOLDS`, `sip-original`'s for `SIP_PENDING`. The other
+    /// classes' are unused.
     pub sweep_ns: u64,
     /// Units an admitted one went on to (monotonic), held without an admission of their own: a
     /// TLS 1.2 full handshake's key exchange, the server's second piece of work

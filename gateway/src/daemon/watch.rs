@@ -125,7 +125,9 @@ const REAP_MAX_LOOKUPS: usize = 1024;
 /// hold its class's place until its timeout, refusing live clients in front of an idle server.
 /// Each pass looks up the sockets of units older than `REAP_MIN_AGE_NS`, marks those the kernel
 /// no longer has (`Maps::mark_tls_unit_gone`) and runs the datapath's sweep program, which ends
-/// them as expired (the datapath alone counts ends, so the backlog stays exact).
+/// them as expired (the datapath alone counts ends, so the backlog stays exact). A round that
+/// finds marks an earlier one left (its sweep failed) runs the sweep again: the datapath's own
+/// pass over a table is due at the earliest deadline it knows of, not at a mark.
 pub(super) async fn reap_gone_units(attached: Arc<Attached>, sweeper: loader::Sweeper) {
     let iface = attached.iface().to_string();
     let mut diag = match SockDiag::new() {
@@ -144,6 +146,9 @@ pub(super) async fn reap_gone_units(attached: Arc<Attached>, sweeper: loader::Sw
                 continue;
             }
         };
+        // Marks an earlier round left (its sweep failed): the datapath's own pass is not due
+        // before a deadline it knows of, so this round's sweep ends them.
+        let mut left = units.iter().filter(|(_, u)| u.deadline_ns == 0).count();
         let mut gone = 0;
         for (key, unit) in units
             .into_iter()
@@ -173,6 +178,7 @@ pub(super) async fn reap_gone_units(attached: Arc<Attached>, sweeper: loader::Sw
                 Vec::new()
             }
         };
+        left += holds.iter().filter(|(_, h)| h.gone != 0).count();
         for (key, hold) in holds
             .into_iter()
             .filter(|(_, h)| h.gone == 0 && h.since_ns + REAP_MIN_AGE_NS < now)
@@ -193,9 +199,11 @@ pub(super) async fn reap_gone_units(attached: Arc<Attached>, sweeper: loader::Sw
                 }
             }
         }
-        if gone > 0 {
+        if gone + left > 0 {
             match sweeper.sweep() {
-                Ok(()) => debug!(%iface, gone, "admitted connections whose socket is gone, ended"),
+                Ok(()) => {
+                    debug!(%iface, gone, left, "admitted connections whose socket is gone, ended")
+                }
                 Err(e) => warn!(%iface, error = %e, "cannot sweep"),
             }
         }

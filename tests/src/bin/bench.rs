@@ -1694,7 +1694,7 @@ fn fresh_costs(r: &mut Report, prog: &mut TestProgram) {
          tables emptied before each batch and every run checked to get its class and be \
          admitted; {FRESH_ROUNDS} batches, each beside the bare program's; medians, and the ratio \
          is the median (min..max) of the per-batch ratios. The sweep of expired units, which a \
-         class's arrivals run when its earliest unit is due, is put off past each batch and \
+         table's arrivals run when its earliest unit is due, is put off past each batch and \
          measured on its own below.\n",
         10 * FRESH_BATCH
     );
@@ -1759,11 +1759,11 @@ fn fresh_costs(r: &mut Report, prog: &mut TestProgram) {
         r,
         "\nThe sweep of expired units, one pass over the unit tables and the holds with {units} \
          units held (single runs of the sweep program, median of {FRESH_ROUNDS}): {:.1} µs, most \
-         of it the tables' buckets, whatever they hold. A class's pass is due when the earliest \
-         unit it may find expired is, and at most every {} ms: under units the server answers, \
-         once per timeout (by default 10 s for TLS, 2 s for SIP), so {:.2} and {:.2} ms of CPU \
-         a second; under units that expire as often as passes may come (a flood the server does \
-         not answer), {:.2} ms a second.",
+         of it the tables' buckets, whatever they hold. A table's pass is due when the earliest \
+         unit it may find expired is (the holds': hourly), and at most every {} ms: under \
+         units the server answers, once per timeout (by default 10 s for TLS, 2 s for SIP), so \
+         at most {:.2} and {:.2} ms of CPU a second; under units that expire as often as passes \
+         may come (a flood the server does not answer), at most {:.2} ms a second.",
         pass / 1000.0,
         gateway_common::maps::SWEEP_INTERVAL_NS / 1_000_000,
         tls / 1e6,

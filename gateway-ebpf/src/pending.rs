@@ -356,14 +356,27 @@ impl Swept {
         }
     }
 
-    /// The class whose `sweep_ns` is the schedule.
+    /// The table of `class`'s units, whose pass its arrivals run (`None`: a class that holds
+    /// none and sweeps none).
     #[inline(always)]
-    fn schedule(self) -> Class {
-        match self {
+    fn of(class: Class) -> Option<Self> {
+        match class {
+            Class::TlsNew | Class::TlsResumed => Some(Self::TlsUnits),
+            Class::SipOriginal | Class::SipRetransmission => Some(Self::SipUnits),
+            _ => None,
+        }
+    }
+
+    /// The schedule: the `sweep_ns` of the class that keeps it.
+    #[inline(always)]
+    fn schedule(self) -> Option<*mut u64> {
+        let class = match self {
             Self::TlsUnits => Class::TlsNew,
             Self::Holds => Class::TlsFlow,
             Self::SipUnits => Class::SipOriginal,
-        }
+        };
+        // SAFETY: a field of a live map value.
+        admission::state(class.id()).map(|st| unsafe { &raw mut (*st).sweep_ns })
     }
 
     /// How long after a pass's start an entry held during the pass lives at least: the next
@@ -391,10 +404,9 @@ impl Swept {
 /// ([`sweep_by`]).
 #[inline(always)]
 pub fn sweep_if_due(class: Class) -> u64 {
-    match class {
-        Class::TlsNew | Class::TlsResumed => sweep_table_if_due(Swept::TlsUnits),
-        Class::SipOriginal | Class::SipRetransmission => sweep_table_if_due(Swept::SipUnits),
-        _ => now_ns(),
+    match Swept::of(class) {
+        Some(table) => sweep_table_if_due(table),
+        None => now_ns(),
     }
 }
 
@@ -409,15 +421,15 @@ pub fn sweep_holds_if_due() {
 #[inline(always)]
 fn sweep_table_if_due(table: Swept) -> u64 {
     let now = now_ns();
-    let Some(st) = admission::state(table.schedule().id()) else {
+    let Some(due) = table.schedule() else {
         return now;
     };
     // SAFETY: a plain schedule; a racing CPU at worst sweeps once more.
     unsafe {
-        if core::ptr::read_volatile(&raw const (*st).sweep_ns) > now {
+        if core::ptr::read_volatile(due) > now {
             return now;
         }
-        core::ptr::write_volatile(&raw mut (*st).sweep_ns, now + SWEEP_INTERVAL_NS);
+        core::ptr::write_volatile(due, now + SWEEP_INTERVAL_NS);
     }
     gateway_sweep_pass(table as u32, now)
 }
@@ -436,10 +448,10 @@ pub extern "C" fn gateway_sweep_pass(table: u32, now: u64) -> u64 {
     let latest = now.saturating_add(table.bound());
     let next = earliest.min(latest).max(now + SWEEP_INTERVAL_NS);
     // SAFETY: a plain schedule; left as it is when a unit brought it forward meanwhile.
-    if let Some(st) = admission::state(table.schedule().id()) {
+    if let Some(due) = table.schedule() {
         unsafe {
-            if core::ptr::read_volatile(&raw const (*st).sweep_ns) == now + SWEEP_INTERVAL_NS {
-                core::ptr::write_volatile(&raw mut (*st).sweep_ns, next);
+            if core::ptr::read_volatile(due) == now + SWEEP_INTERVAL_NS {
+                core::ptr::write_volatile(due, next);
             }
         }
     }
@@ -453,20 +465,16 @@ pub extern "C" fn gateway_sweep_pass(table: u32, now: u64) -> u64 {
 /// it lives [`MAX_HOLD_NS`], the holds' [`Swept::bound`].)
 #[inline(always)]
 fn sweep_by(class: Class, now: u64, timeout: u64) {
-    let table = match class {
-        Class::TlsNew | Class::TlsResumed => Swept::TlsUnits,
-        Class::SipOriginal => Swept::SipUnits,
-        _ => return,
+    let Some(schedule) = Swept::of(class).and_then(Swept::schedule) else {
+        return;
     };
     let due = now.saturating_add(timeout.max(SWEEP_INTERVAL_NS));
-    if let Some(st) = admission::state(table.schedule().id()) {
-        // SAFETY: a plain schedule; a racing write of another unit is as early, within the
-        // clocks' skew, or of a unit of the other TLS class's timeout (the schedule's lag is
-        // then bounded by the table's bound from its last pass).
-        unsafe {
-            if core::ptr::read_volatile(&raw const (*st).sweep_ns) > due {
-                core::ptr::write_volatile(&raw mut (*st).sweep_ns, due);
-            }
+    // SAFETY: a plain schedule; a racing write of another unit is as early, within the clocks'
+    // skew, or of a unit of the other TLS class's timeout (the schedule's lag is then bounded
+    // by the table's bound from its last pass).
+    unsafe {
+        if core::ptr::read_volatile(schedule) > due {
+            core::ptr::write_volatile(schedule, due);
         }
     }
 }
